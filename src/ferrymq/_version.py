@@ -1,0 +1,3 @@
+"""FerryMQ version (single source)."""
+
+__version__ = "0.1.0"

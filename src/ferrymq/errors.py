@@ -1,0 +1,368 @@
+"""The single FerryMQ exception tree.
+
+::
+
+    FerryMQError
+    ├── ProtocolError                 bytes that do not follow the protocol
+    │   ├── LocalProtocolError        we (or our caller) broke it
+    │   └── RemoteProtocolError       the peer broke it
+    ├── BrokerError                   reported by the broker with an ErrorCode
+    │   └── one subclass per code     (code, retriable) as class attributes
+    ├── ClientError                   raised on the client side
+    │   ├── ConnectionClosedError     (also a ConnectionError)
+    │   ├── FerryMQTimeoutError       (also a TimeoutError)
+    │   └── ConfigError               (also a ValueError)
+    └── StorageError                  raised by the log library
+        ├── CorruptRecordError        (also BrokerError CORRUPT_MESSAGE)
+        ├── LogClosedError
+        └── OffsetOutOfRangeError     (also BrokerError OFFSET_OUT_OF_RANGE)
+
+Broker errors travel as ``(code, message)``; :func:`error_for_code` turns them back into the
+matching class on the client. The wire never carries a traceback.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from ferrymq.protocol.codes import ErrorCode
+
+__all__ = [
+    "AccessDeniedError",
+    "AuthenticationFailedError",
+    "AuthenticationRequiredError",
+    "BatchTooLargeError",
+    "BrokerError",
+    "BrokerShuttingDownError",
+    "BusyError",
+    "ClientError",
+    "ConfigError",
+    "ConnectionClosedError",
+    "CorruptRecordError",
+    "DuplicateSequenceError",
+    "ErrorCode",
+    "FerryMQError",
+    "FerryMQTimeoutError",
+    "FrameTooLargeError",
+    "IllegalGenerationError",
+    "InternalBrokerError",
+    "InvalidConfigError",
+    "InvalidOffsetError",
+    "InvalidRequestError",
+    "InvalidTopicNameError",
+    "LocalProtocolError",
+    "LogClosedError",
+    "MessageTooLargeError",
+    "OffsetOutOfRangeError",
+    "OutOfOrderSequenceError",
+    "ProducerFencedError",
+    "ProtocolError",
+    "RebalanceInProgressError",
+    "RemoteProtocolError",
+    "RequestTimedOutError",
+    "StorageError",
+    "StorageFailureError",
+    "StorageFullError",
+    "TopicAlreadyExistsError",
+    "UnknownApiError",
+    "UnknownGroupError",
+    "UnknownMemberError",
+    "UnknownProducerIdError",
+    "UnknownQueueError",
+    "UnknownTopicError",
+    "UnsupportedVersionError",
+    "error_for_code",
+]
+
+
+class FerryMQError(Exception):
+    """Root of every exception FerryMQ raises on purpose."""
+
+
+# --- protocol -------------------------------------------------------------------------------
+
+
+class ProtocolError(FerryMQError):
+    """Bytes that do not follow the FerryMQ protocol. The connection is dead afterwards."""
+
+
+class LocalProtocolError(ProtocolError):
+    """We, or the code calling us, tried to send something the protocol does not allow."""
+
+
+class RemoteProtocolError(ProtocolError):
+    """The peer sent something the protocol does not allow."""
+
+
+# --- broker (one class per wire code) -------------------------------------------------------
+
+
+class BrokerError(FerryMQError):
+    """An error reported by the broker.
+
+    Attributes:
+        code: the wire :class:`ErrorCode`.
+        retriable: whether sending the same request again may succeed.
+    """
+
+    code: ClassVar[ErrorCode] = ErrorCode.INTERNAL_ERROR
+    retriable: ClassVar[bool] = False
+    _registry: ClassVar[dict[ErrorCode, type[BrokerError]]] = {}
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        if "code" in cls.__dict__:
+            BrokerError._registry[cls.code] = cls
+
+    def __init__(self, message: str = "") -> None:
+        super().__init__(message or self.code.name.lower().replace("_", " "))
+        self.message = message
+
+
+class InternalBrokerError(BrokerError):
+    """The broker failed in a way it did not expect (see its log)."""
+
+    code = ErrorCode.INTERNAL_ERROR
+
+
+class MessageTooLargeError(BrokerError):
+    """A message is larger than ``max_message_bytes``."""
+
+    code = ErrorCode.MESSAGE_TOO_LARGE
+
+
+class BatchTooLargeError(BrokerError):
+    """A batch holds more records than ``max_batch_records`` or more bytes than allowed."""
+
+    code = ErrorCode.BATCH_TOO_LARGE
+
+
+class FrameTooLargeError(BrokerError):
+    """A frame is larger than ``max_frame_bytes``; the connection is closed."""
+
+    code = ErrorCode.FRAME_TOO_LARGE
+
+
+class InvalidRequestError(BrokerError):
+    """The request is well framed but its content is not valid."""
+
+    code = ErrorCode.INVALID_REQUEST
+
+
+class UnsupportedVersionError(BrokerError):
+    """The broker does not support this version of the request."""
+
+    code = ErrorCode.UNSUPPORTED_VERSION
+
+
+class UnknownApiError(BrokerError):
+    """The broker does not know this request type."""
+
+    code = ErrorCode.UNKNOWN_API
+
+
+class UnknownTopicError(BrokerError):
+    """The topic does not exist (and auto-creation is off or not allowed)."""
+
+    code = ErrorCode.UNKNOWN_TOPIC
+
+
+class UnknownQueueError(BrokerError):
+    """The topic has no queue with this number."""
+
+    code = ErrorCode.UNKNOWN_QUEUE
+
+
+class TopicAlreadyExistsError(BrokerError):
+    """A topic with this name exists already."""
+
+    code = ErrorCode.TOPIC_ALREADY_EXISTS
+
+
+class InvalidTopicNameError(BrokerError):
+    """Topic names are 1..200 characters of ``[A-Za-z0-9._-]`` (``%`` only for internal ones)."""
+
+    code = ErrorCode.INVALID_TOPIC_NAME
+
+
+class OutOfOrderSequenceError(BrokerError):
+    """A producer batch skipped sequence numbers: something before it was lost."""
+
+    code = ErrorCode.OUT_OF_ORDER_SEQUENCE
+
+
+class DuplicateSequenceError(BrokerError):
+    """A batch was stored before (internal: the broker answers it with the first result)."""
+
+    code = ErrorCode.DUPLICATE_SEQUENCE
+
+
+class ProducerFencedError(BrokerError):
+    """A newer producer with the same id (a higher epoch) exists: this one is a zombie."""
+
+    code = ErrorCode.PRODUCER_FENCED
+
+
+class UnknownProducerIdError(BrokerError):
+    """The broker has no state for this producer id (it expired or was never issued)."""
+
+    code = ErrorCode.UNKNOWN_PRODUCER_ID
+    retriable = True
+
+
+class BrokerShuttingDownError(BrokerError):
+    """The broker is shutting down; try again (it or another broker will answer)."""
+
+    code = ErrorCode.BROKER_SHUTTING_DOWN
+    retriable = True
+
+
+class StorageFailureError(BrokerError):
+    """The broker could not write or read its disk (see its log)."""
+
+    code = ErrorCode.STORAGE_ERROR
+    retriable = True
+
+
+class StorageFullError(BrokerError):
+    """The broker's disk is above its high watermark: produce is refused until space is freed."""
+
+    code = ErrorCode.STORAGE_FULL
+    retriable = True
+
+
+class RequestTimedOutError(BrokerError):
+    """The broker could not finish the request in time."""
+
+    code = ErrorCode.REQUEST_TIMED_OUT
+    retriable = True
+
+
+class UnknownGroupError(BrokerError):
+    """No consumer group with this name exists."""
+
+    code = ErrorCode.UNKNOWN_GROUP
+
+
+class RebalanceInProgressError(BrokerError):
+    """The group is rebalancing; rejoin and try again."""
+
+    code = ErrorCode.REBALANCE_IN_PROGRESS
+    retriable = True
+
+
+class UnknownMemberError(BrokerError):
+    """The group does not know this member (its session expired); rejoin."""
+
+    code = ErrorCode.UNKNOWN_MEMBER
+    retriable = True
+
+
+class IllegalGenerationError(BrokerError):
+    """The request carries an old group generation (fenced); rejoin."""
+
+    code = ErrorCode.ILLEGAL_GENERATION
+    retriable = True
+
+
+class InvalidConfigError(BrokerError):
+    """A configuration value sent to the broker is not valid."""
+
+    code = ErrorCode.INVALID_CONFIG
+
+
+class AuthenticationRequiredError(BrokerError):
+    """The broker needs the client to authenticate first."""
+
+    code = ErrorCode.AUTHENTICATION_REQUIRED
+
+
+class AuthenticationFailedError(BrokerError):
+    """Wrong user name or password."""
+
+    code = ErrorCode.AUTHENTICATION_FAILED
+
+
+class AccessDeniedError(BrokerError):
+    """The authenticated principal may not do this."""
+
+    code = ErrorCode.ACCESS_DENIED
+
+
+class BusyError(BrokerError):
+    """The broker is overloaded (back-pressure); retry after a short backoff."""
+
+    code = ErrorCode.BUSY
+    retriable = True
+
+
+class InvalidOffsetError(BrokerError):
+    """An offset that makes no sense (negative, or past the end for a commit)."""
+
+    code = ErrorCode.INVALID_OFFSET
+
+
+# --- client ---------------------------------------------------------------------------------
+
+
+class ClientError(FerryMQError):
+    """Raised by the client library itself."""
+
+
+class ConnectionClosedError(ClientError, ConnectionError):
+    """The connection to the broker closed (or could not be opened)."""
+
+
+class FerryMQTimeoutError(ClientError, TimeoutError):
+    """A client-side deadline passed (request timeout, delivery timeout)."""
+
+
+class ConfigError(ClientError, ValueError):
+    """A client or broker configuration value is not valid."""
+
+
+# --- storage --------------------------------------------------------------------------------
+
+
+class StorageError(FerryMQError):
+    """Raised by the log library (beside plain ``OSError``)."""
+
+
+class CorruptRecordError(StorageError, BrokerError):
+    """A record batch failed its CRC or structure check."""
+
+    code = ErrorCode.CORRUPT_MESSAGE
+    retriable = True
+
+
+class LogClosedError(StorageError):
+    """The log (or segment) is closed."""
+
+
+class OffsetOutOfRangeError(StorageError, BrokerError):
+    """The offset is before the log start or after the log end."""
+
+    code = ErrorCode.OFFSET_OUT_OF_RANGE
+
+
+def error_for_code(code: int, message: str = "") -> BrokerError:
+    """Build the exception for a wire error code (unknown codes map to InternalBrokerError)."""
+    try:
+        cls = BrokerError._registry[ErrorCode(code)]
+    except ValueError:
+        return InternalBrokerError(f"unknown error code {code}: {message}")
+    return cls(message)
+
+
+def _render_table() -> str:
+    lines = ["| code | name | retriable | meaning |", "|---:|---|---|---|"]
+    for code in ErrorCode:
+        cls = BrokerError._registry.get(code)
+        doc = (cls.__doc__ or "").strip().splitlines()[0] if cls else "success"
+        retriable = "yes" if cls and cls.retriable else "no"
+        lines.append(f"| {int(code)} | `{code.name}` | {retriable} | {doc} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(_render_table())

@@ -1,0 +1,48 @@
+"""Wire error codes: the one table shared by broker, clients and docs.
+
+Every response carries a ``u16`` error code. ``NONE`` (0) means success. The meaning of each code,
+and whether a client may retry the request as it is, lives here and in :mod:`ferrymq.errors`
+(one exception class per code). ``docs/errors.md`` is generated from this table
+(``python -m ferrymq.errors``).
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class ErrorCode(enum.IntEnum):
+    """Error codes carried on the wire (``u16``). Values never change once released."""
+
+    NONE = 0
+    INTERNAL_ERROR = 1
+    CORRUPT_MESSAGE = 2
+    MESSAGE_TOO_LARGE = 3
+    INVALID_REQUEST = 4
+    UNSUPPORTED_VERSION = 5
+    UNKNOWN_API = 6
+    UNKNOWN_TOPIC = 7
+    UNKNOWN_QUEUE = 8
+    TOPIC_ALREADY_EXISTS = 9
+    INVALID_TOPIC_NAME = 10
+    OFFSET_OUT_OF_RANGE = 11
+    OUT_OF_ORDER_SEQUENCE = 12
+    DUPLICATE_SEQUENCE = 13
+    PRODUCER_FENCED = 14
+    UNKNOWN_PRODUCER_ID = 15
+    BROKER_SHUTTING_DOWN = 16
+    STORAGE_ERROR = 17
+    REQUEST_TIMED_OUT = 18
+    UNKNOWN_GROUP = 19
+    REBALANCE_IN_PROGRESS = 20
+    UNKNOWN_MEMBER = 21
+    ILLEGAL_GENERATION = 22
+    INVALID_CONFIG = 23
+    BATCH_TOO_LARGE = 24
+    AUTHENTICATION_REQUIRED = 25
+    AUTHENTICATION_FAILED = 26
+    ACCESS_DENIED = 27
+    BUSY = 28
+    INVALID_OFFSET = 29
+    STORAGE_FULL = 30
+    FRAME_TOO_LARGE = 31

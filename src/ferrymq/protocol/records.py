@@ -1,0 +1,437 @@
+"""The record batch: FerryMQ's unit of storage and of transfer.
+
+A producer encodes messages into a batch; the broker checks it, stamps the base offset and the
+append time into the header and appends the bytes unchanged; a consumer receives the same bytes.
+There is no per-message work on the broker's produce path beyond a structural walk.
+
+Batch layout (little-endian, 64-byte header)::
+
+    off  size  field
+    0    8     base_offset       i64  stamped by the broker (0 from the producer)
+    8    4     batch_length      i32  bytes after this field: total size = 12 + batch_length
+    12   8     append_time_ms    i64  stamped by the broker (wall clock, never decreasing per queue)
+    20   4     header_crc        u32  CRC32C of bytes [0, 20) then [24, 28)
+    24   4     crc               u32  CRC32C of bytes [28, end): computed by the producer
+    28   1     magic             u8   format version, 1
+    29   1     attributes        u8   bits 0-2 compression (0 = none); bit 4 transactional;
+                                      bit 5 control batch
+    30   4     record_count      i32  >= 1
+    34   8     first_timestamp   i64  producer's "born" time of the first record (ms)
+    42   8     max_timestamp     i64  largest born time in the batch (ms)
+    50   8     producer_id       i64  -1 when not idempotent
+    58   2     producer_epoch    i16  -1 when not idempotent
+    60   4     base_sequence     i32  sequence of the first record, per (producer, queue); -1 none
+    64         records
+
+Record layout (22-byte prefix)::
+
+    off  size  field
+    0    4     length            u32  bytes after this field
+    4    4     offset_delta      u32  offset - base_offset (records of a filtered batch keep theirs)
+    8    4     timestamp_delta   i32  born time - first_timestamp (ms)
+    12   1     attributes        u8   reserved, 0
+    13   1     tag_length        u8   the message's tag, UTF-8
+    14   2     sharding_key_len  u16  UTF-8
+    16   2     keys_length       u16  keys, UTF-8, joined by NUL
+    18   4     properties_length u32  msgpack map str -> str
+    22         tag, sharding key, keys, properties, then the body (the rest of the record)
+
+Every byte of a batch is covered by one of the two CRCs, so a single flipped bit anywhere,
+including in a length field, is detected.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import crc32c as _crc32c
+import msgpack
+
+from ferrymq.errors import BatchTooLargeError, CorruptRecordError, MessageTooLargeError
+
+crc32c = _crc32c.crc32c
+
+MAGIC = 1
+HEADER = struct.Struct("<qiqIIBBiqqqhi")
+HEADER_SIZE = HEADER.size  # 64
+assert HEADER_SIZE == 64
+LENGTH_PREFIX = 12  # base_offset + batch_length: what must be read to know a batch's size
+RECORD_PREFIX = struct.Struct("<IIiBBHHI")
+RECORD_PREFIX_SIZE = RECORD_PREFIX.size  # 22
+assert RECORD_PREFIX_SIZE == 22
+_LEN = struct.Struct("<i")
+_BASE_LEN = struct.Struct("<qi")
+_Q = struct.Struct("<q")
+_I = struct.Struct("<I")
+_STAMP = struct.Struct("<qiq")
+
+ATTR_COMPRESSION_MASK = 0x07
+ATTR_TRANSACTIONAL = 0x10
+ATTR_CONTROL = 0x20
+
+NO_PRODUCER_ID = -1
+NO_PRODUCER_EPOCH = -1
+NO_SEQUENCE = -1
+
+MAX_TAG_BYTES = 255  # u8 length field
+MAX_SHARDING_KEY_BYTES = 0xFFFF  # u16 length field
+MAX_KEYS_BYTES = 0xFFFF  # u16 length field
+
+_pack_record = RECORD_PREFIX.pack
+_unpack_record = RECORD_PREFIX.unpack_from
+
+
+class BatchHeader(NamedTuple):
+    """The decoded fixed header of a record batch."""
+
+    base_offset: int
+    batch_length: int
+    append_time_ms: int
+    header_crc: int
+    crc: int
+    magic: int
+    attributes: int
+    record_count: int
+    first_timestamp: int
+    max_timestamp: int
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+
+    @property
+    def size(self) -> int:
+        """Total size of the batch in bytes."""
+        return LENGTH_PREFIX + self.batch_length
+
+    @property
+    def last_offset(self) -> int:
+        """Offset of the last record (records of one batch have contiguous offsets)."""
+        return self.base_offset + self.record_count - 1
+
+    @property
+    def last_sequence(self) -> int:
+        """Sequence number of the last record, or -1."""
+        if self.base_sequence < 0:
+            return NO_SEQUENCE
+        return self.base_sequence + self.record_count - 1
+
+
+def decode_header(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeader:
+    """Decode the header of the batch at ``pos`` (no CRC check)."""
+    if len(buf) - pos < HEADER_SIZE:
+        raise CorruptRecordError(f"truncated batch header at {pos}")
+    return BatchHeader._make(HEADER.unpack_from(buf, pos))
+
+
+def batch_size_at(buf: bytes | bytearray | memoryview, pos: int) -> int:
+    """Size of the batch at ``pos`` from its length field, or -1 if fewer than 12 bytes remain."""
+    if len(buf) - pos < LENGTH_PREFIX:
+        return -1
+    return LENGTH_PREFIX + _LEN.unpack_from(buf, pos + 8)[0]
+
+
+def _header_crc(buf: bytes | bytearray | memoryview, pos: int) -> int:
+    mv = memoryview(buf)
+    return crc32c(mv[pos + 24 : pos + 28], crc32c(mv[pos : pos + 20]))
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One decoded record (message) of a batch."""
+
+    offset: int
+    timestamp: int
+    tag: str | None
+    sharding_key: str | None
+    keys: tuple[str, ...]
+    properties: dict[str, str]
+    body: bytes
+
+
+def encode_properties(properties: Mapping[str, str] | None) -> bytes:
+    """Encode a message's properties (str -> str) as a msgpack map; empty when none."""
+    if not properties:
+        return b""
+    return msgpack.packb(dict(properties), use_bin_type=True)  # type: ignore[no-any-return]
+
+
+def decode_properties(raw: bytes | memoryview) -> dict[str, str]:
+    """Decode properties written by :func:`encode_properties`."""
+    if not raw:
+        return {}
+    try:
+        value = msgpack.unpackb(raw, raw=False, strict_map_key=True)
+    except Exception as exc:  # noqa: BLE001 - msgpack raises several unrelated types
+        raise CorruptRecordError(f"bad properties: {exc}") from None
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise CorruptRecordError("properties must be a map of str to str")
+    return value
+
+
+class RecordInput(NamedTuple):
+    """One message to encode: all fields already in their wire form."""
+
+    body: bytes
+    timestamp: int
+    tag: bytes = b""
+    sharding_key: bytes = b""
+    keys: bytes = b""
+    properties: bytes = b""
+
+
+def encode_batch(
+    records: Sequence[RecordInput],
+    *,
+    producer_id: int = NO_PRODUCER_ID,
+    producer_epoch: int = NO_PRODUCER_EPOCH,
+    base_sequence: int = NO_SEQUENCE,
+    attributes: int = 0,
+) -> bytearray:
+    """Encode messages into one record batch (base offset and append time left 0).
+
+    Raises:
+        BatchTooLargeError: no records.
+        MessageTooLargeError: a field is larger than its length field can hold.
+    """
+    if not records:
+        raise BatchTooLargeError("a batch needs at least one record")
+    first_ts = records[0].timestamp
+    max_ts = first_ts
+    parts: list[bytes] = [bytes(HEADER_SIZE)]
+    append = parts.append
+    for i, r in enumerate(records):
+        ts = r.timestamp
+        if ts > max_ts:
+            max_ts = ts
+        tag, sk, keys, props = r.tag, r.sharding_key, r.keys, r.properties
+        if tag or sk or keys or props:
+            if len(tag) > MAX_TAG_BYTES:
+                raise MessageTooLargeError(f"tag is {len(tag)} bytes, max {MAX_TAG_BYTES}")
+            if len(sk) > MAX_SHARDING_KEY_BYTES or len(keys) > MAX_KEYS_BYTES:
+                raise MessageTooLargeError("sharding key or keys longer than 65535 bytes")
+            append(
+                _pack_record(
+                    18 + len(tag) + len(sk) + len(keys) + len(props) + len(r.body),
+                    i, ts - first_ts, 0, len(tag), len(sk), len(keys), len(props),
+                )
+            )
+            append(tag + sk + keys + props)
+        else:
+            append(_pack_record(18 + len(r.body), i, ts - first_ts, 0, 0, 0, 0, 0))
+        append(r.body)
+    buf = bytearray().join(parts)
+    HEADER.pack_into(
+        buf, 0, 0, len(buf) - LENGTH_PREFIX, 0, 0, 0, MAGIC, attributes, len(records),
+        first_ts, max_ts, producer_id, producer_epoch, base_sequence,
+    )
+    _I.pack_into(buf, 24, crc32c(memoryview(buf)[28:]))
+    _I.pack_into(buf, 20, _header_crc(buf, 0))
+    return buf
+
+
+def stamp_batch(buf: bytearray, pos: int, base_offset: int, append_time_ms: int) -> None:
+    """Write the broker-owned fields (base offset, append time) and fix the header CRC."""
+    length = _LEN.unpack_from(buf, pos + 8)[0]
+    _STAMP.pack_into(buf, pos, base_offset, length, append_time_ms)
+    _I.pack_into(buf, pos + 20, _header_crc(buf, pos))
+
+
+def validate_batch(
+    buf: bytes | bytearray | memoryview,
+    pos: int = 0,
+    *,
+    max_message_bytes: int,
+    max_records: int,
+    check_header_crc: bool = False,
+) -> BatchHeader:
+    """Check one batch from a producer (or from disk) and return its header.
+
+    Checks the length against the buffer, the magic, the body CRC (and the header CRC when
+    asked: batches from producers carry no stamped fields yet) and the record count. It does no
+    per-record work unless the batch is larger than ``max_message_bytes``, the only case in which
+    one record could be too large: then it walks the record lengths. Records are structurally
+    checked by consumers when they decode them (:func:`iter_raw_records`), never trusted.
+
+    Raises:
+        CorruptRecordError: any structural or CRC failure.
+        MessageTooLargeError: a record above ``max_message_bytes``.
+        BatchTooLargeError: more records than ``max_records``.
+    """
+    avail = len(buf) - pos
+    if avail < HEADER_SIZE:
+        raise CorruptRecordError(f"batch of {avail} bytes is shorter than its header")
+    h = BatchHeader._make(HEADER.unpack_from(buf, pos))
+    size = LENGTH_PREFIX + h.batch_length
+    if h.batch_length < HEADER_SIZE - LENGTH_PREFIX or size > avail:
+        raise CorruptRecordError(f"batch length {h.batch_length} does not fit {avail} bytes")
+    if h.magic != MAGIC:
+        raise CorruptRecordError(f"unknown batch magic {h.magic}")
+    mv = memoryview(buf)
+    if crc32c(mv[pos + 28 : pos + size]) != h.crc:
+        raise CorruptRecordError("batch CRC mismatch")
+    if check_header_crc and _header_crc(buf, pos) != h.header_crc:
+        raise CorruptRecordError("batch header CRC mismatch")
+    count = h.record_count
+    if count < 1:
+        raise CorruptRecordError(f"batch has {count} records")
+    if count > max_records:
+        raise BatchTooLargeError(f"batch has {count} records, max {max_records}")
+    if h.attributes & ATTR_COMPRESSION_MASK:
+        raise CorruptRecordError("compressed batches are not supported in format 1")
+    if size - HEADER_SIZE > max_message_bytes + 4:
+        _check_record_lengths(buf, pos, size, count, max_message_bytes)
+    return h
+
+
+def _check_record_lengths(
+    buf: bytes | bytearray | memoryview, pos: int, size: int, count: int, max_message_bytes: int
+) -> None:
+    end = pos + size
+    p = pos + HEADER_SIZE
+    unpack_len = _I.unpack_from
+    for _ in range(count):
+        if end - p < RECORD_PREFIX_SIZE:
+            raise CorruptRecordError("record runs past the end of its batch")
+        n = unpack_len(buf, p)[0]
+        if n > max_message_bytes:
+            raise MessageTooLargeError(f"message of {n} bytes, max {max_message_bytes}")
+        if n < RECORD_PREFIX_SIZE - 4:
+            raise CorruptRecordError(f"record length {n} is shorter than its prefix")
+        p += 4 + n
+    if p != end:
+        raise CorruptRecordError("record lengths do not add up to the batch length")
+
+
+def check_stored_batch(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeader:
+    """Check both CRCs of a stamped batch (recovery): cheaper than a full record walk."""
+    avail = len(buf) - pos
+    if avail < HEADER_SIZE:
+        raise CorruptRecordError("truncated batch header")
+    h = BatchHeader._make(HEADER.unpack_from(buf, pos))
+    size = LENGTH_PREFIX + h.batch_length
+    if h.batch_length < HEADER_SIZE - LENGTH_PREFIX or size > avail:
+        raise CorruptRecordError("truncated batch")
+    if _header_crc(buf, pos) != h.header_crc:
+        raise CorruptRecordError("batch header CRC mismatch")
+    if h.magic != MAGIC or h.record_count < 1:
+        raise CorruptRecordError("bad batch magic or record count")
+    if crc32c(memoryview(buf)[pos + 28 : pos + size]) != h.crc:
+        raise CorruptRecordError("batch CRC mismatch")
+    return h
+
+
+def iter_batches(buf: bytes | bytearray | memoryview) -> Iterator[tuple[int, BatchHeader]]:
+    """Yield ``(position, header)`` for each complete batch in ``buf`` (no CRC check).
+
+    A partial batch at the end (a fetch cut at ``max_bytes``) is ignored.
+    """
+    pos = 0
+    n = len(buf)
+    while n - pos >= HEADER_SIZE:
+        h = BatchHeader._make(HEADER.unpack_from(buf, pos))
+        size = LENGTH_PREFIX + h.batch_length
+        if h.batch_length < HEADER_SIZE - LENGTH_PREFIX or pos + size > n:
+            return
+        yield pos, h
+        pos += size
+
+
+RawRecord = tuple[int, int, int, int, int, int, int, int]
+"""(offset, timestamp, tag_start, tag_end, sk_end, keys_end, props_end, body_end) positions."""
+
+
+def iter_raw_records(
+    buf: bytes | bytearray | memoryview, pos: int, h: BatchHeader
+) -> Iterator[RawRecord]:
+    """Yield the positions of each record's fields in a batch; decode nothing.
+
+    Consumers build lazy messages from these positions, so a message that is skipped costs one
+    ``unpack_from``.
+    """
+    p = pos + HEADER_SIZE
+    end = pos + LENGTH_PREFIX + h.batch_length
+    base = h.base_offset
+    first_ts = h.first_timestamp
+    unpack = _unpack_record
+    for _ in range(h.record_count):
+        if end - p < RECORD_PREFIX_SIZE:
+            raise CorruptRecordError("record runs past the end of its batch")
+        n, odelta, tdelta, _attr, tl, skl, kl, pl = unpack(buf, p)
+        t0 = p + RECORD_PREFIX_SIZE
+        t1 = t0 + tl
+        s1 = t1 + skl
+        k1 = s1 + kl
+        p1 = k1 + pl
+        rend = p + 4 + n
+        if p1 > rend or rend > end:
+            raise CorruptRecordError("record fields run past the record")
+        yield (base + odelta, first_ts + tdelta, t0, t1, s1, k1, p1, rend)
+        p = rend
+
+
+def decode_records(buf: bytes | bytearray | memoryview) -> list[Record]:
+    """Decode every record of every complete batch in ``buf`` (tests and tools; not hot)."""
+    mv = memoryview(buf)
+    out: list[Record] = []
+    for pos, h in iter_batches(mv):
+        for off, ts, t0, t1, s1, k1, p1, rend in iter_raw_records(mv, pos, h):
+            tag = bytes(mv[t0:t1]).decode() if t1 > t0 else None
+            sk = bytes(mv[t1:s1]).decode() if s1 > t1 else None
+            keys = tuple(bytes(mv[s1:k1]).decode().split("\x00")) if k1 > s1 else ()
+            props = decode_properties(bytes(mv[k1:p1]))
+            out.append(Record(off, ts, tag, sk, keys, props, bytes(mv[p1:rend])))
+    return out
+
+
+def record_tag(buf: bytes | bytearray | memoryview, rec: RawRecord) -> str | None:
+    """The tag of a raw record, or None."""
+    t0, t1 = rec[2], rec[3]
+    if t1 == t0:
+        return None
+    return bytes(buf[t0:t1]).decode("utf-8", "replace")
+
+
+def filter_batch(
+    buf: bytes | bytearray | memoryview, pos: int, h: BatchHeader, keep: Sequence[RawRecord]
+) -> bytes:
+    """Build a batch with the same header holding only ``keep`` (records keep their offsets).
+
+    Used by server-side tag filtering. Both CRCs are recomputed.
+    """
+    mv = memoryview(buf)
+    parts: list[bytes | memoryview] = [bytes(HEADER_SIZE)]
+    for rec in keep:
+        start = rec[2] - RECORD_PREFIX_SIZE
+        parts.append(mv[start : rec[7]])
+    out = bytearray().join(parts)
+    out[0:HEADER_SIZE] = mv[pos : pos + HEADER_SIZE]
+    struct.pack_into("<i", out, 8, len(out) - LENGTH_PREFIX)
+    struct.pack_into("<i", out, 30, len(keep))
+    _I.pack_into(out, 24, crc32c(memoryview(out)[28:]))
+    _I.pack_into(out, 20, _header_crc(out, 0))
+    return bytes(out)
+
+
+def encode_msg_id(topic_id: int, queue: int, offset: int) -> str:
+    """A message id: topic id, queue and offset in 28 hex digits (RocketMQ's offsetMsgId idea).
+
+    It is derived, so it needs no storage and no index: the broker finds a message by its id
+    directly.
+    """
+    return f"{topic_id:08X}{queue:04X}{offset:016X}"
+
+
+def decode_msg_id(msg_id: str) -> tuple[int, int, int]:
+    """Split a message id into ``(topic_id, queue, offset)``.
+
+    Raises:
+        ValueError: not a FerryMQ message id.
+    """
+    if len(msg_id) != 28:
+        raise ValueError(f"not a message id: {msg_id!r}")
+    return int(msg_id[:8], 16), int(msg_id[8:12], 16), int(msg_id[12:], 16)
