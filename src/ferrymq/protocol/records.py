@@ -14,7 +14,8 @@ Batch layout (little-endian, 64-byte header)::
     24   4     crc               u32  CRC32C of bytes [28, end): computed by the producer
     28   1     magic             u8   format version, 1
     29   1     attributes        u8   bits 0-2 compression (0 = none); bit 4 transactional;
-                                      bit 5 control batch
+                                      bit 5 control batch; bit 6 filtered (set by the broker
+                                      on fetch: fewer records than record_count)
     30   4     record_count      i32  >= 1
     34   8     first_timestamp   i64  producer's "born" time of the first record (ms)
     42   8     max_timestamp     i64  largest born time in the batch (ms)
@@ -71,6 +72,9 @@ _STAMP = struct.Struct("<qiq")
 ATTR_COMPRESSION_MASK = 0x07
 ATTR_TRANSACTIONAL = 0x10
 ATTR_CONTROL = 0x20
+ATTR_FILTERED = 0x40
+"""Set by the broker on batches rebuilt by tag filtering: ``record_count`` still spans the
+original offsets (so the consumer knows where to continue) but fewer records are present."""
 
 NO_PRODUCER_ID = -1
 NO_PRODUCER_EPOCH = -1
@@ -136,6 +140,11 @@ def batch_size_at(buf: bytes | bytearray | memoryview, pos: int) -> int:
 def _header_crc(buf: bytes | bytearray | memoryview, pos: int) -> int:
     mv = memoryview(buf)
     return crc32c(mv[pos + 24 : pos + 28], crc32c(mv[pos : pos + 20]))
+
+
+def seal_header_crc(buf: bytearray, pos: int) -> None:
+    """Recompute and store the header CRC of the batch at ``pos``."""
+    _I.pack_into(buf, pos + 20, _header_crc(buf, pos))
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,7 +239,7 @@ def encode_batch(
         first_ts, max_ts, producer_id, producer_epoch, base_sequence,
     )
     _I.pack_into(buf, 24, crc32c(memoryview(buf)[28:]))
-    _I.pack_into(buf, 20, _header_crc(buf, 0))
+    seal_header_crc(buf, 0)
     return buf
 
 
@@ -238,7 +247,7 @@ def stamp_batch(buf: bytearray, pos: int, base_offset: int, append_time_ms: int)
     """Write the broker-owned fields (base offset, append time) and fix the header CRC."""
     length = _LEN.unpack_from(buf, pos + 8)[0]
     _STAMP.pack_into(buf, pos, base_offset, length, append_time_ms)
-    _I.pack_into(buf, pos + 20, _header_crc(buf, pos))
+    seal_header_crc(buf, pos)
 
 
 def validate_batch(
@@ -358,9 +367,10 @@ def iter_raw_records(
     base = h.base_offset
     first_ts = h.first_timestamp
     unpack = _unpack_record
-    for _ in range(h.record_count):
-        if end - p < RECORD_PREFIX_SIZE:
-            raise CorruptRecordError("record runs past the end of its batch")
+    n_left = h.record_count
+    while p < end:
+        if end - p < RECORD_PREFIX_SIZE or n_left <= 0:
+            raise CorruptRecordError(f"batch at offset {base}: records do not fit the batch")
         n, odelta, tdelta, _attr, tl, skl, kl, pl = unpack(buf, p)
         t0 = p + RECORD_PREFIX_SIZE
         t1 = t0 + tl
@@ -369,9 +379,12 @@ def iter_raw_records(
         p1 = k1 + pl
         rend = p + 4 + n
         if p1 > rend or rend > end:
-            raise CorruptRecordError("record fields run past the record")
+            raise CorruptRecordError(f"batch at offset {base}: record fields run past the record")
+        n_left -= 1
         yield (base + odelta, first_ts + tdelta, t0, t1, s1, k1, p1, rend)
         p = rend
+    if n_left and not h.attributes & ATTR_FILTERED:
+        raise CorruptRecordError(f"batch at offset {base}: fewer records than its count")
 
 
 def decode_records(buf: bytes | bytearray | memoryview) -> list[Record]:
@@ -401,7 +414,8 @@ def filter_batch(
 ) -> bytes:
     """Build a batch with the same header holding only ``keep`` (records keep their offsets).
 
-    Used by server-side tag filtering. Both CRCs are recomputed.
+    Used by server-side tag filtering: ``record_count`` is kept (it tells the consumer where the
+    original batch ended), ``ATTR_FILTERED`` is set, both CRCs are recomputed.
     """
     mv = memoryview(buf)
     parts: list[bytes | memoryview] = [bytes(HEADER_SIZE)]
@@ -410,10 +424,10 @@ def filter_batch(
         parts.append(mv[start : rec[7]])
     out = bytearray().join(parts)
     out[0:HEADER_SIZE] = mv[pos : pos + HEADER_SIZE]
-    struct.pack_into("<i", out, 8, len(out) - LENGTH_PREFIX)
-    struct.pack_into("<i", out, 30, len(keep))
+    _LEN.pack_into(out, 8, len(out) - LENGTH_PREFIX)
+    out[29] |= ATTR_FILTERED
     _I.pack_into(out, 24, crc32c(memoryview(out)[28:]))
-    _I.pack_into(out, 20, _header_crc(out, 0))
+    seal_header_crc(out, 0)
     return bytes(out)
 
 

@@ -1,0 +1,1 @@
+"""The ``ferrymq`` command-line interface (thin over the admin and data clients)."""

@@ -1,0 +1,186 @@
+"""Broker configuration: one frozen, typed, validated object, resolved once at the edge.
+
+Sources, lowest to highest priority: defaults, a TOML file (``--config``), environment variables
+``FERRYMQ_<FIELD>`` (upper case), command-line flags / keyword arguments. :func:`load` merges them
+once; nothing below it reads the environment. Every field documents its unit and reason;
+``docs/configuration.md`` is generated from this module (``python -m ferrymq.broker.config``).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from ferrymq.errors import ConfigError
+
+FLUSH_MODES = ("sync", "async")
+
+
+def _f(default: Any, doc: str) -> Any:
+    return field(default=default, metadata={"doc": doc})
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerConfig:
+    """Every broker setting. Build with :func:`load` (or directly in tests)."""
+
+    host: str = _f("127.0.0.1", "Address to listen on.")
+    port: int = _f(9876, "TCP port to listen on (0: any free port).")
+    data_dir: str = _f("./ferrymq-data", "Directory holding topics, offsets and state.")
+    broker_id: int = _f(0, "This broker's id (in message ids and HELLO).")
+    flush: str = _f(
+        "sync",
+        "sync: acknowledge a send after its bytes are fsynced (group commit); "
+        "async: acknowledge after write(2) and fsync every flush_interval_ms.",
+    )
+    flush_interval_ms: int = _f(200, "async mode: how often written data is fsynced.")
+    max_frame_bytes: int = _f(8 * 1024 * 1024, "Largest frame accepted; larger closes the connection.")
+    max_message_bytes: int = _f(4 * 1024 * 1024, "Largest single message (record) accepted.")
+    max_batch_records: int = _f(100_000, "Most records in one batch.")
+    max_fetch_bytes: int = _f(8 * 1024 * 1024 - 65536, "Most bytes of record data in one fetch response.")
+    max_fetch_wait_ms: int = _f(30_000, "Longest long-poll wait a fetch may ask for.")
+    max_connections: int = _f(10_000, "Connections beyond this are closed at once.")
+    max_in_flight_per_connection: int = _f(
+        256, "Requests read but not yet answered per connection before reading pauses."
+    )
+    max_write_buffer_bytes: int = _f(
+        32 * 1024 * 1024, "Unsent response bytes per connection before reading pauses."
+    )
+    idle_timeout_ms: int = _f(
+        300_000, "A connection silent this long is closed (clients ping every 30 s by default)."
+    )
+    auto_create_topics: bool = _f(True, "Create a topic on first produce or metadata request.")
+    default_queues: int = _f(4, "Queues of an auto-created topic.")
+    max_queues: int = _f(1024, "Most queues one topic may have.")
+    segment_bytes: int = _f(1024 * 1024 * 1024, "Roll a queue's segment at this size.")
+    segment_ms: int = _f(7 * 24 * 3600 * 1000, "Roll a queue's segment at this age.")
+    index_interval_bytes: int = _f(4096, "Bytes of log between two sparse index entries.")
+    retention_ms: int = _f(
+        7 * 24 * 3600 * 1000, "Delete whole segments older than this (-1: keep forever)."
+    )
+    retention_bytes: int = _f(-1, "Per queue: delete oldest segments beyond this size (-1: no limit).")
+    retention_check_interval_ms: int = _f(60_000, "How often retention runs.")
+    default_session_timeout_ms: int = _f(15_000, "Consumer session timeout when the client sends 0.")
+    max_session_timeout_ms: int = _f(300_000, "Longest consumer session timeout accepted.")
+    shutdown_timeout_ms: int = _f(10_000, "Graceful shutdown: longest wait for requests in flight.")
+    log_level: str = _f("INFO", "Logging level (DEBUG, INFO, WARNING, ERROR).")
+
+    def validate(self) -> BrokerConfig:
+        """Check every field; return self.
+
+        Raises:
+            ConfigError: a field is out of range, naming it.
+        """
+        if self.flush not in FLUSH_MODES:
+            raise ConfigError(f"flush must be one of {FLUSH_MODES}, not {self.flush!r}")
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"port must be 0..65535, not {self.port}")
+        positive = (
+            "flush_interval_ms", "max_frame_bytes", "max_message_bytes", "max_batch_records",
+            "max_fetch_bytes", "max_connections", "max_in_flight_per_connection",
+            "max_write_buffer_bytes", "idle_timeout_ms", "default_queues", "max_queues",
+            "segment_bytes", "segment_ms", "index_interval_bytes",
+            "retention_check_interval_ms", "default_session_timeout_ms",
+            "max_session_timeout_ms", "shutdown_timeout_ms",
+        )
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be > 0, not {getattr(self, name)}")
+        if self.max_message_bytes + 1024 > self.max_frame_bytes:
+            raise ConfigError("max_message_bytes must be at least 1 KiB below max_frame_bytes")
+        if self.max_fetch_bytes + 65536 > self.max_frame_bytes:
+            raise ConfigError("max_fetch_bytes must be at least 64 KiB below max_frame_bytes")
+        if self.default_queues > self.max_queues:
+            raise ConfigError("default_queues must not exceed max_queues")
+        if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+            raise ConfigError(f"unknown log_level {self.log_level!r}")
+        return self
+
+    @property
+    def data_path(self) -> Path:
+        """``data_dir`` as a Path."""
+        return Path(self.data_dir)
+
+
+_FIELDS = {f.name: f for f in fields(BrokerConfig)}
+
+
+def _coerce(name: str, value: Any) -> Any:
+    f = _FIELDS.get(name)
+    if f is None:
+        raise ConfigError(f"unknown broker setting {name!r}")
+    kind = type(f.default)
+    if isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
+        return value
+    if isinstance(value, str):
+        try:
+            if kind is bool:
+                low = value.strip().lower()
+                if low in ("1", "true", "yes", "on"):
+                    return True
+                if low in ("0", "false", "no", "off"):
+                    return False
+                raise ValueError(value)
+            if kind is int:
+                return int(value.replace("_", ""))
+        except ValueError:
+            raise ConfigError(f"{name}: cannot read {value!r} as {kind.__name__}") from None
+        if kind is str:
+            return value
+    raise ConfigError(f"{name}: expected {kind.__name__}, got {type(value).__name__}")
+
+
+def load(
+    file: str | Path | None = None,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> BrokerConfig:
+    """Merge defaults, a TOML file, ``FERRYMQ_*`` variables and overrides; validate once.
+
+    Args:
+        file: a TOML file with top-level keys named like the fields (or a ``[broker]`` table).
+        env: the environment to read ``FERRYMQ_<FIELD>`` from (pass ``os.environ``).
+        overrides: flags or keyword arguments; None values are ignored.
+
+    Raises:
+        ConfigError: unreadable file, unknown key, wrong type or out-of-range value.
+    """
+    values: dict[str, Any] = {}
+    if file is not None:
+        try:
+            data = tomllib.loads(Path(file).read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"cannot read config file {file}: {exc}") from None
+        table = data.get("broker", data)
+        for k, v in table.items():
+            values[k] = _coerce(k, v)
+    for k, v in (env or {}).items():
+        if k.startswith("FERRYMQ_"):
+            name = k[len("FERRYMQ_"):].lower()
+            if name in _FIELDS:
+                values[name] = _coerce(name, v)
+    for k, v in (overrides or {}).items():
+        if v is not None:
+            values[k] = _coerce(k, v)
+    return BrokerConfig(**values).validate()
+
+
+def render_docs() -> str:
+    """The configuration reference as Markdown (docs/configuration.md)."""
+    lines = [
+        "| setting | env | default | meaning |",
+        "|---|---|---|---|",
+    ]
+    for f in fields(BrokerConfig):
+        lines.append(
+            f"| `{f.name}` | `FERRYMQ_{f.name.upper()}` | `{f.default!r}` | {f.metadata['doc']} |"
+        )
+    return "\n".join(lines)
+
+
+
+if __name__ == "__main__":
+    print(render_docs())

@@ -1,0 +1,276 @@
+"""Consumer groups: membership, queue assignment, committed offsets.
+
+Theory of operation
+-------------------
+A member joins with the topics it subscribes to and gets a member id, the group's generation and
+its share of the queues. The broker assigns (RocketMQ's "averagely" strategy: members sorted by
+id, each topic's queues split into contiguous ranges), so clients need no leader election.
+
+Every change of membership or subscription bumps the generation. Members learn of it from their
+next heartbeat (``REBALANCE_IN_PROGRESS``) and rejoin to get their new share. A commit that carries
+an older generation is refused (``ILLEGAL_GENERATION``): a member that lost a queue cannot move its
+offset back. Commits with generation -1 come from consumers that ``assign`` queues themselves and
+from admin tools; they are not fenced. Members that stop heartbeating are removed after their
+session timeout.
+
+State table (a group is EMPTY with no members, STABLE otherwise; the generation is the only
+other state)::
+
+    event            EMPTY            STABLE
+    join (new)       STABLE, gen+1    STABLE, gen+1
+    join (known,     -                STABLE, gen+1 if its topics changed
+      same topics)
+    leave / expire   -                EMPTY if last, else STABLE; gen+1
+
+Committed offsets survive restarts: each group's offsets are one checkpoint file
+(``groups/<group>``), rewritten atomically (write, fsync, rename) on every commit.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgpack
+
+from ferrymq.errors import (
+    IllegalGenerationError,
+    InvalidRequestError,
+    RebalanceInProgressError,
+    UnknownGroupError,
+    UnknownMemberError,
+)
+from ferrymq.storage import read_checkpoint, write_checkpoint
+
+log = logging.getLogger("ferrymq.broker")
+
+GROUP_NAME = re.compile(r"^[A-Za-z0-9._%-]{1,249}$")
+
+
+def check_group_name(name: str) -> None:
+    """Raise InvalidRequestError unless ``name`` is a valid group name."""
+    if name in (".", "..") or not GROUP_NAME.match(name):
+        raise InvalidRequestError(f"invalid group name {name[:64]!r}")
+
+
+@dataclass
+class Member:
+    """A live member of a group."""
+
+    member_id: str
+    client_id: str
+    host: str
+    topics: tuple[str, ...]
+    session_timeout_ms: int
+    last_seen_ms: int
+    assignment: list[tuple[str, int]] = field(default_factory=list)
+
+
+@dataclass
+class Group:
+    """One consumer group."""
+
+    name: str
+    generation: int = 0
+    members: dict[str, Member] = field(default_factory=dict)
+    offsets: dict[tuple[str, int], int] = field(default_factory=dict)
+
+    @property
+    def state(self) -> str:
+        """EMPTY or STABLE."""
+        return "STABLE" if self.members else "EMPTY"
+
+
+def assign_averagely(
+    members: list[Member], queue_counts: dict[str, int]
+) -> dict[str, list[tuple[str, int]]]:
+    """Split each topic's queues into contiguous ranges over its sorted subscribers."""
+    out: dict[str, list[tuple[str, int]]] = {m.member_id: [] for m in members}
+    for topic in sorted(queue_counts):
+        subs = sorted(m.member_id for m in members if topic in m.topics)
+        if not subs:
+            continue
+        n = queue_counts[topic]
+        per, extra = divmod(n, len(subs))
+        start = 0
+        for i, mid in enumerate(subs):
+            size = per + (1 if i < extra else 0)
+            out[mid].extend((topic, q) for q in range(start, start + size))
+            start += size
+    return out
+
+
+class GroupCoordinator:
+    """All groups of this broker."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self._dir = data_dir / "groups"
+        self.groups: dict[str, Group] = {}
+
+    def load(self) -> None:
+        """Read every group's committed offsets."""
+        self._dir.mkdir(parents=True, exist_ok=True)
+        for path in sorted(self._dir.iterdir()):
+            if path.name.endswith(".tmp") or not path.is_file():
+                continue
+            raw = read_checkpoint(path)
+            if raw is None:
+                continue
+            data = msgpack.unpackb(raw, raw=False, strict_map_key=False)
+            g = Group(data["name"])
+            g.offsets = {(t, q): o for t, q, o in data["offsets"]}
+            self.groups[g.name] = g
+
+    def _save(self, g: Group) -> None:
+        data = {"name": g.name, "offsets": [[t, q, o] for (t, q), o in g.offsets.items()]}
+        write_checkpoint(self._dir / _file_name(g.name), msgpack.packb(data, use_bin_type=True))
+
+    def group(self, name: str) -> Group:
+        """A known group.
+
+        Raises:
+            UnknownGroupError.
+        """
+        g = self.groups.get(name)
+        if g is None:
+            raise UnknownGroupError(f"unknown group {name!r}")
+        return g
+
+    def _get_or_create(self, name: str) -> Group:
+        check_group_name(name)
+        g = self.groups.get(name)
+        if g is None:
+            g = self.groups[name] = Group(name)
+        return g
+
+    # -- membership --------------------------------------------------------------------------
+
+    def join(
+        self, name: str, member_id: str, client_id: str, host: str, topics: list[str],
+        session_timeout_ms: int, now_ms: int, queue_counts: dict[str, int],
+    ) -> tuple[Group, Member]:
+        """Add or refresh a member and rebalance if anything changed."""
+        g = self._get_or_create(name)
+        m = g.members.get(member_id) if member_id else None
+        changed = False
+        if m is None:
+            member_id = f"{client_id[:64] or 'consumer'}-{uuid.uuid4().hex[:12]}"
+            m = Member(member_id, client_id, host, tuple(sorted(set(topics))),
+                       session_timeout_ms, now_ms)
+            g.members[member_id] = m
+            changed = True
+            log.info("group %s: %s joined", name, member_id)
+        else:
+            m.last_seen_ms = now_ms
+            m.session_timeout_ms = session_timeout_ms
+            new_topics = tuple(sorted(set(topics)))
+            if new_topics != m.topics:
+                m.topics = new_topics
+                changed = True
+        if changed:
+            self._rebalance(g, queue_counts)
+        else:
+            # the queue counts may have changed (topics created since): recompute, same gen
+            fresh = assign_averagely(list(g.members.values()), queue_counts)
+            if any(fresh[mid] != mm.assignment for mid, mm in g.members.items()):
+                self._rebalance(g, queue_counts)
+        return g, m
+
+    def _rebalance(self, g: Group, queue_counts: dict[str, int]) -> None:
+        g.generation += 1
+        plan = assign_averagely(list(g.members.values()), queue_counts)
+        for mid, m in g.members.items():
+            m.assignment = plan[mid]
+
+    def heartbeat(self, name: str, member_id: str, generation: int, now_ms: int) -> None:
+        """Keep a member alive.
+
+        Raises:
+            UnknownMemberError: the session expired (or never existed): rejoin.
+            RebalanceInProgressError: the generation moved on: rejoin.
+        """
+        g = self.groups.get(name)
+        m = g.members.get(member_id) if g else None
+        if g is None or m is None:
+            raise UnknownMemberError(f"group {name!r} has no member {member_id!r}")
+        m.last_seen_ms = now_ms
+        if generation != g.generation:
+            raise RebalanceInProgressError(f"group {name!r} is at generation {g.generation}")
+
+    def leave(self, name: str, member_id: str, queue_counts: dict[str, int]) -> None:
+        """Remove a member at once."""
+        g = self.groups.get(name)
+        if g is None or member_id not in g.members:
+            return
+        del g.members[member_id]
+        log.info("group %s: %s left", name, member_id)
+        self._rebalance(g, queue_counts)
+
+    def expire(self, now_ms: int, queue_counts: dict[str, int]) -> list[tuple[str, str]]:
+        """Remove members whose session timed out; return (group, member) pairs removed."""
+        gone: list[tuple[str, str]] = []
+        for g in self.groups.values():
+            dead = [
+                mid for mid, m in g.members.items()
+                if now_ms - m.last_seen_ms > m.session_timeout_ms
+            ]
+            for mid in dead:
+                del g.members[mid]
+                gone.append((g.name, mid))
+                log.info("group %s: %s expired", g.name, mid)
+            if dead:
+                self._rebalance(g, queue_counts)
+        return gone
+
+    # -- offsets -----------------------------------------------------------------------------
+
+    def commit(
+        self, name: str, member_id: str, generation: int, entries: list[tuple[str, int, int]]
+    ) -> None:
+        """Store committed offsets (durably, before returning).
+
+        Raises:
+            IllegalGenerationError / UnknownMemberError: a fenced member.
+        """
+        g = self._get_or_create(name)
+        if generation >= 0:
+            if member_id not in g.members:
+                raise UnknownMemberError(f"group {name!r} has no member {member_id!r}")
+            if generation != g.generation:
+                raise IllegalGenerationError(
+                    f"commit for generation {generation}, group {name!r} is at {g.generation}"
+                )
+        for topic, queue, offset in entries:
+            g.offsets[(topic, queue)] = offset
+        self._save(g)
+
+    def committed(self, name: str) -> dict[tuple[str, int], int]:
+        """A group's committed offsets (empty if unknown)."""
+        g = self.groups.get(name)
+        return dict(g.offsets) if g else {}
+
+    def set_offsets(self, name: str, offsets: dict[tuple[str, int], int]) -> None:
+        """Overwrite some committed offsets (reset-offset) and bump the generation so live
+        members rejoin and pick the new offsets up."""
+        g = self._get_or_create(name)
+        g.offsets.update(offsets)
+        if g.members:
+            g.generation += 1
+        self._save(g)
+
+    def forget_topic(self, topic: str) -> None:
+        """Drop committed offsets of a deleted topic."""
+        for g in self.groups.values():
+            stale = [k for k in g.offsets if k[0] == topic]
+            for k in stale:
+                del g.offsets[k]
+            if stale:
+                self._save(g)
+
+
+def _file_name(group: str) -> str:
+    # group names are checked against GROUP_NAME: safe as file names; '%' kept readable
+    return group

@@ -1,0 +1,38 @@
+"""Request handlers, one module per concern, and the api-key -> handler table.
+
+A handler takes ``(connection, request)`` and returns a response body, or an awaitable of one when
+it must wait (fsync, long polling). It raises :class:`~ferrymq.errors.BrokerError` subclasses for
+errors; :mod:`ferrymq.broker.connection` turns them into wire codes in one place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from ferrymq.broker.handlers import admin, fetch, groups, offsets, produce
+from ferrymq.protocol.messages import ApiKey, Body
+
+Handler = Callable[[Any, Any], Body | Awaitable[Body]]
+
+HANDLERS: dict[int, Handler] = {
+    ApiKey.HELLO: admin.hello,
+    ApiKey.PING: admin.ping,
+    ApiKey.METADATA: admin.metadata,
+    ApiKey.CREATE_TOPIC: admin.create_topic,
+    ApiKey.DELETE_TOPIC: admin.delete_topic,
+    ApiKey.DESCRIBE_TOPIC: admin.describe_topic,
+    ApiKey.INIT_PRODUCER: admin.init_producer,
+    ApiKey.PRODUCE: produce.produce,
+    ApiKey.FETCH: fetch.fetch,
+    ApiKey.LIST_OFFSETS: offsets.list_offsets,
+    ApiKey.COMMIT_OFFSETS: offsets.commit_offsets,
+    ApiKey.FETCH_OFFSETS: offsets.fetch_offsets,
+    ApiKey.RESET_OFFSETS: offsets.reset_offsets,
+    ApiKey.JOIN_GROUP: groups.join_group,
+    ApiKey.HEARTBEAT: groups.heartbeat,
+    ApiKey.LEAVE_GROUP: groups.leave_group,
+    ApiKey.LIST_GROUPS: groups.list_groups,
+    ApiKey.DESCRIBE_GROUP: groups.describe_group,
+}
+assert set(HANDLERS) == set(ApiKey)

@@ -1,0 +1,83 @@
+"""HELLO, PING, topic metadata and administration, producer ids."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ferrymq._version import __version__
+from ferrymq.errors import InvalidTopicNameError, UnknownTopicError
+from ferrymq.protocol import messages as m
+from ferrymq.protocol.codes import ErrorCode
+
+if TYPE_CHECKING:
+    from ferrymq.broker.connection import BrokerConnection
+
+
+def hello(conn: BrokerConnection, req: m.HelloRequest) -> m.HelloResponse:
+    """Record who the client is; tell it our limits."""
+    conn.client_id = req.client_id[:256]
+    c = conn.server.config
+    return m.HelloResponse(__version__, c.broker_id, c.max_frame_bytes, c.max_message_bytes,
+                           c.max_batch_records, c.flush)
+
+
+def ping(conn: BrokerConnection, req: m.PingRequest) -> m.Empty:
+    """Keepalive."""
+    return m.Empty()
+
+
+def metadata(conn: BrokerConnection, req: m.MetadataRequest) -> m.MetadataResponse:
+    """Topics with ids and queue counts; creates missing topics when asked and allowed."""
+    srv = conn.server
+    reg = srv.topics
+    if req.topics is None:
+        return m.MetadataResponse(
+            [(t.name, t.topic_id, len(t.queues), 0) for t in sorted(reg.topics.values(),
+                                                                   key=lambda t: t.name)]
+        )
+    out: list[m.TopicMeta] = []
+    for name in req.topics:
+        t = reg.topics.get(name)
+        if t is None and req.auto_create and srv.config.auto_create_topics:
+            try:
+                t = reg.create(name, srv.config.default_queues, {}, srv.clock.wall_ms())
+            except InvalidTopicNameError:
+                out.append((name, -1, 0, ErrorCode.INVALID_TOPIC_NAME))
+                continue
+        if t is None:
+            out.append((name, -1, 0, ErrorCode.UNKNOWN_TOPIC))
+        else:
+            out.append((t.name, t.topic_id, len(t.queues), 0))
+    return m.MetadataResponse(out)
+
+
+def create_topic(conn: BrokerConnection, req: m.CreateTopicRequest) -> m.CreateTopicResponse:
+    """Create a topic."""
+    t = conn.server.topics.create(req.name, req.queues, req.config, conn.server.clock.wall_ms())
+    return m.CreateTopicResponse(t.topic_id, len(t.queues))
+
+
+def delete_topic(conn: BrokerConnection, req: m.DeleteTopicRequest) -> m.Empty:
+    """Delete a topic, its data and the groups' offsets on it."""
+    conn.server.topics.delete(req.name)
+    conn.server.groups.forget_topic(req.name)
+    return m.Empty()
+
+
+def describe_topic(conn: BrokerConnection, req: m.DescribeTopicRequest) -> m.DescribeTopicResponse:
+    """Per-queue offsets, sizes and segment counts."""
+    t = conn.server.topics.topics.get(req.name)
+    if t is None:
+        raise UnknownTopicError(f"unknown topic {req.name[:249]!r}")
+    queues: list[m.QueueInfo] = []
+    for qs in t.queues:
+        segs = qs.log.segments()
+        last_append = max((s.max_append_time_ms for s in segs), default=-1)
+        queues.append((qs.queue, qs.log.start_offset, qs.visible_end, qs.log.size_bytes,
+                       len(segs), last_append))
+    return m.DescribeTopicResponse(t.name, t.topic_id, queues, t.config)
+
+
+def init_producer(conn: BrokerConnection, req: m.InitProducerRequest) -> m.InitProducerResponse:
+    """A fresh producer id (epoch 0) for an idempotent producer."""
+    return m.InitProducerResponse(conn.server.producer_ids.allocate(), 0)

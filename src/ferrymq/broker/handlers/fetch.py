@@ -1,0 +1,180 @@
+"""FETCH: read record batches, filter by tag on the broker, long-poll when there is nothing.
+
+Theory of operation
+-------------------
+A fetch reads each requested queue from its offset up to the queue's ``visible_end`` (durable end
+in sync mode), at most the entry's and the request's byte budgets. If the response holds fewer
+than ``min_bytes``, the fetch waits: it registers a future on every queue it reads, and a queue
+that advances wakes it (liftbridge's NotifyLEO). It then reads again, until enough data arrived
+or ``max_wait_ms`` passed. No busy loop: an idle long poll costs one timer.
+
+Tag filtering keeps the matching records of each batch and rebuilds the batch around them (same
+header, fresh CRCs, original offsets). Runs of batches with no match shrink to one header-only
+batch that covers their offsets, so the consumer still advances past them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from typing import TYPE_CHECKING
+
+from ferrymq.errors import BrokerError, OffsetOutOfRangeError
+from ferrymq.protocol import messages as m
+from ferrymq.protocol.records import (
+    ATTR_FILTERED,
+    HEADER,
+    HEADER_SIZE,
+    crc32c,
+    filter_batch,
+    iter_batches,
+    iter_raw_records,
+    seal_header_crc,
+)
+from ferrymq.protocol.tags import parse_tag_expression
+
+if TYPE_CHECKING:
+    from ferrymq.broker.connection import BrokerConnection
+    from ferrymq.broker.topics import QueueState
+
+MAX_FILTER_SCAN_BYTES = 16 * 1024 * 1024
+"""Most log bytes one filtered fetch entry scans looking for matches."""
+
+
+def fetch(
+    conn: BrokerConnection, req: m.FetchRequest
+) -> m.FetchResponse | asyncio.Future[m.FetchResponse]:
+    """Answer at once when data is there (or no wait was asked), else long-poll."""
+    srv = conn.server
+    max_wait_ms = min(max(req.max_wait_ms, 0), srv.config.max_fetch_wait_ms)
+    filters = [parse_tag_expression(e[4]) for e in req.entries]
+    results, total, queues = _read_all(conn, req, filters)
+    if total >= max(req.min_bytes, 1) or max_wait_ms == 0 or not queues:
+        return m.FetchResponse(results)
+    return asyncio.ensure_future(_long_poll(conn, req, filters, queues, max_wait_ms / 1000.0))
+
+
+async def _long_poll(
+    conn: BrokerConnection,
+    req: m.FetchRequest,
+    filters: list[frozenset[str] | None],
+    queues: list[QueueState],
+    wait_s: float,
+) -> m.FetchResponse:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_s
+    while True:
+        remaining = deadline - loop.time()
+        if remaining <= 0 or conn.server.shutting_down:
+            break
+        w: asyncio.Future[None] = loop.create_future()
+        for qs in queues:
+            qs.waiters.add(w)
+        try:
+            await asyncio.wait_for(w, remaining)
+        except TimeoutError:
+            break
+        finally:
+            for qs in queues:
+                qs.waiters.discard(w)
+        results, total, queues = _read_all(conn, req, filters)
+        if total >= max(req.min_bytes, 1):
+            return m.FetchResponse(results)
+    results, _, _ = _read_all(conn, req, filters)
+    return m.FetchResponse(results)
+
+
+def _read_all(
+    conn: BrokerConnection, req: m.FetchRequest, filters: list[frozenset[str] | None]
+) -> tuple[list[m.FetchResult], int, list[QueueState]]:
+    srv = conn.server
+    budget = min(req.max_bytes, srv.config.max_fetch_bytes)
+    results: list[m.FetchResult] = []
+    waitable: list[QueueState] = []
+    total = 0
+    for (topic, queue, offset, max_bytes, _expr), tags in zip(req.entries, filters, strict=True):
+        try:
+            qs = srv.topics.queue(topic, queue)
+            lg = qs.log
+            end = qs.visible_end
+            if offset < lg.start_offset or offset > end:
+                raise OffsetOutOfRangeError(
+                    f"offset {offset} is outside {lg.start_offset}..{end} of {topic}/{queue}"
+                )
+            data = b""
+            if budget > 0 and offset < end:
+                limit = max(1, min(max_bytes, budget))
+                if tags is None:
+                    data = lg.read(offset, limit, upto_offset=end)
+                else:
+                    data = _read_filtered(qs, offset, limit, end, tags)
+            elif offset == end:
+                waitable.append(qs)
+        except BrokerError as exc:
+            results.append((topic, queue, exc.code, str(exc)[:1024], -1, -1, -1, b""))
+            continue
+        budget -= len(data)
+        total += len(data)
+        results.append((topic, queue, 0, "", qs.visible_end, lg.start_offset, qs.topic_id, data))
+    return results, total, waitable
+
+
+def _read_filtered(
+    qs: QueueState, offset: int, limit: int, end: int, tags: frozenset[str]
+) -> bytes:
+    """Read from ``offset`` keeping only records whose tag is in ``tags``."""
+    out: list[bytes] = []
+    out_bytes = 0
+    scanned = 0
+    skip_start = -1  # first offset of a run of batches with no match
+    skip_end = -1
+    skip_header: bytes = b""
+    pos_offset = offset
+    while pos_offset < end and out_bytes < limit and scanned < MAX_FILTER_SCAN_BYTES:
+        chunk = qs.log.read(pos_offset, min(limit, 1024 * 1024), upto_offset=end)
+        if not chunk:
+            break
+        scanned += len(chunk)
+        mv = memoryview(chunk)
+        advanced = False
+        for pos, h in iter_batches(mv):
+            advanced = True
+            keep = []
+            for rec in iter_raw_records(mv, pos, h):
+                t0, t1 = rec[2], rec[3]
+                if t1 > t0 and rec[0] >= offset and bytes(mv[t0:t1]).decode("utf-8", "replace") in tags:
+                    keep.append(rec)
+            if keep:
+                if skip_start >= 0:
+                    out.append(_skip_batch(skip_header, skip_start, skip_end))
+                    skip_start = -1
+                fb = filter_batch(mv, pos, h, keep) if len(keep) < h.record_count else bytes(
+                    mv[pos : pos + h.size]
+                )
+                out.append(fb)
+                out_bytes += len(fb)
+            else:
+                if skip_start < 0:
+                    skip_start = h.base_offset
+                    skip_header = bytes(mv[pos : pos + HEADER_SIZE])
+                skip_end = h.last_offset
+            pos_offset = h.last_offset + 1
+        if not advanced:
+            break
+    if skip_start >= 0:
+        out.append(_skip_batch(skip_header, skip_start, skip_end))
+    return b"".join(out)
+
+
+def _skip_batch(header: bytes, first: int, last: int) -> bytes:
+    """A header-only batch covering offsets ``first..last`` with no records (all filtered)."""
+    buf = bytearray(header)
+    fields = list(HEADER.unpack_from(buf, 0))
+    fields[0] = first
+    fields[1] = HEADER_SIZE - 12
+    fields[6] |= ATTR_FILTERED
+    fields[7] = last - first + 1
+    HEADER.pack_into(buf, 0, *fields)
+    struct.pack_into("<I", buf, 24, crc32c(memoryview(buf)[28:]))
+    seal_header_crc(buf, 0)
+    return bytes(buf)

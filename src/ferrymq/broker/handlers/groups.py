@@ -1,0 +1,74 @@
+"""JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, LIST_GROUPS, DESCRIBE_GROUP."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ferrymq.errors import InvalidRequestError
+from ferrymq.protocol import messages as m
+
+if TYPE_CHECKING:
+    from ferrymq.broker.connection import BrokerConnection
+
+
+def _queue_counts(conn: BrokerConnection) -> dict[str, int]:
+    return {name: len(t.queues) for name, t in conn.server.topics.topics.items()}
+
+
+def join_group(conn: BrokerConnection, req: m.JoinGroupRequest) -> m.JoinGroupResponse:
+    """Join or rejoin; returns the member's queues for the current generation."""
+    srv = conn.server
+    cfg = srv.config
+    timeout = req.session_timeout_ms or cfg.default_session_timeout_ms
+    if not 0 < timeout <= cfg.max_session_timeout_ms:
+        raise InvalidRequestError(
+            f"session_timeout_ms must be 1..{cfg.max_session_timeout_ms}, not {timeout}"
+        )
+    for t in req.topics:
+        srv.topics.get(t)
+    counts = {t: n for t, n in _queue_counts(conn).items()}
+    g, member = srv.groups.join(req.group, req.member_id, req.client_id or conn.client_id,
+                                conn.peer, req.topics, timeout, srv.now_monotonic_ms(), counts)
+    return m.JoinGroupResponse(g.generation, member.member_id, list(member.assignment),
+                               len(g.members))
+
+
+def heartbeat(conn: BrokerConnection, req: m.HeartbeatRequest) -> m.Empty:
+    """Keep the membership alive (REBALANCE_IN_PROGRESS: rejoin)."""
+    conn.server.groups.heartbeat(req.group, req.member_id, req.generation,
+                                 conn.server.now_monotonic_ms())
+    return m.Empty()
+
+
+def leave_group(conn: BrokerConnection, req: m.LeaveGroupRequest) -> m.Empty:
+    """Leave at once."""
+    conn.server.groups.leave(req.group, req.member_id, _queue_counts(conn))
+    return m.Empty()
+
+
+def list_groups(conn: BrokerConnection, req: m.ListGroupsRequest) -> m.ListGroupsResponse:
+    """Every known group."""
+    return m.ListGroupsResponse(
+        sorted((g.name, g.state, len(g.members)) for g in conn.server.groups.groups.values())
+    )
+
+
+def describe_group(conn: BrokerConnection, req: m.DescribeGroupRequest) -> m.DescribeGroupResponse:
+    """Members, assignment, committed offsets, end offsets and lag per queue."""
+    srv = conn.server
+    g = srv.groups.group(req.group)
+    members: list[m.MemberInfo] = [
+        (mm.member_id, mm.client_id, mm.host, list(mm.assignment)) for mm in g.members.values()
+    ]
+    topics = {t for t, _ in g.offsets} | {t for mm in g.members.values() for t in mm.topics}
+    offsets: list[m.GroupOffset] = []
+    for name in sorted(topics):
+        t = srv.topics.topics.get(name)
+        if t is None:
+            continue
+        for qs in t.queues:
+            committed = g.offsets.get((name, qs.queue), -1)
+            end = qs.visible_end
+            lag = end - (committed if committed >= 0 else qs.log.start_offset)
+            offsets.append((name, qs.queue, committed, end, max(lag, 0)))
+    return m.DescribeGroupResponse(g.name, g.state, g.generation, members, offsets)

@@ -1,0 +1,82 @@
+"""LIST_OFFSETS, COMMIT_OFFSETS, FETCH_OFFSETS, RESET_OFFSETS (replay)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ferrymq.errors import BrokerError, InvalidOffsetError, InvalidRequestError
+from ferrymq.protocol import messages as m
+from ferrymq.protocol.messages import OffsetSpec
+
+if TYPE_CHECKING:
+    from ferrymq.broker.connection import BrokerConnection
+    from ferrymq.broker.topics import QueueState
+
+
+def resolve_spec(qs: QueueState, spec: int) -> int:
+    """Offset for LATEST (-1), EARLIEST (-2) or a timestamp (ms, >= 0)."""
+    if spec == OffsetSpec.LATEST:
+        return qs.visible_end
+    if spec == OffsetSpec.EARLIEST:
+        return qs.log.start_offset
+    if spec < 0:
+        raise InvalidRequestError(f"bad offset spec {spec}")
+    return min(qs.log.offset_for_time(spec), qs.visible_end)
+
+
+def list_offsets(conn: BrokerConnection, req: m.ListOffsetsRequest) -> m.ListOffsetsResponse:
+    """Find offsets by position or time."""
+    out: list[m.OffsetResult] = []
+    for topic, queue, spec in req.entries:
+        try:
+            out.append((topic, queue, 0, resolve_spec(conn.server.topics.queue(topic, queue), spec)))
+        except BrokerError as exc:
+            out.append((topic, queue, exc.code, -1))
+    return m.ListOffsetsResponse(out)
+
+
+def commit_offsets(
+    conn: BrokerConnection, req: m.CommitOffsetsRequest
+) -> m.CommitOffsetsResponse:
+    """Store a group's offsets durably (fenced by generation for group members)."""
+    topics = conn.server.topics
+    valid: list[tuple[str, int, int]] = []
+    out: list[tuple[str, int, int]] = []
+    for topic, queue, offset in req.entries:
+        try:
+            qs = topics.queue(topic, queue)
+            if offset < 0 or offset > qs.log.end_offset:
+                raise InvalidOffsetError(f"offset {offset} is past the end of {topic}/{queue}")
+        except BrokerError as exc:
+            out.append((topic, queue, exc.code))
+            continue
+        valid.append((topic, queue, offset))
+        out.append((topic, queue, 0))
+    if valid:
+        conn.server.groups.commit(req.group, req.member_id, req.generation, valid)
+    return m.CommitOffsetsResponse(out)
+
+
+def fetch_offsets(conn: BrokerConnection, req: m.FetchOffsetsRequest) -> m.FetchOffsetsResponse:
+    """A group's committed offsets."""
+    committed = conn.server.groups.committed(req.group)
+    wanted = None if req.topics is None else set(req.topics)
+    return m.FetchOffsetsResponse(
+        sorted((t, q, o) for (t, q), o in committed.items() if wanted is None or t in wanted)
+    )
+
+
+def reset_offsets(conn: BrokerConnection, req: m.ResetOffsetsRequest) -> m.ResetOffsetsResponse:
+    """Move a group's offsets on one topic (replay); live members rejoin and pick them up."""
+    topic = conn.server.topics.get(req.topic)
+    new: dict[tuple[str, int], int] = {}
+    for qs in topic.queues:
+        if req.exact:
+            if req.spec < 0:
+                raise InvalidOffsetError(f"offset {req.spec} is negative")
+            off = min(max(req.spec, qs.log.start_offset), qs.visible_end)
+        else:
+            off = resolve_spec(qs, req.spec)
+        new[(req.topic, qs.queue)] = off
+    conn.server.groups.set_offsets(req.group, new)
+    return m.ResetOffsetsResponse(sorted((t, q, o) for (t, q), o in new.items()))

@@ -1,0 +1,246 @@
+"""The broker process: lifecycle, connections, housekeeping, graceful shutdown.
+
+Theory of operation
+-------------------
+:class:`BrokerServer` owns everything: the topic registry (and through it every log), the
+flusher thread, the group coordinator, the producer-id manager and the listening socket. One
+event loop runs it all; only fsyncs run on the flusher thread.
+
+Start: take an exclusive lock on the data directory (two brokers on one directory would corrupt
+it), note whether the previous run left the clean-shutdown marker (then recovery can trust the
+files) and remove it, open every log, start the flusher, listen.
+
+Stop (SIGTERM/SIGINT, or :meth:`stop`): stop accepting connections, refuse new produces with
+BROKER_SHUTTING_DOWN, let requests in flight finish (bounded by ``shutdown_timeout_ms``), answer
+long polls with what they have, flush everything, close the logs, write the clean-shutdown marker,
+release the lock. The seeds call this 优雅停机 (graceful shutdown).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+from ferrymq._time import SYSTEM_CLOCK, Clock
+from ferrymq.broker.config import BrokerConfig
+from ferrymq.broker.connection import BrokerConnection
+from ferrymq.broker.flusher import Flusher
+from ferrymq.broker.groups import GroupCoordinator
+from ferrymq.broker.handlers import HANDLERS, Handler
+from ferrymq.broker.producer_ids import ProducerIdManager
+from ferrymq.broker.topics import TopicRegistry
+from ferrymq.errors import ConfigError
+from ferrymq.storage import LogConfig
+
+log = logging.getLogger("ferrymq.broker")
+
+CLEAN_SHUTDOWN_MARKER = ".clean_shutdown"
+LOCK_FILE = ".lock"
+HOUSEKEEPING_INTERVAL_S = 0.5
+
+
+class BrokerServer:
+    """One broker. Create, ``await start()``, ``await stop()`` (or ``await run()``)."""
+
+    def __init__(self, config: BrokerConfig, clock: Clock = SYSTEM_CLOCK) -> None:
+        self.config = config
+        self.clock = clock
+        self.sync_flush = config.flush == "sync"
+        self.handlers: dict[int, Handler] = dict(HANDLERS)
+        self.data_dir = Path(config.data_dir)
+        self.connections: set[BrokerConnection] = set()
+        self.shutting_down = False
+        self.address: tuple[str, int] = (config.host, config.port)
+        self.topics: TopicRegistry
+        self.flusher: Flusher
+        self.groups = GroupCoordinator(self.data_dir)
+        self.producer_ids = ProducerIdManager(self.data_dir)
+        self._server: asyncio.Server | None = None
+        self._lock_file: IO[bytes] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stopped = asyncio.Event()
+        self._last_retention = 0.0
+
+    def now_monotonic_ms(self) -> int:
+        """Monotonic milliseconds (sessions, timeouts)."""
+        return int(self.clock.monotonic() * 1000)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Recover the data directory and start listening.
+
+        Raises:
+            ConfigError: the data directory is locked by another broker or unusable.
+        """
+        loop = asyncio.get_running_loop()
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._lock_file = open(self.data_dir / LOCK_FILE, "ab")  # noqa: SIM115 - held for life
+        try:
+            fcntl.flock(self._lock_file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._lock_file.close()
+            raise ConfigError(f"data dir {self.data_dir} is in use by another broker") from None
+        marker = self.data_dir / CLEAN_SHUTDOWN_MARKER
+        clean = marker.exists()
+        if clean:
+            marker.unlink()
+            _fsync_dir(self.data_dir)
+        cfg = self.config
+        base = LogConfig(
+            segment_bytes=cfg.segment_bytes,
+            segment_ms=cfg.segment_ms,
+            index_interval_bytes=cfg.index_interval_bytes,
+            retention_ms=None if cfg.retention_ms < 0 else cfg.retention_ms,
+            retention_bytes=None if cfg.retention_bytes < 0 else cfg.retention_bytes,
+        )
+        t0 = loop.time()
+        self.topics = TopicRegistry(self.data_dir, base, sync_visibility=self.sync_flush,
+                                    clean_shutdown=clean, max_queues=cfg.max_queues)
+        self.topics.open_all(self.clock.wall_ms())
+        self.groups.load()
+        self.producer_ids.load()
+        log.info("opened %d topics in %.3f s (%s shutdown before)", len(self.topics.topics),
+                 loop.time() - t0, "clean" if clean else "unclean")
+        self.flusher = Flusher(loop, sync=self.sync_flush, interval_ms=cfg.flush_interval_ms)
+        self.flusher.start()
+        self._server = await loop.create_server(
+            lambda: BrokerConnection(self), cfg.host, cfg.port, reuse_address=True, backlog=1024
+        )
+        sock = self._server.sockets[0].getsockname()
+        self.address = (sock[0], sock[1])
+        self._tasks.append(loop.create_task(self._housekeeping()))
+        log.info("FerryMQ broker listening on %s:%d (data %s, flush %s)", self.address[0],
+                 self.address[1], self.data_dir, cfg.flush)
+
+    async def stop(self) -> None:
+        """Shut down gracefully (idempotent)."""
+        if self.shutting_down:
+            await self._stopped.wait()
+            return
+        self.shutting_down = True
+        log.info("shutting down")
+        if self._server is not None:
+            self._server.close()
+        for qs in self.topics.all_queues():  # answer long polls now
+            for w in list(qs.waiters):
+                if not w.done():
+                    w.set_result(None)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.shutdown_timeout_ms / 1000
+        while any(c.pending for c in self.connections) and loop.time() < deadline:
+            await asyncio.sleep(0.01)
+        for t in self._tasks:
+            t.cancel()
+        for c in list(self.connections):
+            if c.transport is not None:
+                c.transport.close()
+        await asyncio.sleep(0)
+        self.flusher.stop()
+        self.topics.close()
+        (self.data_dir / CLEAN_SHUTDOWN_MARKER).write_bytes(b"")
+        _fsync_dir(self.data_dir)
+        if self._lock_file is not None:
+            self._lock_file.close()
+        self._stopped.set()
+        log.info("stopped cleanly")
+
+    async def wait_stopped(self) -> None:
+        """Wait until :meth:`stop` has finished."""
+        await self._stopped.wait()
+
+    # -- connections -------------------------------------------------------------------------
+
+    def register(self, conn: BrokerConnection) -> bool:
+        """Admit a new connection unless at ``max_connections`` or shutting down."""
+        if self.shutting_down or len(self.connections) >= self.config.max_connections:
+            return False
+        self.connections.add(conn)
+        return True
+
+    def unregister(self, conn: BrokerConnection) -> None:
+        """Forget a closed connection."""
+        self.connections.discard(conn)
+
+    # -- housekeeping ------------------------------------------------------------------------
+
+    async def _housekeeping(self) -> None:
+        cfg = self.config
+        while True:
+            await asyncio.sleep(HOUSEKEEPING_INTERVAL_S)
+            try:
+                counts = {n: len(t.queues) for n, t in self.topics.topics.items()}
+                self.groups.expire(self.now_monotonic_ms(), counts)
+                now = self.clock.monotonic()
+                idle_s = cfg.idle_timeout_ms / 1000
+                for c in list(self.connections):
+                    if now - c.last_activity > idle_s and not c.pending and c.transport:
+                        log.info("closing idle connection %s", c.peer)
+                        c.transport.close()
+                if now - self._last_retention >= cfg.retention_check_interval_ms / 1000:
+                    self._last_retention = now
+                    wall = self.clock.wall_ms()
+                    for qs in self.topics.all_queues():
+                        n = qs.log.delete_old_segments(wall)
+                        if n:
+                            log.info("retention deleted %d segments of %s/%d", n, qs.topic,
+                                     qs.queue)
+            except Exception:
+                log.exception("housekeeping failed")
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def configure_logging(level: str) -> None:
+    """Log to stderr, one line per event."""
+    logging.basicConfig(
+        level=level.upper(), stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+def install_event_loop_policy() -> None:
+    """Use uvloop when installed."""
+    with contextlib.suppress(ImportError):
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
+async def serve(config: BrokerConfig, on_started: Callable[[BrokerServer], Any] | None = None) -> None:
+    """Run a broker until SIGTERM or SIGINT, then stop gracefully."""
+    server = BrokerServer(config)
+    await server.start()
+    if on_started is not None:
+        on_started(server)
+    loop = asyncio.get_running_loop()
+    stop_task: list[asyncio.Task[None]] = []
+
+    def _signal() -> None:
+        if not stop_task:
+            stop_task.append(loop.create_task(server.stop()))
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, _signal)
+    await server.wait_stopped()
+
+
+def run(config: BrokerConfig) -> None:
+    """Blocking entry point of ``ferrymq broker``."""
+    configure_logging(config.log_level)
+    install_event_loop_policy()
+    asyncio.run(serve(config))

@@ -1,0 +1,20 @@
+"""FerryMQ clients: asyncio classes and their synchronous facades."""
+
+from ferrymq.client.admin import AsyncAdminClient
+from ferrymq.client.consumer import AsyncPullConsumer
+from ferrymq.client.message import Durability, Message, ReceivedMessage, SendResult
+from ferrymq.client.producer import AsyncProducer
+from ferrymq.client.sync import AdminClient, Producer, PullConsumer
+
+__all__ = [
+    "AdminClient",
+    "AsyncAdminClient",
+    "AsyncProducer",
+    "AsyncPullConsumer",
+    "Durability",
+    "Message",
+    "Producer",
+    "PullConsumer",
+    "ReceivedMessage",
+    "SendResult",
+]

@@ -1,0 +1,238 @@
+"""A client's link to the broker: connect, handshake, reconnect with backoff, keepalive, metadata.
+
+Theory of operation
+-------------------
+:class:`Session` hands out the current :class:`Transport`, opening a new one (HELLO handshake
+included) when there is none or the last one died. Connection attempts go round the server list
+with jittered exponential backoff until ``reconnect_timeout_s`` (the seeds' 断线重连). Requests
+that are safe to repeat (reads, metadata, commits, idempotent produce batches) are retried across
+reconnects by their callers through :meth:`Session.request`; the producer and consumer build on it.
+
+A keepalive task pings an idle connection every ``keepalive_s``; a ping without an answer within
+``request_timeout_s`` closes the connection so that the next request reconnects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+from typing import TypeVar
+
+from ferrymq._version import __version__
+from ferrymq.client._transport import Transport
+from ferrymq.client.retry import Backoff
+from ferrymq.errors import (
+    BrokerError,
+    ConfigError,
+    ConnectionClosedError,
+    FerryMQTimeoutError,
+    UnknownTopicError,
+    error_for_code,
+)
+from ferrymq.protocol import messages as m
+
+log = logging.getLogger("ferrymq.client")
+B = TypeVar("B", bound=m.Body)
+
+DEFAULT_PORT = 9876
+
+
+def parse_servers(servers: str | list[str] | tuple[str, ...]) -> list[tuple[str, int]]:
+    """``"h1:p1,h2:p2"`` or a list of ``host:port`` into address pairs.
+
+    Raises:
+        ConfigError: an address that does not parse.
+    """
+    items = servers.split(",") if isinstance(servers, str) else list(servers)
+    out: list[tuple[str, int]] = []
+    for item in items:
+        item = item.strip()
+        if not item:
+            continue
+        host, _, port = item.rpartition(":")
+        if not host:
+            host, port = item, str(DEFAULT_PORT)
+        try:
+            p = int(port)
+        except ValueError:
+            raise ConfigError(f"bad server address {item!r}: expected host:port") from None
+        if not 0 < p < 65536:
+            raise ConfigError(f"bad port in {item!r}")
+        out.append((host.strip("[]"), p))
+    if not out:
+        raise ConfigError("no server address given")
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class TopicInfo:
+    """What a client knows of a topic."""
+
+    name: str
+    topic_id: int
+    queues: int
+
+
+class Session:
+    """Connection management shared by every client type."""
+
+    def __init__(
+        self,
+        servers: str | list[str] | tuple[str, ...],
+        *,
+        client_id: str = "ferrymq-python",
+        connect_timeout_s: float = 5.0,
+        request_timeout_s: float = 30.0,
+        reconnect_timeout_s: float = 60.0,
+        keepalive_s: float = 30.0,
+        backoff: Backoff | None = None,
+    ) -> None:
+        self.addresses = parse_servers(servers)
+        self.client_id = client_id
+        self.connect_timeout_s = connect_timeout_s
+        self.request_timeout_s = request_timeout_s
+        self.reconnect_timeout_s = reconnect_timeout_s
+        self.keepalive_s = keepalive_s
+        self.backoff = backoff or Backoff()
+        self.hello: m.HelloResponse | None = None
+        self._conn: Transport | None = None
+        self._connecting: asyncio.Future[Transport] | None = None
+        self._next_addr = 0
+        self._closed = False
+        self._keepalive: asyncio.Task[None] | None = None
+        self.topics: dict[str, TopicInfo] = {}
+        self.reconnects = 0
+
+    @property
+    def closed(self) -> bool:
+        """True after :meth:`close`."""
+        return self._closed
+
+    async def connection(self) -> Transport:
+        """The open connection, reconnecting (with backoff) if needed.
+
+        Raises:
+            ConnectionClosedError: no broker answered within ``reconnect_timeout_s``.
+        """
+        conn = self._conn
+        if conn is not None and conn.is_open:
+            return conn
+        if self._closed:
+            raise ConnectionClosedError("client is closed")
+        if self._connecting is None or self._connecting.done():
+            self._connecting = asyncio.ensure_future(self._connect())
+        return await asyncio.shield(self._connecting)
+
+    async def _connect(self) -> Transport:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.reconnect_timeout_s
+        attempt = 0
+        last: BaseException | None = None
+        while not self._closed:
+            host, port = self.addresses[self._next_addr % len(self.addresses)]
+            try:
+                conn = await Transport.connect(host, port, self.connect_timeout_s)
+                hello = await conn.request(
+                    m.HelloRequest(self.client_id, __version__), m.HelloResponse,
+                    self.connect_timeout_s,
+                )
+            except (ConnectionClosedError, FerryMQTimeoutError) as exc:
+                last = exc
+                self._next_addr += 1
+                attempt += 1
+                if loop.time() >= deadline:
+                    break
+                await asyncio.sleep(min(self.backoff.delay(attempt), max(0.0, deadline - loop.time())))
+                continue
+            if self._conn is not None:
+                self.reconnects += 1
+                log.info("reconnected to %s:%d", host, port)
+            self.hello = hello
+            self._conn = conn
+            if self._keepalive is None or self._keepalive.done():
+                self._keepalive = loop.create_task(self._keepalive_loop())
+            return conn
+        raise ConnectionClosedError(f"no broker reachable at {self.addresses}: {last}")
+
+    async def _keepalive_loop(self) -> None:
+        while not self._closed:
+            await asyncio.sleep(self.keepalive_s)
+            conn = self._conn
+            if conn is None or not conn.is_open or conn.in_flight:
+                continue
+            try:
+                await conn.request(m.PingRequest(), m.Empty, self.request_timeout_s)
+            except (ConnectionClosedError, FerryMQTimeoutError, BrokerError):
+                conn.close()
+
+    async def request(
+        self,
+        req: m.Request,
+        resp_type: type[B],
+        *,
+        timeout_s: float | None = None,
+        retry: bool = True,
+    ) -> B:
+        """Send a request, reconnecting and retrying retriable failures until the deadline.
+
+        Args:
+            req: the request (must be safe to repeat when ``retry`` is true).
+            resp_type: the response body type.
+            timeout_s: overall deadline (default ``request_timeout_s``).
+            retry: retry on connection loss and retriable broker errors.
+
+        Raises:
+            BrokerError subclass, ConnectionClosedError, FerryMQTimeoutError.
+        """
+        loop = asyncio.get_running_loop()
+        total = self.request_timeout_s if timeout_s is None else timeout_s
+        deadline = loop.time() + total
+        attempt = 0
+        while True:
+            remaining = deadline - loop.time()
+            try:
+                conn = await asyncio.wait_for(self.connection(), max(remaining, 0.001))
+                return await conn.request(req, resp_type, max(remaining, 0.001))
+            except TimeoutError:
+                raise FerryMQTimeoutError(f"{req.API_KEY.name}: no answer in {total:.3g} s") from None
+            except (ConnectionClosedError, BrokerError) as exc:
+                retriable = isinstance(exc, ConnectionClosedError) or exc.retriable
+                attempt += 1
+                if not retry or not retriable or self._closed:
+                    raise
+                wait = self.backoff.delay(attempt)
+                if loop.time() + wait >= deadline:
+                    raise
+                await asyncio.sleep(wait)
+
+    async def topic(self, name: str, *, auto_create: bool = True, refresh: bool = False) -> TopicInfo:
+        """Metadata of one topic (cached).
+
+        Raises:
+            UnknownTopicError, InvalidTopicNameError.
+        """
+        info = self.topics.get(name)
+        if info is not None and not refresh:
+            return info
+        resp = await self.request(m.MetadataRequest([name], auto_create), m.MetadataResponse)
+        for tname, tid, queues, code in resp.topics:
+            if tname != name:
+                continue
+            if code:
+                raise error_for_code(code, f"topic {name!r}")
+            info = TopicInfo(tname, tid, queues)
+            self.topics[name] = info
+            return info
+        raise UnknownTopicError(f"unknown topic {name!r}")
+
+    async def close(self) -> None:
+        """Close the connection and stop the keepalive."""
+        self._closed = True
+        if self._keepalive is not None:
+            self._keepalive.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._keepalive
+        if self._conn is not None:
+            self._conn.close()

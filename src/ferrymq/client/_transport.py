@@ -1,0 +1,178 @@
+"""One client connection: frames out, responses matched to futures by correlation id.
+
+Theory of operation
+-------------------
+:class:`Transport` is an ``asyncio.Protocol`` around the sans-IO :class:`FrameDecoder`. Each
+request gets a correlation id and a future; the response resolves it (or raises the broker's
+error as its exception class). Many requests are in flight at once. When the connection drops,
+every pending future fails with :class:`~ferrymq.errors.ConnectionClosedError`; reconnecting is
+the session's job (:mod:`ferrymq.client._session`), not this class's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from typing import TypeVar, cast
+
+from ferrymq.errors import (
+    ConnectionClosedError,
+    FerryMQTimeoutError,
+    RemoteProtocolError,
+    error_for_code,
+)
+from ferrymq.protocol.frames import FLAG_ONEWAY, FrameDecoder, encode_frame, split_response
+from ferrymq.protocol.messages import Body, Request
+
+B = TypeVar("B", bound=Body)
+
+CLIENT_MAX_FRAME_BYTES = 64 * 1024 * 1024
+"""Largest response a client accepts (the broker caps fetches far below this)."""
+
+
+class Transport(asyncio.Protocol):
+    """A connected socket to one broker."""
+
+    def __init__(self) -> None:
+        self._transport: asyncio.Transport | None = None
+        self._decoder = FrameDecoder(CLIENT_MAX_FRAME_BYTES)
+        self._pending: dict[int, tuple[asyncio.Future[bytes], type[Request]]] = {}
+        self._ids = itertools.count(1)
+        self.closed = asyncio.Event()
+        self.close_reason: BaseException | None = None
+        self._drain_waiters: list[asyncio.Future[None]] = []
+        self._paused = False
+
+    @classmethod
+    async def connect(cls, host: str, port: int, timeout_s: float) -> Transport:
+        """Open a connection.
+
+        Raises:
+            ConnectionClosedError: refused, unreachable or timed out.
+        """
+        loop = asyncio.get_running_loop()
+        try:
+            _, proto = await asyncio.wait_for(
+                loop.create_connection(cls, host, port), timeout_s
+            )
+        except (OSError, TimeoutError) as exc:
+            raise ConnectionClosedError(f"cannot connect to {host}:{port}: {exc}") from exc
+        return proto
+
+    # -- asyncio.Protocol ------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:  # noqa: D102
+        self._transport = cast(asyncio.Transport, transport)
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            import socket
+
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:  # noqa: D102
+        try:
+            frames = self._decoder.feed(data)
+        except RemoteProtocolError as exc:
+            self._fail(exc)
+            return
+        for f in frames:
+            entry = self._pending.pop(f.correlation_id, None)
+            if entry is None:
+                if f.correlation_id == 0:  # connection-level error from the broker
+                    code, body = split_response(f.payload)
+                    self._fail(error_for_code(code, body.decode("utf-8", "replace")))
+                    return
+                continue  # answer to a request we gave up on
+            fut = entry[0]
+            if not fut.done():
+                fut.set_result(f.payload)
+
+    def connection_lost(self, exc: Exception | None) -> None:  # noqa: D102
+        self._fail(ConnectionClosedError(f"connection lost: {exc}" if exc else "connection closed"))
+
+    def pause_writing(self) -> None:  # noqa: D102
+        self._paused = True
+
+    def resume_writing(self) -> None:  # noqa: D102
+        self._paused = False
+        for w in self._drain_waiters:
+            if not w.done():
+                w.set_result(None)
+        self._drain_waiters.clear()
+
+    # -- API -----------------------------------------------------------------------------------
+
+    def _fail(self, exc: BaseException) -> None:
+        if self.close_reason is None:
+            self.close_reason = exc
+        pending, self._pending = self._pending, {}
+        for fut, _ in pending.values():
+            if not fut.done():
+                fut.set_exception(ConnectionClosedError(str(exc)) if not isinstance(
+                    exc, ConnectionClosedError) else exc)
+        for w in self._drain_waiters:
+            if not w.done():
+                w.set_result(None)
+        if self._transport is not None:
+            self._transport.close()
+        self.closed.set()
+
+    @property
+    def is_open(self) -> bool:
+        """True until the connection closes."""
+        return not self.closed.is_set()
+
+    @property
+    def in_flight(self) -> int:
+        """Requests sent and not yet answered."""
+        return len(self._pending)
+
+    def send(self, req: Request, *, oneway: bool = False) -> asyncio.Future[bytes]:
+        """Write a request now; the future gets the raw response payload."""
+        if self.closed.is_set() or self._transport is None:
+            raise ConnectionClosedError(str(self.close_reason or "connection closed"))
+        corr = next(self._ids) & 0xFFFFFFFF or next(self._ids)
+        fut: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        if not oneway:
+            self._pending[corr] = (fut, type(req))
+        self._transport.write(encode_frame(req.API_KEY, 1, FLAG_ONEWAY if oneway else 0, corr,
+                                           req.encode()))
+        if oneway:
+            fut.set_result(b"\x00\x00")
+        return fut
+
+    async def drain(self) -> None:
+        """Wait while the socket's write buffer is above its high-water mark."""
+        if self._paused and not self.closed.is_set():
+            w: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._drain_waiters.append(w)
+            await w
+
+    async def request(self, req: Request, resp_type: type[B], timeout_s: float) -> B:
+        """Send ``req`` and return its decoded response.
+
+        Raises:
+            BrokerError subclass: the broker answered with an error code.
+            ConnectionClosedError: the connection dropped first.
+            FerryMQTimeoutError: no answer within ``timeout_s``.
+        """
+        fut = self.send(req)
+        try:
+            payload = await asyncio.wait_for(fut, timeout_s)
+        except TimeoutError:
+            raise FerryMQTimeoutError(
+                f"{req.API_KEY.name} got no answer within {timeout_s:.3g} s"
+            ) from None
+        return decode_response(payload, resp_type)
+
+    def close(self) -> None:
+        """Close the connection; pending requests fail."""
+        self._fail(ConnectionClosedError("closed by client"))
+
+
+def decode_response(payload: bytes, resp_type: type[B]) -> B:
+    """Split off the error code; raise the broker's error or decode the body."""
+    code, body = split_response(payload)
+    if code:
+        raise error_for_code(code, body.decode("utf-8", "replace"))
+    return resp_type.decode(body)

@@ -1,0 +1,480 @@
+"""The asyncio pull consumer: offsets, long polling, group membership, commits, seeks.
+
+Theory of operation
+-------------------
+The consumer holds two offsets per assigned queue: the *fetch position* (next offset to ask the
+broker for) and the *position* (next offset to hand to the application). One FETCH covering every
+assigned queue is in flight at a time; the broker holds it until data arrives (long polling). As
+soon as messages are handed out and the buffer runs low, the next fetch starts, so the network
+overlaps the application's work. ``commit()`` stores positions: everything before them counts as
+consumed by the group.
+
+With ``subscribe`` the broker assigns queues (see ``broker/groups.py``); a heartbeat task keeps
+the membership alive and, when the group rebalances, the consumer commits what it consumed
+(auto-commit), rejoins and continues from the committed offsets of its new queues. With
+``assign`` the application picks queues and no heartbeats are sent.
+
+A queue with no committed offset starts at ``auto_offset_reset`` ("latest" or "earliest"), as
+after an OFFSET_OUT_OF_RANGE (retention deleted the data under a committed offset).
+A seek drops what was buffered for that queue; results of a fetch started before the seek are
+ignored for it (a per-queue epoch).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from dataclasses import dataclass
+
+
+from ferrymq.client._session import Session
+from ferrymq.client.message import ReceivedMessage
+from ferrymq.errors import (
+    BrokerError,
+    ClientError,
+    ConfigError,
+    ConnectionClosedError,
+    FerryMQError,
+    FerryMQTimeoutError,
+    IllegalGenerationError,
+    RebalanceInProgressError,
+    UnknownMemberError,
+    error_for_code,
+)
+from ferrymq.protocol import messages as m
+from ferrymq.protocol.codes import ErrorCode
+from ferrymq.protocol.messages import OffsetSpec
+from ferrymq.protocol.records import check_stored_batch, iter_batches, iter_raw_records
+from ferrymq.protocol.tags import parse_tag_expression
+
+log = logging.getLogger("ferrymq.client")
+
+TopicQueue = tuple[str, int]
+DEFAULT_FETCH_MAX_BYTES = 4 * 1024 * 1024
+MAX_POLL_WAIT_S = 30.0
+
+
+@dataclass(eq=False)
+class _QueueState:
+    position: int | None = None  # next offset to hand out (None: not resolved yet)
+    fetch_position: int | None = None
+    epoch: int = 0
+    topic_id: int = -1
+    high_watermark: int = -1
+
+
+class AsyncPullConsumer:
+    """Pulls messages by offset, alone or as a member of a consumer group (asyncio).
+
+    Args:
+        servers: ``"host:port"`` (or several, comma separated).
+        group: the consumer group (offsets are committed per group).
+        client_id: shown in group listings.
+        auto_commit: commit positions every ``auto_commit_interval_s`` and on close.
+        auto_offset_reset: where a queue without a committed offset starts: "latest" or
+            "earliest".
+        fetch_max_bytes: bytes asked for per fetch (over all queues).
+        queue_fetch_max_bytes: bytes asked for per queue per fetch.
+        session_timeout_s: the broker drops a member silent this long.
+        heartbeat_interval_s: how often a member heartbeats.
+        request_timeout_s: deadline of one request.
+    """
+
+    def __init__(
+        self,
+        servers: str | list[str] = "127.0.0.1:9876",
+        group: str = "default",
+        *,
+        client_id: str = "ferrymq-consumer",
+        auto_commit: bool = True,
+        auto_commit_interval_s: float = 5.0,
+        auto_offset_reset: str = "latest",
+        fetch_max_bytes: int = DEFAULT_FETCH_MAX_BYTES,
+        queue_fetch_max_bytes: int = DEFAULT_FETCH_MAX_BYTES,
+        session_timeout_s: float = 15.0,
+        heartbeat_interval_s: float = 3.0,
+        request_timeout_s: float = 30.0,
+        reconnect_timeout_s: float = 60.0,
+    ) -> None:
+        if auto_offset_reset not in ("latest", "earliest"):
+            raise ConfigError("auto_offset_reset must be 'latest' or 'earliest'")
+        if fetch_max_bytes <= 0 or queue_fetch_max_bytes <= 0:
+            raise ConfigError("fetch sizes must be > 0")
+        self.group = group
+        self._session = Session(servers, client_id=client_id, request_timeout_s=request_timeout_s,
+                                reconnect_timeout_s=reconnect_timeout_s)
+        self._client_id = client_id
+        self._auto_commit = auto_commit
+        self._auto_commit_interval_s = auto_commit_interval_s
+        self._reset = OffsetSpec.LATEST if auto_offset_reset == "latest" else OffsetSpec.EARLIEST
+        self._fetch_max_bytes = fetch_max_bytes
+        self._queue_fetch_max_bytes = queue_fetch_max_bytes
+        self._session_timeout_ms = int(session_timeout_s * 1000)
+        self._heartbeat_interval_s = heartbeat_interval_s
+        self._subscriptions: dict[str, str] = {}
+        self._manual: list[TopicQueue] | None = None
+        self._queues: dict[TopicQueue, _QueueState] = {}
+        self._buffer: deque[ReceivedMessage] = deque()
+        self._fetch: asyncio.Task[None] | None = None
+        self._member_id = ""
+        self._generation = -1
+        self._need_join = False
+        self._heartbeat: asyncio.Task[None] | None = None
+        self._last_commit = 0.0
+        self._committed_positions: dict[TopicQueue, int] = {}
+        self._closed = False
+        self._started = False
+
+    # -- subscription ------------------------------------------------------------------------
+
+    async def start(self) -> AsyncPullConsumer:
+        """Connect to the broker."""
+        await self._session.connection()
+        self._started = True
+        self._last_commit = asyncio.get_running_loop().time()
+        return self
+
+    async def __aenter__(self) -> AsyncPullConsumer:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def subscribe(self, topic: str, tags: str = "*") -> None:
+        """Consume ``topic`` (messages matching ``tags``) as a member of the group; queues are
+        spread over the group's members.
+
+        Raises:
+            UnknownTopicError: the topic does not exist.
+            InvalidRequestError: a malformed tag expression.
+        """
+        if self._manual is not None:
+            raise ClientError("assign() and subscribe() cannot be mixed")
+        parse_tag_expression(tags)
+        await self._session.topic(topic, auto_create=False)
+        self._subscriptions[topic] = tags
+        self._need_join = True
+        await self._join()
+
+    async def assign(self, queues: list[TopicQueue]) -> None:
+        """Consume exactly these queues, outside group membership (no rebalancing)."""
+        if self._subscriptions:
+            raise ClientError("assign() and subscribe() cannot be mixed")
+        for topic, _ in queues:
+            await self._session.topic(topic, auto_create=False)
+        self._manual = list(queues)
+        self._set_assignment(self._manual)
+
+    def assignment(self) -> list[TopicQueue]:
+        """The queues this consumer reads now."""
+        return sorted(self._queues)
+
+    def _set_assignment(self, queues: list[TopicQueue]) -> None:
+        old = self._queues
+        self._queues = {tq: old.get(tq) or _QueueState() for tq in queues}
+        for st in self._queues.values():
+            st.epoch += 1
+        self._buffer = deque(msg for msg in self._buffer if (msg.topic, msg.queue) in self._queues)
+
+    async def _join(self) -> None:
+        if self._auto_commit and self._generation >= 0:
+            with contextlib.suppress(FerryMQError):
+                await self.commit()
+        topics = sorted(self._subscriptions)
+        resp = await self._session.request(
+            m.JoinGroupRequest(self.group, self._member_id, self._client_id, topics,
+                               self._session_timeout_ms),
+            m.JoinGroupResponse,
+        )
+        self._member_id = resp.member_id
+        self._generation = resp.generation
+        self._need_join = False
+        log.info("group %s: member %s generation %d assigned %s", self.group, self._member_id,
+                 self._generation, resp.assignment)
+        # positions come from the committed offsets: they may have moved (reset-offset)
+        self._set_assignment([(t, q) for t, q in resp.assignment])
+        for st in self._queues.values():
+            st.position = st.fetch_position = None
+        self._buffer.clear()
+        if self._heartbeat is None or self._heartbeat.done():
+            self._heartbeat = asyncio.get_running_loop().create_task(self._heartbeat_loop())
+
+    async def _heartbeat_loop(self) -> None:
+        while not self._closed:
+            await asyncio.sleep(self._heartbeat_interval_s)
+            if not self._member_id:
+                continue
+            try:
+                await self._session.request(
+                    m.HeartbeatRequest(self.group, self._member_id, self._generation), m.Empty,
+                    timeout_s=self._session_timeout_ms / 1000,
+                )
+            except (RebalanceInProgressError, IllegalGenerationError):
+                self._need_join = True
+            except UnknownMemberError:
+                self._member_id = ""
+                self._need_join = True
+            except FerryMQError as exc:
+                log.warning("heartbeat failed: %s", exc)
+
+    # -- positions -----------------------------------------------------------------------------
+
+    async def _resolve_positions(self) -> None:
+        missing = [tq for tq, st in self._queues.items() if st.position is None]
+        if not missing:
+            return
+        committed = {}
+        if self.group:
+            resp = await self._session.request(
+                m.FetchOffsetsRequest(self.group, sorted({t for t, _ in missing})),
+                m.FetchOffsetsResponse,
+            )
+            committed = {(t, q): o for t, q, o in resp.offsets}
+        unresolved = []
+        for tq in missing:
+            st = self._queues[tq]
+            if tq in committed:
+                st.position = st.fetch_position = committed[tq]
+                self._committed_positions[tq] = committed[tq]
+            else:
+                unresolved.append(tq)
+        if unresolved:
+            await self._reset_to(unresolved, self._reset)
+
+    async def _reset_to(self, queues: list[TopicQueue], spec: int) -> None:
+        resp = await self._session.request(
+            m.ListOffsetsRequest([(t, q, spec) for t, q in queues]), m.ListOffsetsResponse
+        )
+        for t, q, code, off in resp.results:
+            if code:
+                raise error_for_code(code, f"list offsets of {t}/{q}")
+            st = self._queues.get((t, q))
+            if st is not None:
+                st.position = st.fetch_position = off
+                st.epoch += 1
+        wanted = set(queues)
+        self._buffer = deque(msg for msg in self._buffer if (msg.topic, msg.queue) not in wanted)
+
+    def position(self) -> dict[TopicQueue, int]:
+        """Next offset to be returned, per assigned queue (resolved ones)."""
+        return {tq: st.position for tq, st in self._queues.items() if st.position is not None}
+
+    async def committed(self) -> dict[TopicQueue, int]:
+        """The group's committed offsets for the assigned queues."""
+        topics = sorted({t for t, _ in self._queues}) or None
+        resp = await self._session.request(m.FetchOffsetsRequest(self.group, topics),
+                                           m.FetchOffsetsResponse)
+        return {(t, q): o for t, q, o in resp.offsets if (t, q) in self._queues}
+
+    async def commit(self, offsets: dict[TopicQueue, int] | None = None) -> None:
+        """Commit positions (or the given offsets: the next offset to consume per queue).
+
+        Raises:
+            IllegalGenerationError: the group rebalanced: these queues may belong to another
+                member now (rejoin happens on the next poll).
+        """
+        if offsets is None:
+            offsets = {
+                tq: st.position for tq, st in self._queues.items()
+                if st.position is not None and self._committed_positions.get(tq) != st.position
+            }
+        if not offsets:
+            return
+        generation = self._generation if self._subscriptions else -1
+        resp = await self._session.request(
+            m.CommitOffsetsRequest(self.group, self._member_id, generation,
+                                   [(t, q, o) for (t, q), o in offsets.items()]),
+            m.CommitOffsetsResponse,
+        )
+        for t, q, code in resp.results:
+            if code:
+                raise error_for_code(code, f"commit of {t}/{q}")
+            self._committed_positions[(t, q)] = offsets[(t, q)]
+        self._last_commit = asyncio.get_running_loop().time()
+
+    async def seek(self, topic: str, queue: int, offset: int) -> None:
+        """Continue ``topic``/``queue`` from ``offset``."""
+        st = self._queues.get((topic, queue))
+        if st is None:
+            raise ClientError(f"{topic}/{queue} is not assigned to this consumer")
+        st.position = st.fetch_position = offset
+        st.epoch += 1
+        self._buffer = deque(x for x in self._buffer if (x.topic, x.queue) != (topic, queue))
+
+    async def seek_to_time(self, topic: str, timestamp_ms: int) -> None:
+        """Continue every assigned queue of ``topic`` from the first message stored at or after
+        ``timestamp_ms`` (ms since the epoch)."""
+        await self._reset_to([tq for tq in self._queues if tq[0] == topic], timestamp_ms)
+
+    async def seek_to_beginning(self) -> None:
+        """Continue every assigned queue from its first offset."""
+        await self._reset_to(list(self._queues), OffsetSpec.EARLIEST)
+
+    async def seek_to_end(self) -> None:
+        """Continue every assigned queue from its end (only new messages)."""
+        await self._reset_to(list(self._queues), OffsetSpec.LATEST)
+
+    # -- polling -------------------------------------------------------------------------------
+
+    async def poll(self, timeout: float = 1.0, max_messages: int = 500) -> list[ReceivedMessage]:
+        """Messages from the assigned queues: returns as soon as some are there, or an empty
+        list after ``timeout`` seconds.
+
+        Raises:
+            ConnectionClosedError: the broker stayed unreachable beyond ``reconnect_timeout_s``.
+        """
+        if self._closed:
+            raise ClientError("consumer is closed")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(timeout, 0.0)
+        while True:
+            if self._need_join and self._subscriptions:
+                await self._join()
+            if self._buffer:
+                out = self._take(max_messages)
+                await self._maybe_auto_commit()
+                return out
+            await self._resolve_positions()
+            remaining = deadline - loop.time()
+            if self._fetch is None or self._fetch.done():
+                if self._fetch is not None:
+                    self._fetch_result()
+                    if self._buffer:
+                        continue
+                if not self._queues:
+                    if remaining <= 0:
+                        return []
+                    await asyncio.sleep(min(remaining, 0.1))
+                    continue
+                self._fetch = loop.create_task(self._do_fetch(min(max(remaining, 0), MAX_POLL_WAIT_S)))
+            if remaining <= 0:
+                await self._maybe_auto_commit()
+                return []
+            done, _ = await asyncio.wait({self._fetch}, timeout=remaining)
+            if done:
+                self._fetch_result()
+            if not self._buffer and loop.time() >= deadline:
+                await self._maybe_auto_commit()
+                return []
+
+    def _fetch_result(self) -> None:
+        fut = self._fetch
+        if fut is None or not fut.done():
+            return
+        self._fetch = None
+        if fut.cancelled():
+            return
+        exc = fut.exception()
+        if exc is not None:
+            if isinstance(exc, (ConnectionClosedError, FerryMQTimeoutError)):
+                log.info("fetch failed (%s); will retry", exc)
+                return
+            raise exc
+
+    def _take(self, n: int) -> list[ReceivedMessage]:
+        buf = self._buffer
+        k = min(n, len(buf))
+        out = [buf.popleft() for _ in range(k)]
+        for msg in out:
+            st = self._queues.get((msg.topic, msg.queue))
+            if st is not None:
+                st.position = msg.offset + 1
+        if len(buf) < k and (self._fetch is None or self._fetch.done()) and self._queues:
+            if self._fetch is not None:
+                self._fetch_result()
+            if self._fetch is None:  # prefetch while the application works
+                self._fetch = asyncio.get_running_loop().create_task(self._do_fetch(0.0))
+        return out
+
+    async def _do_fetch(self, wait_s: float) -> None:
+        entries = []
+        epochs = {}
+        for (topic, queue), st in self._queues.items():
+            if st.fetch_position is None:
+                continue
+            entries.append((topic, queue, st.fetch_position, self._queue_fetch_max_bytes,
+                            self._subscriptions.get(topic, "*")))
+            epochs[(topic, queue)] = st.epoch
+        if not entries:
+            return
+        req = m.FetchRequest(int(wait_s * 1000), 1, self._fetch_max_bytes, entries)
+        try:
+            resp = await self._session.request(req, m.FetchResponse,
+                                               timeout_s=wait_s + self._session.request_timeout_s)
+        except ConnectionClosedError:
+            await asyncio.sleep(self._session.backoff.delay(1))
+            raise
+        reset: list[TopicQueue] = []
+        for topic, queue, code, msg, hw, _start, topic_id, data in resp.results:
+            st = self._queues.get((topic, queue))
+            if st is None or epochs.get((topic, queue)) != st.epoch:
+                continue  # reassigned or sought meanwhile
+            if code:
+                if code == ErrorCode.OFFSET_OUT_OF_RANGE:
+                    log.warning("%s/%d: %s; resetting to %s", topic, queue, msg, self._reset.name)
+                    reset.append((topic, queue))
+                    continue
+                err = error_for_code(code, msg)
+                if isinstance(err, BrokerError) and err.retriable:
+                    continue
+                raise err
+            st.topic_id = topic_id
+            st.high_watermark = hw
+            if data:
+                self._decode(topic, queue, st, data)
+        if reset:
+            await self._reset_to(reset, self._reset)
+
+    def _decode(self, topic: str, queue: int, st: _QueueState, data: bytes) -> None:
+        mv = memoryview(data)
+        start = st.fetch_position or 0
+        append = self._buffer.append
+        topic_id = st.topic_id
+        nxt = start
+        for pos, h in iter_batches(mv):
+            check_stored_batch(mv, pos)
+            if h.last_offset < start:
+                continue
+            stored = h.append_time_ms
+            for rec in iter_raw_records(mv, pos, h):
+                if rec[0] >= start:
+                    append(ReceivedMessage(topic, queue, topic_id, stored, mv, rec))
+            nxt = h.last_offset + 1
+        st.fetch_position = nxt
+
+    async def _maybe_auto_commit(self) -> None:
+        if not self._auto_commit:
+            return
+        now = asyncio.get_running_loop().time()
+        if now - self._last_commit >= self._auto_commit_interval_s:
+            try:
+                await self.commit()
+            except (IllegalGenerationError, UnknownMemberError, RebalanceInProgressError):
+                self._need_join = True
+            except FerryMQError as exc:
+                log.warning("auto-commit failed: %s", exc)
+
+    async def close(self) -> None:
+        """Commit (auto-commit mode), leave the group, close the connection."""
+        if self._closed:
+            return
+        try:
+            if self._auto_commit and self._started:
+                with contextlib.suppress(FerryMQError):
+                    await self.commit()
+            if self._member_id:
+                with contextlib.suppress(FerryMQError):
+                    await self._session.request(m.LeaveGroupRequest(self.group, self._member_id),
+                                                m.Empty, timeout_s=5.0, retry=False)
+        finally:
+            self._closed = True
+            for t in (self._heartbeat, self._fetch):
+                if t is not None:
+                    t.cancel()
+                    with contextlib.suppress(BaseException):
+                        await t
+            await self._session.close()
+
+

@@ -1,0 +1,534 @@
+"""The asyncio producer: batching, queue selection, idempotent retries.
+
+Theory of operation
+-------------------
+``send*`` puts a message in its queue's buffer (after choosing the queue: the user's selector, a
+stable hash of the sharding key, or round robin). The sender task turns ready buffers into record
+batches and ships every ready batch of every queue in one PRODUCE request. A buffer is ready when
+it is full, when ``linger_ms`` passed since its first message, or at once for a plain ``send``
+(which awaits its result anyway).
+
+Idempotence: the broker gives the producer an id; each batch carries the producer id, epoch and
+the queue's next sequence number, fixed when the batch is built. A batch that fails with a
+retriable error, a timeout or a dropped connection is sent again byte for byte after a backoff,
+so the broker stores it once (it answers a duplicate with the first result). One batch per queue
+is in flight at a time, so retries never reorder a queue, and messages of one sharding key keep
+their send order. Retries stop at ``delivery_timeout_s``; then the messages fail with the last
+error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ferrymq._time import SYSTEM_CLOCK, Clock
+from ferrymq.client._session import Session, TopicInfo
+from ferrymq.client.message import DURABILITY_BY_WIRE, Message, SendResult
+from ferrymq.client.partitioner import QueueSelector, RoundRobin, queue_for_key
+from ferrymq.errors import (
+    BrokerError,
+    ClientError,
+    ConfigError,
+    ConnectionClosedError,
+    FerryMQError,
+    FerryMQTimeoutError,
+    MessageTooLargeError,
+    UnknownQueueError,
+    UnknownTopicError,
+    error_for_code,
+)
+from ferrymq.protocol import messages as m
+from ferrymq.protocol.records import (
+    NO_PRODUCER_EPOCH,
+    NO_PRODUCER_ID,
+    NO_SEQUENCE,
+    RECORD_PREFIX_SIZE,
+    RecordInput,
+    encode_batch,
+    encode_msg_id,
+)
+
+log = logging.getLogger("ferrymq.client")
+
+DEFAULT_LINGER_MS = 5
+DEFAULT_BATCH_MAX_BYTES = 1024 * 1024
+DEFAULT_BATCH_MAX_RECORDS = 16_384
+DEFAULT_MAX_BUFFER_BYTES = 64 * 1024 * 1024
+"""Bytes of messages waiting in the producer before ``send`` waits (back-pressure)."""
+REQUEST_OVERHEAD_BYTES = 64 * 1024
+
+
+@dataclass(eq=False, slots=True)
+class _Unit:
+    """Messages of one ``send`` call that share a result future (None: oneway)."""
+
+    count: int
+    future: asyncio.Future[Any] | None
+    many: bool
+
+
+@dataclass(eq=False)
+class _QueueBuffer:
+    topic: TopicInfo
+    queue: int
+    records: list[RecordInput] = field(default_factory=list)
+    units: list[_Unit] = field(default_factory=list)
+    nbytes: int = 0
+    ready: bool = False
+    first_at: float = 0.0
+    in_flight: bool = False
+    next_seq: int = 0
+    timer: asyncio.TimerHandle | None = None
+
+
+@dataclass(eq=False)
+class _Batch:
+    buf: _QueueBuffer
+    data: bytes
+    units: list[_Unit]
+    count: int
+    deadline: float
+    attempts: int = 0
+    last_error: BaseException | None = None
+    not_before: float = 0.0
+
+
+class AsyncProducer:
+    """Sends messages to a FerryMQ broker (asyncio).
+
+    Args:
+        servers: ``"host:port"`` (or several, comma separated).
+        client_id: shown in the broker's logs and group listings.
+        linger_ms: how long ``send_async``/``send_oneway`` messages wait for company.
+        batch_max_bytes: close a batch at this size.
+        batch_max_records: close a batch at this many messages.
+        max_buffer_bytes: ``send`` waits while this much is buffered (back-pressure).
+        delivery_timeout_s: give up on a message after this long (retries included).
+        request_timeout_s: one request's deadline.
+        idempotent: stamp producer id and sequence numbers so retries are stored once.
+        queue_selector: ``selector(message, queue_count) -> queue`` overriding the default.
+        auto_create_topics: ask the broker to create unknown topics.
+        clock: injected clock (born timestamps).
+    """
+
+    def __init__(
+        self,
+        servers: str | list[str] = "127.0.0.1:9876",
+        *,
+        client_id: str = "ferrymq-producer",
+        linger_ms: float = DEFAULT_LINGER_MS,
+        batch_max_bytes: int = DEFAULT_BATCH_MAX_BYTES,
+        batch_max_records: int = DEFAULT_BATCH_MAX_RECORDS,
+        max_buffer_bytes: int = DEFAULT_MAX_BUFFER_BYTES,
+        delivery_timeout_s: float = 120.0,
+        request_timeout_s: float = 30.0,
+        connect_timeout_s: float = 5.0,
+        idempotent: bool = True,
+        queue_selector: QueueSelector | None = None,
+        auto_create_topics: bool = True,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        if linger_ms < 0 or batch_max_bytes <= 0 or batch_max_records <= 0:
+            raise ConfigError("linger_ms must be >= 0; batch limits must be > 0")
+        if delivery_timeout_s <= 0 or request_timeout_s <= 0:
+            raise ConfigError("timeouts must be > 0")
+        self._session = Session(servers, client_id=client_id, request_timeout_s=request_timeout_s,
+                                connect_timeout_s=connect_timeout_s,
+                                reconnect_timeout_s=delivery_timeout_s)
+        self._linger_s = linger_ms / 1000
+        self._batch_max_bytes = batch_max_bytes
+        self._batch_max_records = batch_max_records
+        self._max_buffer_bytes = max_buffer_bytes
+        self._delivery_timeout_s = delivery_timeout_s
+        self._request_timeout_s = request_timeout_s
+        self._idempotent = idempotent
+        self._selector = queue_selector
+        self._auto_create = auto_create_topics
+        self._clock = clock
+        self._rr = RoundRobin()
+        self._buffers: dict[tuple[str, int], _QueueBuffer] = {}
+        self._unresolved: dict[str, list[tuple[Message, _Unit]]] = {}
+        self._retry: list[_Batch] = []
+        self._buffered_bytes = 0
+        self._space = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._in_flight_requests = 0
+        self._idle = asyncio.Event()
+        self._sender: asyncio.Task[None] | None = None
+        self._closed = False
+        self.producer_id = NO_PRODUCER_ID
+        self.producer_epoch = NO_PRODUCER_EPOCH
+        self._max_message_bytes = 4 * 1024 * 1024
+        self._max_request_bytes = 8 * 1024 * 1024 - REQUEST_OVERHEAD_BYTES
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> AsyncProducer:
+        """Connect, learn the broker's limits and get a producer id."""
+        await self._session.connection()
+        hello = self._session.hello
+        if hello is not None:
+            self._max_message_bytes = hello.max_message_bytes
+            self._max_request_bytes = hello.max_frame_bytes - REQUEST_OVERHEAD_BYTES
+            self._batch_max_bytes = min(self._batch_max_bytes, self._max_request_bytes)
+        if self._idempotent:
+            resp = await self._session.request(m.InitProducerRequest(None), m.InitProducerResponse)
+            self.producer_id, self.producer_epoch = resp.producer_id, resp.producer_epoch
+        self._sender = asyncio.get_running_loop().create_task(self._send_loop())
+        return self
+
+    async def __aenter__(self) -> AsyncProducer:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def flush(self) -> None:
+        """Send everything buffered now and wait until all of it is answered."""
+        for b in self._buffers.values():
+            if b.records:
+                b.ready = True
+        self._wake.set()
+        while self._pending_work():
+            self._idle.clear()
+            self._wake.set()
+            await self._idle.wait()
+
+    def _pending_work(self) -> bool:
+        return bool(
+            self._in_flight_requests or self._retry or self._unresolved
+            or any(b.records or b.in_flight for b in self._buffers.values())
+        )
+
+    async def close(self) -> None:
+        """Flush, then close the connection."""
+        if self._closed:
+            return
+        with contextlib.suppress(FerryMQError):
+            await asyncio.wait_for(self.flush(), self._delivery_timeout_s)
+        self._closed = True
+        if self._sender is not None:
+            self._sender.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sender
+        self._fail_everything(ClientError("producer closed"))
+        await self._session.close()
+
+    # -- sending -------------------------------------------------------------------------------
+
+    async def send(self, msg: Message) -> SendResult:
+        """Send one message and wait until the broker stored it.
+
+        Raises:
+            BrokerError subclass: refused (too large, unknown topic, fenced, ...).
+            FerryMQTimeoutError: not stored within ``delivery_timeout_s``.
+        """
+        await self._wait_for_space()
+        fut: asyncio.Future[SendResult] = asyncio.get_running_loop().create_future()
+        self._enqueue(msg, _Unit(1, fut, False), immediate=True)
+        return await fut
+
+    def send_nowait(self, msg: Message, *, oneway: bool = False) -> asyncio.Future[SendResult] | None:
+        """Buffer one message (sent after ``linger_ms``); returns its result future (None when
+        ``oneway``). Must be called on the producer's event loop."""
+        fut: asyncio.Future[SendResult] | None = (
+            None if oneway else asyncio.get_running_loop().create_future()
+        )
+        self._enqueue(msg, _Unit(1, fut, False), immediate=False)
+        return fut
+
+    async def send_oneway(self, msg: Message) -> None:
+        """Send without waiting for (or learning) the result."""
+        await self._wait_for_space()
+        self.send_nowait(msg, oneway=True)
+
+    async def send_batch(self, msgs: Sequence[Message]) -> list[SendResult]:
+        """Send many messages in as few batches as possible; results in input order."""
+        if not msgs:
+            return []
+        await self._wait_for_space()
+        loop = asyncio.get_running_loop()
+        groups: dict[tuple[str, int] | str, list[int]] = {}
+        for i, msg in enumerate(msgs):
+            info = self._session.topics.get(msg.topic)
+            key: tuple[str, int] | str = (
+                (msg.topic, self._choose_queue(msg, info)) if info else msg.topic
+            )
+            groups.setdefault(key, []).append(i)
+        results: list[SendResult | None] = [None] * len(msgs)
+        futs: list[tuple[list[int], asyncio.Future[Any]]] = []
+        for key, idxs in groups.items():
+            if isinstance(key, str):  # topic not known yet: one by one through metadata
+                for i in idxs:
+                    f = loop.create_future()
+                    self._enqueue(msgs[i], _Unit(1, f, False), immediate=True)
+                    futs.append(([i], f))
+                continue
+            f = loop.create_future()
+            unit = _Unit(len(idxs), f, True)
+            buf = self._buffer(self._session.topics[key[0]], key[1])
+            now = self._clock.wall_ms()
+            try:
+                recs = [msgs[i].to_record(now) for i in idxs]
+                for r in recs:
+                    self._check_size(r)
+            except (ValueError, MessageTooLargeError) as exc:
+                f.set_exception(exc)
+                futs.append((idxs, f))
+                continue
+            self._add(buf, recs, unit, immediate=True)
+            futs.append((idxs, f))
+        for idxs, f in futs:
+            res = await f
+            if isinstance(res, list):
+                for i, r in zip(idxs, res, strict=True):
+                    results[i] = r
+            else:
+                results[idxs[0]] = res
+        return [r for r in results if r is not None]
+
+    async def _wait_for_space(self) -> None:
+        while self._buffered_bytes > self._max_buffer_bytes and not self._closed:
+            self._space.clear()
+            await self._space.wait()
+        if self._closed:
+            raise ClientError("producer is closed")
+
+    def _choose_queue(self, msg: Message, info: TopicInfo) -> int:
+        if self._selector is not None:
+            q = int(self._selector(msg, info.queues))
+            if not 0 <= q < info.queues:
+                raise UnknownQueueError(f"selector chose queue {q} of {info.queues}")
+            return q
+        if msg.sharding_key is not None:
+            return queue_for_key(msg.sharding_key, info.queues)
+        return self._rr(info.name, info.queues)
+
+    def _check_size(self, r: RecordInput) -> None:
+        size = RECORD_PREFIX_SIZE + len(r.body) + len(r.tag) + len(r.sharding_key) + len(
+            r.keys) + len(r.properties)
+        if size > self._max_message_bytes:
+            raise MessageTooLargeError(
+                f"message of {size} bytes exceeds the broker's max_message_bytes "
+                f"{self._max_message_bytes}"
+            )
+
+    def _enqueue(self, msg: Message, unit: _Unit, *, immediate: bool) -> None:
+        if self._closed:
+            _settle(unit, exc=ClientError("producer is closed"))
+            return
+        info = self._session.topics.get(msg.topic)
+        if info is None:
+            pending = self._unresolved.get(msg.topic)
+            if pending is None:
+                self._unresolved[msg.topic] = [(msg, unit)]
+                asyncio.get_running_loop().create_task(self._resolve(msg.topic, immediate))
+            else:
+                pending.append((msg, unit))
+            return
+        try:
+            q = self._choose_queue(msg, info)
+            rec = msg.to_record(self._clock.wall_ms())
+            self._check_size(rec)
+        except (ValueError, TypeError, BrokerError) as exc:
+            _settle(unit, exc=exc)
+            return
+        self._add(self._buffer(info, q), [rec], unit, immediate=immediate)
+
+    async def _resolve(self, topic: str, immediate: bool) -> None:
+        try:
+            await self._session.topic(topic, auto_create=self._auto_create)
+        except FerryMQError as exc:
+            for _, unit in self._unresolved.pop(topic, []):
+                _settle(unit, exc=exc)
+            self._wake.set()
+            return
+        for msg, unit in self._unresolved.pop(topic, []):
+            self._enqueue(msg, unit, immediate=immediate)
+        self._wake.set()
+
+    def _buffer(self, info: TopicInfo, queue: int) -> _QueueBuffer:
+        key = (info.name, queue)
+        b = self._buffers.get(key)
+        if b is None:
+            b = self._buffers[key] = _QueueBuffer(info, queue)
+        return b
+
+    def _add(self, b: _QueueBuffer, recs: list[RecordInput], unit: _Unit, *, immediate: bool) -> None:
+        if not b.records:
+            b.first_at = asyncio.get_running_loop().time()
+            if not immediate and self._linger_s > 0:
+                b.timer = asyncio.get_running_loop().call_later(self._linger_s, self._linger_done, b)
+        b.records.extend(recs)
+        b.units.append(unit)
+        n = sum(len(r.body) for r in recs) + RECORD_PREFIX_SIZE * len(recs)
+        b.nbytes += n
+        self._buffered_bytes += n
+        if immediate or self._linger_s == 0 or b.nbytes >= self._batch_max_bytes or len(
+            b.records
+        ) >= self._batch_max_records:
+            b.ready = True
+            self._wake.set()
+
+    def _linger_done(self, b: _QueueBuffer) -> None:
+        b.timer = None
+        if b.records:
+            b.ready = True
+            self._wake.set()
+
+    # -- the sender ----------------------------------------------------------------------------
+
+    async def _send_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            now = loop.time()
+            batches: list[_Batch] = []
+            keep: list[_Batch] = []
+            for rb in self._retry:
+                (batches if rb.not_before <= now else keep).append(rb)
+            self._retry = keep
+            for b in self._buffers.values():
+                if b.ready and b.records and not b.in_flight:
+                    batches.append(self._close_batch(b, now))
+            if batches:
+                for req_batches in self._split_requests(batches):
+                    self._in_flight_requests += 1
+                    loop.create_task(self._send_request(req_batches))
+            if not self._pending_work():
+                self._idle.set()
+
+    def _close_batch(self, b: _QueueBuffer, now: float) -> _Batch:
+        records = b.records[: self._batch_max_records]
+        units: list[_Unit] = []
+        n = 0
+        for u in b.units:
+            if n + u.count > len(records) and units:
+                break
+            units.append(u)
+            n += u.count
+        records = b.records[:n]
+        del b.records[:n]
+        del b.units[: len(units)]
+        nbytes = sum(len(r.body) for r in records) + RECORD_PREFIX_SIZE * len(records)
+        b.nbytes -= nbytes
+        self._buffered_bytes -= nbytes
+        self._space.set()
+        seq = NO_SEQUENCE
+        if self._idempotent:
+            seq = b.next_seq
+            b.next_seq += len(records)
+        data = bytes(encode_batch(records, producer_id=self.producer_id,
+                                  producer_epoch=self.producer_epoch, base_sequence=seq))
+        b.in_flight = True
+        if not b.records:
+            b.ready = False
+            if b.timer is not None:
+                b.timer.cancel()
+                b.timer = None
+        return _Batch(b, data, units, len(records), now + self._delivery_timeout_s)
+
+    def _split_requests(self, batches: list[_Batch]) -> list[list[_Batch]]:
+        out: list[list[_Batch]] = [[]]
+        size = 0
+        for bt in batches:
+            if out[-1] and size + len(bt.data) > self._max_request_bytes:
+                out.append([])
+                size = 0
+            out[-1].append(bt)
+            size += len(bt.data)
+        return out
+
+    async def _send_request(self, batches: list[_Batch]) -> None:
+        try:
+            req = m.ProduceRequest(
+                int(self._request_timeout_s * 1000),
+                [(bt.buf.topic.name, bt.buf.queue, bt.data) for bt in batches],
+            )
+            try:
+                conn = await self._session.connection()
+                resp = await conn.request(req, m.ProduceResponse, self._request_timeout_s)
+            except (ConnectionClosedError, FerryMQTimeoutError) as exc:
+                for bt in batches:
+                    self._retry_or_fail(bt, exc)
+                return
+            except BrokerError as exc:
+                for bt in batches:
+                    self._retry_or_fail(bt, exc)
+                return
+            for bt, res in zip(batches, resp.results, strict=False):
+                _t, _q, code, msg, base, _last, _ts, durability, topic_id = res
+                if code:
+                    self._retry_or_fail(bt, error_for_code(code, msg))
+                    continue
+                self._complete(bt, base, DURABILITY_BY_WIRE.get(durability), topic_id)
+        finally:
+            self._in_flight_requests -= 1
+            self._wake.set()
+
+    def _complete(self, bt: _Batch, base: int, durability: Any, topic_id: int) -> None:
+        bt.buf.in_flight = False
+        topic, queue = bt.buf.topic.name, bt.buf.queue
+        off = base
+        for u in bt.units:
+            if u.future is not None and not u.future.done():
+                if u.many:
+                    u.future.set_result([
+                        SendResult(encode_msg_id(topic_id, queue, o), topic, queue, o, durability)
+                        for o in range(off, off + u.count)
+                    ])
+                else:
+                    u.future.set_result(
+                        SendResult(encode_msg_id(topic_id, queue, off), topic, queue, off,
+                                   durability)
+                    )
+            off += u.count
+
+    def _retry_or_fail(self, bt: _Batch, exc: BaseException) -> None:
+        loop = asyncio.get_running_loop()
+        retriable = isinstance(exc, (ConnectionClosedError, FerryMQTimeoutError)) or (
+            isinstance(exc, BrokerError) and exc.retriable
+        )
+        if isinstance(exc, UnknownTopicError):
+            self._session.topics.pop(bt.buf.topic.name, None)
+        bt.attempts += 1
+        bt.last_error = exc
+        delay = self._session.backoff.delay(bt.attempts)
+        if retriable and not self._closed and loop.time() + delay < bt.deadline:
+            bt.not_before = loop.time() + delay
+            self._retry.append(bt)
+            loop.call_later(delay, self._wake.set)
+            return
+        bt.buf.in_flight = False
+        if retriable:
+            exc = FerryMQTimeoutError(f"not delivered within delivery_timeout_s: {exc}")
+        for u in bt.units:
+            _settle(u, exc=exc)
+
+    def _fail_everything(self, exc: BaseException) -> None:
+        for b in self._buffers.values():
+            for u in b.units:
+                _settle(u, exc=exc)
+            b.records.clear()
+            b.units.clear()
+        for bt in self._retry:
+            for u in bt.units:
+                _settle(u, exc=exc)
+        self._retry.clear()
+        for pending in self._unresolved.values():
+            for _, u in pending:
+                _settle(u, exc=exc)
+        self._unresolved.clear()
+
+
+def _settle(unit: _Unit, *, exc: BaseException) -> None:
+    if unit.future is None:
+        log.warning("oneway send failed: %s", exc)
+    elif not unit.future.done():
+        unit.future.set_exception(exc)

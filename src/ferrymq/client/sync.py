@@ -1,0 +1,238 @@
+"""The synchronous facade: the asyncio clients run on one private event loop in a daemon thread.
+
+Every sync client proxies to its async twin with ``run_coroutine_threadsafe``, so there is one
+implementation of the protocol and of the client logic (no hand-kept sync copy). The loop
+thread is shared by every sync client of the process and started on first use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import threading
+from collections.abc import Coroutine, Sequence
+from types import TracebackType
+from typing import Any, TypeVar
+
+from ferrymq.client.admin import AsyncAdminClient
+from ferrymq.client.consumer import AsyncPullConsumer, TopicQueue
+from ferrymq.client.message import Message, ReceivedMessage, SendResult
+from ferrymq.client.producer import AsyncProducer
+from ferrymq.errors import ClientError
+
+T = TypeVar("T")
+
+
+class _LoopThread:
+    _lock = threading.Lock()
+    _instance: _LoopThread | None = None
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="ferrymq-client",
+                                       daemon=True)
+        self.thread.start()
+
+    @classmethod
+    def get(cls) -> _LoopThread:
+        with cls._lock:
+            if cls._instance is None or not cls._instance.thread.is_alive():
+                cls._instance = _LoopThread()
+            return cls._instance
+
+
+def _run(coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+    lt = _LoopThread.get()
+    if threading.current_thread() is lt.thread:
+        coro.close()
+        raise ClientError("sync FerryMQ clients cannot be used from their own loop thread")
+    return asyncio.run_coroutine_threadsafe(coro, lt.loop).result(timeout)
+
+
+class Producer:
+    """Sends messages (blocking API). See :class:`~ferrymq.client.producer.AsyncProducer` for
+    the options. Use as a context manager, or call :meth:`close`."""
+
+    def __init__(self, servers: str | list[str] = "127.0.0.1:9876", **options: Any) -> None:
+        self._loop = _LoopThread.get().loop
+        self._async = _run(self._make(servers, options))
+        self._pending: collections.deque[tuple[Message, concurrent.futures.Future[SendResult] | None]] = (
+            collections.deque()
+        )
+        self._drain_scheduled = False
+        self._lock = threading.Lock()
+
+    @staticmethod
+    async def _make(servers: str | list[str], options: dict[str, Any]) -> AsyncProducer:
+        return await AsyncProducer(servers, **options).start()
+
+    @property
+    def producer_id(self) -> int:
+        """The broker-assigned producer id."""
+        return self._async.producer_id
+
+    def send(self, msg: Message) -> SendResult:
+        """Send and wait until stored."""
+        return _run(self._async.send(msg))
+
+    def send_batch(self, msgs: Sequence[Message]) -> list[SendResult]:
+        """Send many, wait for all; results in input order."""
+        return _run(self._async.send_batch(msgs))
+
+    def send_async(self, msg: Message) -> concurrent.futures.Future[SendResult]:
+        """Buffer a message (sent after ``linger_ms``); the future gets its result."""
+        fut: concurrent.futures.Future[SendResult] = concurrent.futures.Future()
+        self._submit(msg, fut)
+        return fut
+
+    def send_oneway(self, msg: Message) -> None:
+        """Send without waiting for the result."""
+        self._submit(msg, None)
+
+    def _submit(self, msg: Message, fut: concurrent.futures.Future[SendResult] | None) -> None:
+        with self._lock:
+            self._pending.append((msg, fut))
+            if self._drain_scheduled:
+                return
+            self._drain_scheduled = True
+        self._loop.call_soon_threadsafe(self._drain)
+
+    def _drain(self) -> None:
+        with self._lock:
+            items = list(self._pending)
+            self._pending.clear()
+            self._drain_scheduled = False
+        for msg, cfut in items:
+            afut = self._async.send_nowait(msg, oneway=cfut is None)
+            if cfut is not None and afut is not None:
+                afut.add_done_callback(lambda f, c=cfut: _chain(f, c))
+
+    def flush(self) -> None:
+        """Send everything buffered and wait for the answers."""
+        _run(self._flush())
+
+    async def _flush(self) -> None:
+        self._drain()
+        await self._async.flush()
+
+    def close(self) -> None:
+        """Flush and close."""
+        _run(self._close())
+
+    async def _close(self) -> None:
+        self._drain()
+        await self._async.close()
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+def _chain(src: asyncio.Future[SendResult], dst: concurrent.futures.Future[SendResult]) -> None:
+    if src.cancelled():
+        dst.cancel()
+    elif src.exception() is not None:
+        dst.set_exception(src.exception())  # type: ignore[arg-type]
+    else:
+        dst.set_result(src.result())
+
+
+class PullConsumer:
+    """Pulls messages by offset (blocking API). See
+    :class:`~ferrymq.client.consumer.AsyncPullConsumer` for the options."""
+
+    def __init__(self, servers: str | list[str] = "127.0.0.1:9876", group: str = "default",
+                 **options: Any) -> None:
+        self._async = _run(self._make(servers, group, options))
+
+    @staticmethod
+    async def _make(servers: str | list[str], group: str, options: dict[str, Any]) -> AsyncPullConsumer:
+        return await AsyncPullConsumer(servers, group, **options).start()
+
+    def subscribe(self, topic: str, tags: str = "*") -> None:
+        """Consume ``topic`` as a group member (see the async class)."""
+        _run(self._async.subscribe(topic, tags))
+
+    def assign(self, queues: list[TopicQueue]) -> None:
+        """Consume exactly these queues."""
+        _run(self._async.assign(queues))
+
+    def assignment(self) -> list[TopicQueue]:
+        """The queues read now."""
+        return self._async.assignment()
+
+    def poll(self, timeout: float = 1.0, max_messages: int = 500) -> list[ReceivedMessage]:
+        """Messages, or [] after ``timeout`` seconds."""
+        return _run(self._async.poll(timeout, max_messages))
+
+    def commit(self, offsets: dict[TopicQueue, int] | None = None) -> None:
+        """Commit positions (or the given next offsets)."""
+        _run(self._async.commit(offsets))
+
+    def committed(self) -> dict[TopicQueue, int]:
+        """Committed offsets of the assigned queues."""
+        return _run(self._async.committed())
+
+    def position(self) -> dict[TopicQueue, int]:
+        """Next offsets to be returned."""
+        return self._async.position()
+
+    def seek(self, topic: str, queue: int, offset: int) -> None:
+        """Continue a queue from ``offset``."""
+        _run(self._async.seek(topic, queue, offset))
+
+    def seek_to_time(self, topic: str, timestamp_ms: int) -> None:
+        """Continue a topic's assigned queues from a time (ms since the epoch)."""
+        _run(self._async.seek_to_time(topic, timestamp_ms))
+
+    def seek_to_beginning(self) -> None:
+        """Continue every assigned queue from its start."""
+        _run(self._async.seek_to_beginning())
+
+    def seek_to_end(self) -> None:
+        """Continue every assigned queue from its end."""
+        _run(self._async.seek_to_end())
+
+    def close(self) -> None:
+        """Commit (auto-commit), leave the group, close."""
+        _run(self._async.close())
+
+    def __enter__(self) -> PullConsumer:
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+class AdminClient:
+    """Administrative requests (blocking API); see
+    :class:`~ferrymq.client.admin.AsyncAdminClient`."""
+
+    def __init__(self, servers: str | list[str] = "127.0.0.1:9876", **options: Any) -> None:
+        self._async = AsyncAdminClient(servers, **options)
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._async, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return _run(attr(*args, **kwargs))
+
+        return call
+
+    def close(self) -> None:
+        """Close the connection."""
+        _run(self._async.close())
+
+    def __enter__(self) -> AdminClient:
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()

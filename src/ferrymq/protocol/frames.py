@@ -1,0 +1,149 @@
+"""Frames: the length-prefixed envelope of every request and response.
+
+Frame layout (little-endian, 12-byte header)::
+
+    off  size  field
+    0    4     length           u32  bytes after this field (8 + payload)
+    4    2     api_key          u16  which request type (see messages.ApiKey)
+    6    1     api_version      u8   version of that request type
+    7    1     flags            u8   bit 0 RESPONSE, bit 1 ONEWAY (no response wanted)
+    8    4     correlation_id   u32  chosen by the requester, echoed in the response
+    12         payload
+
+A response payload starts with a ``u16`` error code; the rest is the response body when the code
+is 0 and a UTF-8 message otherwise. Many requests may be in flight on one connection; responses
+may come back in any order and are matched by correlation id.
+
+:class:`FrameDecoder` is incremental: feed it any chunking of the byte stream (one byte at a
+time works) and it yields whole frames. It checks the declared length against
+``max_frame_bytes`` *before* buffering the payload, so a hostile length cannot make it allocate.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from ferrymq.errors import RemoteProtocolError
+
+HEADER = struct.Struct("<IHBBI")
+HEADER_SIZE = HEADER.size  # 12
+_AFTER_LENGTH = HEADER_SIZE - 4
+_U16 = struct.Struct("<H")
+
+FLAG_RESPONSE = 0x01
+FLAG_ONEWAY = 0x02
+_KNOWN_FLAGS = FLAG_RESPONSE | FLAG_ONEWAY
+
+DEFAULT_MAX_FRAME_BYTES = 8 * 1024 * 1024
+"""Largest frame accepted by default (8 MiB): a batch of 4 MiB messages with room to spare."""
+
+MAX_CORRELATION_ID = 0xFFFFFFFF
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """One decoded frame."""
+
+    api_key: int
+    api_version: int
+    flags: int
+    correlation_id: int
+    payload: bytes
+
+    @property
+    def is_response(self) -> bool:
+        """True when this frame answers a request."""
+        return bool(self.flags & FLAG_RESPONSE)
+
+    @property
+    def oneway(self) -> bool:
+        """True when the requester wants no response."""
+        return bool(self.flags & FLAG_ONEWAY)
+
+
+def encode_frame(
+    api_key: int, api_version: int, flags: int, correlation_id: int, payload: bytes
+) -> bytes:
+    """Encode one frame."""
+    return HEADER.pack(len(payload) + _AFTER_LENGTH, api_key, api_version, flags,
+                       correlation_id) + payload
+
+
+def encode_frame_header(
+    api_key: int, api_version: int, flags: int, correlation_id: int, payload_len: int
+) -> bytes:
+    """Encode only the 12-byte header of a frame whose payload is written separately."""
+    return HEADER.pack(payload_len + _AFTER_LENGTH, api_key, api_version, flags, correlation_id)
+
+
+def encode_response(
+    api_key: int, api_version: int, correlation_id: int, code: int, body: bytes
+) -> bytes:
+    """Encode a response frame: the error code, then the body (or the error message)."""
+    return HEADER.pack(len(body) + 2 + _AFTER_LENGTH, api_key, api_version, FLAG_RESPONSE,
+                       correlation_id) + _U16.pack(code) + body
+
+
+def split_response(payload: bytes) -> tuple[int, bytes]:
+    """Split a response payload into ``(error_code, body)``.
+
+    Raises:
+        RemoteProtocolError: the payload is shorter than its error code.
+    """
+    if len(payload) < 2:
+        raise RemoteProtocolError("response payload shorter than its error code")
+    return _U16.unpack_from(payload)[0], payload[2:]
+
+
+class FrameDecoder:
+    """Incremental frame decoder over a byte stream (sans-IO).
+
+    Args:
+        max_frame_bytes: frames whose declared length exceeds this raise at once, before any
+            payload is buffered.
+    """
+
+    __slots__ = ("_buf", "_max", "_need")
+
+    def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+        self._buf = bytearray()
+        self._max = max_frame_bytes
+        self._need = 0  # bytes needed for the frame being read (0: header not parsed yet)
+
+    @property
+    def buffered(self) -> int:
+        """Bytes held while waiting for the rest of a frame."""
+        return len(self._buf)
+
+    def feed(self, data: bytes | bytearray | memoryview) -> list[Frame]:
+        """Add bytes from the stream and return every frame they complete.
+
+        Raises:
+            RemoteProtocolError: a frame is too large, too short or has unknown flags. The
+                stream cannot be resynchronised afterwards: close the connection.
+        """
+        buf = self._buf
+        buf += data
+        frames: list[Frame] = []
+        pos = 0
+        n = len(buf)
+        unpack = HEADER.unpack_from
+        while n - pos >= HEADER_SIZE:
+            length, api_key, version, flags, corr = unpack(buf, pos)
+            if length > self._max - 4:
+                raise RemoteProtocolError(
+                    f"frame of {length + 4} bytes exceeds max_frame_bytes={self._max}"
+                )
+            if length < _AFTER_LENGTH:
+                raise RemoteProtocolError(f"frame length {length} is shorter than its header")
+            if flags & ~_KNOWN_FLAGS:
+                raise RemoteProtocolError(f"unknown frame flags {flags:#x}")
+            end = pos + 4 + length
+            if end > n:
+                break
+            frames.append(Frame(api_key, version, flags, corr, bytes(buf[pos + HEADER_SIZE : end])))
+            pos = end
+        if pos:
+            del buf[:pos]
+        return frames

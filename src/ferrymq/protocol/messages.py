@@ -1,0 +1,600 @@
+"""Request and response types, one pair per API, with their wire encoding.
+
+Every body is a msgpack array of the message's fields in declaration order (record batches
+travel as msgpack ``bin``, so a batch is copied once and never re-encoded). Each type declares a
+schema; :func:`decode_request` / :func:`decode_response` check every field against it, so a
+handler only ever sees well-typed values. Unknown trailing fields are ignored (a newer peer may
+append fields in a later version); missing fields are an error.
+
+Versions: every API is at version 1. A request with a version outside
+``[MIN_VERSION, MAX_VERSION]`` of its type is answered with ``UNSUPPORTED_VERSION``.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar, TypeVar
+
+import msgpack
+
+from ferrymq.errors import RemoteProtocolError
+
+MAX_LIST_ITEMS = 100_000
+"""Largest list in any request or response (entries of a produce or fetch, topics, ...)."""
+
+MAX_NAME_CHARS = 249
+"""Topic and group names: at most this many characters."""
+
+
+class ApiKey(enum.IntEnum):
+    """Request types (``u16`` on the wire)."""
+
+    HELLO = 1
+    PING = 2
+    METADATA = 3
+    CREATE_TOPIC = 4
+    DELETE_TOPIC = 5
+    DESCRIBE_TOPIC = 6
+    INIT_PRODUCER = 7
+    PRODUCE = 8
+    FETCH = 9
+    LIST_OFFSETS = 10
+    COMMIT_OFFSETS = 11
+    FETCH_OFFSETS = 12
+    JOIN_GROUP = 13
+    HEARTBEAT = 14
+    LEAVE_GROUP = 15
+    LIST_GROUPS = 16
+    DESCRIBE_GROUP = 17
+    RESET_OFFSETS = 18
+
+
+class Durability(enum.IntEnum):
+    """How far a stored batch got when the broker acknowledged it."""
+
+    NONE = 0  # not acknowledged (oneway)
+    WRITTEN = 1  # write(2) done: survives a broker crash, not a power loss
+    FSYNCED = 2  # fsync done: survives a power loss
+
+
+class OffsetSpec(enum.IntEnum):
+    """Special values of LIST_OFFSETS ``spec`` (a value >= 0 is a timestamp in ms)."""
+
+    LATEST = -1
+    EARLIEST = -2
+
+
+# --- schema ---------------------------------------------------------------------------------
+
+
+class _Spec:
+    __slots__ = ()
+
+    def check(self, v: Any) -> Any:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+class _Scalar(_Spec):
+    __slots__ = ("types",)
+
+    def __init__(self, *types: type) -> None:
+        self.types = types
+
+    def check(self, v: Any) -> Any:
+        if type(v) not in self.types:
+            raise RemoteProtocolError(f"expected {self.types[0].__name__}, got {type(v).__name__}")
+        return v
+
+
+class _Opt(_Spec):
+    __slots__ = ("inner",)
+
+    def __init__(self, inner: _Spec) -> None:
+        self.inner = inner
+
+    def check(self, v: Any) -> Any:
+        return None if v is None else self.inner.check(v)
+
+
+class _List(_Spec):
+    __slots__ = ("inner",)
+
+    def __init__(self, inner: _Spec) -> None:
+        self.inner = inner
+
+    def check(self, v: Any) -> Any:
+        if type(v) is not list:
+            raise RemoteProtocolError(f"expected a list, got {type(v).__name__}")
+        if len(v) > MAX_LIST_ITEMS:
+            raise RemoteProtocolError(f"list of {len(v)} items exceeds {MAX_LIST_ITEMS}")
+        check = self.inner.check
+        return [check(x) for x in v]
+
+
+class _Tup(_Spec):
+    __slots__ = ("items",)
+
+    def __init__(self, *items: _Spec) -> None:
+        self.items = items
+
+    def check(self, v: Any) -> Any:
+        if type(v) is not list or len(v) < len(self.items):
+            raise RemoteProtocolError(f"expected an array of {len(self.items)} fields")
+        return tuple(s.check(x) for s, x in zip(self.items, v, strict=False))
+
+
+class _StrMap(_Spec):
+    __slots__ = ()
+
+    def check(self, v: Any) -> Any:
+        if type(v) is not dict or not all(
+            type(k) is str and type(x) is str for k, x in v.items()
+        ):
+            raise RemoteProtocolError("expected a map of str to str")
+        return v
+
+
+INT = _Scalar(int)
+STR = _Scalar(str)
+BYTES = _Scalar(bytes)
+BOOL = _Scalar(bool)
+FLOAT = _Scalar(float, int)
+STRMAP = _StrMap()
+
+
+def opt(s: _Spec) -> _Spec:
+    """Schema: ``s`` or None."""
+    return _Opt(s)
+
+
+def lst(s: _Spec) -> _Spec:
+    """Schema: a list of ``s``."""
+    return _List(s)
+
+
+def tup(*s: _Spec) -> _Spec:
+    """Schema: a fixed array (decoded as a tuple)."""
+    return _Tup(*s)
+
+
+# --- base classes ---------------------------------------------------------------------------
+
+M = TypeVar("M", bound="Body")
+
+
+@dataclass(frozen=True, slots=True)
+class Body:
+    """Base of every request and response body."""
+
+    SCHEMA: ClassVar[tuple[_Spec, ...]] = ()
+
+    def encode(self) -> bytes:
+        """Encode this body as a msgpack array."""
+        return msgpack.packb(astuple_shallow(self), use_bin_type=True)  # type: ignore[no-any-return]
+
+    @classmethod
+    def decode(cls: type[M], data: bytes) -> M:
+        """Decode and check a body of this type.
+
+        Raises:
+            RemoteProtocolError: not msgpack, or a field does not match the schema.
+        """
+        try:
+            raw = msgpack.unpackb(data, raw=False, use_list=True, strict_map_key=True)
+        except Exception as exc:  # noqa: BLE001 - msgpack raises many unrelated types
+            raise RemoteProtocolError(f"{cls.__name__}: undecodable body ({exc})") from None
+        schema = cls.SCHEMA
+        if type(raw) is not list or len(raw) < len(schema):
+            raise RemoteProtocolError(f"{cls.__name__}: expected {len(schema)} fields")
+        try:
+            values = [s.check(v) for s, v in zip(schema, raw, strict=False)]
+        except RemoteProtocolError as exc:
+            raise RemoteProtocolError(f"{cls.__name__}: {exc}") from None
+        return cls(*values)
+
+
+def astuple_shallow(obj: Body) -> list[Any]:
+    """Field values of a body, without dataclasses.astuple's deep copy."""
+    return [getattr(obj, f.name) for f in fields(obj)]
+
+
+
+
+@dataclass(frozen=True, slots=True)
+class Request(Body):
+    """A request body; ``API_KEY`` says which API it belongs to."""
+
+    API_KEY: ClassVar[ApiKey]
+    MIN_VERSION: ClassVar[int] = 1
+    MAX_VERSION: ClassVar[int] = 1
+    RESPONSE: ClassVar[type[Body]]
+
+
+# --- the APIs -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Empty(Body):
+    """A body with no fields."""
+
+
+@dataclass(frozen=True, slots=True)
+class HelloResponse(Body):
+    """What the broker tells a new connection about itself and its limits."""
+
+    broker_version: str
+    broker_id: int
+    max_frame_bytes: int
+    max_message_bytes: int
+    max_batch_records: int
+    flush_mode: str
+    SCHEMA = (STR, INT, INT, INT, INT, STR)
+
+
+@dataclass(frozen=True, slots=True)
+class HelloRequest(Request):
+    """First request on a connection: who the client is."""
+
+    client_id: str
+    client_version: str
+    API_KEY = ApiKey.HELLO
+    RESPONSE = HelloResponse
+    SCHEMA = (STR, STR)
+
+
+@dataclass(frozen=True, slots=True)
+class PingRequest(Request):
+    """Keepalive; answered with an empty body."""
+
+    API_KEY = ApiKey.PING
+    RESPONSE = Empty
+
+
+TopicMeta = tuple[str, int, int, int]
+"""(name, topic_id, queue count, error code)."""
+
+
+@dataclass(frozen=True, slots=True)
+class MetadataResponse(Body):
+    """Topics with their ids and queue counts."""
+
+    topics: list[TopicMeta]
+    SCHEMA = (lst(tup(STR, INT, INT, INT)),)
+
+
+@dataclass(frozen=True, slots=True)
+class MetadataRequest(Request):
+    """Metadata of some topics (None: all), creating missing ones if asked and allowed."""
+
+    topics: list[str] | None
+    auto_create: bool
+    API_KEY = ApiKey.METADATA
+    RESPONSE = MetadataResponse
+    SCHEMA = (opt(lst(STR)), BOOL)
+
+
+@dataclass(frozen=True, slots=True)
+class CreateTopicResponse(Body):
+    """The new topic."""
+
+    topic_id: int
+    queues: int
+    SCHEMA = (INT, INT)
+
+
+@dataclass(frozen=True, slots=True)
+class CreateTopicRequest(Request):
+    """Create a topic with ``queues`` queues and optional per-topic config overrides."""
+
+    name: str
+    queues: int
+    config: dict[str, str]
+    API_KEY = ApiKey.CREATE_TOPIC
+    RESPONSE = CreateTopicResponse
+    SCHEMA = (STR, INT, STRMAP)
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteTopicRequest(Request):
+    """Delete a topic and its data."""
+
+    name: str
+    API_KEY = ApiKey.DELETE_TOPIC
+    RESPONSE = Empty
+    SCHEMA = (STR,)
+
+
+QueueInfo = tuple[int, int, int, int, int, int]
+"""(queue, start offset, end offset, size bytes, segments, last append time ms)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DescribeTopicResponse(Body):
+    """Per-queue offsets and sizes of a topic."""
+
+    name: str
+    topic_id: int
+    queues: list[QueueInfo]
+    config: dict[str, str]
+    SCHEMA = (STR, INT, lst(tup(INT, INT, INT, INT, INT, INT)), STRMAP)
+
+
+@dataclass(frozen=True, slots=True)
+class DescribeTopicRequest(Request):
+    """Describe one topic."""
+
+    name: str
+    API_KEY = ApiKey.DESCRIBE_TOPIC
+    RESPONSE = DescribeTopicResponse
+    SCHEMA = (STR,)
+
+
+@dataclass(frozen=True, slots=True)
+class InitProducerResponse(Body):
+    """The producer id and epoch to stamp on batches."""
+
+    producer_id: int
+    producer_epoch: int
+    SCHEMA = (INT, INT)
+
+
+@dataclass(frozen=True, slots=True)
+class InitProducerRequest(Request):
+    """Get a producer id (and epoch) for idempotent sends."""
+
+    transactional_id: str | None
+    API_KEY = ApiKey.INIT_PRODUCER
+    RESPONSE = InitProducerResponse
+    SCHEMA = (opt(STR),)
+
+
+ProduceResult = tuple[str, int, int, str, int, int, int, int, int]
+"""(topic, queue, error code, error message, base offset, last offset, append time ms,
+durability, topic id)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceResponse(Body):
+    """One result per produce entry, in request order."""
+
+    results: list[ProduceResult]
+    SCHEMA = (lst(tup(STR, INT, INT, STR, INT, INT, INT, INT, INT)),)
+
+
+ProduceEntry = tuple[str, int, bytes]
+"""(topic, queue, record batch)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceRequest(Request):
+    """Append record batches (one per entry) to queues."""
+
+    timeout_ms: int
+    entries: list[ProduceEntry]
+    API_KEY = ApiKey.PRODUCE
+    RESPONSE = ProduceResponse
+    SCHEMA = (INT, lst(tup(STR, INT, BYTES)))
+
+
+FetchResult = tuple[str, int, int, str, int, int, int, bytes]
+"""(topic, queue, error code, error message, high watermark, log start offset, topic id,
+record batches)."""
+
+
+@dataclass(frozen=True, slots=True)
+class FetchResponse(Body):
+    """Record batches per fetched queue."""
+
+    results: list[FetchResult]
+    SCHEMA = (lst(tup(STR, INT, INT, STR, INT, INT, INT, BYTES)),)
+
+
+FetchEntry = tuple[str, int, int, int, str]
+"""(topic, queue, offset, max bytes for this queue, tag expression)."""
+
+
+@dataclass(frozen=True, slots=True)
+class FetchRequest(Request):
+    """Read from queues; wait up to ``max_wait_ms`` for ``min_bytes`` (long polling)."""
+
+    max_wait_ms: int
+    min_bytes: int
+    max_bytes: int
+    entries: list[FetchEntry]
+    API_KEY = ApiKey.FETCH
+    RESPONSE = FetchResponse
+    SCHEMA = (INT, INT, INT, lst(tup(STR, INT, INT, INT, STR)))
+
+
+OffsetResult = tuple[str, int, int, int]
+"""(topic, queue, error code, offset)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ListOffsetsResponse(Body):
+    """Offsets found, per entry."""
+
+    results: list[OffsetResult]
+    SCHEMA = (lst(tup(STR, INT, INT, INT)),)
+
+
+@dataclass(frozen=True, slots=True)
+class ListOffsetsRequest(Request):
+    """Find offsets: ``spec`` is LATEST (-1), EARLIEST (-2) or a timestamp in ms."""
+
+    entries: list[tuple[str, int, int]]
+    API_KEY = ApiKey.LIST_OFFSETS
+    RESPONSE = ListOffsetsResponse
+    SCHEMA = (lst(tup(STR, INT, INT)),)
+
+
+@dataclass(frozen=True, slots=True)
+class CommitOffsetsResponse(Body):
+    """(topic, queue, error code) per committed entry."""
+
+    results: list[tuple[str, int, int]]
+    SCHEMA = (lst(tup(STR, INT, INT)),)
+
+
+@dataclass(frozen=True, slots=True)
+class CommitOffsetsRequest(Request):
+    """Commit a group's next offsets; ``generation`` -1 commits outside group membership."""
+
+    group: str
+    member_id: str
+    generation: int
+    entries: list[tuple[str, int, int]]
+    API_KEY = ApiKey.COMMIT_OFFSETS
+    RESPONSE = CommitOffsetsResponse
+    SCHEMA = (STR, STR, INT, lst(tup(STR, INT, INT)))
+
+
+@dataclass(frozen=True, slots=True)
+class FetchOffsetsResponse(Body):
+    """(topic, queue, committed offset) for every committed queue asked for."""
+
+    offsets: list[tuple[str, int, int]]
+    SCHEMA = (lst(tup(STR, INT, INT)),)
+
+
+@dataclass(frozen=True, slots=True)
+class FetchOffsetsRequest(Request):
+    """A group's committed offsets, for some topics (None: all)."""
+
+    group: str
+    topics: list[str] | None
+    API_KEY = ApiKey.FETCH_OFFSETS
+    RESPONSE = FetchOffsetsResponse
+    SCHEMA = (STR, opt(lst(STR)))
+
+
+@dataclass(frozen=True, slots=True)
+class JoinGroupResponse(Body):
+    """The member's id, the group generation and the queues assigned to it."""
+
+    generation: int
+    member_id: str
+    assignment: list[tuple[str, int]]
+    members: int
+    SCHEMA = (INT, STR, lst(tup(STR, INT)), INT)
+
+
+@dataclass(frozen=True, slots=True)
+class JoinGroupRequest(Request):
+    """Join (or rejoin) a consumer group subscribed to ``topics``."""
+
+    group: str
+    member_id: str
+    client_id: str
+    topics: list[str]
+    session_timeout_ms: int
+    API_KEY = ApiKey.JOIN_GROUP
+    RESPONSE = JoinGroupResponse
+    SCHEMA = (STR, STR, STR, lst(STR), INT)
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatRequest(Request):
+    """Keep a membership alive; REBALANCE_IN_PROGRESS means: rejoin."""
+
+    group: str
+    member_id: str
+    generation: int
+    API_KEY = ApiKey.HEARTBEAT
+    RESPONSE = Empty
+    SCHEMA = (STR, STR, INT)
+
+
+@dataclass(frozen=True, slots=True)
+class LeaveGroupRequest(Request):
+    """Leave a group at once (its queues move to the other members)."""
+
+    group: str
+    member_id: str
+    API_KEY = ApiKey.LEAVE_GROUP
+    RESPONSE = Empty
+    SCHEMA = (STR, STR)
+
+
+@dataclass(frozen=True, slots=True)
+class ListGroupsResponse(Body):
+    """(group, state, live members) for every known group."""
+
+    groups: list[tuple[str, str, int]]
+    SCHEMA = (lst(tup(STR, STR, INT)),)
+
+
+@dataclass(frozen=True, slots=True)
+class ListGroupsRequest(Request):
+    """All known consumer groups."""
+
+    API_KEY = ApiKey.LIST_GROUPS
+    RESPONSE = ListGroupsResponse
+
+
+MemberInfo = tuple[str, str, str, list[tuple[str, int]]]
+"""(member id, client id, host, assigned queues)."""
+GroupOffset = tuple[str, int, int, int, int]
+"""(topic, queue, committed offset or -1, end offset, lag)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DescribeGroupResponse(Body):
+    """A group's members, assignment and per-queue progress."""
+
+    group: str
+    state: str
+    generation: int
+    members: list[MemberInfo]
+    offsets: list[GroupOffset]
+    SCHEMA = (
+        STR, STR, INT,
+        lst(tup(STR, STR, STR, lst(tup(STR, INT)))),
+        lst(tup(STR, INT, INT, INT, INT)),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class DescribeGroupRequest(Request):
+    """Describe one consumer group."""
+
+    group: str
+    API_KEY = ApiKey.DESCRIBE_GROUP
+    RESPONSE = DescribeGroupResponse
+    SCHEMA = (STR,)
+
+
+@dataclass(frozen=True, slots=True)
+class ResetOffsetsResponse(Body):
+    """The offsets now committed, per queue."""
+
+    offsets: list[tuple[str, int, int]]
+    SCHEMA = (lst(tup(STR, INT, INT)),)
+
+
+@dataclass(frozen=True, slots=True)
+class ResetOffsetsRequest(Request):
+    """Move a group's committed offsets on a topic (replay): ``spec`` as in LIST_OFFSETS,
+    or an exact offset when ``exact`` is true."""
+
+    group: str
+    topic: str
+    spec: int
+    exact: bool
+    API_KEY = ApiKey.RESET_OFFSETS
+    RESPONSE = ResetOffsetsResponse
+    SCHEMA = (STR, STR, INT, BOOL)
+
+
+REQUESTS: dict[int, type[Request]] = {
+    cls.API_KEY: cls
+    for cls in (
+        HelloRequest, PingRequest, MetadataRequest, CreateTopicRequest, DeleteTopicRequest,
+        DescribeTopicRequest, InitProducerRequest, ProduceRequest, FetchRequest,
+        ListOffsetsRequest, CommitOffsetsRequest, FetchOffsetsRequest, JoinGroupRequest,
+        HeartbeatRequest, LeaveGroupRequest, ListGroupsRequest, DescribeGroupRequest,
+        ResetOffsetsRequest,
+    )
+}
+assert set(REQUESTS) == set(ApiKey), "every ApiKey needs a request type"

@@ -1,0 +1,514 @@
+"""A log: one queue's ordered segments, the API the broker uses.
+
+Theory of operation. Offsets are contiguous across segments: segment ``k+1`` starts at the
+offset after segment ``k``'s last record. Only the last segment (the *active* one) is appended
+to; it rolls when the next batch would make it exceed ``segment_bytes``, when its first batch
+is older than ``segment_ms``, or when its offsets would overflow the u32 index field.
+
+Append (single writer, the broker's event-loop thread): the producer-state check runs first
+(fenced / out of order raise; a duplicate returns the original :class:`AppendResult` and writes
+nothing); then the batch is stamped with ``base_offset = end_offset`` and ``append_time =
+max(now_ms, last append time)`` and written with ``os.write``: no user-space buffer, so a batch
+acknowledged after :meth:`Log.append` survives ``kill -9`` even before any fsync.
+
+Flush (any thread, typically the broker's flusher): under the short ``_lock`` it snapshots the
+active segment, the end offset and the segments sealed since the last flush; it fsyncs them
+outside that lock, closes the sealed segments' index descriptors, fsyncs the directory after a
+roll and, when whole segments became durable, rewrites the recovery-point checkpoint. Flushes
+(and the rare structural operations: retention, truncation, close) are serialised by
+``_flush_lock``, so no descriptor is closed while another thread fsyncs it. Lock order:
+``_flush_lock`` then ``_lock``. :attr:`Log.durable_offset` is the end offset covered by the last
+completed flush; after :meth:`Log.open` it equals the end offset.
+
+Reads, retention and truncation must run on the writer thread; only :meth:`Log.flush` and
+:attr:`Log.durable_offset` are for other threads.
+
+Recovery-point checkpoint payload: ``<qq`` (little-endian): the recovery point (offsets below
+it are fsynced) and the largest append time ever stamped (kept so that append times never go
+backwards even after retention removed every batch).
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+import threading
+import time
+from bisect import bisect_right
+from dataclasses import dataclass
+from pathlib import Path
+
+from ferrymq.errors import (
+    ConfigError,
+    CorruptRecordError,
+    LogClosedError,
+    OffsetOutOfRangeError,
+)
+from ferrymq.protocol.records import decode_header, stamp_batch
+from ferrymq.storage.checkpoint import read_checkpoint, write_checkpoint
+from ferrymq.storage.files import RECOVERY_POINT_FILE, fsync_directory
+from ferrymq.storage.index import MAX_RELATIVE_OFFSET
+from ferrymq.storage.producer_state import DEFAULT_PRODUCER_ID_EXPIRY_MS, ProducerStateManager
+from ferrymq.storage.recovery import RecoveryReport, fsync_segments, load_segments
+from ferrymq.storage.segment import Segment
+
+__all__ = [
+    "DEFAULT_INDEX_INTERVAL_BYTES",
+    "DEFAULT_RETENTION_MS",
+    "DEFAULT_SEGMENT_BYTES",
+    "DEFAULT_SEGMENT_MS",
+    "MAX_SEGMENT_BYTES",
+    "AppendResult",
+    "Log",
+    "LogConfig",
+    "SegmentInfo",
+]
+
+_log = logging.getLogger("ferrymq.storage")
+
+DEFAULT_SEGMENT_BYTES = 1 << 30  # 1 GiB: few files, cheap retention granularity
+MAX_SEGMENT_BYTES = 0x7FFFFFFF  # batch positions are u32 in the index; stay well inside
+DEFAULT_SEGMENT_MS = 7 * 24 * 3600 * 1000  # a week: retention can free a quiet queue's data
+DEFAULT_INDEX_INTERVAL_BYTES = 4096  # one 8-byte entry per 4 KiB of log: 0.2% overhead
+DEFAULT_RETENTION_MS = 7 * 24 * 3600 * 1000
+_RECOVERY_POINT = struct.Struct("<qq")
+
+
+@dataclass(frozen=True, slots=True)
+class LogConfig:
+    """Per-log storage settings.
+
+    Attributes:
+        segment_bytes: roll when the active segment would exceed this.
+        segment_ms: roll when the active segment's first batch is older than this.
+        index_interval_bytes: bytes of log between two offset-index entries.
+        retention_ms: delete sealed segments whose newest batch is older; None keeps forever.
+        retention_bytes: delete the oldest sealed segments while the log stays above this;
+            None: no size limit.
+        producer_id_expiry_ms: forget idempotent producers idle for longer than this.
+    """
+
+    segment_bytes: int = DEFAULT_SEGMENT_BYTES
+    segment_ms: int = DEFAULT_SEGMENT_MS
+    index_interval_bytes: int = DEFAULT_INDEX_INTERVAL_BYTES
+    retention_ms: int | None = DEFAULT_RETENTION_MS
+    retention_bytes: int | None = None
+    producer_id_expiry_ms: int = DEFAULT_PRODUCER_ID_EXPIRY_MS
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.segment_bytes <= MAX_SEGMENT_BYTES:
+            raise ConfigError(f"segment_bytes must be in [1, {MAX_SEGMENT_BYTES}]")
+        if self.segment_ms < 1 or self.index_interval_bytes < 0 or self.producer_id_expiry_ms < 0:
+            raise ConfigError("segment_ms, index_interval_bytes, producer_id_expiry_ms: bad value")
+        if self.retention_ms is not None and self.retention_ms < 0:
+            raise ConfigError("retention_ms must be >= 0 or None")
+        if self.retention_bytes is not None and self.retention_bytes < 0:
+            raise ConfigError("retention_bytes must be >= 0 or None")
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    """Where a batch was stored; ``duplicate`` means it had been stored before (not rewritten)."""
+
+    base_offset: int
+    last_offset: int
+    append_time_ms: int
+    duplicate: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentInfo:
+    """One segment as shown by ``topic describe``."""
+
+    base_offset: int
+    size_bytes: int
+    max_append_time_ms: int | None
+
+
+class Log:
+    """One queue's log: ordered segments, producer state, flush and retention."""
+
+    def __init__(
+        self,
+        directory: Path,
+        config: LogConfig,
+        segments: list[Segment],
+        producers: ProducerStateManager,
+        last_append_time_ms: int,
+        recovery_point: int,
+    ) -> None:
+        """Use :meth:`open`."""
+        self.directory = directory
+        self.config = config
+        self._segments = segments
+        self._producers = producers
+        self._last_append_time_ms = last_append_time_ms
+        self._recovery_point = recovery_point
+        self._lock = threading.Lock()
+        self._flush_lock = threading.Lock()
+        self._pending_sealed: list[Segment] = []
+        self._directory_dirty = False
+        self._end_offset = segments[-1].next_offset
+        self._durable_offset = self._end_offset
+        self._closed = False
+
+    # --- opening -----------------------------------------------------------------------------
+
+    @classmethod
+    def open(
+        cls, directory: Path, config: LogConfig, *, clean_shutdown: bool, now_ms: int
+    ) -> tuple[Log, RecoveryReport]:
+        """Open (creating if needed) the log in ``directory`` and recover it.
+
+        Args:
+            directory: the log's own directory.
+            config: storage settings.
+            clean_shutdown: the broker's clean-shutdown marker existed: trust the files.
+            now_ms: wall clock, for producer-id expiry.
+
+        Raises:
+            CorruptRecordError: mid-log corruption (valid data after an invalid batch).
+            OSError: the files cannot be read or repaired.
+        """
+        started = time.monotonic()
+        directory.mkdir(parents=True, exist_ok=True)
+        recovery_point, last_time = _read_recovery_point(directory / RECOVERY_POINT_FILE)
+        segments, findings = load_segments(
+            directory,
+            index_interval_bytes=config.index_interval_bytes,
+            clean_shutdown=clean_shutdown,
+            recovery_point=recovery_point,
+        )
+        try:
+            fsync_segments(findings.scanned)
+            for seg in reversed(segments):
+                if seg.max_append_time_ms is not None:
+                    last_time = max(last_time, seg.max_append_time_ms)
+                    break
+            producers = ProducerStateManager(
+                directory, producer_id_expiry_ms=config.producer_id_expiry_ms
+            )
+            log = cls(directory, config, segments, producers, last_time, recovery_point)
+            log._reload_producer_state()
+            producers.remove_expired(now_ms)
+            if not clean_shutdown or recovery_point > log.end_offset:
+                log._write_recovery_point(log.end_offset)
+        except BaseException:
+            for seg in segments:
+                seg.close()
+            raise
+        report = RecoveryReport(
+            clean_shutdown=clean_shutdown,
+            segments=len(segments),
+            segments_scanned=findings.segments_scanned,
+            indexes_rebuilt=findings.indexes_rebuilt,
+            truncated_bytes=findings.truncated_bytes,
+            lost_offsets=findings.lost_offsets,
+            deleted_segments=findings.deleted_segments,
+            start_offset=log.start_offset,
+            end_offset=log.end_offset,
+            elapsed_s=time.monotonic() - started,
+        )
+        return log, report
+
+    def _reload_producer_state(self) -> None:
+        snapshot = self._producers.load_snapshot(self._end_offset)
+        start = max(snapshot, self.start_offset)
+        for seg in self._segments:
+            if seg.next_offset <= start:
+                continue
+            for _pos, h in seg.iter_headers(max(start, seg.base_offset)):
+                if h.producer_id >= 0:
+                    self._producers.update(h)
+
+    def _write_recovery_point(self, offset: int) -> None:
+        write_checkpoint(
+            self.directory / RECOVERY_POINT_FILE,
+            _RECOVERY_POINT.pack(offset, self._last_append_time_ms),
+        )
+        self._recovery_point = offset
+
+    # --- properties --------------------------------------------------------------------------
+
+    @property
+    def start_offset(self) -> int:
+        """First offset still in the log."""
+        return self._segments[0].base_offset
+
+    @property
+    def end_offset(self) -> int:
+        """The next offset to be assigned (one past the last record)."""
+        return self._end_offset
+
+    @property
+    def durable_offset(self) -> int:
+        """End offset covered by the last completed :meth:`flush`."""
+        return self._durable_offset
+
+    @property
+    def size_bytes(self) -> int:
+        """Bytes of all segment files."""
+        return sum(seg.size_bytes for seg in self._segments)
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise LogClosedError(f"log {self.directory} is closed")
+
+    def segments(self) -> list[SegmentInfo]:
+        """Base offset, size and newest append time of each segment, oldest first."""
+        return [
+            SegmentInfo(s.base_offset, s.size_bytes, s.max_append_time_ms) for s in self._segments
+        ]
+
+    # --- appending ---------------------------------------------------------------------------
+
+    def append(self, batch: bytearray, *, now_ms: int) -> AppendResult:
+        """Append one batch already validated by the broker; stamps it in place.
+
+        Raises:
+            ProducerFencedError: the producer epoch is older than the current one.
+            OutOfOrderSequenceError: the sequence does not follow the last stored one.
+            CorruptRecordError: the buffer is not exactly one batch.
+            LogClosedError: the log is closed.
+            OSError: the write failed (nothing is acknowledged; the file is cut back).
+        """
+        self._check_open()
+        h = decode_header(batch)
+        if h.size != len(batch):
+            raise CorruptRecordError(f"buffer of {len(batch)} bytes holds a {h.size}-byte batch")
+        dup = self._producers.check(h)
+        if dup is not None:
+            return AppendResult(dup.base_offset, dup.last_offset, dup.append_time_ms, True)
+        active = self._segments[-1]
+        if self._should_roll(active, len(batch), h.record_count, now_ms):
+            active = self._roll()
+        base = self._end_offset
+        append_time = max(now_ms, self._last_append_time_ms)
+        stamp_batch(batch, 0, base, append_time)
+        stamped = h._replace(base_offset=base, append_time_ms=append_time)
+        active.append(batch, stamped)
+        self._producers.update(stamped)
+        self._last_append_time_ms = append_time
+        with self._lock:
+            self._end_offset = stamped.last_offset + 1
+        return AppendResult(base, stamped.last_offset, append_time, False)
+
+    def _should_roll(self, active: Segment, batch_bytes: int, records: int, now_ms: int) -> bool:
+        if active.size_bytes == 0:
+            return False
+        if active.size_bytes + batch_bytes > self.config.segment_bytes:
+            return True
+        if self._end_offset + records - 1 - active.base_offset > MAX_RELATIVE_OFFSET:
+            return True
+        first = active.first_append_time_ms
+        return first is not None and now_ms - first > self.config.segment_ms
+
+    def _roll(self) -> Segment:
+        old = self._segments[-1]
+        old.seal()
+        new = Segment.create(
+            self.directory, self._end_offset, index_interval_bytes=self.config.index_interval_bytes
+        )
+        self._producers.take_snapshot(self._end_offset)
+        with self._lock:
+            self._segments = [*self._segments, new]
+            self._pending_sealed.append(old)
+            self._directory_dirty = True
+        return new
+
+    # --- reading -----------------------------------------------------------------------------
+
+    def read(self, offset: int, max_bytes: int, *, upto_offset: int | None = None) -> bytes:
+        """Whole batches starting with the one that contains ``offset``, from one segment.
+
+        At least one batch is returned when one is available, even if larger than
+        ``max_bytes`` (KIP-74); otherwise batches stop before exceeding ``max_bytes``. No batch
+        whose last offset is >= ``upto_offset`` is returned.
+
+        Returns:
+            The raw batches; ``b""`` when ``offset`` is the end (or ``upto_offset``).
+
+        Raises:
+            OffsetOutOfRangeError: ``offset`` is below the start or above the end.
+            LogClosedError: the log is closed.
+        """
+        self._check_open()
+        segments = self._segments
+        end = self._end_offset
+        start = segments[0].base_offset
+        if offset < start or offset > end:
+            raise OffsetOutOfRangeError(f"offset {offset} is outside [{start}, {end}]")
+        limit = end if upto_offset is None else min(end, upto_offset)
+        if offset >= limit:
+            return b""
+        i = bisect_right(segments, offset, key=lambda s: s.base_offset) - 1
+        while offset >= segments[i].next_offset and i + 1 < len(segments):
+            i += 1
+        return segments[i].read_batches(offset, max_bytes, limit)
+
+    def offset_for_time(self, ts_ms: int) -> int:
+        """First offset whose batch was appended at or after ``ts_ms``, else the end offset."""
+        self._check_open()
+        for seg in self._segments:
+            newest = seg.max_append_time_ms
+            if newest is None or newest < ts_ms:
+                continue
+            for _pos, h in seg.iter_headers(seg.timeindex.lookup_before(ts_ms)):
+                if h.append_time_ms >= ts_ms:
+                    return max(h.base_offset, self.start_offset)
+        return self._end_offset
+
+    # --- durability --------------------------------------------------------------------------
+
+    def flush(self) -> int:
+        """Fsync everything written so far; return the end offset now durable.
+
+        Safe to call from another thread while the writer thread appends.
+
+        Raises:
+            LogClosedError: the log is closed.
+            OSError: an fsync failed: the data is not durable (do not retry and assume it is).
+        """
+        with self._flush_lock:
+            self._check_open()
+            return self._flush_locked()
+
+    def _flush_locked(self) -> int:
+        with self._lock:
+            active = self._segments[-1]
+            end = self._end_offset
+            sealed = list(self._pending_sealed)
+            directory_dirty, self._directory_dirty = self._directory_dirty, False
+        for seg in sealed:
+            seg.flush()
+            seg.close_index_files()
+        if directory_dirty:
+            fsync_directory(self.directory)
+        active.flush()
+        with self._lock:
+            for seg in sealed:
+                if seg in self._pending_sealed:
+                    self._pending_sealed.remove(seg)
+            self._durable_offset = max(self._durable_offset, end)
+        if sealed:
+            self._write_recovery_point(end)
+        return end
+
+    # --- retention and truncation --------------------------------------------------------------
+
+    def delete_old_segments(self, now_ms: int) -> int:
+        """Apply retention by age and by size to sealed segments; return how many were deleted.
+
+        The active segment is never deleted. Files are renamed to ``.deleted`` then unlinked.
+        """
+        with self._flush_lock:
+            self._check_open()
+            segments = self._segments
+            doomed = 0
+            retention_ms = self.config.retention_ms
+            if retention_ms is not None:
+                while doomed < len(segments) - 1:
+                    newest = segments[doomed].max_append_time_ms
+                    if newest is None or now_ms - newest <= retention_ms:
+                        break
+                    doomed += 1
+            retention_bytes = self.config.retention_bytes
+            if retention_bytes is not None:
+                total = sum(s.size_bytes for s in segments[doomed:])
+                while doomed < len(segments) - 1:
+                    size = segments[doomed].size_bytes
+                    if total - size < retention_bytes:
+                        break
+                    total -= size
+                    doomed += 1
+            victims = segments[:doomed]
+            with self._lock:
+                self._segments = segments[doomed:]
+                self._pending_sealed = [s for s in self._pending_sealed if s not in victims]
+            for seg in victims:
+                seg.delete()
+            self._producers.remove_expired(now_ms)
+            if victims:
+                _log.info(
+                    "%s: retention deleted %d segments, start offset now %d",
+                    self.directory,
+                    len(victims),
+                    self.start_offset,
+                )
+            return len(victims)
+
+    def truncate_to(self, offset: int) -> None:
+        """Remove every batch whose last offset is >= ``offset``.
+
+        When ``offset`` falls inside a batch the whole batch goes, so the end offset becomes
+        that batch's base offset. Offsets at or past the end are a no-op.
+
+        Raises:
+            OffsetOutOfRangeError: ``offset`` is below the start offset.
+        """
+        with self._flush_lock:
+            self._check_open()
+            if offset >= self._end_offset:
+                return
+            if offset < self.start_offset:
+                raise OffsetOutOfRangeError(
+                    f"cannot truncate to {offset}, below the start {self.start_offset}"
+                )
+            segments = self._segments
+            keep = bisect_right(segments, offset, key=lambda s: s.base_offset)
+            target = segments[keep - 1]
+            dropped = segments[keep:]
+            target.truncate_to(target.position_of_offset(offset))
+            target.open_index_files_for_append()
+            with self._lock:
+                self._segments = segments[:keep]
+                self._pending_sealed = [
+                    s for s in self._pending_sealed if s in self._segments and s is not target
+                ]
+                self._end_offset = target.next_offset
+                self._durable_offset = min(self._durable_offset, self._end_offset)
+            for seg in dropped:
+                seg.delete()
+            self._write_recovery_point(min(self._recovery_point, self._end_offset))
+            self._reload_producer_state()
+
+    # --- closing -----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Flush, write indexes, a producer snapshot and the recovery point; close files.
+
+        Idempotent.
+        """
+        with self._flush_lock:
+            if self._closed:
+                return
+            self._flush_locked()
+            active = self._segments[-1]
+            active.seal()
+            active.flush()
+            self._producers.take_snapshot(self._end_offset)
+            self._write_recovery_point(self._end_offset)
+            self._closed = True
+            for seg in self._segments:
+                seg.close()
+
+
+def _read_recovery_point(path: Path) -> tuple[int, int]:
+    """``(recovery_point, last_append_time_ms)``, or zeros when missing or unreadable."""
+    try:
+        payload = read_checkpoint(path)
+    except CorruptRecordError as exc:
+        _log.warning("ignoring %s (%s): recovering from the first segment", path, exc)
+        return 0, 0
+    if payload is None:
+        return 0, 0
+    if len(payload) != _RECOVERY_POINT.size:
+        _log.warning("ignoring %s: payload of %d bytes", path, len(payload))
+        return 0, 0
+    point, last_time = _RECOVERY_POINT.unpack(payload)
+    return max(point, 0), last_time

@@ -1,0 +1,138 @@
+"""Sparse time index of one segment: append time -> offset, for seek by time.
+
+Theory of operation: append times are stamped by the broker and never decrease within a log,
+so a segment's batches are sorted by append time. An entry ``(append_time_ms, offset)`` says
+"the batch starting at ``offset`` was appended at ``append_time_ms``"; entries are added next
+to offset-index entries and when a segment is sealed (an entry for its last batch, so the last
+entry of a sealed segment holds its largest append time, which retention reads). Entry times
+and offsets are strictly increasing. File layout, 12 bytes per entry, little-endian::
+
+    off  size  field
+    0    8     append_time_ms    i64
+    8    4     relative_offset   u32  offset - segment base_offset
+
+To find the first batch appended at or after ``t``, start from the last entry whose time is
+below ``t`` (everything up to it is older) and walk batch headers. Like the offset index it is
+a validated cache that recovery rebuilds.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from array import array
+from bisect import bisect_left
+from pathlib import Path
+
+from ferrymq.storage.files import atomic_write
+
+__all__ = ["TimeIndex"]
+
+_ENTRY = struct.Struct("<qI")
+
+
+class TimeIndex:
+    """The in-memory and on-disk sparse time index of one segment."""
+
+    __slots__ = ("_fd", "_relative_offsets", "_times_ms", "base_offset", "path")
+
+    def __init__(self, path: Path, base_offset: int) -> None:
+        """An empty time index for the segment at ``base_offset``; nothing is written yet."""
+        self.path = path
+        self.base_offset = base_offset
+        self._times_ms: array[int] = array("q")
+        self._relative_offsets: array[int] = array("I")
+        self._fd: int | None = None
+
+    @classmethod
+    def load(cls, path: Path, base_offset: int, *, max_relative_offset: int) -> TimeIndex | None:
+        """Load and validate a time index file; None when missing or not consistent."""
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        if len(data) % _ENTRY.size:
+            return None
+        index = cls(path, base_offset)
+        last_t = last_rel = -1
+        for t, rel in _ENTRY.iter_unpack(data):
+            if t <= last_t or rel <= last_rel or rel > max_relative_offset:
+                return None
+            index._times_ms.append(t)
+            index._relative_offsets.append(rel)
+            last_t, last_rel = t, rel
+        return index
+
+    def __len__(self) -> int:
+        return len(self._times_ms)
+
+    @property
+    def last_entry(self) -> tuple[int, int] | None:
+        """``(append_time_ms, offset)`` of the last entry, or None when empty."""
+        if not self._times_ms:
+            return None
+        return self._times_ms[-1], self.base_offset + self._relative_offsets[-1]
+
+    def lookup_before(self, time_ms: int) -> int:
+        """Offset of the last entry appended strictly before ``time_ms`` (else the base offset)."""
+        i = bisect_left(self._times_ms, time_ms)
+        if i == 0:
+            return self.base_offset
+        return self.base_offset + self._relative_offsets[i - 1]
+
+    def maybe_append(self, time_ms: int, offset: int) -> None:
+        """Add ``(time_ms, offset)`` if both are above the last entry's; write it if open."""
+        rel = offset - self.base_offset
+        if self._times_ms and (time_ms <= self._times_ms[-1] or rel <= self._relative_offsets[-1]):
+            return
+        self._times_ms.append(time_ms)
+        self._relative_offsets.append(rel)
+        if self._fd is not None:
+            os.write(self._fd, _ENTRY.pack(time_ms, rel))
+
+    def truncate_to_offset(self, offset: int) -> None:
+        """Drop every entry whose offset is >= ``offset``."""
+        rel = offset - self.base_offset
+        keep = len(self._relative_offsets)
+        while keep and self._relative_offsets[keep - 1] >= rel:
+            keep -= 1
+        if keep == len(self._relative_offsets):
+            return
+        del self._times_ms[keep:]
+        del self._relative_offsets[keep:]
+        if self._fd is not None:
+            os.ftruncate(self._fd, keep * _ENTRY.size)
+        else:
+            self.write_file()
+
+    def to_bytes(self) -> bytes:
+        """The file image of the index."""
+        return b"".join(
+            _ENTRY.pack(t, rel)
+            for t, rel in zip(self._times_ms, self._relative_offsets, strict=True)
+        )
+
+    def write_file(self) -> None:
+        """Atomically replace the file with the in-memory entries (reopening if open)."""
+        was_open = self._fd is not None
+        self.close()
+        atomic_write(self.path, self.to_bytes())
+        if was_open:
+            self.open_for_append()
+
+    def open_for_append(self) -> None:
+        """Open the file so that later :meth:`maybe_append` calls write through to it."""
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def fsync(self) -> None:
+        """Fsync the file if it is open for appends."""
+        fd = self._fd
+        if fd is not None:
+            os.fsync(fd)
+
+    def close(self) -> None:
+        """Close the append descriptor (the entries stay in memory)."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
