@@ -112,7 +112,7 @@ def _coerce(name: str, value: Any) -> Any:
     f = _FIELDS.get(name)
     if f is None:
         raise ConfigError(f"unknown broker setting {name!r}")
-    kind = type(f.default)
+    kind: type[Any] = type(f.default)
     if isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
         return value
     if isinstance(value, str):

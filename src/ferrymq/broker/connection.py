@@ -20,9 +20,10 @@ connection lives on. Nothing a peer sends can raise out of this class.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ferrymq.errors import BrokerError, RemoteProtocolError
 from ferrymq.protocol.codes import ErrorCode
@@ -53,9 +54,9 @@ class BrokerConnection(asyncio.Protocol):
 
     # -- asyncio.Protocol ------------------------------------------------------------------
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:  # noqa: D102
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        transport = self.transport
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         if not self.server.register(self):
@@ -65,22 +66,22 @@ class BrokerConnection(asyncio.Protocol):
             return
         transport.set_write_buffer_limits(high=self.server.config.max_write_buffer_bytes)
 
-    def connection_lost(self, exc: Exception | None) -> None:  # noqa: D102
+    def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.server.unregister(self)
         for fut in list(self.pending):
             fut.cancel()
         self.pending.clear()
 
-    def pause_writing(self) -> None:  # noqa: D102
+    def pause_writing(self) -> None:
         self._write_paused = True
         self._update_reading()
 
-    def resume_writing(self) -> None:  # noqa: D102
+    def resume_writing(self) -> None:
         self._write_paused = False
         self._update_reading()
 
-    def data_received(self, data: bytes) -> None:  # noqa: D102
+    def data_received(self, data: bytes) -> None:
         self.last_activity = time.monotonic()
         try:
             frames = self.decoder.feed(data)
@@ -138,7 +139,7 @@ class BrokerConnection(asyncio.Protocol):
         self.in_flight += 1
         self.pending.add(fut)
         self._update_reading()
-        fut.add_done_callback(lambda f, fr=frame: self._complete(fr, f))
+        fut.add_done_callback(functools.partial(self._complete, frame))
 
     def _complete(self, frame: Frame, fut: asyncio.Future[Body]) -> None:
         self.in_flight -= 1

@@ -63,7 +63,7 @@ class Broker:
             try:
                 self._server = BrokerServer(self.config)
                 loop.run_until_complete(self._server.start())
-            except BaseException as exc:
+            except BaseException as exc:  # noqa: BLE001 - handed to the starting thread
                 error.append(exc)
                 started.set()
                 loop.close()

@@ -83,7 +83,7 @@ class BrokerServer:
         """
         loop = asyncio.get_running_loop()
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self._lock_file = open(self.data_dir / LOCK_FILE, "ab")  # noqa: SIM115 - held for life
+        self._lock_file = open(self.data_dir / LOCK_FILE, "ab")  # noqa: SIM115, ASYNC230 - held for life
         try:
             fcntl.flock(self._lock_file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -136,7 +136,7 @@ class BrokerServer:
                     w.set_result(None)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.shutdown_timeout_ms / 1000
-        while any(c.pending for c in self.connections) and loop.time() < deadline:
+        while any(c.pending for c in self.connections) and loop.time() < deadline:  # noqa: ASYNC110
             await asyncio.sleep(0.01)
         for t in self._tasks:
             t.cancel()

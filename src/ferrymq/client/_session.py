@@ -174,6 +174,7 @@ class Session:
         *,
         timeout_s: float | None = None,
         retry: bool = True,
+        retry_codes: frozenset[int] | None = None,
     ) -> B:
         """Send a request, reconnecting and retrying retriable failures until the deadline.
 
@@ -182,6 +183,7 @@ class Session:
             resp_type: the response body type.
             timeout_s: overall deadline (default ``request_timeout_s``).
             retry: retry on connection loss and retriable broker errors.
+            retry_codes: if given, only these broker error codes are retried.
 
         Raises:
             BrokerError subclass, ConnectionClosedError, FerryMQTimeoutError.
@@ -198,7 +200,9 @@ class Session:
             except TimeoutError:
                 raise FerryMQTimeoutError(f"{req.API_KEY.name}: no answer in {total:.3g} s") from None
             except (ConnectionClosedError, BrokerError) as exc:
-                retriable = isinstance(exc, ConnectionClosedError) or exc.retriable
+                retriable = isinstance(exc, ConnectionClosedError) or (
+                    exc.retriable if retry_codes is None else exc.code in retry_codes
+                )
                 attempt += 1
                 if not retry or not retriable or self._closed:
                     raise

@@ -61,7 +61,7 @@ class Transport(asyncio.Protocol):
 
     # -- asyncio.Protocol ------------------------------------------------------------------
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:  # noqa: D102
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)
         sock = transport.get_extra_info("socket")
         if sock is not None:
@@ -69,7 +69,7 @@ class Transport(asyncio.Protocol):
 
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
-    def data_received(self, data: bytes) -> None:  # noqa: D102
+    def data_received(self, data: bytes) -> None:
         try:
             frames = self._decoder.feed(data)
         except RemoteProtocolError as exc:
@@ -87,13 +87,13 @@ class Transport(asyncio.Protocol):
             if not fut.done():
                 fut.set_result(f.payload)
 
-    def connection_lost(self, exc: Exception | None) -> None:  # noqa: D102
+    def connection_lost(self, exc: Exception | None) -> None:
         self._fail(ConnectionClosedError(f"connection lost: {exc}" if exc else "connection closed"))
 
-    def pause_writing(self) -> None:  # noqa: D102
+    def pause_writing(self) -> None:
         self._paused = True
 
-    def resume_writing(self) -> None:  # noqa: D102
+    def resume_writing(self) -> None:
         self._paused = False
         for w in self._drain_waiters:
             if not w.done():

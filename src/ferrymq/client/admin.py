@@ -80,7 +80,9 @@ class AsyncAdminClient:
             req = m.ResetOffsetsRequest(group, topic, int(to), True)
         return (await self._session.request(req, m.ResetOffsetsResponse, retry=False)).offsets
 
-    async def reset_offsets_to_time(self, group: str, topic: str, timestamp_ms: int) -> list[tuple[str, int, int]]:
+    async def reset_offsets_to_time(
+        self, group: str, topic: str, timestamp_ms: int
+    ) -> list[tuple[str, int, int]]:
         """Move a group's offsets on a topic to the first message stored at or after a time."""
         req = m.ResetOffsetsRequest(group, topic, timestamp_ms, False)
         return (await self._session.request(req, m.ResetOffsetsResponse, retry=False)).offsets

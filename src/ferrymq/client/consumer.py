@@ -28,7 +28,6 @@ import logging
 from collections import deque
 from dataclasses import dataclass
 
-
 from ferrymq.client._session import Session
 from ferrymq.client.message import ReceivedMessage
 from ferrymq.errors import (
@@ -52,6 +51,9 @@ from ferrymq.protocol.tags import parse_tag_expression
 log = logging.getLogger("ferrymq.client")
 
 TopicQueue = tuple[str, int]
+# Group-fencing errors are "retriable" only after a rejoin: never resend the same commit blindly.
+_COMMIT_RETRY = frozenset({ErrorCode.BROKER_SHUTTING_DOWN, ErrorCode.STORAGE_ERROR,
+                           ErrorCode.REQUEST_TIMED_OUT, ErrorCode.BUSY})
 DEFAULT_FETCH_MAX_BYTES = 4 * 1024 * 1024
 MAX_POLL_WAIT_S = 30.0
 
@@ -63,6 +65,7 @@ class _QueueState:
     epoch: int = 0
     topic_id: int = -1
     high_watermark: int = -1
+    buffered: int = 0  # messages of this queue in the consumer's buffer
 
 
 class AsyncPullConsumer:
@@ -177,6 +180,13 @@ class AsyncPullConsumer:
         for st in self._queues.values():
             st.epoch += 1
         self._buffer = deque(msg for msg in self._buffer if (msg.topic, msg.queue) in self._queues)
+        self._recount()
+
+    def _recount(self) -> None:
+        for st in self._queues.values():
+            st.buffered = 0
+        for msg in self._buffer:
+            self._queues[(msg.topic, msg.queue)].buffered += 1
 
     async def _join(self) -> None:
         if self._auto_commit and self._generation >= 0:
@@ -197,6 +207,7 @@ class AsyncPullConsumer:
         self._set_assignment([(t, q) for t, q in resp.assignment])
         for st in self._queues.values():
             st.position = st.fetch_position = None
+            st.buffered = 0
         self._buffer.clear()
         if self._heartbeat is None or self._heartbeat.done():
             self._heartbeat = asyncio.get_running_loop().create_task(self._heartbeat_loop())
@@ -209,7 +220,7 @@ class AsyncPullConsumer:
             try:
                 await self._session.request(
                     m.HeartbeatRequest(self.group, self._member_id, self._generation), m.Empty,
-                    timeout_s=self._session_timeout_ms / 1000,
+                    timeout_s=self._session_timeout_ms / 1000, retry=False,
                 )
             except (RebalanceInProgressError, IllegalGenerationError):
                 self._need_join = True
@@ -256,6 +267,7 @@ class AsyncPullConsumer:
                 st.epoch += 1
         wanted = set(queues)
         self._buffer = deque(msg for msg in self._buffer if (msg.topic, msg.queue) not in wanted)
+        self._recount()
 
     def position(self) -> dict[TopicQueue, int]:
         """Next offset to be returned, per assigned queue (resolved ones)."""
@@ -287,6 +299,7 @@ class AsyncPullConsumer:
             m.CommitOffsetsRequest(self.group, self._member_id, generation,
                                    [(t, q, o) for (t, q), o in offsets.items()]),
             m.CommitOffsetsResponse,
+            retry_codes=_COMMIT_RETRY,
         )
         for t, q, code in resp.results:
             if code:
@@ -302,6 +315,7 @@ class AsyncPullConsumer:
         st.position = st.fetch_position = offset
         st.epoch += 1
         self._buffer = deque(x for x in self._buffer if (x.topic, x.queue) != (topic, queue))
+        self._recount()
 
     async def seek_to_time(self, topic: str, timestamp_ms: int) -> None:
         """Continue every assigned queue of ``topic`` from the first message stored at or after
@@ -381,6 +395,11 @@ class AsyncPullConsumer:
             st = self._queues.get((msg.topic, msg.queue))
             if st is not None:
                 st.position = msg.offset + 1
+                st.buffered -= 1
+                if st.buffered == 0 and st.fetch_position is not None:
+                    # offsets between the last message and the fetch position were filtered
+                    # out by tag on the broker: they count as consumed
+                    st.position = max(st.position, st.fetch_position)
         if len(buf) < k and (self._fetch is None or self._fetch.done()) and self._queues:
             if self._fetch is not None:
                 self._fetch_result()
@@ -408,8 +427,8 @@ class AsyncPullConsumer:
             raise
         reset: list[TopicQueue] = []
         for topic, queue, code, msg, hw, _start, topic_id, data in resp.results:
-            st = self._queues.get((topic, queue))
-            if st is None or epochs.get((topic, queue)) != st.epoch:
+            qst = self._queues.get((topic, queue))
+            if qst is None or epochs.get((topic, queue)) != qst.epoch:
                 continue  # reassigned or sought meanwhile
             if code:
                 if code == ErrorCode.OFFSET_OUT_OF_RANGE:
@@ -420,10 +439,10 @@ class AsyncPullConsumer:
                 if isinstance(err, BrokerError) and err.retriable:
                     continue
                 raise err
-            st.topic_id = topic_id
-            st.high_watermark = hw
+            qst.topic_id = topic_id
+            qst.high_watermark = hw
             if data:
-                self._decode(topic, queue, st, data)
+                self._decode(topic, queue, qst, data)
         if reset:
             await self._reset_to(reset, self._reset)
 
@@ -433,6 +452,7 @@ class AsyncPullConsumer:
         append = self._buffer.append
         topic_id = st.topic_id
         nxt = start
+        n = 0
         for pos, h in iter_batches(mv):
             check_stored_batch(mv, pos)
             if h.last_offset < start:
@@ -441,8 +461,12 @@ class AsyncPullConsumer:
             for rec in iter_raw_records(mv, pos, h):
                 if rec[0] >= start:
                     append(ReceivedMessage(topic, queue, topic_id, stored, mv, rec))
+                    n += 1
             nxt = h.last_offset + 1
         st.fetch_position = nxt
+        st.buffered += n
+        if st.buffered == 0 and st.position is not None:
+            st.position = max(st.position, nxt)
 
     async def _maybe_auto_commit(self) -> None:
         if not self._auto_commit:

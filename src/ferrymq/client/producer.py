@@ -160,6 +160,7 @@ class AsyncProducer:
         self._in_flight_requests = 0
         self._idle = asyncio.Event()
         self._sender: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()  # requests in flight (strong references)
         self._closed = False
         self.producer_id = NO_PRODUCER_ID
         self.producer_epoch = NO_PRODUCER_EPOCH
@@ -327,7 +328,9 @@ class AsyncProducer:
             pending = self._unresolved.get(msg.topic)
             if pending is None:
                 self._unresolved[msg.topic] = [(msg, unit)]
-                asyncio.get_running_loop().create_task(self._resolve(msg.topic, immediate))
+                task = asyncio.get_running_loop().create_task(self._resolve(msg.topic, immediate))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
             else:
                 pending.append((msg, unit))
             return
@@ -400,7 +403,9 @@ class AsyncProducer:
             if batches:
                 for req_batches in self._split_requests(batches):
                     self._in_flight_requests += 1
-                    loop.create_task(self._send_request(req_batches))
+                    task = loop.create_task(self._send_request(req_batches))
+                    self._tasks.add(task)
+                    task.add_done_callback(self._tasks.discard)
             if not self._pending_work():
                 self._idle.set()
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import functools
 import threading
 from collections.abc import Coroutine, Sequence
 from types import TracebackType
@@ -106,7 +107,7 @@ class Producer:
         for msg, cfut in items:
             afut = self._async.send_nowait(msg, oneway=cfut is None)
             if cfut is not None and afut is not None:
-                afut.add_done_callback(lambda f, c=cfut: _chain(f, c))
+                afut.add_done_callback(functools.partial(_chain, dst=cfut))
 
     def flush(self) -> None:
         """Send everything buffered and wait for the answers."""
@@ -136,7 +137,7 @@ def _chain(src: asyncio.Future[SendResult], dst: concurrent.futures.Future[SendR
     if src.cancelled():
         dst.cancel()
     elif src.exception() is not None:
-        dst.set_exception(src.exception())  # type: ignore[arg-type]
+        dst.set_exception(src.exception())
     else:
         dst.set_result(src.result())
 

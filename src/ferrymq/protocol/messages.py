@@ -171,7 +171,7 @@ class Body:
 
     def encode(self) -> bytes:
         """Encode this body as a msgpack array."""
-        return msgpack.packb(astuple_shallow(self), use_bin_type=True)  # type: ignore[no-any-return]
+        return bytes(msgpack.packb(astuple_shallow(self), use_bin_type=True))
 
     @classmethod
     def decode(cls: type[M], data: bytes) -> M:

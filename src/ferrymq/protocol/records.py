@@ -134,7 +134,7 @@ def batch_size_at(buf: bytes | bytearray | memoryview, pos: int) -> int:
     """Size of the batch at ``pos`` from its length field, or -1 if fewer than 12 bytes remain."""
     if len(buf) - pos < LENGTH_PREFIX:
         return -1
-    return LENGTH_PREFIX + _LEN.unpack_from(buf, pos + 8)[0]
+    return LENGTH_PREFIX + int(_LEN.unpack_from(buf, pos + 8)[0])
 
 
 def _header_crc(buf: bytes | bytearray | memoryview, pos: int) -> int:
@@ -164,7 +164,7 @@ def encode_properties(properties: Mapping[str, str] | None) -> bytes:
     """Encode a message's properties (str -> str) as a msgpack map; empty when none."""
     if not properties:
         return b""
-    return msgpack.packb(dict(properties), use_bin_type=True)  # type: ignore[no-any-return]
+    return bytes(msgpack.packb(dict(properties), use_bin_type=True))
 
 
 def decode_properties(raw: bytes | memoryview) -> dict[str, str]:

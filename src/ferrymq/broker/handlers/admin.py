@@ -72,7 +72,7 @@ def describe_topic(conn: BrokerConnection, req: m.DescribeTopicRequest) -> m.Des
     queues: list[m.QueueInfo] = []
     for qs in t.queues:
         segs = qs.log.segments()
-        last_append = max((s.max_append_time_ms for s in segs), default=-1)
+        last_append = max((s.max_append_time_ms or -1 for s in segs), default=-1)
         queues.append((qs.queue, qs.log.start_offset, qs.visible_end, qs.log.size_bytes,
                        len(segs), last_append))
     return m.DescribeTopicResponse(t.name, t.topic_id, queues, t.config)

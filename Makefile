@@ -1,0 +1,53 @@
+# FerryMQ: two commands to start.
+#   make run    create .venv, install FerryMQ, start a broker on 127.0.0.1:9876 (data: ./ferrymq-data)
+#   make test   install the test dependencies and run the whole suite (lint, types, tests)
+PYTHON ?= python3
+VENV   ?= .venv
+BIN     = $(VENV)/bin
+HOST   ?= 127.0.0.1
+PORT   ?= 9876
+DATA   ?= ./ferrymq-data
+FLUSH  ?= sync
+
+.PHONY: run test venv install install-test lint typecheck pytest soak bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e .
+	touch $@
+
+$(VENV)/.installed-test: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $@
+
+venv install: $(VENV)/.installed
+
+install-test: $(VENV)/.installed $(VENV)/.installed-test
+
+run: $(VENV)/.installed
+	$(BIN)/ferrymq broker --host $(HOST) --port $(PORT) --data-dir $(DATA) --flush $(FLUSH)
+
+lint: install-test
+	$(BIN)/ruff check src tests bench fuzz
+
+typecheck: install-test
+	$(BIN)/mypy
+
+pytest: install-test
+	$(BIN)/pytest -n 2 -m "not soak" $(PYTEST_ARGS)
+
+test: lint typecheck pytest
+
+soak: install-test
+	$(BIN)/pytest -m soak $(PYTEST_ARGS)
+
+bench: $(VENV)/.installed
+	$(BIN)/ferrymq bench produce
+	$(BIN)/ferrymq bench consume
+	$(BIN)/ferrymq bench e2e
+
+clean:
+	rm -rf $(VENV) build dist .pytest_cache .mypy_cache .ruff_cache

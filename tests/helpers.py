@@ -1,0 +1,98 @@
+"""Test helpers: a broker in a subprocess (for kill -9), free ports, waiting."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+LISTEN_RE = re.compile(r"listening on ([\d.]+):(\d+)")
+
+
+def free_port() -> int:
+    """A TCP port that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(cond: Callable[[], bool], timeout: float = 10.0, interval: float = 0.02) -> None:
+    """Poll ``cond`` until true or fail."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(interval)
+    raise AssertionError("condition not met in time")
+
+
+class BrokerProcess:
+    """``ferrymq broker`` in a subprocess: start, kill -9, terminate, restart on the same port."""
+
+    def __init__(self, data_dir: Path, *, port: int = 0, flush: str = "sync",
+                 extra: list[str] | None = None) -> None:
+        self.data_dir = data_dir
+        self.port = port or free_port()
+        self.flush = flush
+        self.extra = extra or []
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = data_dir.parent / f"broker-{self.port}.log"
+        self.starts = 0
+
+    @property
+    def address(self) -> str:
+        """host:port."""
+        return f"127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 20.0) -> BrokerProcess:
+        """Start and wait until it listens."""
+        self.starts += 1
+        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the subprocess
+        log.write(f"--- start {self.starts}\n".encode())
+        log.flush()
+        offset = self.log_path.stat().st_size
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "ferrymq.broker", "--port", str(self.port), "--data-dir",
+             str(self.data_dir), "--flush", self.flush, *self.extra],
+            stdout=subprocess.DEVNULL, stderr=log,
+        )
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            text = self.log_path.read_bytes()[offset:].decode(errors="replace")
+            if LISTEN_RE.search(text):
+                return self
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"broker exited with {self.proc.returncode}:\n{text}")
+            time.sleep(0.02)
+        raise RuntimeError("broker did not start in time")
+
+    def kill9(self) -> None:
+        """SIGKILL and reap."""
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+
+    def terminate(self, timeout: float = 30.0) -> int:
+        """SIGTERM, wait, return the exit code."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def log_text(self) -> str:
+        """Everything the broker logged so far."""
+        return self.log_path.read_text(errors="replace")
+
+    def __enter__(self) -> BrokerProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
