@@ -25,16 +25,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import struct
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ferrymq.client._session import Session
-from ferrymq.client.message import ReceivedMessage
+from ferrymq.client.message import BatchContext, ReceivedMessage
 from ferrymq.errors import (
     BrokerError,
     ClientError,
     ConfigError,
     ConnectionClosedError,
+    CorruptRecordError,
     FerryMQError,
     FerryMQTimeoutError,
     IllegalGenerationError,
@@ -45,12 +48,13 @@ from ferrymq.errors import (
 from ferrymq.protocol import messages as m
 from ferrymq.protocol.codes import ErrorCode
 from ferrymq.protocol.messages import OffsetSpec
-from ferrymq.protocol.records import check_stored_batch, iter_batches, iter_raw_records
+from ferrymq.protocol.records import HEADER_SIZE, check_stored_batch, iter_batches
 from ferrymq.protocol.tags import parse_tag_expression
 
 log = logging.getLogger("ferrymq.client")
 
 TopicQueue = tuple[str, int]
+_LEN_DELTA = struct.Struct("<II")  # a record's length and offset delta
 # Group-fencing errors are "retriable" only after a rejoin: never resend the same commit blindly.
 _COMMIT_RETRY = frozenset({ErrorCode.BROKER_SHUTTING_DOWN, ErrorCode.STORAGE_ERROR,
                            ErrorCode.REQUEST_TIMED_OUT, ErrorCode.BUSY})
@@ -119,7 +123,9 @@ class AsyncPullConsumer:
         self._subscriptions: dict[str, str] = {}
         self._manual: list[TopicQueue] | None = None
         self._queues: dict[TopicQueue, _QueueState] = {}
-        self._buffer: deque[ReceivedMessage] = deque()
+        # chunks of messages, each from one queue in offset order; [0] is read from index _head
+        self._buffer: deque[list[ReceivedMessage]] = deque()
+        self._head = 0
         self._fetch: asyncio.Task[None] | None = None
         self._member_id = ""
         self._generation = -1
@@ -179,14 +185,20 @@ class AsyncPullConsumer:
         self._queues = {tq: old.get(tq) or _QueueState() for tq in queues}
         for st in self._queues.values():
             st.epoch += 1
-        self._buffer = deque(msg for msg in self._buffer if (msg.topic, msg.queue) in self._queues)
-        self._recount()
+        self._drop_buffered(lambda tq: tq not in self._queues)
 
-    def _recount(self) -> None:
+    def _drop_buffered(self, drop: Callable[[TopicQueue], bool]) -> None:
+        """Forget buffered messages of the queues ``drop`` selects; recount the rest."""
+        if self._buffer and self._head:
+            self._buffer[0] = self._buffer[0][self._head :]
+        self._head = 0
+        self._buffer = deque(
+            c for c in self._buffer if c and not drop((c[0].topic, c[0].queue))
+        )
         for st in self._queues.values():
             st.buffered = 0
-        for msg in self._buffer:
-            self._queues[(msg.topic, msg.queue)].buffered += 1
+        for c in self._buffer:
+            self._queues[(c[0].topic, c[0].queue)].buffered += len(c)
 
     async def _join(self) -> None:
         if self._auto_commit and self._generation >= 0:
@@ -209,6 +221,7 @@ class AsyncPullConsumer:
             st.position = st.fetch_position = None
             st.buffered = 0
         self._buffer.clear()
+        self._head = 0
         if self._heartbeat is None or self._heartbeat.done():
             self._heartbeat = asyncio.get_running_loop().create_task(self._heartbeat_loop())
 
@@ -266,8 +279,7 @@ class AsyncPullConsumer:
                 st.position = st.fetch_position = off
                 st.epoch += 1
         wanted = set(queues)
-        self._buffer = deque(msg for msg in self._buffer if (msg.topic, msg.queue) not in wanted)
-        self._recount()
+        self._drop_buffered(wanted.__contains__)
 
     def position(self) -> dict[TopicQueue, int]:
         """Next offset to be returned, per assigned queue (resolved ones)."""
@@ -314,8 +326,7 @@ class AsyncPullConsumer:
             raise ClientError(f"{topic}/{queue} is not assigned to this consumer")
         st.position = st.fetch_position = offset
         st.epoch += 1
-        self._buffer = deque(x for x in self._buffer if (x.topic, x.queue) != (topic, queue))
-        self._recount()
+        self._drop_buffered(lambda tq: tq == (topic, queue))
 
     async def seek_to_time(self, topic: str, timestamp_ms: int) -> None:
         """Continue every assigned queue of ``topic`` from the first message stored at or after
@@ -389,18 +400,30 @@ class AsyncPullConsumer:
 
     def _take(self, n: int) -> list[ReceivedMessage]:
         buf = self._buffer
-        k = min(n, len(buf))
-        out = [buf.popleft() for _ in range(k)]
-        for msg in out:
-            st = self._queues.get((msg.topic, msg.queue))
+        out: list[ReceivedMessage] = []
+        need = n
+        while need > 0 and buf:
+            chunk = buf[0]
+            head = self._head
+            k = min(need, len(chunk) - head)
+            part = chunk[head : head + k]
+            out += part
+            need -= k
+            if head + k >= len(chunk):
+                buf.popleft()
+                self._head = 0
+            else:
+                self._head = head + k
+            last = part[-1]
+            st = self._queues.get((last.topic, last.queue))
             if st is not None:
-                st.position = msg.offset + 1
-                st.buffered -= 1
+                st.position = last.offset + 1
+                st.buffered -= k
                 if st.buffered == 0 and st.fetch_position is not None:
                     # offsets between the last message and the fetch position were filtered
                     # out by tag on the broker: they count as consumed
                     st.position = max(st.position, st.fetch_position)
-        if len(buf) < k and (self._fetch is None or self._fetch.done()) and self._queues:
+        if not buf and (self._fetch is None or self._fetch.done()) and self._queues:
             if self._fetch is not None:
                 self._fetch_result()
             if self._fetch is None:  # prefetch while the application works
@@ -447,22 +470,44 @@ class AsyncPullConsumer:
             await self._reset_to(reset, self._reset)
 
     def _decode(self, topic: str, queue: int, st: _QueueState, data: bytes) -> None:
-        mv = memoryview(data)
+        """Turn fetched batches into messages: per record one ``unpack_from`` and one object;
+        every other field is decoded when the application reads it."""
+        mv = memoryview(data)  # for CRC checks; messages slice the bytes object itself
         start = st.fetch_position or 0
-        append = self._buffer.append
         topic_id = st.topic_id
         nxt = start
         n = 0
+        unpack = _LEN_DELTA.unpack_from
+        rm = ReceivedMessage
         for pos, h in iter_batches(mv):
             check_stored_batch(mv, pos)
-            if h.last_offset < start:
+            last = h.last_offset
+            if last < start:
                 continue
-            stored = h.append_time_ms
-            for rec in iter_raw_records(mv, pos, h):
-                if rec[0] >= start:
-                    append(ReceivedMessage(topic, queue, topic_id, stored, mv, rec))
-                    n += 1
-            nxt = h.last_offset + 1
+            base = h.base_offset
+            ctx = BatchContext(topic, queue, topic_id, h.append_time_ms, h.first_timestamp)
+            p = pos + HEADER_SIZE
+            end = pos + h.size
+            chunk: list[ReceivedMessage] = []
+            app = chunk.append
+            try:
+                while p < end:
+                    length, delta = unpack(data, p)
+                    off = base + delta
+                    if off >= start:
+                        app(rm(ctx, data, p, off))
+                    p += 4 + length
+            except struct.error:
+                p = -1
+            if p != end:
+                raise CorruptRecordError(
+                    f"{topic}/{queue}: batch at offset {base} is malformed inside "
+                    f"(seek past {last} to skip it)"
+                )
+            if chunk:
+                self._buffer.append(chunk)
+                n += len(chunk)
+            nxt = last + 1
         st.fetch_position = nxt
         st.buffered += n
         if st.buffered == 0 and st.position is not None:

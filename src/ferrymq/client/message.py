@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import datetime as _dt
 import enum
+import struct
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 
+from ferrymq.errors import CorruptRecordError
 from ferrymq.protocol.records import (
-    RawRecord,
+    RECORD_PREFIX_SIZE,
     RecordInput,
     decode_properties,
     encode_msg_id,
@@ -103,75 +104,149 @@ class Durability(enum.Enum):
 DURABILITY_BY_WIRE = {0: Durability.NONE, 1: Durability.WRITTEN, 2: Durability.FSYNCED}
 
 
-@dataclass(frozen=True, slots=True)
 class SendResult:
-    """Where a message was stored."""
+    """Where a message was stored.
 
-    msg_id: str
-    topic: str
-    queue: int
-    offset: int
-    durability: Durability
+    Attributes:
+        topic, queue, offset: its place in the log.
+        durability: how far it got when acknowledged.
+        msg_id: its id (derived from topic id, queue and offset).
+    """
+
+    __slots__ = ("_topic_id", "durability", "offset", "queue", "topic")
+
+    def __init__(self, topic: str, queue: int, offset: int, durability: Durability,
+                 topic_id: int) -> None:
+        self.topic = topic
+        self.queue = queue
+        self.offset = offset
+        self.durability = durability
+        self._topic_id = topic_id
+
+    @property
+    def msg_id(self) -> str:
+        """The message id."""
+        return encode_msg_id(self._topic_id, self.queue, self.offset)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, SendResult) and (self.msg_id, self.durability) == (
+            other.msg_id, other.durability)
+
+    def __hash__(self) -> int:
+        return hash(self.msg_id)
+
+    def __repr__(self) -> str:
+        return (f"SendResult(msg_id={self.msg_id!r}, topic={self.topic!r}, queue={self.queue}, "
+                f"offset={self.offset}, durability={self.durability})")
+
+
+class BatchContext:
+    """What the messages of one fetched batch share (one object per batch, not per message)."""
+
+    __slots__ = ("first_ts", "queue", "stored_ms", "topic", "topic_id")
+
+    def __init__(self, topic: str, queue: int, topic_id: int, stored_ms: int, first_ts: int) -> None:
+        self.topic = topic
+        self.queue = queue
+        self.topic_id = topic_id
+        self.stored_ms = stored_ms
+        self.first_ts = first_ts
+
+
+_LENGTHS = struct.Struct("<I9xBHHI")  # length, tag, sharding key, keys, properties lengths
+_unpack_lengths = _LENGTHS.unpack_from
+_TS = struct.Struct("<i")
 
 
 class ReceivedMessage:
-    """A consumed message. Fields are decoded on first access from the fetched batch.
+    """A consumed message. Fields are decoded on first access from the fetched batch, so a
+    message costs one small object until the application reads it.
 
     Attributes:
-        topic, queue, offset: where it is stored.
-        born_ms: when the producer created it (ms since the epoch).
-        stored_ms: when the broker stored it (ms since the epoch).
+        offset: its offset in its queue.
     """
 
-    __slots__ = ("_buf", "_rec", "_topic_id", "born_ms", "offset", "queue", "stored_ms", "topic")
+    __slots__ = ("_buf", "_ctx", "_pos", "offset")
 
-    def __init__(
-        self, topic: str, queue: int, topic_id: int, stored_ms: int, buf: memoryview,
-        rec: RawRecord,
-    ) -> None:
-        self.topic = topic
-        self.queue = queue
-        self._topic_id = topic_id
-        self.stored_ms = stored_ms
+    def __init__(self, ctx: BatchContext, buf: bytes, pos: int, offset: int) -> None:
+        self._ctx = ctx
         self._buf = buf
-        self._rec = rec
-        self.offset = rec[0]
-        self.born_ms = rec[1]
+        self._pos = pos
+        self.offset = offset
+
+    @property
+    def topic(self) -> str:
+        """The topic."""
+        return self._ctx.topic
+
+    @property
+    def queue(self) -> int:
+        """The queue."""
+        return self._ctx.queue
+
+    @property
+    def stored_ms(self) -> int:
+        """When the broker stored it (ms since the epoch)."""
+        return self._ctx.stored_ms
+
+    def _fields(self) -> tuple[int, int, int, int, int, int]:
+        """(tag start, tag end, sk end, keys end, props end, body end)."""
+        p = self._pos
+        n, tl, skl, kl, pl = _unpack_lengths(self._buf, p)
+        t0 = p + RECORD_PREFIX_SIZE
+        t1 = t0 + tl
+        s1 = t1 + skl
+        k1 = s1 + kl
+        p1 = k1 + pl
+        rend = p + 4 + n
+        if p1 > rend:
+            raise CorruptRecordError(f"record at offset {self.offset}: fields run past it")
+        return t0, t1, s1, k1, p1, rend
 
     @property
     def body(self) -> bytes:
         """The payload."""
-        r = self._rec
-        return bytes(self._buf[r[6] : r[7]])
+        p = self._pos
+        n, tl, skl, kl, pl = _unpack_lengths(self._buf, p)
+        start = p + RECORD_PREFIX_SIZE + tl + skl + kl + pl
+        end = p + 4 + n
+        if start > end:
+            raise CorruptRecordError(f"record at offset {self.offset}: fields run past it")
+        return self._buf[start:end]
+
+    @property
+    def born_ms(self) -> int:
+        """When the producer created it (ms since the epoch)."""
+        return self._ctx.first_ts + int(_TS.unpack_from(self._buf, self._pos + 8)[0])
 
     @property
     def tags(self) -> str | None:
         """The message's tag, or None."""
-        r = self._rec
-        return bytes(self._buf[r[2] : r[3]]).decode() if r[3] > r[2] else None
+        r = self._fields()
+        return self._buf[r[0] : r[1]].decode() if r[1] > r[0] else None
 
     @property
     def sharding_key(self) -> str | None:
         """The sharding key, or None."""
-        r = self._rec
-        return bytes(self._buf[r[3] : r[4]]).decode() if r[4] > r[3] else None
+        r = self._fields()
+        return self._buf[r[1] : r[2]].decode() if r[2] > r[1] else None
 
     @property
     def keys(self) -> tuple[str, ...]:
         """Business keys."""
-        r = self._rec
-        return tuple(bytes(self._buf[r[4] : r[5]]).decode().split("\x00")) if r[5] > r[4] else ()
+        r = self._fields()
+        return tuple(self._buf[r[2] : r[3]].decode().split("\x00")) if r[3] > r[2] else ()
 
     @property
     def properties(self) -> dict[str, str]:
         """User properties."""
-        r = self._rec
-        return decode_properties(bytes(self._buf[r[5] : r[6]])) if r[6] > r[5] else {}
+        r = self._fields()
+        return decode_properties(self._buf[r[3] : r[4]]) if r[4] > r[3] else {}
 
     @property
     def msg_id(self) -> str:
         """The message id (topic id, queue and offset)."""
-        return encode_msg_id(self._topic_id, self.queue, self.offset)
+        return encode_msg_id(self._ctx.topic_id, self._ctx.queue, self.offset)
 
     @property
     def born_at(self) -> _dt.datetime:

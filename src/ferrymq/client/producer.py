@@ -50,7 +50,6 @@ from ferrymq.protocol.records import (
     RECORD_PREFIX_SIZE,
     RecordInput,
     encode_batch,
-    encode_msg_id,
 )
 
 log = logging.getLogger("ferrymq.client")
@@ -249,17 +248,30 @@ class AsyncProducer:
         self.send_nowait(msg, oneway=True)
 
     async def send_batch(self, msgs: Sequence[Message]) -> list[SendResult]:
-        """Send many messages in as few batches as possible; results in input order."""
+        """Send many messages in as few batches as possible; results in input order.
+
+        Messages without a sharding key go to one queue per call (the next in round robin),
+        like a RocketMQ batch, so a call becomes one record batch; messages with a sharding key
+        (or with a ``queue_selector``) go to their own queue.
+        """
         if not msgs:
             return []
         await self._wait_for_space()
         loop = asyncio.get_running_loop()
         groups: dict[tuple[str, int] | str, list[int]] = {}
+        shared: dict[str, int] = {}  # keyless messages of one call share a queue per topic
         for i, msg in enumerate(msgs):
             info = self._session.topics.get(msg.topic)
-            key: tuple[str, int] | str = (
-                (msg.topic, self._choose_queue(msg, info)) if info else msg.topic
-            )
+            key: tuple[str, int] | str
+            if info is None:
+                key = msg.topic
+            elif msg.sharding_key is None and self._selector is None:
+                q = shared.get(msg.topic)
+                if q is None:
+                    q = shared[msg.topic] = self._rr(info.name, info.queues)
+                key = (msg.topic, q)
+            else:
+                key = (msg.topic, self._choose_queue(msg, info))
             groups.setdefault(key, []).append(i)
         results: list[SendResult | None] = [None] * len(msgs)
         futs: list[tuple[list[int], asyncio.Future[Any]]] = []
@@ -311,8 +323,9 @@ class AsyncProducer:
         return self._rr(info.name, info.queues)
 
     def _check_size(self, r: RecordInput) -> None:
-        size = RECORD_PREFIX_SIZE + len(r.body) + len(r.tag) + len(r.sharding_key) + len(
-            r.keys) + len(r.properties)
+        size = RECORD_PREFIX_SIZE + len(r.body)
+        if r.properties or r.keys or r.sharding_key or r.tag:
+            size += len(r.tag) + len(r.sharding_key) + len(r.keys) + len(r.properties)
         if size > self._max_message_bytes:
             raise MessageTooLargeError(
                 f"message of {size} bytes exceeds the broker's max_message_bytes "
@@ -485,14 +498,11 @@ class AsyncProducer:
             if u.future is not None and not u.future.done():
                 if u.many:
                     u.future.set_result([
-                        SendResult(encode_msg_id(topic_id, queue, o), topic, queue, o, durability)
+                        SendResult(topic, queue, o, durability, topic_id)
                         for o in range(off, off + u.count)
                     ])
                 else:
-                    u.future.set_result(
-                        SendResult(encode_msg_id(topic_id, queue, off), topic, queue, off,
-                                   durability)
-                    )
+                    u.future.set_result(SendResult(topic, queue, off, durability, topic_id))
             off += u.count
 
     def _retry_or_fail(self, bt: _Batch, exc: BaseException) -> None:
