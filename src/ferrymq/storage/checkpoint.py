@@ -73,9 +73,7 @@ def read_checkpoint(path: Path) -> bytes | None:
         raise CorruptRecordError(f"checkpoint {path}: unknown version {version}")
     payload = data[_HEADER.size :]
     if len(payload) != length:
-        raise CorruptRecordError(
-            f"checkpoint {path}: payload is {len(payload)} bytes, header says {length}"
-        )
+        raise CorruptRecordError(f"checkpoint {path}: payload is {len(payload)} bytes, header says {length}")
     if crc32c(payload) != crc:
         raise CorruptRecordError(f"checkpoint {path}: CRC mismatch")
     return payload

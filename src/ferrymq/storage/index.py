@@ -114,9 +114,7 @@ class OffsetIndex:
     def append(self, offset: int, position: int) -> None:
         """Add an entry (offset and position above the last entry's) and write it if open."""
         rel = offset - self.base_offset
-        if self._positions and (
-            rel <= self._relative_offsets[-1] or position <= self._positions[-1]
-        ):
+        if self._positions and (rel <= self._relative_offsets[-1] or position <= self._positions[-1]):
             raise ValueError(f"index entry ({offset}, {position}) is not after the last one")
         self._relative_offsets.append(rel)
         self._positions.append(position)
@@ -152,10 +150,15 @@ class OffsetIndex:
         if was_open:
             self.open_for_append()
 
-    def open_for_append(self) -> None:
-        """Open the file so that later :meth:`append` calls write through to it."""
+    def open_for_append(self, *, truncate: bool = False) -> None:
+        """Open the file so that later :meth:`append` calls write through to it.
+
+        Args:
+            truncate: start from an empty file (a new segment: no fsync needed, it is a cache).
+        """
         if self._fd is None:
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | (os.O_TRUNC if truncate else 0)
+            self._fd = os.open(self.path, flags, 0o644)
 
     def fsync(self) -> None:
         """Fsync the file if it is open for appends."""

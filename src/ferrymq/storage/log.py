@@ -185,9 +185,7 @@ class Log:
                 if seg.max_append_time_ms is not None:
                     last_time = max(last_time, seg.max_append_time_ms)
                     break
-            producers = ProducerStateManager(
-                directory, producer_id_expiry_ms=config.producer_id_expiry_ms
-            )
+            producers = ProducerStateManager(directory, producer_id_expiry_ms=config.producer_id_expiry_ms)
             log = cls(directory, config, segments, producers, last_time, recovery_point)
             log._reload_producer_state()
             producers.remove_expired(now_ms)
@@ -261,9 +259,7 @@ class Log:
 
     def segments(self) -> list[SegmentInfo]:
         """Base offset, size and newest append time of each segment, oldest first."""
-        return [
-            SegmentInfo(s.base_offset, s.size_bytes, s.max_append_time_ms) for s in self._segments
-        ]
+        return [SegmentInfo(s.base_offset, s.size_bytes, s.max_append_time_ms) for s in self._segments]
 
     # --- appending ---------------------------------------------------------------------------
 
@@ -310,11 +306,11 @@ class Log:
 
     def _roll(self) -> Segment:
         old = self._segments[-1]
-        old.seal()
+        self._producers.take_snapshot(self._end_offset)
         new = Segment.create(
             self.directory, self._end_offset, index_interval_bytes=self.config.index_interval_bytes
         )
-        self._producers.take_snapshot(self._end_offset)
+        old.seal()
         with self._lock:
             self._segments = [*self._segments, new]
             self._pending_sealed.append(old)
@@ -434,7 +430,7 @@ class Log:
                 seg.delete()
             self._producers.remove_expired(now_ms)
             if victims:
-                _log.info(
+                _log.debug(
                     "%s: retention deleted %d segments, start offset now %d",
                     self.directory,
                     len(victims),

@@ -76,9 +76,7 @@ class ProducerEntry:
 
     epoch: int
     last_append_time_ms: int
-    batches: deque[BatchMetadata] = field(
-        default_factory=lambda: deque(maxlen=PRODUCER_BATCHES_CACHED)
-    )
+    batches: deque[BatchMetadata] = field(default_factory=lambda: deque(maxlen=PRODUCER_BATCHES_CACHED))
 
     @property
     def last_seq(self) -> int:
@@ -120,8 +118,7 @@ class ProducerStateManager:
         if h.producer_epoch > entry.epoch:
             if h.base_sequence != 0:
                 raise OutOfOrderSequenceError(
-                    f"producer {pid} new epoch {h.producer_epoch}: expected sequence 0, "
-                    f"got {h.base_sequence}"
+                    f"producer {pid} new epoch {h.producer_epoch}: expected sequence 0, got {h.base_sequence}"
                 )
             return None
         first, last = h.base_sequence, h.last_sequence
@@ -131,8 +128,7 @@ class ProducerStateManager:
         expected = entry.last_seq + 1
         if first != expected:
             raise OutOfOrderSequenceError(
-                f"producer {pid} epoch {h.producer_epoch}: expected sequence {expected}, "
-                f"got {first}"
+                f"producer {pid} epoch {h.producer_epoch}: expected sequence {expected}, got {first}"
             )
         return None
 
@@ -146,9 +142,7 @@ class ProducerStateManager:
             entry = ProducerEntry(h.producer_epoch, h.append_time_ms)
             self.producers[pid] = entry
         entry.batches.append(
-            BatchMetadata(
-                h.base_sequence, h.last_sequence, h.base_offset, h.last_offset, h.append_time_ms
-            )
+            BatchMetadata(h.base_sequence, h.last_sequence, h.base_offset, h.last_offset, h.append_time_ms)
         )
         entry.last_append_time_ms = max(entry.last_append_time_ms, h.append_time_ms)
 
@@ -216,9 +210,7 @@ class ProducerStateManager:
                     continue
                 self.producers = _decode_snapshot(payload)
             except CorruptRecordError as exc:
-                _log.warning(
-                    "ignoring unreadable producer snapshot %s: %s", self._path(offset), exc
-                )
+                _log.warning("ignoring unreadable producer snapshot %s: %s", self._path(offset), exc)
                 continue
             return offset
         return -1

@@ -139,17 +139,11 @@ def load_segments(
     findings = LoadFindings()
     bases = clean_directory(directory)
     if not bases:
-        seg = Segment.create(
-            directory, max(recovery_point, 0), index_interval_bytes=index_interval_bytes
-        )
+        seg = Segment.create(directory, max(recovery_point, 0), index_interval_bytes=index_interval_bytes)
         return [seg], findings
-    segments = [
-        Segment.open(directory, b, index_interval_bytes=index_interval_bytes) for b in bases
-    ]
+    segments = [Segment.open(directory, b, index_interval_bytes=index_interval_bytes) for b in bases]
     try:
-        _check_segments(
-            segments, findings, clean_shutdown=clean_shutdown, recovery_point=recovery_point
-        )
+        _check_segments(segments, findings, clean_shutdown=clean_shutdown, recovery_point=recovery_point)
     except BaseException:
         for seg in segments:
             seg.close()
@@ -202,9 +196,7 @@ def _check_segments(
         i += 1
 
 
-def _handle_torn(
-    seg: Segment, scan: SegmentScan, later: list[Segment], findings: LoadFindings
-) -> None:
+def _handle_torn(seg: Segment, scan: SegmentScan, later: list[Segment], findings: LoadFindings) -> None:
     """Refuse mid-log corruption, else truncate ``seg`` and delete ``later`` (no valid data)."""
     fd_path = seg.log_path
     last_good = scan.next_offset - 1
@@ -216,9 +208,7 @@ def _handle_torn(
     if scan.error is not None:
         evidence, lost_last = _valid_data_after(seg, scan)
         if evidence is not None:
-            raise CorruptRecordError(
-                f"mid-log corruption: {where}; {evidence}; refusing to drop it"
-            )
+            raise CorruptRecordError(f"mid-log corruption: {where}; {evidence}; refusing to drop it")
     for other in later:
         found = _first_valid_batch(other)
         if found is not None:

@@ -110,9 +110,7 @@ class Segment:
     writer thread; :meth:`flush` may run on another thread (it only fsyncs).
     """
 
-    def __init__(
-        self, directory: Path, base_offset: int, *, index_interval_bytes: int, fd: int
-    ) -> None:
+    def __init__(self, directory: Path, base_offset: int, *, index_interval_bytes: int, fd: int) -> None:
         """Wrap an open ``.log`` descriptor; use :meth:`create` or :meth:`open` instead."""
         self.directory = directory
         self.base_offset = base_offset
@@ -136,14 +134,13 @@ class Segment:
     def create(cls, directory: Path, base_offset: int, *, index_interval_bytes: int) -> Segment:
         """Create a new empty active segment (its index files open for appends)."""
         path = directory / segment_file_name(base_offset, LOG_SUFFIX)
-        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o644)
+        # O_TRUNC, not O_EXCL: a file at the end offset can only be debris of a failed roll.
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC, 0o644)
         seg = cls(directory, base_offset, index_interval_bytes=index_interval_bytes, fd=fd)
         seg._index = OffsetIndex(seg.index_path, base_offset)
         seg._timeindex = TimeIndex(seg.timeindex_path, base_offset)
-        seg._index.write_file()
-        seg._timeindex.write_file()
-        seg._index.open_for_append()
-        seg._timeindex.open_for_append()
+        seg._index.open_for_append(truncate=True)
+        seg._timeindex.open_for_append(truncate=True)
         return seg
 
     @classmethod

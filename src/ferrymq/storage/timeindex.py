@@ -108,8 +108,7 @@ class TimeIndex:
     def to_bytes(self) -> bytes:
         """The file image of the index."""
         return b"".join(
-            _ENTRY.pack(t, rel)
-            for t, rel in zip(self._times_ms, self._relative_offsets, strict=True)
+            _ENTRY.pack(t, rel) for t, rel in zip(self._times_ms, self._relative_offsets, strict=True)
         )
 
     def write_file(self) -> None:
@@ -120,10 +119,15 @@ class TimeIndex:
         if was_open:
             self.open_for_append()
 
-    def open_for_append(self) -> None:
-        """Open the file so that later :meth:`maybe_append` calls write through to it."""
+    def open_for_append(self, *, truncate: bool = False) -> None:
+        """Open the file so that later :meth:`maybe_append` calls write through to it.
+
+        Args:
+            truncate: start from an empty file (a new segment: no fsync needed, it is a cache).
+        """
         if self._fd is None:
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | (os.O_TRUNC if truncate else 0)
+            self._fd = os.open(self.path, flags, 0o644)
 
     def fsync(self) -> None:
         """Fsync the file if it is open for appends."""
