@@ -1,0 +1,130 @@
+"""Pin the public API: adding or removing an export must be a deliberate change here."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+import ferrymq
+import ferrymq.errors
+
+FERRYMQ_ALL = [
+    "AdminClient",
+    "AsyncAdminClient",
+    "AsyncProducer",
+    "AsyncPullConsumer",
+    "Broker",
+    "Durability",
+    "FerryMQError",
+    "Message",
+    "Producer",
+    "PullConsumer",
+    "ReceivedMessage",
+    "SendResult",
+    "__version__",
+]
+
+ERRORS_ALL = [
+    "AccessDeniedError",
+    "AuthenticationFailedError",
+    "AuthenticationRequiredError",
+    "BatchTooLargeError",
+    "BrokerError",
+    "BrokerShuttingDownError",
+    "BusyError",
+    "ClientError",
+    "ConfigError",
+    "ConnectionClosedError",
+    "CorruptRecordError",
+    "DuplicateSequenceError",
+    "ErrorCode",
+    "FerryMQError",
+    "FerryMQTimeoutError",
+    "FrameTooLargeError",
+    "IllegalGenerationError",
+    "InternalBrokerError",
+    "InvalidConfigError",
+    "InvalidOffsetError",
+    "InvalidRequestError",
+    "InvalidTopicNameError",
+    "LocalProtocolError",
+    "LogClosedError",
+    "MessageTooLargeError",
+    "OffsetOutOfRangeError",
+    "OutOfOrderSequenceError",
+    "ProducerFencedError",
+    "ProtocolError",
+    "RebalanceInProgressError",
+    "RemoteProtocolError",
+    "RequestTimedOutError",
+    "StorageError",
+    "StorageFailureError",
+    "StorageFullError",
+    "TopicAlreadyExistsError",
+    "UnknownApiError",
+    "UnknownGroupError",
+    "UnknownMemberError",
+    "UnknownProducerIdError",
+    "UnknownQueueError",
+    "UnknownTopicError",
+    "UnsupportedVersionError",
+    "error_for_code",
+]
+
+
+def test_ferrymq_all_is_pinned() -> None:
+    assert sorted(ferrymq.__all__) == sorted(FERRYMQ_ALL)
+    assert len(set(ferrymq.__all__)) == len(ferrymq.__all__)
+
+
+@pytest.mark.parametrize("name", FERRYMQ_ALL)
+def test_ferrymq_exports_import(name: str) -> None:
+    mod = importlib.import_module("ferrymq")
+    assert getattr(mod, name) is not None
+    exec(f"from ferrymq import {name}", {})
+
+
+def test_version_is_a_string() -> None:
+    assert isinstance(ferrymq.__version__, str)
+    assert ferrymq.__version__
+
+
+def test_errors_all_is_pinned() -> None:
+    assert sorted(ferrymq.errors.__all__) == sorted(ERRORS_ALL)
+    assert len(set(ferrymq.errors.__all__)) == len(ferrymq.errors.__all__)
+
+
+@pytest.mark.parametrize("name", ERRORS_ALL)
+def test_errors_exports_import(name: str) -> None:
+    obj = getattr(ferrymq.errors, name)
+    if isinstance(obj, type) and name != "ErrorCode":
+        assert issubclass(obj, ferrymq.errors.FerryMQError)
+
+
+def test_star_import_matches_all() -> None:
+    ns: dict[str, object] = {}
+    exec("from ferrymq import *", ns)
+    assert set(ns) - {"__builtins__"} == set(FERRYMQ_ALL)
+    ns = {}
+    exec("from ferrymq.errors import *", ns)
+    assert set(ns) - {"__builtins__"} == set(ERRORS_ALL)
+
+
+def test_every_error_code_has_one_exception_class() -> None:
+    from ferrymq.errors import BrokerError, ErrorCode, error_for_code
+
+    for code in ErrorCode:
+        if code is ErrorCode.NONE:
+            continue
+        exc = error_for_code(code, "msg")
+        assert isinstance(exc, BrokerError)
+        assert exc.code == code
+        assert type(exc).__name__ in ERRORS_ALL
+    assert type(error_for_code(60_000, "x")).__name__ == "InternalBrokerError"
+
+
+def test_protocol_package_exports() -> None:
+    import ferrymq.protocol
+
+    assert ferrymq.protocol.__all__ == ["ErrorCode"]

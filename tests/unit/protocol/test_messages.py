@@ -1,0 +1,166 @@
+"""Request and response bodies: round trips and schema checks on hostile input."""
+
+from __future__ import annotations
+
+import inspect
+
+import msgpack
+import pytest
+
+from ferrymq.errors import RemoteProtocolError
+from ferrymq.protocol import messages as m
+from ferrymq.protocol.records import RecordInput, encode_batch
+
+BATCH = bytes(encode_batch([RecordInput(b"x", 1, tag=b"t")]))
+
+SAMPLES: list[m.Body] = [
+    m.Empty(),
+    m.HelloRequest("client-\u00e9", "0.1.0"),
+    m.HelloResponse("0.1.0", 0, 8 << 20, 4 << 20, 100_000, "sync"),
+    m.PingRequest(),
+    m.MetadataRequest(None, False),
+    m.MetadataRequest(["a", "b.c", "\u2603"], True),
+    m.MetadataRequest([], True),
+    m.MetadataResponse([("orders", 1, 4, 0), ("bad/", -1, 0, 10)]),
+    m.MetadataResponse([]),
+    m.CreateTopicRequest("orders", 4, {"retention_ms": "1000"}),
+    m.CreateTopicRequest("orders", 1, {}),
+    m.CreateTopicResponse(3, 4),
+    m.DeleteTopicRequest("orders"),
+    m.DescribeTopicRequest("orders"),
+    m.DescribeTopicResponse("orders", 1, [(0, 0, 10, 1234, 1, -1), (1, 5, 5, 0, 1, 17)], {}),
+    m.InitProducerRequest(None),
+    m.InitProducerRequest("tx-1"),
+    m.InitProducerResponse(2**62, 0),
+    m.ProduceRequest(5000, [("orders", 0, BATCH), ("orders", 3, b"")]),
+    m.ProduceResponse([("orders", 0, 0, "", 0, 0, 1700000000000, 2, 1),
+                       ("orders", 9, 8, "unknown queue", -1, -1, -1, 0, -1)]),
+    m.FetchRequest(500, 1, 1 << 20, [("orders", 0, 0, 1 << 20, "*"), ("o", 1, 7, 10, "a || b")]),
+    m.FetchResponse([("orders", 0, 0, "", 10, 0, 1, BATCH), ("o", 1, 11, "oops", -1, -1, -1, b"")]),
+    m.ListOffsetsRequest([("orders", 0, -1), ("orders", 1, -2), ("orders", 2, 1700000000000)]),
+    m.ListOffsetsResponse([("orders", 0, 0, 42)]),
+    m.CommitOffsetsRequest("g", "m-1", -1, [("orders", 0, 10)]),
+    m.CommitOffsetsResponse([("orders", 0, 0)]),
+    m.FetchOffsetsRequest("g", None),
+    m.FetchOffsetsRequest("g", ["orders"]),
+    m.FetchOffsetsResponse([("orders", 0, 10)]),
+    m.JoinGroupRequest("g", "", "client", ["orders", "audit"], 15_000),
+    m.JoinGroupResponse(3, "m-1", [("orders", 0), ("orders", 2)], 2),
+    m.HeartbeatRequest("g", "m-1", 3),
+    m.LeaveGroupRequest("g", "m-1"),
+    m.ListGroupsRequest(),
+    m.ListGroupsResponse([("g", "stable", 2)]),
+    m.DescribeGroupRequest("g"),
+    m.DescribeGroupResponse(
+        "g", "stable", 3, [("m-1", "client", "127.0.0.1", [("orders", 0)])],
+        [("orders", 0, 10, 12, 2), ("orders", 1, -1, 0, 0)],
+    ),
+    m.ResetOffsetsRequest("g", "orders", -2, False),
+    m.ResetOffsetsResponse([("orders", 0, 0)]),
+]
+
+BODY_TYPES = sorted(
+    {
+        cls for _, cls in inspect.getmembers(m, inspect.isclass)
+        if issubclass(cls, m.Body) and cls not in (m.Body, m.Request)
+    },
+    key=lambda c: c.__name__,
+)
+
+
+def test_every_body_type_has_a_sample() -> None:
+    assert {type(s) for s in SAMPLES} == set(BODY_TYPES)
+
+
+def test_every_request_has_a_response_type_and_key() -> None:
+    for key, cls in m.REQUESTS.items():
+        assert key == cls.API_KEY
+        assert issubclass(cls.RESPONSE, m.Body)
+        assert cls.MIN_VERSION <= cls.MAX_VERSION
+    assert set(m.REQUESTS) == set(m.ApiKey)
+
+
+@pytest.mark.parametrize("body", SAMPLES, ids=lambda b: type(b).__name__)
+def test_round_trip(body: m.Body) -> None:
+    assert type(body).decode(body.encode()) == body
+
+
+def test_empty_bodies_are_empty_array() -> None:
+    assert m.PingRequest().encode() == b"\x90"
+    assert m.Empty().encode() == b"\x90"
+    assert m.ListGroupsRequest().encode() == b"\x90"
+
+
+def test_trailing_fields_are_ignored() -> None:
+    raw = msgpack.packb(["client", "1.0", "from the future", 42])
+    assert m.HelloRequest.decode(raw) == m.HelloRequest("client", "1.0")
+    assert m.PingRequest.decode(msgpack.packb([1, 2, 3])) == m.PingRequest()
+
+
+# --- hostile bodies -------------------------------------------------------------------------
+
+BAD_BODIES: list[tuple[type[m.Body], bytes]] = [
+    (m.HelloRequest, b""),  # not msgpack
+    (m.HelloRequest, b"\xc1"),  # never-used msgpack byte
+    (m.HelloRequest, b"\x92\xa1a"),  # truncated
+    (m.HelloRequest, msgpack.packb(["a", "b"]) + b"\x00"),  # extra data
+    (m.HelloRequest, msgpack.packb({"client_id": "a"})),  # map, not array
+    (m.HelloRequest, msgpack.packb("a")),
+    (m.HelloRequest, msgpack.packb(["a"])),  # missing field
+    (m.PingRequest, msgpack.packb(None)),
+    (m.HelloRequest, msgpack.packb([1, "b"])),  # int for str
+    (m.HelloRequest, msgpack.packb([b"a", "b"], use_bin_type=True)),  # bin for str
+    (m.HelloRequest, b"\x92\xa2\xff\xfe\xa1b"),  # invalid UTF-8 str
+    (m.MetadataRequest, msgpack.packb([["a"], 1])),  # int for bool
+    (m.MetadataRequest, msgpack.packb([["a", 1], True])),  # wrong list item
+    (m.MetadataRequest, msgpack.packb(["a", True])),  # str for list
+    (m.MetadataRequest, b"\x92\xdd\x80\x00\x00\x00"),  # list claiming 2**31 items
+    (m.MetadataRequest, b"\x92\xdd\xff\xff\xff\xff\xc3"),  # list claiming 2**32-1 items
+    (m.MetadataRequest, msgpack.packb([["t"] * (m.MAX_LIST_ITEMS + 1), True])),
+    (m.CreateTopicRequest, msgpack.packb(["t", 1, {"a": 1}])),  # map value not str
+    (m.CreateTopicRequest, msgpack.packb(["t", 1, {1: "a"}])),
+    (m.CreateTopicRequest, msgpack.packb(["t", 1, ["a"]])),
+    (m.CreateTopicRequest, b"\x93\xa1t\x01\xdf\x80\x00\x00\x00"),  # map claiming 2**31 pairs
+    (m.CreateTopicRequest, b"\x93\xa1t\x01\x81\x90\xa1a"),  # unhashable map key
+    (m.CreateTopicRequest, msgpack.packb(["t", True, {}])),  # bool is not an int
+    (m.CreateTopicRequest, msgpack.packb(["t", 1.5, {}])),  # float is not an int
+    (m.ProduceRequest, msgpack.packb([1000, [["t", 0, "not bytes"]]])),
+    (m.ProduceRequest, msgpack.packb([1000, [["t", 0]]])),  # short tuple
+    (m.ProduceRequest, msgpack.packb([1000, [("t", 0, b"x")] * 0 + [None]])),
+    (m.ProduceRequest, b"\x92\x01\x91\x93\xa1t\x00\xc6\xff\xff\xff\xff"),  # bin claiming 4 GiB
+    (m.ProduceRequest, msgpack.packb([1000, [msgpack.ExtType(1, b"x")]])),
+    (m.FetchRequest, msgpack.packb([1, 1, 1, [["t", 0, 0, 1, None]]])),
+    (m.DescribeGroupResponse, msgpack.packb(["g", "s", 1, [["m", "c", "h", [["t", "0"]]]], []])),
+    (m.InitProducerRequest, msgpack.packb([1])),
+    (m.HelloRequest, b"\x91" * 100_000),  # deep nesting
+    (m.HelloRequest, b"\xd6\xff" + b"\x00" * 4),  # msgpack timestamp ext
+]
+
+
+@pytest.mark.parametrize(("cls", "raw"), BAD_BODIES, ids=lambda x: getattr(x, "__name__", None))
+def test_bad_bodies_raise_remote_protocol_error(cls: type[m.Body], raw: bytes) -> None:
+    with pytest.raises(RemoteProtocolError) as info:
+        cls.decode(raw)
+    assert cls.__name__ in str(info.value)
+
+
+@pytest.mark.parametrize("cls", BODY_TYPES, ids=lambda c: c.__name__)
+@pytest.mark.parametrize(
+    "raw",
+    [b"", b"\x00", b"\xff" * 16, b"\xdd\x7f\xff\xff\xff", b"\xdf\xff\xff\xff\xff",
+     b"\xc5\xff\xff" + b"a", b"\xdb\x7f\xff\xff\xff", msgpack.packb([1.5] * 12)],
+)
+def test_every_type_rejects_garbage(cls: type[m.Body], raw: bytes) -> None:
+    if not cls.SCHEMA and raw == msgpack.packb([1.5] * 12):
+        assert cls.decode(raw) == cls()
+        return
+    with pytest.raises(RemoteProtocolError):
+        cls.decode(raw)
+
+
+@pytest.mark.parametrize("body", SAMPLES, ids=lambda b: type(b).__name__)
+def test_every_truncation_raises_protocol_error(body: m.Body) -> None:
+    raw = body.encode()
+    for n in range(len(raw)):
+        with pytest.raises(RemoteProtocolError):
+            type(body).decode(raw[:n])
