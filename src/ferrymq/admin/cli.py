@@ -1,0 +1,512 @@
+"""The ``ferrymq`` command line: broker, topics, groups, produce, consume, bench.
+
+Theory of operation
+-------------------
+Each command parses its arguments, makes one or a few calls on the synchronous clients
+(:class:`~ferrymq.client.sync.AdminClient`, :class:`~ferrymq.client.sync.Producer`,
+:class:`~ferrymq.client.sync.PullConsumer`) and hands the result to
+:class:`~ferrymq.admin.output.Printer`. Nothing here decides anything the clients or the broker
+decide already.
+
+Errors: every :class:`~ferrymq.errors.FerryMQError` that escapes a command is turned into
+:class:`CommandError` (exit 1) by :class:`FerryGroup`, which prints ``error: <message>`` on one
+line of stderr; ``--debug`` adds the traceback. Bad arguments are click usage errors (exit 2).
+
+``consume`` never interrupts a client call: SIGINT/SIGTERM only set a flag that the poll loop
+checks between short polls, so the consumer's position always matches what was printed and the
+commit on exit is exact.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from types import FrameType
+from typing import IO, Any, Literal
+
+import click
+
+from ferrymq.admin.bench import bench
+from ferrymq.admin.output import Printer
+from ferrymq.client.message import Message, ReceivedMessage, SendResult
+from ferrymq.client.sync import AdminClient, Producer, PullConsumer
+from ferrymq.errors import FerryMQError
+from ferrymq.protocol import messages as m
+
+DEFAULT_SERVER = "127.0.0.1:9876"
+DEFAULT_CONNECT_TIMEOUT_S = 5.0
+"""How long a command keeps trying to reach the broker before it reports an error."""
+PRODUCE_DELIVERY_TIMEOUT_S = 30.0
+"""``produce``: give up on a message after this long (the producer's retries included)."""
+STDIN_BATCH_LINES = 1000
+"""``produce`` from a pipe: lines per ``send_batch`` (one per line when stdin is a terminal)."""
+STDIN_BATCH_BYTES = 1024 * 1024
+"""``produce`` from a pipe: also send a batch once its bodies reach this many bytes."""
+POLL_SLICE_S = 0.5
+"""``consume``: longest single poll, so that Ctrl-C and ``--timeout`` are noticed promptly."""
+
+
+# -- errors ------------------------------------------------------------------------------------
+
+
+class CommandError(click.ClickException):
+    """A runtime failure (exit 1): printed as one ``error: ...`` line on stderr."""
+
+    exit_code = 1
+
+    def show(self, file: IO[Any] | None = None) -> None:
+        """Print ``error: <message>`` to stderr."""
+        click.echo(f"error: {self.format_message()}", file=file or sys.stderr)
+
+
+def _describe(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text or type(exc).__name__
+
+
+class FerryGroup(click.Group):
+    """The root group: maps FerryMQ errors (and OSError, e.g. a port in use) to
+    :class:`CommandError` (traceback with --debug)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        """Run the command; translate FerryMQ errors at this one boundary."""
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError:
+            # the reader went away (``| head``): stop quietly, like other Unix tools
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            ctx.exit(0)
+        except (FerryMQError, OSError) as exc:
+            state = ctx.find_object(CliState)
+            if state is not None and state.debug:
+                traceback.print_exc(file=sys.stderr)
+            raise CommandError(_describe(exc)) from exc
+
+
+# -- parameter types -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Position:
+    """Where to start or move to: ``earliest``, ``latest``, an ``offset`` or a ``time`` (ms)."""
+
+    kind: Literal["earliest", "latest", "offset", "time"]
+    value: int = 0
+
+
+def parse_time_ms(text: str) -> int:
+    """ISO-8601 time to ms since the epoch; a time without a zone is local time.
+
+    Raises:
+        ValueError: not an ISO-8601 date or time.
+    """
+    dt = _dt.datetime.fromisoformat(text)
+    if dt.tzinfo is None:
+        dt = dt.astimezone()
+    return int(dt.timestamp() * 1000)
+
+
+class PositionType(click.ParamType[Position]):
+    """``earliest``, ``latest``, an ISO-8601 time, and (if allowed) an offset."""
+
+    def __init__(self, allow_offset: bool) -> None:
+        self.allow_offset = allow_offset
+        self.name = ("earliest|latest|OFFSET|ISO-TIME" if allow_offset
+                     else "earliest|latest|ISO-TIME")
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> Position:
+        """Parse the option value."""
+        if isinstance(value, Position):
+            return value
+        text = str(value).strip()
+        if text in ("earliest", "latest"):
+            return Position(text)  # type: ignore[arg-type]
+        if self.allow_offset and text.isdigit():
+            return Position("offset", int(text))
+        try:
+            return Position("time", parse_time_ms(text))
+        except ValueError:
+            self.fail(f"{text!r} is not {self.name.replace('|', ', ')}", param, ctx)
+
+
+class KeyValueType(click.ParamType[tuple[str, str]]):
+    """``key=value`` (the value may contain ``=``)."""
+
+    name = "KEY=VALUE"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> tuple[str, str]:
+        """Split at the first ``=``."""
+        if isinstance(value, tuple):
+            return value
+        key, sep, val = str(value).partition("=")
+        if not sep or not key:
+            self.fail(f"{value!r} is not KEY=VALUE", param, ctx)
+        return key, val
+
+
+KEY_VALUE = KeyValueType()
+
+
+# -- global state --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CliState:
+    """Global options, shared by every command through the click context."""
+
+    server: str
+    json: bool
+    debug: bool
+    connect_timeout_s: float
+
+    @property
+    def printer(self) -> Printer:
+        """A printer for this invocation's output mode."""
+        return Printer(self.json)
+
+    @contextlib.contextmanager
+    def admin(self) -> Iterator[AdminClient]:
+        """An admin client for ``--server``, connected.
+
+        Raises:
+            ConnectionClosedError: no broker answered within ``--connect-timeout``.
+        """
+        with AdminClient(self.server, reconnect_timeout_s=self.connect_timeout_s) as client:
+            # Connect first: requests retry a lost connection for request_timeout_s (30 s),
+            # the handshake gives up after reconnect_timeout_s.
+            client.hello()
+            yield client
+
+
+pass_state = click.make_pass_decorator(CliState)
+
+
+@click.group(cls=FerryGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--server", default=DEFAULT_SERVER, show_default=True, envvar="FERRYMQ_SERVER",
+              metavar="HOST:PORT", help="Broker to talk to (env FERRYMQ_SERVER).")
+@click.option("--json", "json_mode", is_flag=True, help="Print JSON instead of tables.")
+@click.option("--debug", is_flag=True, help="Show tracebacks and client debug logs.")
+@click.option("--connect-timeout", type=click.FloatRange(min=0.1), metavar="SECONDS",
+              default=DEFAULT_CONNECT_TIMEOUT_S, show_default=True,
+              envvar="FERRYMQ_CONNECT_TIMEOUT",
+              help="How long to keep trying to reach the broker (env FERRYMQ_CONNECT_TIMEOUT).")
+@click.version_option(package_name="ferrymq", prog_name="ferrymq")
+@click.pass_context
+def cli(ctx: click.Context, server: str, json_mode: bool, debug: bool,
+        connect_timeout: float) -> None:
+    """FerryMQ: run a broker, manage topics and consumer groups, produce and consume."""
+    if debug:
+        logging.basicConfig(level=logging.DEBUG, stream=sys.stderr,
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    ctx.obj = CliState(server, json_mode, debug, connect_timeout)
+
+
+# -- broker --------------------------------------------------------------------------------------
+
+
+@cli.command()
+@click.option("--host", help="Address to listen on (default 127.0.0.1).")
+@click.option("--port", type=click.IntRange(0, 65535), help="TCP port (default 9876).")
+@click.option("--data-dir", help="Directory for topics, offsets and state.")
+@click.option("--config", "config_file", type=click.Path(dir_okay=False), metavar="FILE",
+              help="TOML file with broker settings (top level or a [broker] table).")
+@click.option("--flush", type=click.Choice(["sync", "async"]),
+              help="sync: ack after fsync (group commit); async: ack after write, fsync later.")
+@click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
+                                               case_sensitive=False),
+              help="Broker log level (default INFO).")
+def broker(host: str | None, port: int | None, data_dir: str | None, config_file: str | None,
+           flush: str | None, log_level: str | None) -> None:
+    """Run a broker in the foreground until SIGTERM or Ctrl-C (graceful shutdown, exit 0).
+
+    Settings come from, lowest to highest priority: defaults, --config FILE, FERRYMQ_<SETTING>
+    environment variables, these flags. Logs go to stderr.
+    """
+    from ferrymq.broker.config import load
+    from ferrymq.broker.server import run
+
+    overrides = {"host": host, "port": port, "data_dir": data_dir, "flush": flush,
+                 "log_level": log_level.upper() if log_level else None}
+    config = load(config_file, os.environ, overrides)
+    run(config)
+
+
+# -- topics --------------------------------------------------------------------------------------
+
+
+@cli.group()
+def topic() -> None:
+    """Create, list, describe and delete topics."""
+
+
+@topic.command("create")
+@click.argument("name")
+@click.option("--queues", type=click.IntRange(min=1), required=True, metavar="N",
+              help="Number of queues (partitions).")
+@click.option("--config", "config", type=KEY_VALUE, multiple=True,
+              help="Topic setting (retention_ms, retention_bytes, segment_bytes, segment_ms); "
+                   "repeatable.")
+@pass_state
+def topic_create(state: CliState, name: str, queues: int,
+                 config: Sequence[tuple[str, str]]) -> None:
+    """Create topic NAME with N queues."""
+    with state.admin() as admin:
+        resp: m.CreateTopicResponse = admin.create_topic(name, queues, dict(config))
+    state.printer.topic_created(name, resp)
+
+
+@topic.command("list")
+@pass_state
+def topic_list(state: CliState) -> None:
+    """List topics with their ids and queue counts."""
+    with state.admin() as admin:
+        topics: list[m.TopicMeta] = admin.list_topics()
+    state.printer.topics(topics)
+
+
+@topic.command("describe")
+@click.argument("name")
+@pass_state
+def topic_describe(state: CliState, name: str) -> None:
+    """Show per-queue offsets (first, last = end-1, end), bytes, segments, last append time."""
+    with state.admin() as admin:
+        resp: m.DescribeTopicResponse = admin.describe_topic(name)
+    state.printer.topic(resp)
+
+
+@topic.command("delete")
+@click.argument("name")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@pass_state
+def topic_delete(state: CliState, name: str, yes: bool) -> None:
+    """Delete topic NAME with all its data and the groups' offsets on it.
+
+    Asks for confirmation unless --yes; without a terminal, --yes is required.
+    """
+    if not yes:
+        if not sys.stdin.isatty():
+            raise click.UsageError("refusing to delete without --yes (stdin is not a terminal)")
+        click.confirm(f"Delete topic {name!r} and all its messages?", abort=True, err=True)
+    with state.admin() as admin:
+        admin.delete_topic(name)
+    state.printer.topic_deleted(name)
+
+
+# -- produce -------------------------------------------------------------------------------------
+
+
+def _stdin_batches(stream: IO[bytes], lines_per_batch: int) -> Iterator[list[bytes]]:
+    """Lines of ``stream`` (without their line ending), grouped for ``send_batch``."""
+    batch: list[bytes] = []
+    size = 0
+    for raw in stream:
+        line = raw[:-1] if raw.endswith(b"\n") else raw
+        if line.endswith(b"\r"):
+            line = line[:-1]
+        batch.append(line)
+        size += len(line)
+        if len(batch) >= lines_per_batch or size >= STDIN_BATCH_BYTES:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
+
+
+@cli.command()
+@click.argument("topic_name", metavar="TOPIC")
+@click.argument("bodies", metavar="[BODY]...", nargs=-1)
+@click.option("--tag", help="Tag of every message (consumers filter on it).")
+@click.option("--key", "keys", multiple=True, help="Business key; repeatable.")
+@click.option("--sharding-key", help="Messages with the same sharding key go to one queue, "
+                                     "in order.")
+@click.option("--property", "properties", type=KEY_VALUE, multiple=True,
+              help="User property KEY=VALUE; repeatable.")
+@pass_state
+def produce(state: CliState, topic_name: str, bodies: Sequence[str], tag: str | None,
+            keys: Sequence[str], sharding_key: str | None,
+            properties: Sequence[tuple[str, str]]) -> None:
+    """Send each BODY to TOPIC, or, without BODY, one message per line of stdin.
+
+    Prints the message id, queue and offset of every stored message.
+    """
+    props = dict(properties) or None
+
+    def make(body: bytes | str) -> Message:
+        return Message(topic_name, body, tags=tag, keys=keys, sharding_key=sharding_key,
+                       properties=props)
+
+    printer = state.printer
+    with Producer(state.server, connect_timeout_s=state.connect_timeout_s,
+                  delivery_timeout_s=max(PRODUCE_DELIVERY_TIMEOUT_S, state.connect_timeout_s),
+                  ) as producer:
+        if bodies:
+            results: list[SendResult] = producer.send_batch([make(b) for b in bodies])
+            printer.sent(results)
+            return
+        stdin = sys.stdin.buffer
+        per_batch = 1 if stdin.isatty() else STDIN_BATCH_LINES
+        for lines in _stdin_batches(stdin, per_batch):
+            printer.sent(producer.send_batch([make(b) for b in lines]))
+
+
+# -- consume -------------------------------------------------------------------------------------
+
+
+class _StopFlag:
+    """Set by SIGINT/SIGTERM while installed; the poll loop checks it between polls."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self._old: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.event.set()
+
+    def __enter__(self) -> _StopFlag:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+@cli.command()
+@click.argument("topic_name", metavar="TOPIC")
+@click.option("--group", "-g", required=True, help="Consumer group (offsets are committed per "
+                                                  "group).")
+@click.option("--tags", default="*", show_default=True, metavar="EXPR",
+              help="Tag filter, e.g. 'created || paid'.")
+@click.option("--from", "start", type=PositionType(allow_offset=False),
+              help="Start this run at earliest, latest or an ISO-8601 time instead of the "
+                   "group's committed offset.")
+@click.option("--count", "-n", type=click.IntRange(min=1), metavar="N",
+              help="Stop after N messages.")
+@click.option("--timeout", type=click.FloatRange(min=0), metavar="SECONDS",
+              help="Stop when nothing new arrived for this long.")
+@pass_state
+def consume(state: CliState, topic_name: str, group: str, tags: str, start: Position | None,
+            count: int | None, timeout: float | None) -> None:
+    """Print messages of TOPIC as a member of consumer group GROUP.
+
+    One line per message: queue, offset, tag, body (UTF-8; newlines escaped). Without --from,
+    a group continues from its committed offsets (a new group starts at the end). Runs until
+    --count messages, --timeout seconds without news, or Ctrl-C; commits its position on exit.
+    """
+    printer = state.printer
+    received = 0
+    with _StopFlag() as stop, PullConsumer(
+        state.server, group=group, auto_offset_reset="latest",
+        reconnect_timeout_s=max(state.connect_timeout_s, 1.0),
+    ) as consumer:
+        consumer.subscribe(topic_name, tags)
+        if start is not None:
+            _seek(consumer, topic_name, start)
+        last_news = time.monotonic()
+        while not stop.event.is_set():
+            wait = POLL_SLICE_S
+            if timeout is not None:
+                left = last_news + timeout - time.monotonic()
+                if left <= 0:
+                    break
+                wait = min(wait, left)
+            limit = 500 if count is None else min(500, count - received)
+            msgs: list[ReceivedMessage] = consumer.poll(timeout=wait, max_messages=limit)
+            if msgs:
+                last_news = time.monotonic()
+                printer.received(msgs)
+                received += len(msgs)
+                if count is not None and received >= count:
+                    break
+        consumer.commit()
+
+
+def _seek(consumer: PullConsumer, topic_name: str, start: Position) -> None:
+    seeks: dict[str, Callable[[], None]] = {
+        "earliest": consumer.seek_to_beginning,
+        "latest": consumer.seek_to_end,
+    }
+    if start.kind == "time":
+        consumer.seek_to_time(topic_name, start.value)
+    else:
+        seeks[start.kind]()
+
+
+# -- groups --------------------------------------------------------------------------------------
+
+
+@cli.group()
+def group() -> None:
+    """List and describe consumer groups; move their offsets (replay)."""
+
+
+@group.command("list")
+@pass_state
+def group_list(state: CliState) -> None:
+    """List consumer groups with their state and number of live members."""
+    with state.admin() as admin:
+        groups: list[tuple[str, str, int]] = admin.list_groups()
+    state.printer.groups(groups)
+
+
+@group.command("describe")
+@click.argument("name", metavar="GROUP")
+@pass_state
+def group_describe(state: CliState, name: str) -> None:
+    """Show state, generation, members with their queues, and per queue the committed offset,
+    end offset and lag."""
+    with state.admin() as admin:
+        resp: m.DescribeGroupResponse = admin.describe_group(name)
+    state.printer.group(resp)
+
+
+@group.command("reset-offset")
+@click.argument("name", metavar="GROUP")
+@click.option("--topic", "topic_name", required=True, metavar="TOPIC",
+              help="Topic whose offsets to move (every queue).")
+@click.option("--to", "target", type=PositionType(allow_offset=True), required=True,
+              help="earliest, latest, an offset (clamped to each queue) or an ISO-8601 time.")
+@pass_state
+def group_reset_offset(state: CliState, name: str, topic_name: str, target: Position) -> None:
+    """Move GROUP's committed offsets on TOPIC (replay or skip) and print the new offsets.
+
+    Live members pick the new offsets up when they rejoin.
+    """
+    with state.admin() as admin:
+        if target.kind == "time":
+            offsets: list[tuple[str, int, int]] = admin.reset_offsets_to_time(
+                name, topic_name, target.value)
+        elif target.kind == "offset":
+            offsets = admin.reset_offsets(name, topic_name, to=target.value)
+        else:
+            offsets = admin.reset_offsets(name, topic_name, to=target.kind)
+    state.printer.offsets_reset(name, topic_name, offsets)
+
+
+cli.add_command(bench)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point of the ``ferrymq`` console script.
+
+    Args:
+        argv: arguments without the program name (default: ``sys.argv[1:]``).
+    """
+    cli.main(args=list(argv) if argv is not None else None, prog_name="ferrymq")
+
+
+if __name__ == "__main__":
+    main()
