@@ -1,10 +1,558 @@
-"""``ferrymq bench``: produce, consume and end-to-end benchmarks (being written)."""
+"""``ferrymq bench``: produce, consume and end-to-end latency benchmarks.
+
+Every subcommand either starts its own broker (a subprocess on a free port of 127.0.0.1 with a
+temporary data directory, stopped and deleted afterwards) or, with ``--server HOST:PORT``, uses a
+running one. When the bench owns the broker (or ``--broker-pid`` names it) it also reports the
+broker's CPU time (``/proc/<pid>/stat`` utime+stime, before and after the timed part) and its
+resident memory (``/proc/<pid>/status`` VmRSS) at the end.
+
+* ``produce``: one producer (this process, asyncio) calls ``send_batch`` with ``--inflight``
+  batches of ``--batch`` messages in flight at once.
+* ``consume``: produce ``--messages`` first (untimed), then time one pull consumer reading them
+  all back from the start (``assign`` every queue, offsets from the earliest, no commits),
+  touching ``msg.body`` of each message.
+* ``e2e``: a producer sends single messages at ``--rate`` per second (``send_nowait`` on a timer,
+  no linger) while a consumer in the same process long-polls; the latency of a message is its
+  receive time minus the ``time.time_ns()`` the producer wrote into its first 8 body bytes (one
+  clock, one process).
+
+The functions :func:`run_produce`, :func:`run_consume` and :func:`run_e2e` return plain dicts so
+that ``bench/compare.py`` can drive the same workloads.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
+import math
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
 import click
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from ferrymq.client.admin import AsyncAdminClient
+from ferrymq.client.consumer import AsyncPullConsumer
+from ferrymq.client.message import Message
+from ferrymq.client.producer import AsyncProducer
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+_err = Console(stderr=True)
+
+
+# -- broker process ----------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_port(port: int, proc: subprocess.Popen[bytes], timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return False
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@dataclass
+class BrokerProcess:
+    """A broker subprocess started by the bench (or a handle on an existing broker)."""
+
+    address: str
+    pid: int | None = None
+    proc: subprocess.Popen[bytes] | None = None
+    data_dir: Path | None = None
+    owns_data: bool = False
+    log_path: Path | None = None
+    launcher: str = ""
+
+    @classmethod
+    def start(
+        cls, flush: str, *, data_dir: str | Path | None = None, python: str = sys.executable,
+        extra: dict[str, Any] | None = None, timeout_s: float = 30.0,
+    ) -> BrokerProcess:
+        """Start ``python -m ferrymq.broker`` on a free port (falling back to calling
+        ``ferrymq.broker.server.run`` inline when the module entry point does not work).
+
+        Raises:
+            RuntimeError: the broker did not start listening within ``timeout_s``.
+        """
+        owns = data_dir is None
+        path = Path(data_dir) if data_dir is not None else Path(
+            tempfile.mkdtemp(prefix="ferrymq-bench-"))
+        path.mkdir(parents=True, exist_ok=True)
+        log_path = path.parent / f"{path.name}.broker.log"
+        overrides: dict[str, Any] = {"flush": flush, "data_dir": str(path), "host": "127.0.0.1",
+                                     "log_level": "WARNING", **(extra or {})}
+        errors: list[str] = []
+        for launcher in ("module", "inline"):
+            port = free_port()
+            overrides["port"] = port
+            if launcher == "module":
+                argv = [python, "-m", "ferrymq.broker", "--host", "127.0.0.1", "--port", str(port),
+                        "--data-dir", str(path), "--flush", flush]
+                if extra:  # settings the CLI may not know: inline only
+                    errors.append("module: extra settings given")
+                    continue
+            else:
+                code = ("from ferrymq.broker.config import load\n"
+                        "from ferrymq.broker.server import run\n"
+                        f"run(load(overrides={overrides!r}))\n")
+                argv = [python, "-c", code]
+            with open(log_path, "ab") as logf:
+                proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT,
+                                        start_new_session=True)
+            if _wait_port(port, proc, timeout_s):
+                return cls(f"127.0.0.1:{port}", proc.pid, proc, path, owns, log_path, launcher)
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            errors.append(f"{launcher}: exited with {proc.returncode}")
+        if owns:
+            shutil.rmtree(path, ignore_errors=True)
+        tail = log_path.read_text(errors="replace")[-2000:] if log_path.exists() else ""
+        raise RuntimeError(f"broker did not start ({'; '.join(errors)}):\n{tail}")
+
+    def stop(self, timeout_s: float = 60.0) -> None:
+        """SIGTERM (graceful shutdown), SIGKILL after ``timeout_s``; delete an owned data dir."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+        if self.owns_data and self.data_dir is not None:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+            if self.log_path is not None:
+                self.log_path.unlink(missing_ok=True)
+
+    def __enter__(self) -> BrokerProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def cpu_seconds(pid: int | None) -> float | None:
+    """utime+stime of a process in seconds (None: unknown)."""
+    if pid is None:
+        return None
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    parts = stat[stat.rindex(")") + 2 :].split()
+    return (int(parts[11]) + int(parts[12])) / _CLK_TCK  # fields 14 and 15 of stat(5)
+
+
+def rss_mb(pid: int | None) -> float | None:
+    """Resident set size of a process in MiB (VmRSS)."""
+    if pid is None:
+        return None
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+@contextlib.contextmanager
+def broker_for(server: str | None, flush: str, broker_pid: int | None = None,
+               **extra: Any) -> Iterator[BrokerProcess]:
+    """The broker to benchmark: ``server`` if given, else a fresh subprocess."""
+    if server:
+        yield BrokerProcess(server, broker_pid)
+        return
+    b = BrokerProcess.start(flush, extra=extra or None)
+    try:
+        yield b
+    finally:
+        b.stop()
+
+
+# -- helpers -----------------------------------------------------------------------------------
+
+
+def install_uvloop() -> None:
+    """Use uvloop for the bench's own event loop when it is installed."""
+    with contextlib.suppress(ImportError):
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
+def _progress(total: float, label: str, enabled: bool) -> Progress:
+    return Progress(
+        TextColumn(f"[bold]{label}"), BarColumn(), TaskProgressColumn(),
+        TextColumn("{task.completed:,.0f}/{task.total:,.0f}"), TimeRemainingColumn(),
+        console=_err, transient=True, disable=not enabled,
+    )
+
+
+def percentile(sorted_values: list[float], p: float) -> float:
+    """Nearest-rank percentile of an ascending list."""
+    if not sorted_values:
+        return float("nan")
+    k = min(len(sorted_values) - 1, max(0, math.ceil(p / 100 * len(sorted_values)) - 1))
+    return sorted_values[k]
+
+
+async def _create_topic(address: str, queues: int, prefix: str = "bench") -> str:
+    topic = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    async with AsyncAdminClient(address) as admin:
+        await admin.create_topic(topic, queues)
+    return topic
+
+
+@dataclass
+class _Cpu:
+    pid: int | None
+    start: float | None = None
+    used: float | None = None
+    samples: list[float] = field(default_factory=list)
+
+    def begin(self) -> None:
+        self.start = cpu_seconds(self.pid)
+
+    def end(self) -> None:
+        now = cpu_seconds(self.pid)
+        if now is not None and self.start is not None:
+            self.used = now - self.start
+
+
+def _body(size: int) -> bytes:
+    return (os.urandom(16) * (size // 16 + 1))[:size]
+
+
+# -- produce -----------------------------------------------------------------------------------
+
+
+async def _produce(address: str, topic: str, messages: int, size: int, batch: int,
+                   inflight: int, label: str, show: bool) -> float:
+    """Send ``messages`` in ``send_batch`` calls, ``inflight`` at a time; return seconds."""
+    body = _body(size)
+    full = [Message(topic, body) for _ in range(batch)]
+    n_batches, rest = divmod(messages, batch)
+    sizes = [batch] * n_batches + ([rest] if rest else [])
+    async with AsyncProducer(address, client_id="ferrymq-bench") as producer:
+        await producer.send(Message(topic, body))  # connection and metadata, untimed
+        it = iter(sizes)
+        with _progress(messages, label, show) as prog:
+            task = prog.add_task(label, total=messages)
+
+            async def worker() -> None:
+                for n in it:
+                    await producer.send_batch(full if n == batch else full[:n])
+                    prog.advance(task, n)
+
+            t0 = time.perf_counter()
+            await asyncio.gather(*(worker() for _ in range(inflight)))
+            elapsed = time.perf_counter() - t0
+    return elapsed
+
+
+def run_produce(address: str, *, messages: int = 1_000_000, size: int = 100, batch: int = 1000,
+                queues: int = 4, inflight: int = 8, broker_pid: int | None = None,
+                show_progress: bool = True) -> dict[str, Any]:
+    """Time ``messages`` batched sends; results as a dict."""
+    install_uvloop()
+
+    async def main() -> dict[str, Any]:
+        topic = await _create_topic(address, queues)
+        cpu = _Cpu(broker_pid)
+        cpu.begin()
+        elapsed = await _produce(address, topic, messages, size, batch, inflight, "produce",
+                                 show_progress)
+        cpu.end()
+        res = _throughput("produce", messages, size, elapsed, cpu, broker_pid,
+                          batch=batch, queues=queues, inflight=inflight)
+        res["topic"] = topic
+        return res
+
+    return asyncio.run(main())
+
+
+def _throughput(workload: str, messages: int, size: int, elapsed: float, cpu: _Cpu,
+                broker_pid: int | None, **params: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "workload": workload, "messages": messages, "size": size, **params,
+        "seconds": elapsed, "msg_per_s": messages / elapsed,
+        "mb_per_s": messages * size / elapsed / 1e6,
+        "broker_cpu_s": cpu.used,
+        "msgs_per_broker_cpu_s": (messages / cpu.used) if cpu.used else None,
+        "broker_rss_mb": rss_mb(broker_pid),
+    }
+    return out
+
+
+# -- consume -----------------------------------------------------------------------------------
+
+
+def run_consume(address: str, *, messages: int = 1_000_000, size: int = 100, batch: int = 1000,
+                queues: int = 4, inflight: int = 8, broker_pid: int | None = None,
+                show_progress: bool = True, max_poll: int = 10_000) -> dict[str, Any]:
+    """Produce ``messages`` (untimed), then time one consumer reading them all."""
+    install_uvloop()
+
+    async def main() -> dict[str, Any]:
+        topic = await _create_topic(address, queues)
+        await _produce(address, topic, messages, size, batch, inflight, "pre-produce",
+                       show_progress)
+        total = messages + 1  # the untimed warm-up message of _produce
+        cpu = _Cpu(broker_pid)
+        consumer = AsyncPullConsumer(address, group=f"bench-{uuid.uuid4().hex[:6]}",
+                                     auto_commit=False, auto_offset_reset="earliest")
+        async with consumer:
+            await consumer.assign([(topic, q) for q in range(queues)])
+            got = 0
+            nbytes = 0
+            with _progress(total, "consume", show_progress) as prog:
+                task = prog.add_task("consume", total=total)
+                cpu.begin()
+                t0 = time.perf_counter()
+                while got < total:
+                    batch_msgs = await consumer.poll(timeout=10.0, max_messages=max_poll)
+                    if not batch_msgs:
+                        raise RuntimeError(f"consumer stalled at {got} of {total} messages")
+                    for msg in batch_msgs:
+                        nbytes += len(msg.body)
+                    got += len(batch_msgs)
+                    prog.advance(task, len(batch_msgs))
+                elapsed = time.perf_counter() - t0
+                cpu.end()
+        res = _throughput("consume", got, size, elapsed, cpu, broker_pid, queues=queues)
+        res["body_bytes"] = nbytes
+        return res
+
+    return asyncio.run(main())
+
+
+# -- end to end --------------------------------------------------------------------------------
+
+
+def run_e2e(address: str, *, rate: float = 2000.0, duration: float = 10.0, size: int = 100,
+            queues: int = 4, warmup: float = 1.0, broker_pid: int | None = None,
+            show_progress: bool = True) -> dict[str, Any]:
+    """Send at ``rate`` msg/s for ``duration`` s while consuming; latency percentiles."""
+    install_uvloop()
+    size = max(size, 8)
+
+    async def main() -> dict[str, Any]:
+        topic = await _create_topic(address, queues)
+        pad = _body(size - 8)
+        latencies_ns: list[int] = []
+        split_ms: list[tuple[float, float]] = []  # (born -> stored, stored -> received)
+        warm_until_ns = 0
+        received = 0
+        sent = 0
+        errors: list[str] = []
+        stop = asyncio.Event()
+        consumer = AsyncPullConsumer(address, group=f"bench-{uuid.uuid4().hex[:6]}",
+                                     auto_commit=False, auto_offset_reset="latest")
+        producer = AsyncProducer(address, client_id="ferrymq-bench-e2e", linger_ms=0)
+        async with consumer, producer:
+            await consumer.assign([(topic, q) for q in range(queues)])
+            await consumer.poll(timeout=0.2)  # resolve positions to the (empty) end
+            await producer.send(Message(topic, time.time_ns().to_bytes(8, "big") + pad))
+
+            async def consume() -> None:
+                nonlocal received
+                while not stop.is_set() or received < sent + 1:
+                    msgs = await consumer.poll(timeout=0.2, max_messages=10_000)
+                    now = time.time_ns()
+                    for msg in msgs:
+                        born = int.from_bytes(msg.body[:8], "big")
+                        if born >= warm_until_ns:
+                            latencies_ns.append(now - born)
+                            split_ms.append((msg.stored_ms - born / 1e6, now / 1e6 - msg.stored_ms))
+                    received += len(msgs)
+                    if stop.is_set() and not msgs:
+                        break
+
+            def on_done(fut: asyncio.Future[Any]) -> None:
+                if not fut.cancelled() and fut.exception() is not None and len(errors) < 10:
+                    errors.append(repr(fut.exception()))
+
+            ctask = asyncio.get_running_loop().create_task(consume())
+            cpu = _Cpu(broker_pid)
+            cpu.begin()
+            t0 = time.perf_counter()
+            warm_until_ns = time.time_ns() + int(warmup * 1e9)
+            total = int(rate * duration)
+            interval = 1.0 / rate
+            with _progress(duration, "e2e", show_progress) as prog:
+                task = prog.add_task("e2e", total=duration)
+                while sent < total:
+                    elapsed = time.perf_counter() - t0
+                    due = min(total, int(elapsed * rate) + 1)
+                    while sent < due:
+                        fut = producer.send_nowait(
+                            Message(topic, time.time_ns().to_bytes(8, "big") + pad))
+                        if fut is not None:
+                            fut.add_done_callback(on_done)
+                        sent += 1
+                    prog.update(task, completed=min(elapsed, duration))
+                    await asyncio.sleep(interval)
+                send_elapsed = time.perf_counter() - t0
+                await producer.flush()
+            stop.set()
+            try:
+                await asyncio.wait_for(ctask, 10.0)
+            except TimeoutError:
+                ctask.cancel()
+            cpu.end()
+        lat_ms = sorted(x / 1e6 for x in latencies_ns)
+        return {
+            "workload": "e2e", "rate": rate, "duration": duration, "size": size,
+            "queues": queues, "sent": sent, "received": received - 1,
+            "achieved_rate": sent / send_elapsed, "measured": len(lat_ms),
+            "p50_ms": percentile(lat_ms, 50), "p90_ms": percentile(lat_ms, 90),
+            "p99_ms": percentile(lat_ms, 99), "p999_ms": percentile(lat_ms, 99.9),
+            "max_ms": lat_ms[-1] if lat_ms else float("nan"),
+            "p50_born_to_stored_ms": percentile(sorted(x for x, _ in split_ms), 50),
+            "p50_stored_to_received_ms": percentile(sorted(y for _, y in split_ms), 50),
+            "broker_cpu_s": cpu.used, "broker_rss_mb": rss_mb(broker_pid),
+            "errors": errors,
+        }
+
+    return asyncio.run(main())
+
+
+# -- output ------------------------------------------------------------------------------------
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        if v != v:
+            return "nan"
+        return f"{v:,.3f}" if abs(v) < 100 else f"{v:,.0f}"
+    if isinstance(v, int):
+        return f"{v:,}"
+    return str(v)
+
+
+def _emit(result: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps(result))
+        return
+    table = Table(title=f"ferrymq bench {result['workload']}", show_header=True)
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for k, v in result.items():
+        if k == "errors" and not v:
+            continue
+        table.add_row(k, _fmt(v))
+    Console().print(table)
+
+
+def _common(f: Any) -> Any:
+    opts = [
+        click.option("--server", default=None, metavar="HOST:PORT",
+                     help="Use this broker (default: start one on a free port, stop it after)."),
+        click.option("--flush", type=click.Choice(["sync", "async"]), default="async",
+                     show_default=True, help="Flush mode of the broker the bench starts."),
+        click.option("--broker-pid", type=int, default=None,
+                     help="PID of the --server broker, for CPU and RSS figures."),
+        click.option("--size", type=int, default=100, show_default=True,
+                     help="Message body bytes."),
+        click.option("--queues", type=int, default=4, show_default=True,
+                     help="Queues of the bench topic."),
+        click.option("--json", "as_json", is_flag=True, help="Print one JSON object."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def _run_with_broker(server: str | None, flush: str, broker_pid: int | None,
+                     fn: Any, **kwargs: Any) -> dict[str, Any]:
+    load_before = os.getloadavg()[0]
+    with broker_for(server, flush, broker_pid) as b:
+        res: dict[str, Any] = fn(b.address, broker_pid=b.pid, **kwargs)
+        res["flush"] = flush if server is None else "(external)"
+        res["broker_rss_end_mb"] = rss_mb(b.pid)
+        res["broker_started_by"] = b.launcher or "external"
+        res["loadavg_1m_before"] = load_before
+        res["loadavg_1m_after"] = os.getloadavg()[0]
+        return res
 
 
 @click.group()
 def bench() -> None:
     """Measure produce, consume and end-to-end latency against a broker."""
+
+
+@bench.command()
+@_common
+@click.option("--messages", type=int, default=1_000_000, show_default=True)
+@click.option("--batch", type=int, default=1000, show_default=True,
+              help="Messages per send_batch call.")
+@click.option("--inflight", type=int, default=8, show_default=True,
+              help="Concurrent send_batch calls.")
+def produce(server: str | None, flush: str, broker_pid: int | None, size: int, queues: int,
+            as_json: bool, messages: int, batch: int, inflight: int) -> None:
+    """Batched produce throughput (msg/s, MB/s, messages per broker CPU-second)."""
+    res = _run_with_broker(server, flush, broker_pid, run_produce, messages=messages, size=size,
+                           batch=batch, queues=queues, inflight=inflight,
+                           show_progress=not as_json)
+    _emit(res, as_json)
+
+
+@bench.command()
+@_common
+@click.option("--messages", type=int, default=1_000_000, show_default=True)
+@click.option("--batch", type=int, default=1000, show_default=True,
+              help="Messages per send_batch call while pre-producing.")
+@click.option("--inflight", type=int, default=8, show_default=True)
+def consume(server: str | None, flush: str, broker_pid: int | None, size: int, queues: int,
+            as_json: bool, messages: int, batch: int, inflight: int) -> None:
+    """Consume throughput from disk: pre-produce, then read everything back."""
+    res = _run_with_broker(server, flush, broker_pid, run_consume, messages=messages, size=size,
+                           batch=batch, queues=queues, inflight=inflight,
+                           show_progress=not as_json)
+    _emit(res, as_json)
+
+
+@bench.command()
+@_common
+@click.option("--rate", type=float, default=2000.0, show_default=True, help="Messages per second.")
+@click.option("--duration", type=float, default=10.0, show_default=True, help="Seconds of sending.")
+@click.option("--warmup", type=float, default=1.0, show_default=True,
+              help="Seconds at the start left out of the percentiles.")
+def e2e(server: str | None, flush: str, broker_pid: int | None, size: int, queues: int,
+        as_json: bool, rate: float, duration: float, warmup: float) -> None:
+    """End-to-end latency at a fixed rate (p50/p90/p99/max)."""
+    res = _run_with_broker(server, flush, broker_pid, run_e2e, rate=rate, duration=duration,
+                           size=size, queues=queues, warmup=warmup, show_progress=not as_json)
+    _emit(res, as_json)
+
+
+if __name__ == "__main__":
+    bench()

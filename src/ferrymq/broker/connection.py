@@ -93,6 +93,10 @@ class BrokerConnection(asyncio.Protocol):
             if self.closed:
                 return
             self._dispatch(frame)
+        err = self.decoder.error
+        if err is not None:
+            self.fail(ErrorCode.FRAME_TOO_LARGE if "exceeds" in str(err)
+                      else ErrorCode.INVALID_REQUEST, str(err))
 
     # -- requests ----------------------------------------------------------------------------
 

@@ -52,7 +52,7 @@ GROUP_NAME = re.compile(r"^[A-Za-z0-9._%-]{1,249}$")
 
 def check_group_name(name: str) -> None:
     """Raise InvalidRequestError unless ``name`` is a valid group name."""
-    if name in (".", "..") or not GROUP_NAME.match(name):
+    if name in (".", "..") or not GROUP_NAME.fullmatch(name):
         raise InvalidRequestError(f"invalid group name {name[:64]!r}")
 
 

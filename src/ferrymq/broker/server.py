@@ -91,6 +91,7 @@ class BrokerServer:
             raise ConfigError(f"data dir {self.data_dir} is in use by another broker") from None
         marker = self.data_dir / CLEAN_SHUTDOWN_MARKER
         clean = marker.exists()
+        fresh = not (self.data_dir / "meta").exists()
         if clean:
             marker.unlink()
             _fsync_dir(self.data_dir)
@@ -108,13 +109,21 @@ class BrokerServer:
         self.topics.open_all(self.clock.wall_ms())
         self.groups.load()
         self.producer_ids.load()
-        log.info("opened %d topics in %.3f s (%s shutdown before)", len(self.topics.topics),
-                 loop.time() - t0, "clean" if clean else "unclean")
+        log.info("opened %d topics in %.3f s (%s)", len(self.topics.topics), loop.time() - t0,
+                 "new data directory" if fresh else
+                 "clean shutdown before" if clean else "recovered after an unclean stop")
         self.flusher = Flusher(loop, sync=self.sync_flush, interval_ms=cfg.flush_interval_ms)
         self.flusher.start()
-        self._server = await loop.create_server(
-            lambda: BrokerConnection(self), cfg.host, cfg.port, reuse_address=True, backlog=1024
-        )
+        try:
+            self._server = await loop.create_server(
+                lambda: BrokerConnection(self), cfg.host, cfg.port, reuse_address=True,
+                backlog=1024,
+            )
+        except OSError as exc:
+            self.flusher.stop()
+            self.topics.close()
+            self._lock_file.close()
+            raise ConfigError(f"cannot listen on {cfg.host}:{cfg.port}: {exc.strerror}") from exc
         sock = self._server.sockets[0].getsockname()
         self.address = (sock[0], sock[1])
         self._tasks.append(loop.create_task(self._housekeeping()))

@@ -47,7 +47,7 @@ TOPIC_CONFIG_KEYS = ("retention_ms", "retention_bytes", "segment_bytes", "segmen
 def check_topic_name(name: str, *, internal_ok: bool = False) -> None:
     """Raise InvalidTopicNameError unless ``name`` is a valid topic name."""
     if name in (".", "..") or not (
-        TOPIC_NAME.match(name) or (internal_ok and INTERNAL_TOPIC_NAME.match(name))
+        TOPIC_NAME.fullmatch(name) or (internal_ok and INTERNAL_TOPIC_NAME.fullmatch(name))
     ):
         raise InvalidTopicNameError(
             f"invalid topic name {name[:64]!r}: use 1-249 characters of [A-Za-z0-9._-]"
@@ -240,7 +240,7 @@ class TopicRegistry:
         del self.by_id[topic.topic_id]
         self._save()
         src = self._topics_dir / name
-        dst = self._topics_dir / f"{name}.{topic.topic_id}.deleted"
+        dst = self._topics_dir / f".{topic.topic_id}.deleted"  # short: names may be 249 chars
         if src.exists():
             src.rename(dst)
             shutil.rmtree(dst, ignore_errors=True)

@@ -32,6 +32,7 @@ from ferrymq.errors import (
     error_for_code,
 )
 from ferrymq.protocol import messages as m
+from ferrymq.protocol.codes import ErrorCode
 
 log = logging.getLogger("ferrymq.client")
 B = TypeVar("B", bound=m.Body)
@@ -225,7 +226,8 @@ class Session:
             if tname != name:
                 continue
             if code:
-                raise error_for_code(code, f"topic {name!r}")
+                what = ErrorCode(code).name if code in ErrorCode._value2member_map_ else str(code)
+                raise error_for_code(code, f"{what.lower().replace('_', ' ')}: {name!r}")
             info = TopicInfo(tname, tid, queues)
             self.topics[name] = info
             return info

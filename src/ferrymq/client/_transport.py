@@ -79,13 +79,19 @@ class Transport(asyncio.Protocol):
             entry = self._pending.pop(f.correlation_id, None)
             if entry is None:
                 if f.correlation_id == 0:  # connection-level error from the broker
-                    code, body = split_response(f.payload)
+                    try:
+                        code, body = split_response(f.payload)
+                    except RemoteProtocolError as exc:
+                        self._fail(exc)
+                        return
                     self._fail(error_for_code(code, body.decode("utf-8", "replace")))
                     return
                 continue  # answer to a request we gave up on
             fut = entry[0]
             if not fut.done():
                 fut.set_result(f.payload)
+        if self._decoder.error is not None:
+            self._fail(self._decoder.error)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._fail(ConnectionClosedError(f"connection lost: {exc}" if exc else "connection closed"))

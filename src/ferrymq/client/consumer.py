@@ -135,6 +135,7 @@ class AsyncPullConsumer:
         self._committed_positions: dict[TopicQueue, int] = {}
         self._closed = False
         self._started = False
+        self._corrupt: list[CorruptRecordError] = []  # raised by poll once the buffer is empty
 
     # -- subscription ------------------------------------------------------------------------
 
@@ -361,6 +362,8 @@ class AsyncPullConsumer:
                 out = self._take(max_messages)
                 await self._maybe_auto_commit()
                 return out
+            if self._corrupt:
+                raise self._corrupt.pop(0)
             await self._resolve_positions()
             remaining = deadline - loop.time()
             if self._fetch is None or self._fetch.done():
@@ -500,10 +503,14 @@ class AsyncPullConsumer:
             except struct.error:
                 p = -1
             if p != end:
-                raise CorruptRecordError(
-                    f"{topic}/{queue}: batch at offset {base} is malformed inside "
-                    f"(seek past {last} to skip it)"
-                )
+                # CRC-valid but malformed inside: a producer bug. Hand out what came before,
+                # raise once (poll), and continue after it so the queue is not blocked.
+                self._corrupt.append(CorruptRecordError(
+                    f"{topic}/{queue}: the batch at offsets {base}..{last} is malformed inside "
+                    "(written by a faulty producer); skipped"
+                ))
+                nxt = last + 1
+                break
             if chunk:
                 self._buffer.append(chunk)
                 n += len(chunk)

@@ -223,19 +223,21 @@ class ReceivedMessage:
     def tags(self) -> str | None:
         """The message's tag, or None."""
         r = self._fields()
-        return self._buf[r[0] : r[1]].decode() if r[1] > r[0] else None
+        return self._buf[r[0] : r[1]].decode("utf-8", "replace") if r[1] > r[0] else None
 
     @property
     def sharding_key(self) -> str | None:
         """The sharding key, or None."""
         r = self._fields()
-        return self._buf[r[1] : r[2]].decode() if r[2] > r[1] else None
+        return self._buf[r[1] : r[2]].decode("utf-8", "replace") if r[2] > r[1] else None
 
     @property
     def keys(self) -> tuple[str, ...]:
         """Business keys."""
         r = self._fields()
-        return tuple(self._buf[r[2] : r[3]].decode().split("\x00")) if r[3] > r[2] else ()
+        if r[3] == r[2]:
+            return ()
+        return tuple(self._buf[r[2] : r[3]].decode("utf-8", "replace").split("\x00"))
 
     @property
     def properties(self) -> dict[str, str]:

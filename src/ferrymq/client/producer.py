@@ -28,7 +28,7 @@ from typing import Any
 
 from ferrymq._time import SYSTEM_CLOCK, Clock
 from ferrymq.client._session import Session, TopicInfo
-from ferrymq.client.message import DURABILITY_BY_WIRE, Message, SendResult
+from ferrymq.client.message import DURABILITY_BY_WIRE, Durability, Message, SendResult
 from ferrymq.client.partitioner import QueueSelector, RoundRobin, queue_for_key
 from ferrymq.errors import (
     BrokerError,
@@ -485,12 +485,13 @@ class AsyncProducer:
                 if code:
                     self._retry_or_fail(bt, error_for_code(code, msg))
                     continue
-                self._complete(bt, base, DURABILITY_BY_WIRE.get(durability), topic_id)
+                self._complete(bt, base, DURABILITY_BY_WIRE.get(durability, Durability.NONE),
+                               topic_id)
         finally:
             self._in_flight_requests -= 1
             self._wake.set()
 
-    def _complete(self, bt: _Batch, base: int, durability: Any, topic_id: int) -> None:
+    def _complete(self, bt: _Batch, base: int, durability: Durability, topic_id: int) -> None:
         bt.buf.in_flight = False
         topic, queue = bt.buf.topic.name, bt.buf.queue
         off = base

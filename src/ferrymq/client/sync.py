@@ -48,7 +48,14 @@ def _run(coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
     if threading.current_thread() is lt.thread:
         coro.close()
         raise ClientError("sync FerryMQ clients cannot be used from their own loop thread")
-    return asyncio.run_coroutine_threadsafe(coro, lt.loop).result(timeout)
+    fut = asyncio.run_coroutine_threadsafe(coro, lt.loop)
+    try:
+        return fut.result(timeout)
+    except BaseException:
+        # Ctrl-C or a timeout in the caller's thread: stop the coroutine too, so that (say) an
+        # abandoned poll() cannot advance positions for messages nobody received
+        fut.cancel()
+        raise
 
 
 class Producer:

@@ -104,12 +104,14 @@ class FrameDecoder:
             payload is buffered.
     """
 
-    __slots__ = ("_buf", "_max", "_need")
+    __slots__ = ("_buf", "_max", "error")
 
     def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
         self._buf = bytearray()
         self._max = max_frame_bytes
-        self._need = 0  # bytes needed for the frame being read (0: header not parsed yet)
+        self.error: RemoteProtocolError | None = None
+        """Set when a bad header followed frames returned by the same ``feed`` call: handle
+        those frames, then treat the stream as dead."""
 
     @property
     def buffered(self) -> int:
@@ -119,10 +121,16 @@ class FrameDecoder:
     def feed(self, data: bytes | bytearray | memoryview) -> list[Frame]:
         """Add bytes from the stream and return every frame they complete.
 
+        Frames completed before a bad header are returned, whatever the chunking, and the error
+        is left in :attr:`error` (the next call raises it).
+
         Raises:
-            RemoteProtocolError: a frame is too large, too short or has unknown flags. The
-                stream cannot be resynchronised afterwards: close the connection.
+            RemoteProtocolError: a frame is too large, too short or has unknown flags and no
+                frame came before it. The stream cannot be resynchronised afterwards: close the
+                connection.
         """
+        if self.error is not None:
+            raise self.error
         buf = self._buf
         buf += data
         frames: list[Frame] = []
@@ -131,14 +139,19 @@ class FrameDecoder:
         unpack = HEADER.unpack_from
         while n - pos >= HEADER_SIZE:
             length, api_key, version, flags, corr = unpack(buf, pos)
+            problem = None
             if length > self._max - 4:
-                raise RemoteProtocolError(
-                    f"frame of {length + 4} bytes exceeds max_frame_bytes={self._max}"
-                )
-            if length < _AFTER_LENGTH:
-                raise RemoteProtocolError(f"frame length {length} is shorter than its header")
-            if flags & ~_KNOWN_FLAGS:
-                raise RemoteProtocolError(f"unknown frame flags {flags:#x}")
+                problem = f"frame of {length + 4} bytes exceeds max_frame_bytes={self._max}"
+            elif length < _AFTER_LENGTH:
+                problem = f"frame length {length} is shorter than its header"
+            elif flags & ~_KNOWN_FLAGS:
+                problem = f"unknown frame flags {flags:#x}"
+            if problem is not None:
+                self.error = RemoteProtocolError(problem)
+                del buf[:]
+                if frames:
+                    return frames
+                raise self.error
             end = pos + 4 + length
             if end > n:
                 break

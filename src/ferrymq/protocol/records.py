@@ -81,6 +81,7 @@ NO_PRODUCER_EPOCH = -1
 NO_SEQUENCE = -1
 
 MAX_TAG_BYTES = 255  # u8 length field
+MAX_TIMESTAMP_DELTA_MS = 2**31 - 1  # i32 timestamp_delta
 MAX_SHARDING_KEY_BYTES = 0xFFFF  # u16 length field
 MAX_KEYS_BYTES = 0xFFFF  # u16 length field
 
@@ -213,26 +214,29 @@ def encode_batch(
     max_ts = first_ts
     parts: list[bytes] = [bytes(HEADER_SIZE)]
     append = parts.append
-    for i, r in enumerate(records):
-        ts = r.timestamp
-        if ts > max_ts:
-            max_ts = ts
-        tag, sk, keys, props = r.tag, r.sharding_key, r.keys, r.properties
-        if tag or sk or keys or props:
-            if len(tag) > MAX_TAG_BYTES:
-                raise MessageTooLargeError(f"tag is {len(tag)} bytes, max {MAX_TAG_BYTES}")
-            if len(sk) > MAX_SHARDING_KEY_BYTES or len(keys) > MAX_KEYS_BYTES:
-                raise MessageTooLargeError("sharding key or keys longer than 65535 bytes")
-            append(
-                _pack_record(
-                    18 + len(tag) + len(sk) + len(keys) + len(props) + len(r.body),
-                    i, ts - first_ts, 0, len(tag), len(sk), len(keys), len(props),
+    try:
+        for i, r in enumerate(records):
+            ts = r.timestamp
+            if ts > max_ts:
+                max_ts = ts
+            tag, sk, keys, props = r.tag, r.sharding_key, r.keys, r.properties
+            if tag or sk or keys or props:
+                if len(tag) > MAX_TAG_BYTES:
+                    raise MessageTooLargeError(f"tag is {len(tag)} bytes, max {MAX_TAG_BYTES}")
+                if len(sk) > MAX_SHARDING_KEY_BYTES or len(keys) > MAX_KEYS_BYTES:
+                    raise MessageTooLargeError("sharding key or keys longer than 65535 bytes")
+                append(
+                    _pack_record(
+                        18 + len(tag) + len(sk) + len(keys) + len(props) + len(r.body),
+                        i, ts - first_ts, 0, len(tag), len(sk), len(keys), len(props),
+                    )
                 )
-            )
-            append(tag + sk + keys + props)
-        else:
-            append(_pack_record(18 + len(r.body), i, ts - first_ts, 0, 0, 0, 0, 0))
-        append(r.body)
+                append(tag + sk + keys + props)
+            else:
+                append(_pack_record(18 + len(r.body), i, ts - first_ts, 0, 0, 0, 0, 0))
+            append(r.body)
+    except struct.error:  # a timestamp delta beyond i32
+        raise BatchTooLargeError("the born times of one batch must lie within 24 days") from None
     buf = bytearray().join(parts)
     HEADER.pack_into(
         buf, 0, 0, len(buf) - LENGTH_PREFIX, 0, 0, 0, MAGIC, attributes, len(records),
@@ -393,9 +397,12 @@ def decode_records(buf: bytes | bytearray | memoryview) -> list[Record]:
     out: list[Record] = []
     for pos, h in iter_batches(mv):
         for off, ts, t0, t1, s1, k1, p1, rend in iter_raw_records(mv, pos, h):
-            tag = bytes(mv[t0:t1]).decode() if t1 > t0 else None
-            sk = bytes(mv[t1:s1]).decode() if s1 > t1 else None
-            keys = tuple(bytes(mv[s1:k1]).decode().split("\x00")) if k1 > s1 else ()
+            try:
+                tag = bytes(mv[t0:t1]).decode() if t1 > t0 else None
+                sk = bytes(mv[t1:s1]).decode() if s1 > t1 else None
+                keys = tuple(bytes(mv[s1:k1]).decode().split("\x00")) if k1 > s1 else ()
+            except UnicodeDecodeError:
+                raise CorruptRecordError(f"record at offset {off}: text field is not UTF-8") from None
             props = decode_properties(bytes(mv[k1:p1]))
             out.append(Record(off, ts, tag, sk, keys, props, bytes(mv[p1:rend])))
     return out

@@ -161,12 +161,6 @@ def test_record_tag_is_lenient(rich_batch: bytearray) -> None:
     assert record_tag(bad, rec) == "\ufffd"
 
 
-@pytest.mark.xfail(
-    strict=True, raises=UnicodeDecodeError,
-    reason="BUG: decode_records() .decode()s tag/sharding key/keys strictly; a CRC-valid batch "
-           "whose tag is not UTF-8 (the broker never checks) raises UnicodeDecodeError, "
-           "not CorruptRecordError",
-)
 @pytest.mark.parametrize("field", ["tag", "sharding_key", "keys"])
 def test_decode_records_invalid_utf8_raises_corrupt(field: str) -> None:
     buf = _stamped(encode_batch([RecordInput(b"body", 0, **{field: b"\xff\xfe"})]))
@@ -424,11 +418,6 @@ def test_msg_id_of_unknown_hex_length_is_not_checked_further() -> None:
         decode_msg_id("0000000G" + "0" * 20)
 
 
-@pytest.mark.xfail(
-    strict=True, raises=struct.error,
-    reason="BUG (local side): encode_batch packs timestamp_delta as i32 unchecked; records "
-           "born more than ~24.8 days apart raise struct.error instead of a FerryMQError",
-)
 def test_encode_batch_timestamp_delta_overflow_is_a_ferrymq_error() -> None:
     with pytest.raises(FerryMQError):
         encode_batch([RecordInput(b"a", 0), RecordInput(b"b", 2**31)])
