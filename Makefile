@@ -31,7 +31,7 @@ run: $(VENV)/.installed
 	$(BIN)/ferrymq broker --host $(HOST) --port $(PORT) --data-dir $(DATA) --flush $(FLUSH)
 
 lint: install-test
-	$(BIN)/ruff check src tests bench fuzz
+	$(BIN)/ruff check $(wildcard src tests bench fuzz)
 
 typecheck: install-test
 	$(BIN)/mypy

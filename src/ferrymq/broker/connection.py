@@ -20,8 +20,10 @@ connection lives on. Nothing a peer sends can raise out of this class.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
+import socket
 import time
 from typing import TYPE_CHECKING, Any, cast
 
@@ -65,6 +67,11 @@ class BrokerConnection(asyncio.Protocol):
             self.closed = True
             return
         transport.set_write_buffer_limits(high=self.server.config.max_write_buffer_bytes)
+        sock = transport.get_extra_info("socket")
+        if sock is not None:  # the kernel notices peers that vanished without a FIN
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import socket
 from typing import TypeVar, cast
 
 from ferrymq.errors import (
@@ -65,9 +66,8 @@ class Transport(asyncio.Protocol):
         self._transport = cast(asyncio.Transport, transport)
         sock = transport.get_extra_info("socket")
         if sock is not None:
-            import socket
-
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
 
     def data_received(self, data: bytes) -> None:
         try:
