@@ -41,6 +41,7 @@ ERRORS_ALL = [
     "ErrorCode",
     "FerryMQError",
     "FerryMQTimeoutError",
+    "FrameSizeError",
     "FrameTooLargeError",
     "IllegalGenerationError",
     "InternalBrokerError",

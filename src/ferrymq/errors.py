@@ -6,6 +6,7 @@
     ├── ProtocolError                 bytes that do not follow the protocol
     │   ├── LocalProtocolError        we (or our caller) broke it
     │   └── RemoteProtocolError       the peer broke it
+    │       └── FrameSizeError        a frame above max_frame_bytes
     ├── BrokerError                   reported by the broker with an ErrorCode
     │   └── one subclass per code     (code, retriable) as class attributes
     ├── ClientError                   raised on the client side
@@ -43,6 +44,7 @@ __all__ = [
     "ErrorCode",
     "FerryMQError",
     "FerryMQTimeoutError",
+    "FrameSizeError",
     "FrameTooLargeError",
     "IllegalGenerationError",
     "InternalBrokerError",
@@ -92,6 +94,10 @@ class LocalProtocolError(ProtocolError):
 
 class RemoteProtocolError(ProtocolError):
     """The peer sent something the protocol does not allow."""
+
+
+class FrameSizeError(RemoteProtocolError):
+    """The peer announced a frame larger than ``max_frame_bytes``."""
 
 
 # --- broker (one class per wire code) -------------------------------------------------------

@@ -27,7 +27,7 @@ import socket
 import time
 from typing import TYPE_CHECKING, Any, cast
 
-from ferrymq.errors import BrokerError, RemoteProtocolError
+from ferrymq.errors import BrokerError, FrameSizeError, RemoteProtocolError
 from ferrymq.protocol.codes import ErrorCode
 from ferrymq.protocol.frames import Frame, FrameDecoder, encode_response
 from ferrymq.protocol.messages import REQUESTS, Body
@@ -93,17 +93,19 @@ class BrokerConnection(asyncio.Protocol):
         try:
             frames = self.decoder.feed(data)
         except RemoteProtocolError as exc:
-            self.fail(ErrorCode.FRAME_TOO_LARGE if "exceeds" in str(exc)
-                      else ErrorCode.INVALID_REQUEST, str(exc))
+            self._fail_stream(exc)
             return
         for frame in frames:
             if self.closed:
                 return
             self._dispatch(frame)
-        err = self.decoder.error
-        if err is not None:
-            self.fail(ErrorCode.FRAME_TOO_LARGE if "exceeds" in str(err)
-                      else ErrorCode.INVALID_REQUEST, str(err))
+        if self.decoder.error is not None:
+            self._fail_stream(self.decoder.error)
+
+    def _fail_stream(self, exc: RemoteProtocolError) -> None:
+        code = ErrorCode.FRAME_TOO_LARGE if isinstance(exc, FrameSizeError) else (
+            ErrorCode.INVALID_REQUEST)
+        self.fail(code, str(exc))
 
     # -- requests ----------------------------------------------------------------------------
 

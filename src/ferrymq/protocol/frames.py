@@ -24,7 +24,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from ferrymq.errors import RemoteProtocolError
+from ferrymq.errors import FrameSizeError, RemoteProtocolError
 
 HEADER = struct.Struct("<IHBBI")
 HEADER_SIZE = HEADER.size  # 12
@@ -139,15 +139,16 @@ class FrameDecoder:
         unpack = HEADER.unpack_from
         while n - pos >= HEADER_SIZE:
             length, api_key, version, flags, corr = unpack(buf, pos)
-            problem = None
+            problem: RemoteProtocolError | None = None
             if length > self._max - 4:
-                problem = f"frame of {length + 4} bytes exceeds max_frame_bytes={self._max}"
+                problem = FrameSizeError(
+                    f"frame of {length + 4} bytes exceeds max_frame_bytes={self._max}")
             elif length < _AFTER_LENGTH:
-                problem = f"frame length {length} is shorter than its header"
+                problem = RemoteProtocolError(f"frame length {length} is shorter than its header")
             elif flags & ~_KNOWN_FLAGS:
-                problem = f"unknown frame flags {flags:#x}"
+                problem = RemoteProtocolError(f"unknown frame flags {flags:#x}")
             if problem is not None:
-                self.error = RemoteProtocolError(problem)
+                self.error = problem
                 del buf[:]
                 if frames:
                     return frames

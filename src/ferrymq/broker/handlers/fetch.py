@@ -129,6 +129,7 @@ def _read_filtered(
     skip_start = -1  # first offset of a run of batches with no match
     skip_end = -1
     skip_header: bytes = b""
+    wanted = {t.encode() for t in tags}
     pos_offset = offset
     while pos_offset < end and out_bytes < limit and scanned < MAX_FILTER_SCAN_BYTES:
         chunk = qs.log.read(pos_offset, min(limit, 1024 * 1024), upto_offset=end)
@@ -142,7 +143,7 @@ def _read_filtered(
             keep = []
             for rec in iter_raw_records(mv, pos, h):
                 t0, t1 = rec[2], rec[3]
-                if t1 > t0 and rec[0] >= offset and bytes(mv[t0:t1]).decode("utf-8", "replace") in tags:
+                if t1 > t0 and rec[0] >= offset and bytes(mv[t0:t1]) in wanted:
                     keep.append(rec)
             if keep:
                 if skip_start >= 0:
