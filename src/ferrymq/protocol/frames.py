@@ -99,15 +99,20 @@ def split_response(payload: bytes) -> tuple[int, bytes]:
 class FrameDecoder:
     """Incremental frame decoder over a byte stream (sans-IO).
 
+    Chunks are kept in a list and joined once per completed frame, so a large frame arriving in
+    many reads is copied once, not once per read.
+
     Args:
         max_frame_bytes: frames whose declared length exceeds this raise at once, before any
             payload is buffered.
     """
 
-    __slots__ = ("_buf", "_max", "error")
+    __slots__ = ("_chunks", "_have", "_max", "_need", "error")
 
     def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
-        self._buf = bytearray()
+        self._chunks: list[bytes] = []
+        self._have = 0  # bytes held in _chunks
+        self._need = HEADER_SIZE  # bytes needed before parsing can make progress
         self._max = max_frame_bytes
         self.error: RemoteProtocolError | None = None
         """Set when a bad header followed frames returned by the same ``feed`` call: handle
@@ -116,7 +121,7 @@ class FrameDecoder:
     @property
     def buffered(self) -> int:
         """Bytes held while waiting for the rest of a frame."""
-        return len(self._buf)
+        return self._have
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[Frame]:
         """Add bytes from the stream and return every frame they complete.
@@ -131,12 +136,18 @@ class FrameDecoder:
         """
         if self.error is not None:
             raise self.error
-        buf = self._buf
-        buf += data
+        if data:
+            self._chunks.append(bytes(data))
+            self._have += len(data)
+        if self._have < self._need:
+            return []
+        chunks = self._chunks
+        buf = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        n = len(buf)
         frames: list[Frame] = []
         pos = 0
-        n = len(buf)
         unpack = HEADER.unpack_from
+        need = HEADER_SIZE
         while n - pos >= HEADER_SIZE:
             length, api_key, version, flags, corr = unpack(buf, pos)
             problem: RemoteProtocolError | None = None
@@ -149,15 +160,19 @@ class FrameDecoder:
                 problem = RemoteProtocolError(f"unknown frame flags {flags:#x}")
             if problem is not None:
                 self.error = problem
-                del buf[:]
+                self._chunks = []
+                self._have = 0
                 if frames:
                     return frames
-                raise self.error
+                raise problem
             end = pos + 4 + length
             if end > n:
+                need = end - pos
                 break
-            frames.append(Frame(api_key, version, flags, corr, bytes(buf[pos + HEADER_SIZE : end])))
+            frames.append(Frame(api_key, version, flags, corr, buf[pos + HEADER_SIZE : end]))
             pos = end
-        if pos:
-            del buf[:pos]
+        rest = buf[pos:] if pos else buf
+        self._chunks = [rest] if rest else []
+        self._have = len(rest)
+        self._need = need
         return frames

@@ -44,7 +44,7 @@ from ferrymq.errors import (
     LogClosedError,
     OffsetOutOfRangeError,
 )
-from ferrymq.protocol.records import decode_header, stamp_batch
+from ferrymq.protocol.records import HEADER_SIZE, decode_header, stamp_batch
 from ferrymq.storage.checkpoint import read_checkpoint, write_checkpoint
 from ferrymq.storage.files import RECOVERY_POINT_FILE, fsync_directory
 from ferrymq.storage.index import MAX_RELATIVE_OFFSET
@@ -263,8 +263,9 @@ class Log:
 
     # --- appending ---------------------------------------------------------------------------
 
-    def append(self, batch: bytearray, *, now_ms: int) -> AppendResult:
-        """Append one batch already validated by the broker; stamps it in place.
+    def append(self, batch: bytes | bytearray, *, now_ms: int) -> AppendResult:
+        """Append one batch already validated by the broker, stamping base offset and append
+        time into a copy of its header (the body is written as it came).
 
         Raises:
             ProducerFencedError: the producer epoch is older than the current one.
@@ -285,9 +286,10 @@ class Log:
             active = self._roll()
         base = self._end_offset
         append_time = max(now_ms, self._last_append_time_ms)
-        stamp_batch(batch, 0, base, append_time)
+        head = bytearray(batch[:HEADER_SIZE])
+        stamp_batch(head, 0, base, append_time)
         stamped = h._replace(base_offset=base, append_time_ms=append_time)
-        active.append(batch, stamped)
+        active.append(batch, stamped, head)
         self._producers.update(stamped)
         self._last_append_time_ms = append_time
         with self._lock:

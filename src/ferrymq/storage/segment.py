@@ -246,8 +246,15 @@ class Segment:
 
     # --- writing -----------------------------------------------------------------------------
 
-    def append(self, batch: bytes | bytearray | memoryview, header: BatchHeader) -> int:
+    def append(
+        self, batch: bytes | bytearray | memoryview, header: BatchHeader,
+        stamped_head: bytes | bytearray | None = None,
+    ) -> int:
         """Append one stamped batch (``header`` is its decoded header); return its position.
+
+        ``stamped_head``, when given, replaces the first ``len(stamped_head)`` bytes of
+        ``batch`` on disk (the broker stamps a copy of the header instead of the whole batch);
+        both parts go down in one ``writev``.
 
         Raises:
             OSError: the write failed; the file is cut back to its previous size if possible.
@@ -256,6 +263,16 @@ class Segment:
         pos = self._size_bytes
         view = memoryview(batch)
         try:
+            if stamped_head is not None:
+                head = memoryview(stamped_head)
+                rest = view[len(head) :]
+                written = os.writev(fd, [head, rest])
+                if written < len(head):
+                    head = head[written:]
+                    while head:
+                        head = head[os.write(fd, head) :]
+                    written = len(stamped_head)
+                view = rest[written - len(stamped_head) :]
             while view:
                 written = os.write(fd, view)
                 view = view[written:]

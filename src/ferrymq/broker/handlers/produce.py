@@ -38,10 +38,9 @@ def produce(
             qs = srv.topics.queue(topic, queue)
             if qs in srv.flusher.failed:
                 raise StorageFailureError(f"{topic}/{queue} had an fsync failure; restart needed")
-            buf = bytearray(batch)
-            validate_batch(buf, max_message_bytes=cfg.max_message_bytes,
+            validate_batch(batch, max_message_bytes=cfg.max_message_bytes,
                            max_records=cfg.max_batch_records)
-            res = qs.log.append(buf, now_ms=now_ms)
+            res = qs.log.append(batch, now_ms=now_ms)
         except BrokerError as exc:
             results.append((topic, queue, exc.code, str(exc)[:1024], -1, -1, -1, 0, -1))
             continue
