@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from ferrymq.errors import BrokerError, FrameSizeError, RemoteProtocolError
 from ferrymq.protocol.codes import ErrorCode
-from ferrymq.protocol.frames import Frame, FrameDecoder, encode_response
+from ferrymq.protocol.frames import Frame, FrameDecoder, encode_response, encode_response_parts
 from ferrymq.protocol.messages import REQUESTS, Body
 
 if TYPE_CHECKING:
@@ -135,6 +135,10 @@ class BrokerConnection(asyncio.Protocol):
         except RemoteProtocolError as exc:
             self._reply(frame, ErrorCode.INVALID_REQUEST, str(exc).encode()[:1024])
             return
+        except Exception:  # a decoder bug must not take the connection down
+            log.exception("decoding %s failed", cls.API_KEY.name)
+            self._reply(frame, ErrorCode.INVALID_REQUEST, b"undecodable request body")
+            return
         handler = self.server.handlers[frame.api_key]
         try:
             result = handler(self, req)
@@ -146,7 +150,7 @@ class BrokerConnection(asyncio.Protocol):
             self._reply(frame, ErrorCode.INTERNAL_ERROR, b"internal error (see broker log)")
             return
         if isinstance(result, Body):
-            self._reply(frame, ErrorCode.NONE, result.encode())
+            self._reply_body(frame, result)
             return
         fut: asyncio.Future[Body] = asyncio.ensure_future(result)
         self.in_flight += 1
@@ -162,12 +166,19 @@ class BrokerConnection(asyncio.Protocol):
             return
         exc = fut.exception()
         if exc is None:
-            self._reply(frame, ErrorCode.NONE, fut.result().encode())
+            self._reply_body(frame, fut.result())
         elif isinstance(exc, BrokerError):
             self._reply(frame, exc.code, str(exc).encode()[:4096])
         else:
             log.error("request %d failed", frame.api_key, exc_info=exc)
             self._reply(frame, ErrorCode.INTERNAL_ERROR, b"internal error (see broker log)")
+
+    def _reply_body(self, frame: Frame, body: Body) -> None:
+        if frame.oneway or self.closed or self.transport is None:
+            return
+        self.transport.writelines(encode_response_parts(
+            frame.api_key, frame.api_version, frame.correlation_id, ErrorCode.NONE,
+            body.encode_parts()))
 
     def _reply(self, frame: Frame, code: int, body: bytes) -> None:
         if frame.oneway or self.closed or self.transport is None:

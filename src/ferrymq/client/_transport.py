@@ -22,7 +22,7 @@ from ferrymq.errors import (
     RemoteProtocolError,
     error_for_code,
 )
-from ferrymq.protocol.frames import FLAG_ONEWAY, FrameDecoder, encode_frame, split_response
+from ferrymq.protocol.frames import FLAG_ONEWAY, FrameDecoder, encode_frame_parts, split_response
 from ferrymq.protocol.messages import Body, Request
 
 B = TypeVar("B", bound=Body)
@@ -141,8 +141,8 @@ class Transport(asyncio.Protocol):
         fut: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
         if not oneway:
             self._pending[corr] = (fut, type(req))
-        self._transport.write(encode_frame(req.API_KEY, 1, FLAG_ONEWAY if oneway else 0, corr,
-                                           req.encode()))
+        self._transport.writelines(encode_frame_parts(
+            req.API_KEY, 1, FLAG_ONEWAY if oneway else 0, corr, req.encode_parts()))
         if oneway:
             fut.set_result(b"\x00\x00")
         return fut

@@ -468,7 +468,7 @@ class AsyncPullConsumer:
             qst.topic_id = topic_id
             qst.high_watermark = hw
             if data:
-                self._decode(topic, queue, qst, data)
+                self._decode(topic, queue, qst, data if isinstance(data, bytes) else bytes(data))
         if reset:
             await self._reset_to(reset, self._reset)
 

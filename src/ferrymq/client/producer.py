@@ -88,7 +88,7 @@ class _QueueBuffer:
 @dataclass(eq=False)
 class _Batch:
     buf: _QueueBuffer
-    data: bytes
+    data: bytearray
     units: list[_Unit]
     count: int
     deadline: float
@@ -442,8 +442,8 @@ class AsyncProducer:
         if self._idempotent:
             seq = b.next_seq
             b.next_seq += len(records)
-        data = bytes(encode_batch(records, producer_id=self.producer_id,
-                                  producer_epoch=self.producer_epoch, base_sequence=seq))
+        data = encode_batch(records, producer_id=self.producer_id,
+                            producer_epoch=self.producer_epoch, base_sequence=seq)
         b.in_flight = True
         if not b.records:
             b.ready = False

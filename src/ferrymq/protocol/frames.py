@@ -70,6 +70,26 @@ def encode_frame(
                        correlation_id) + payload
 
 
+def encode_frame_parts(
+    api_key: int, api_version: int, flags: int, correlation_id: int,
+    parts: list[bytes | bytearray | memoryview],
+) -> list[bytes | bytearray | memoryview]:
+    """A frame as a list of buffers: the header, then the payload parts unchanged."""
+    size = sum(len(p) for p in parts)
+    return [HEADER.pack(size + _AFTER_LENGTH, api_key, api_version, flags, correlation_id),
+            *parts]
+
+
+def encode_response_parts(
+    api_key: int, api_version: int, correlation_id: int, code: int,
+    parts: list[bytes | bytearray | memoryview],
+) -> list[bytes | bytearray | memoryview]:
+    """A response frame as a list of buffers (header with the error code, then the body)."""
+    size = sum(len(p) for p in parts)
+    return [HEADER.pack(size + 2 + _AFTER_LENGTH, api_key, api_version, FLAG_RESPONSE,
+                        correlation_id) + _U16.pack(code), *parts]
+
+
 def encode_frame_header(
     api_key: int, api_version: int, flags: int, correlation_id: int, payload_len: int
 ) -> bytes:

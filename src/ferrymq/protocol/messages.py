@@ -158,6 +158,96 @@ def tup(*s: _Spec) -> _Spec:
     return _Tup(*s)
 
 
+# --- hand-rolled msgpack for the two bulk messages -------------------------------------------
+# PRODUCE requests and FETCH responses carry megabytes of record batches. Building them as a
+# list of buffers (msgpack headers + the batches themselves) lets the transport write them with
+# one vectored write instead of copying every batch into one big bytes object, and the broker
+# reads produce batches as views into the received frame. The bytes are exactly what
+# ``msgpack.packb`` would produce, so the generic decoder reads them too.
+
+
+def _array_header(n: int) -> bytes:
+    if n < 16:
+        return bytes((0x90 | n,))
+    if n < 0x10000:
+        return b"\xdc" + n.to_bytes(2, "big")
+    return b"\xdd" + n.to_bytes(4, "big")
+
+
+def _bin_header(n: int) -> bytes:
+    if n < 0x100:
+        return b"\xc4" + bytes((n,))
+    if n < 0x10000:
+        return b"\xc5" + n.to_bytes(2, "big")
+    return b"\xc6" + n.to_bytes(4, "big")
+
+
+class _Reader:
+    """A strict reader of the few msgpack types the fast paths use; anything else -> None."""
+
+    __slots__ = ("buf", "pos")
+
+    def __init__(self, buf: memoryview) -> None:
+        self.buf = buf
+        self.pos = 0
+
+    def _take(self, n: int) -> memoryview:
+        p = self.pos
+        end = p + n
+        if end > len(self.buf):
+            raise _Unexpected
+        self.pos = end
+        return self.buf[p:end]
+
+    def array(self) -> int:
+        b = self._take(1)[0]
+        if b & 0xF0 == 0x90:
+            return b & 0x0F
+        if b == 0xDC:
+            return int.from_bytes(self._take(2), "big")
+        if b == 0xDD:
+            return int.from_bytes(self._take(4), "big")
+        raise _Unexpected
+
+    def int_(self) -> int:
+        b = self._take(1)[0]
+        if b < 0x80:
+            return b
+        if b >= 0xE0:
+            return b - 0x100
+        sizes = {0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8, 0xD0: 1, 0xD1: 2, 0xD2: 4, 0xD3: 8}
+        n = sizes.get(b)
+        if n is None:
+            raise _Unexpected
+        return int.from_bytes(self._take(n), "big", signed=b >= 0xD0)
+
+    def str_(self) -> str:
+        b = self._take(1)[0]
+        if b & 0xE0 == 0xA0:
+            n = b & 0x1F
+        elif b == 0xD9:
+            n = self._take(1)[0]
+        elif b == 0xDA:
+            n = int.from_bytes(self._take(2), "big")
+        else:
+            raise _Unexpected
+        try:
+            return str(self._take(n), "utf-8")
+        except UnicodeDecodeError:
+            raise _Unexpected from None
+
+    def bin_(self) -> memoryview:
+        b = self._take(1)[0]
+        width = {0xC4: 1, 0xC5: 2, 0xC6: 4}.get(b)
+        if width is None:
+            raise _Unexpected
+        return self._take(int.from_bytes(self._take(width), "big"))
+
+
+class _Unexpected(Exception):
+    """The fast path met something it does not handle: use the generic decoder."""
+
+
 # --- base classes ---------------------------------------------------------------------------
 
 M = TypeVar("M", bound="Body")
@@ -173,25 +263,33 @@ class Body:
         """Encode this body as a msgpack array."""
         return bytes(msgpack.packb(astuple_shallow(self), use_bin_type=True))
 
+    def encode_parts(self) -> list[bytes | bytearray | memoryview]:
+        """The encoding as a list of buffers to write in order (one, unless overridden)."""
+        return [self.encode()]
+
     @classmethod
-    def decode(cls: type[M], data: bytes) -> M:
+    def decode(cls: type[M], data: bytes | memoryview) -> M:
         """Decode and check a body of this type.
 
         Raises:
             RemoteProtocolError: not msgpack, or a field does not match the schema.
         """
-        try:
-            raw = msgpack.unpackb(data, raw=False, use_list=True, strict_map_key=True)
-        except Exception as exc:  # noqa: BLE001 - msgpack raises many unrelated types
-            raise RemoteProtocolError(f"{cls.__name__}: undecodable body ({exc})") from None
-        schema = cls.SCHEMA
-        if type(raw) is not list or len(raw) < len(schema):
-            raise RemoteProtocolError(f"{cls.__name__}: expected {len(schema)} fields")
-        try:
-            values = [s.check(v) for s, v in zip(schema, raw, strict=False)]
-        except RemoteProtocolError as exc:
-            raise RemoteProtocolError(f"{cls.__name__}: {exc}") from None
-        return cls(*values)
+        return _decode_generic(cls, data)
+
+
+def _decode_generic(cls: type[M], data: bytes | memoryview) -> M:
+    try:
+        raw = msgpack.unpackb(data, raw=False, use_list=True, strict_map_key=True)
+    except Exception as exc:  # noqa: BLE001 - msgpack raises many unrelated types
+        raise RemoteProtocolError(f"{cls.__name__}: undecodable body ({exc})") from None
+    schema = cls.SCHEMA
+    if type(raw) is not list or len(raw) < len(schema):
+        raise RemoteProtocolError(f"{cls.__name__}: expected {len(schema)} fields")
+    try:
+        values = [s.check(v) for s, v in zip(schema, raw, strict=False)]
+    except RemoteProtocolError as exc:
+        raise RemoteProtocolError(f"{cls.__name__}: {exc}") from None
+    return cls(*values)
 
 
 def astuple_shallow(obj: Body) -> list[Any]:
@@ -362,7 +460,7 @@ class ProduceResponse(Body):
     SCHEMA = (lst(tup(STR, INT, INT, STR, INT, INT, INT, INT, INT)),)
 
 
-ProduceEntry = tuple[str, int, bytes]
+ProduceEntry = tuple[str, int, bytes | bytearray | memoryview]
 """(topic, queue, record batch)."""
 
 
@@ -376,8 +474,42 @@ class ProduceRequest(Request):
     RESPONSE = ProduceResponse
     SCHEMA = (INT, lst(tup(STR, INT, BYTES)))
 
+    def encode_parts(self) -> list[bytes | bytearray | memoryview]:
+        """Headers and batches as separate buffers (no copy of the batches)."""
+        parts: list[bytes | bytearray | memoryview] = [
+            b"\x92" + msgpack.packb(self.timeout_ms) + _array_header(len(self.entries))
+        ]
+        for topic, queue, batch in self.entries:
+            parts.append(b"\x93" + msgpack.packb(topic) + msgpack.packb(queue)
+                         + _bin_header(len(batch)))
+            parts.append(batch)
+        return parts
 
-FetchResult = tuple[str, int, int, str, int, int, int, bytes]
+    @classmethod
+    def decode(cls, data: bytes | memoryview) -> ProduceRequest:
+        """Decode with batches as views into ``data`` (no copy); unusual encodings take the
+        generic, fully checked path."""
+        r = _Reader(memoryview(data))
+        try:
+            if r.array() != 2:
+                raise _Unexpected
+            timeout = r.int_()
+            n = r.array()
+            if n > MAX_LIST_ITEMS:
+                raise _Unexpected
+            entries: list[ProduceEntry] = []
+            for _ in range(n):
+                if r.array() != 3:
+                    raise _Unexpected
+                entries.append((r.str_(), r.int_(), r.bin_()))
+            if r.pos != len(r.buf):
+                raise _Unexpected
+        except _Unexpected:
+            return _decode_generic(cls, data)
+        return cls(timeout, entries)
+
+
+FetchResult = tuple[str, int, int, str, int, int, int, bytes | memoryview]
 """(topic, queue, error code, error message, high watermark, log start offset, topic id,
 record batches)."""
 
@@ -388,6 +520,18 @@ class FetchResponse(Body):
 
     results: list[FetchResult]
     SCHEMA = (lst(tup(STR, INT, INT, STR, INT, INT, INT, BYTES)),)
+
+    def encode_parts(self) -> list[bytes | bytearray | memoryview]:
+        """Headers and record data as separate buffers (no copy of the data)."""
+        parts: list[bytes | bytearray | memoryview] = [
+            b"\x91" + _array_header(len(self.results))
+        ]
+        for *head, data in self.results:
+            fields = msgpack.packb(head, use_bin_type=True)  # a fixarray of 7
+            parts.append(b"\x98" + fields[1:] + _bin_header(len(data)))
+            if data:
+                parts.append(data)
+        return parts
 
 
 FetchEntry = tuple[str, int, int, int, str]

@@ -263,7 +263,7 @@ class Log:
 
     # --- appending ---------------------------------------------------------------------------
 
-    def append(self, batch: bytes | bytearray, *, now_ms: int) -> AppendResult:
+    def append(self, batch: bytes | bytearray | memoryview, *, now_ms: int) -> AppendResult:
         """Append one batch already validated by the broker, stamping base offset and append
         time into a copy of its header (the body is written as it came).
 
