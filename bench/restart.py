@@ -19,8 +19,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ferrymq import AsyncProducer, Message  # noqa: E402
-from tests.helpers import BrokerProcess  # noqa: E402
+from tests.helpers import BrokerProcess
+
+from ferrymq import AsyncProducer, Message
 
 
 async def fill(address: str, total_bytes: int, size: int) -> None:

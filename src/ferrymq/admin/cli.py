@@ -351,7 +351,7 @@ def produce(state: CliState, topic_name: str, bodies: Sequence[str], tag: str | 
                   delivery_timeout_s=max(PRODUCE_DELIVERY_TIMEOUT_S, state.connect_timeout_s),
                   ) as producer:
         if bodies:
-            results: list[SendResult] = producer.send_batch([make(b) for b in bodies])
+            results: list[SendResult] = list(producer.send_batch([make(b) for b in bodies]))
             printer.sent(results)
             return
         stdin = sys.stdin.buffer

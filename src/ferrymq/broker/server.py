@@ -68,6 +68,7 @@ class BrokerServer:
         self._tasks: list[asyncio.Task[None]] = []
         self._stopped = asyncio.Event()
         self._last_retention = 0.0
+        self.shutdown_error: BaseException | None = None
 
     def now_monotonic_ms(self) -> int:
         """Monotonic milliseconds (sessions, timeouts)."""
@@ -137,6 +138,16 @@ class BrokerServer:
             return
         self.shutting_down = True
         log.info("shutting down")
+        try:
+            await self._shutdown()
+        except BaseException as exc:
+            self.shutdown_error = exc
+            log.critical("shutdown failed: %s", exc, exc_info=exc)
+            raise
+        finally:  # whatever failed, the process must be able to exit
+            self._stopped.set()
+
+    async def _shutdown(self) -> None:
         if self._server is not None:
             self._server.close()
         for qs in self.topics.all_queues():  # answer long polls now
@@ -159,7 +170,6 @@ class BrokerServer:
         _fsync_dir(self.data_dir)
         if self._lock_file is not None:
             self._lock_file.close()
-        self._stopped.set()
         log.info("stopped cleanly")
 
     async def wait_stopped(self) -> None:
@@ -231,7 +241,11 @@ def install_event_loop_policy() -> None:
 
 
 async def serve(config: BrokerConfig, on_started: Callable[[BrokerServer], Any] | None = None) -> None:
-    """Run a broker until SIGTERM or SIGINT, then stop gracefully."""
+    """Run a broker until SIGTERM or SIGINT, then stop gracefully.
+
+    Raises:
+        BaseException: whatever made the shutdown fail (so the process exits non-zero).
+    """
     server = BrokerServer(config)
     await server.start()
     if on_started is not None:
@@ -246,6 +260,8 @@ async def serve(config: BrokerConfig, on_started: Callable[[BrokerServer], Any] 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, _signal)
     await server.wait_stopped()
+    if server.shutdown_error is not None:
+        raise server.shutdown_error
 
 
 def run(config: BrokerConfig) -> None:

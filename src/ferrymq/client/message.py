@@ -6,7 +6,8 @@ from __future__ import annotations
 import datetime as _dt
 import enum
 import struct
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from typing import overload
 
 from ferrymq.errors import CorruptRecordError
 from ferrymq.protocol.records import (
@@ -16,6 +17,8 @@ from ferrymq.protocol.records import (
     encode_msg_id,
     encode_properties,
 )
+
+_new_tuple = tuple.__new__  # skips the namedtuple's Python-level __new__ on the hot path
 
 
 def _utf8(value: str | bytes | None, what: str) -> bytes:
@@ -73,7 +76,7 @@ class Message:
             ValueError: a key contains NUL (keys are NUL-separated on the wire).
         """
         if not (self.tags or self.keys or self.sharding_key or self.properties):
-            return RecordInput(self.body, timestamp_ms)
+            return _new_tuple(RecordInput, (self.body, timestamp_ms, b"", b"", b"", b""))
         for k in self.keys:
             if "\x00" in k:
                 raise ValueError("message keys must not contain NUL")
@@ -156,6 +159,38 @@ class BatchContext:
 _LENGTHS = struct.Struct("<I9xBHHI")  # length, tag, sharding key, keys, properties lengths
 _unpack_lengths = _LENGTHS.unpack_from
 _TS = struct.Struct("<i")
+
+
+class SendResults(Sequence["SendResult"]):
+    """The results of messages stored as one contiguous run of one queue, created on access."""
+
+    __slots__ = ("_base", "_count", "_durability", "_queue", "_topic", "_topic_id")
+
+    def __init__(self, topic: str, queue: int, base: int, count: int, durability: Durability,
+                 topic_id: int) -> None:
+        self._topic, self._queue, self._base, self._count = topic, queue, base, count
+        self._durability, self._topic_id = durability, topic_id
+
+    def __len__(self) -> int:
+        return self._count
+
+    @overload
+    def __getitem__(self, i: int) -> SendResult: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[SendResult]: ...
+    def __getitem__(self, i: int | slice) -> SendResult | list[SendResult]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self._count))]
+        if i < 0:
+            i += self._count
+        if not 0 <= i < self._count:
+            raise IndexError(i)
+        return SendResult(self._topic, self._queue, self._base + i, self._durability,
+                          self._topic_id)
+
+    def __repr__(self) -> str:
+        return (f"SendResults({self._topic!r}, queue={self._queue}, offsets {self._base}.."
+                f"{self._base + self._count - 1})")
 
 
 class ReceivedMessage:

@@ -28,7 +28,13 @@ from typing import Any
 
 from ferrymq._time import SYSTEM_CLOCK, Clock
 from ferrymq.client._session import Session, TopicInfo
-from ferrymq.client.message import DURABILITY_BY_WIRE, Durability, Message, SendResult
+from ferrymq.client.message import (
+    DURABILITY_BY_WIRE,
+    Durability,
+    Message,
+    SendResult,
+    SendResults,
+)
 from ferrymq.client.partitioner import QueueSelector, RoundRobin, queue_for_key
 from ferrymq.errors import (
     BrokerError,
@@ -247,7 +253,7 @@ class AsyncProducer:
         await self._wait_for_space()
         self.send_nowait(msg, oneway=True)
 
-    async def send_batch(self, msgs: Sequence[Message]) -> list[SendResult]:
+    async def send_batch(self, msgs: Sequence[Message]) -> Sequence[SendResult]:
         """Send many messages in as few batches as possible; results in input order.
 
         Messages without a sharding key go to one queue per call (the next in round robin),
@@ -296,11 +302,14 @@ class AsyncProducer:
                 continue
             self._add(buf, recs, unit, immediate=True)
             futs.append((idxs, f))
+        if len(futs) == 1 and len(futs[0][0]) == len(msgs):
+            res = await futs[0][1]  # one run of one queue: results are made on access
+            return res if isinstance(res, SendResults) else [res]
         for idxs, f in futs:
             res = await f
-            if isinstance(res, list):
-                for i, r in zip(idxs, res, strict=True):
-                    results[i] = r
+            if isinstance(res, SendResults):
+                for i, one in zip(idxs, res, strict=True):
+                    results[i] = one
             else:
                 results[idxs[0]] = res
         return [r for r in results if r is not None]
@@ -498,10 +507,8 @@ class AsyncProducer:
         for u in bt.units:
             if u.future is not None and not u.future.done():
                 if u.many:
-                    u.future.set_result([
-                        SendResult(topic, queue, o, durability, topic_id)
-                        for o in range(off, off + u.count)
-                    ])
+                    u.future.set_result(SendResults(topic, queue, off, u.count, durability,
+                                                    topic_id))
                 else:
                     u.future.set_result(SendResult(topic, queue, off, durability, topic_id))
             off += u.count

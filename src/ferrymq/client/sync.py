@@ -84,7 +84,7 @@ class Producer:
         """Send and wait until stored."""
         return _run(self._async.send(msg))
 
-    def send_batch(self, msgs: Sequence[Message]) -> list[SendResult]:
+    def send_batch(self, msgs: Sequence[Message]) -> Sequence[SendResult]:
         """Send many, wait for all; results in input order."""
         return _run(self._async.send_batch(msgs))
 

@@ -130,7 +130,7 @@ class FrameDecoder:
     __slots__ = ("_chunks", "_have", "_max", "_need", "error")
 
     def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
-        self._chunks: list[bytes] = []
+        self._chunks: list[bytes | memoryview] = []
         self._have = 0  # bytes held in _chunks
         self._need = HEADER_SIZE  # bytes needed before parsing can make progress
         self._max = max_frame_bytes
@@ -162,7 +162,8 @@ class FrameDecoder:
         if self._have < self._need:
             return []
         chunks = self._chunks
-        buf = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        first = chunks[0]
+        buf = first if len(chunks) == 1 and isinstance(first, bytes) else b"".join(chunks)
         n = len(buf)
         frames: list[Frame] = []
         pos = 0
@@ -191,8 +192,8 @@ class FrameDecoder:
                 break
             frames.append(Frame(api_key, version, flags, corr, buf[pos + HEADER_SIZE : end]))
             pos = end
-        rest = buf[pos:] if pos else buf
-        self._chunks = [rest] if rest else []
+        rest = memoryview(buf)[pos:] if pos else buf  # a view: the next join copies it once
+        self._chunks = [rest] if len(rest) else []
         self._have = len(rest)
         self._need = need
         return frames

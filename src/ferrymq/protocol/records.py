@@ -210,16 +210,14 @@ def encode_batch(
     """
     if not records:
         raise BatchTooLargeError("a batch needs at least one record")
-    first_ts = records[0].timestamp
+    first_ts = records[0][1]
     max_ts = first_ts
     parts: list[bytes] = [bytes(HEADER_SIZE)]
     append = parts.append
     try:
-        for i, r in enumerate(records):
-            ts = r.timestamp
+        for i, (body, ts, tag, sk, keys, props) in enumerate(records):
             if ts > max_ts:
                 max_ts = ts
-            tag, sk, keys, props = r.tag, r.sharding_key, r.keys, r.properties
             if tag or sk or keys or props:
                 if len(tag) > MAX_TAG_BYTES:
                     raise MessageTooLargeError(f"tag is {len(tag)} bytes, max {MAX_TAG_BYTES}")
@@ -227,14 +225,14 @@ def encode_batch(
                     raise MessageTooLargeError("sharding key or keys longer than 65535 bytes")
                 append(
                     _pack_record(
-                        18 + len(tag) + len(sk) + len(keys) + len(props) + len(r.body),
+                        18 + len(tag) + len(sk) + len(keys) + len(props) + len(body),
                         i, ts - first_ts, 0, len(tag), len(sk), len(keys), len(props),
                     )
                 )
                 append(tag + sk + keys + props)
             else:
-                append(_pack_record(18 + len(r.body), i, ts - first_ts, 0, 0, 0, 0, 0))
-            append(r.body)
+                append(_pack_record(18 + len(body), i, ts - first_ts, 0, 0, 0, 0, 0))
+            append(body)
     except struct.error:  # a timestamp delta beyond i32
         raise BatchTooLargeError("the born times of one batch must lie within 24 days") from None
     buf = bytearray().join(parts)

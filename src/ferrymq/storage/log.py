@@ -387,7 +387,7 @@ class Log:
             seg.close_index_files()
         if directory_dirty:
             fsync_directory(self.directory)
-        active.flush()
+        active.flush(include_indexes=False)
         with self._lock:
             for seg in sealed:
                 if seg in self._pending_sealed:

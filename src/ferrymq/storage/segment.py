@@ -308,12 +308,19 @@ class Segment:
         if t is not None and self._last_batch_offset >= 0:
             self.timeindex.maybe_append(t, self._last_batch_offset)
 
-    def flush(self) -> None:
-        """Fsync the log file and any index file open for appends."""
+    def flush(self, *, include_indexes: bool = True) -> None:
+        """Fsync the log file and (unless told not to) any index file open for appends.
+
+        The broker's per-round flush of the active segment skips the indexes: they are caches
+        that recovery validates and rebuilds, so only the records need to be durable. Sealing
+        and closing a segment fsync them too.
+        """
         fd = self._fd
         if fd is None:
             return
         os.fsync(fd)
+        if not include_indexes:
+            return
         if self._index is not None:
             self._index.fsync()
         if self._timeindex is not None:
