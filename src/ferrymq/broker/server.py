@@ -264,8 +264,14 @@ async def serve(config: BrokerConfig, on_started: Callable[[BrokerServer], Any] 
         raise server.shutdown_error
 
 
+GIL_SWITCH_INTERVAL_S = 0.0005
+"""The flusher thread must get the GIL back promptly after each fsync, or a busy event loop
+keeps it waiting for Python's default 5 ms switch interval and sync-mode acks stall."""
+
+
 def run(config: BrokerConfig) -> None:
     """Blocking entry point of ``ferrymq broker``."""
     configure_logging(config.log_level)
     install_event_loop_policy()
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     asyncio.run(serve(config))
