@@ -27,7 +27,7 @@ from array import array
 from bisect import bisect_right
 from pathlib import Path
 
-from ferrymq.storage.files import atomic_write
+from ferrymq.storage._indexfile import IndexFile
 
 __all__ = ["MAX_RELATIVE_OFFSET", "OffsetIndex"]
 
@@ -47,21 +47,19 @@ def _strictly_increasing(values: array[int]) -> bool:
     return all(a < b for a, b in itertools.pairwise(values))
 
 
-class OffsetIndex:
+class OffsetIndex(IndexFile):
     """The in-memory and on-disk sparse offset index of one segment.
 
     Not thread-safe: owned by the log's writer thread (the flusher only calls :meth:`fsync`).
     """
 
-    __slots__ = ("_fd", "_positions", "_relative_offsets", "base_offset", "path")
+    __slots__ = ("_positions", "_relative_offsets")
 
     def __init__(self, path: Path, base_offset: int) -> None:
         """An empty index for the segment at ``base_offset``; nothing is written yet."""
-        self.path = path
-        self.base_offset = base_offset
+        super().__init__(path, base_offset)
         self._relative_offsets: array[int] = array("I")
         self._positions: array[int] = array("I")
-        self._fd: int | None = None
 
     @classmethod
     def load(
@@ -141,33 +139,3 @@ class OffsetIndex:
         if sys.byteorder == "big":
             flat.byteswap()
         return flat.tobytes()
-
-    def write_file(self) -> None:
-        """Atomically replace the file with the in-memory entries (reopening if open)."""
-        was_open = self._fd is not None
-        self.close()
-        atomic_write(self.path, self.to_bytes())
-        if was_open:
-            self.open_for_append()
-
-    def open_for_append(self, *, truncate: bool = False) -> None:
-        """Open the file so that later :meth:`append` calls write through to it.
-
-        Args:
-            truncate: start from an empty file (a new segment: no fsync needed, it is a cache).
-        """
-        if self._fd is None:
-            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | (os.O_TRUNC if truncate else 0)
-            self._fd = os.open(self.path, flags, 0o644)
-
-    def fsync(self) -> None:
-        """Fsync the file if it is open for appends."""
-        fd = self._fd
-        if fd is not None:
-            os.fsync(fd)
-
-    def close(self) -> None:
-        """Close the append descriptor (the entries stay in memory)."""
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            os.close(fd)

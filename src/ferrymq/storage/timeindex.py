@@ -24,25 +24,23 @@ from array import array
 from bisect import bisect_left
 from pathlib import Path
 
-from ferrymq.storage.files import atomic_write
+from ferrymq.storage._indexfile import IndexFile
 
 __all__ = ["TimeIndex"]
 
 _ENTRY = struct.Struct("<qI")
 
 
-class TimeIndex:
+class TimeIndex(IndexFile):
     """The in-memory and on-disk sparse time index of one segment."""
 
-    __slots__ = ("_fd", "_relative_offsets", "_times_ms", "base_offset", "path")
+    __slots__ = ("_relative_offsets", "_times_ms")
 
     def __init__(self, path: Path, base_offset: int) -> None:
         """An empty time index for the segment at ``base_offset``; nothing is written yet."""
-        self.path = path
-        self.base_offset = base_offset
+        super().__init__(path, base_offset)
         self._times_ms: array[int] = array("q")
         self._relative_offsets: array[int] = array("I")
-        self._fd: int | None = None
 
     @classmethod
     def load(cls, path: Path, base_offset: int, *, max_relative_offset: int) -> TimeIndex | None:
@@ -110,33 +108,3 @@ class TimeIndex:
         return b"".join(
             _ENTRY.pack(t, rel) for t, rel in zip(self._times_ms, self._relative_offsets, strict=True)
         )
-
-    def write_file(self) -> None:
-        """Atomically replace the file with the in-memory entries (reopening if open)."""
-        was_open = self._fd is not None
-        self.close()
-        atomic_write(self.path, self.to_bytes())
-        if was_open:
-            self.open_for_append()
-
-    def open_for_append(self, *, truncate: bool = False) -> None:
-        """Open the file so that later :meth:`maybe_append` calls write through to it.
-
-        Args:
-            truncate: start from an empty file (a new segment: no fsync needed, it is a cache).
-        """
-        if self._fd is None:
-            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | (os.O_TRUNC if truncate else 0)
-            self._fd = os.open(self.path, flags, 0o644)
-
-    def fsync(self) -> None:
-        """Fsync the file if it is open for appends."""
-        fd = self._fd
-        if fd is not None:
-            os.fsync(fd)
-
-    def close(self) -> None:
-        """Close the append descriptor (the entries stay in memory)."""
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            os.close(fd)
