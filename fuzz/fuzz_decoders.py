@@ -77,7 +77,7 @@ def fuzz_records(data: bytes) -> None:
         try:
             for pos, h in r.iter_batches(buf):
                 for rec in r.iter_raw_records(buf, pos, h):
-                    r.record_tag(buf, rec)
+                    r.record_fields(buf, rec[2] - r.RECORD_PREFIX_SIZE)
                     r.decode_properties(buf[rec[5] : rec[6]])
         except ALLOWED:
             pass

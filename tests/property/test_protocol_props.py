@@ -251,7 +251,7 @@ def _walk_records(buf: bytes) -> None:
         for rec in r.iter_raw_records(buf, pos, h):
             assert pos + r.HEADER_SIZE <= rec[2] <= rec[3] <= rec[4] <= rec[5] <= rec[6]
             assert rec[6] <= rec[7] <= pos + h.size
-            r.record_tag(buf, rec)
+            r.record_fields(buf, rec[2] - r.RECORD_PREFIX_SIZE)
             try:
                 r.decode_properties(buf[rec[5] : rec[6]])
             except ALLOWED:

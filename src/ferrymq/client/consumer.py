@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import struct
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -48,13 +47,12 @@ from ferrymq.errors import (
 from ferrymq.protocol import messages as m
 from ferrymq.protocol.codes import ErrorCode
 from ferrymq.protocol.messages import OffsetSpec
-from ferrymq.protocol.records import HEADER_SIZE, check_stored_batch, iter_batches
+from ferrymq.protocol.records import check_stored_batch, iter_batches, walk_records
 from ferrymq.protocol.tags import parse_tag_expression
 
 log = logging.getLogger("ferrymq.client")
 
 TopicQueue = tuple[str, int]
-_LEN_DELTA = struct.Struct("<II")  # a record's length and offset delta
 # Group-fencing errors are "retriable" only after a rejoin: never resend the same commit blindly.
 _COMMIT_RETRY = frozenset({ErrorCode.BROKER_SHUTTING_DOWN, ErrorCode.STORAGE_ERROR,
                            ErrorCode.REQUEST_TIMED_OUT, ErrorCode.BUSY})
@@ -480,34 +478,19 @@ class AsyncPullConsumer:
         topic_id = st.topic_id
         nxt = start
         n = 0
-        unpack = _LEN_DELTA.unpack_from
-        rm = ReceivedMessage
         for pos, h in iter_batches(mv):
             check_stored_batch(mv, pos)
             last = h.last_offset
             if last < start:
                 continue
-            base = h.base_offset
             ctx = BatchContext(topic, queue, topic_id, h.append_time_ms, h.first_timestamp)
-            p = pos + HEADER_SIZE
-            end = pos + h.size
-            chunk: list[ReceivedMessage] = []
-            app = chunk.append
-            try:
-                while p < end:
-                    length, delta = unpack(data, p)
-                    off = base + delta
-                    if off >= start:
-                        app(rm(ctx, data, p, off))
-                    p += 4 + length
-            except struct.error:
-                p = -1
-            if p != end:
+            chunk = walk_records(data, pos, h, start, ReceivedMessage, ctx)
+            if chunk is None:
                 # CRC-valid but malformed inside: a producer bug. Hand out what came before,
                 # raise once (poll), and continue after it so the queue is not blocked.
                 self._corrupt.append(CorruptRecordError(
-                    f"{topic}/{queue}: the batch at offsets {base}..{last} is malformed inside "
-                    "(written by a faulty producer); skipped"
+                    f"{topic}/{queue}: the batch at offsets {h.base_offset}..{last} is "
+                    "malformed inside (written by a faulty producer); skipped"
                 ))
                 nxt = last + 1
                 break

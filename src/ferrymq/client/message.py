@@ -5,17 +5,17 @@ from __future__ import annotations
 
 import datetime as _dt
 import enum
-import struct
 from collections.abc import Iterable, Mapping, Sequence
 from typing import overload
 
-from ferrymq.errors import CorruptRecordError
 from ferrymq.protocol.records import (
-    RECORD_PREFIX_SIZE,
     RecordInput,
     decode_properties,
     encode_msg_id,
     encode_properties,
+    record_body,
+    record_fields,
+    record_timestamp_delta,
 )
 
 _new_tuple = tuple.__new__  # skips the namedtuple's Python-level __new__ on the hot path
@@ -156,11 +156,6 @@ class BatchContext:
         self.first_ts = first_ts
 
 
-_LENGTHS = struct.Struct("<I9xBHHI")  # length, tag, sharding key, keys, properties lengths
-_unpack_lengths = _LENGTHS.unpack_from
-_TS = struct.Struct("<i")
-
-
 class SendResults(Sequence["SendResult"]):
     """The results of messages stored as one contiguous run of one queue, created on access."""
 
@@ -225,34 +220,17 @@ class ReceivedMessage:
         return self._ctx.stored_ms
 
     def _fields(self) -> tuple[int, int, int, int, int, int]:
-        """(tag start, tag end, sk end, keys end, props end, body end)."""
-        p = self._pos
-        n, tl, skl, kl, pl = _unpack_lengths(self._buf, p)
-        t0 = p + RECORD_PREFIX_SIZE
-        t1 = t0 + tl
-        s1 = t1 + skl
-        k1 = s1 + kl
-        p1 = k1 + pl
-        rend = p + 4 + n
-        if p1 > rend:
-            raise CorruptRecordError(f"record at offset {self.offset}: fields run past it")
-        return t0, t1, s1, k1, p1, rend
+        return record_fields(self._buf, self._pos)
 
     @property
     def body(self) -> bytes:
         """The payload."""
-        p = self._pos
-        n, tl, skl, kl, pl = _unpack_lengths(self._buf, p)
-        start = p + RECORD_PREFIX_SIZE + tl + skl + kl + pl
-        end = p + 4 + n
-        if start > end:
-            raise CorruptRecordError(f"record at offset {self.offset}: fields run past it")
-        return self._buf[start:end]
+        return record_body(self._buf, self._pos)
 
     @property
     def born_ms(self) -> int:
         """When the producer created it (ms since the epoch)."""
-        return self._ctx.first_ts + int(_TS.unpack_from(self._buf, self._pos + 8)[0])
+        return self._ctx.first_ts + record_timestamp_delta(self._buf, self._pos)
 
     @property
     def tags(self) -> str | None:

@@ -90,13 +90,6 @@ def encode_response_parts(
                         correlation_id) + _U16.pack(code), *parts]
 
 
-def encode_frame_header(
-    api_key: int, api_version: int, flags: int, correlation_id: int, payload_len: int
-) -> bytes:
-    """Encode only the 12-byte header of a frame whose payload is written separately."""
-    return HEADER.pack(payload_len + _AFTER_LENGTH, api_key, api_version, flags, correlation_id)
-
-
 def encode_response(
     api_key: int, api_version: int, correlation_id: int, code: int, body: bytes
 ) -> bytes:

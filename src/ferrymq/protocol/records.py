@@ -44,9 +44,9 @@ including in a length field, is detected.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 import crc32c as _crc32c
 import msgpack
@@ -65,7 +65,6 @@ RECORD_PREFIX_SIZE = RECORD_PREFIX.size  # 22
 assert RECORD_PREFIX_SIZE == 22
 _LEN = struct.Struct("<i")
 _BASE_LEN = struct.Struct("<qi")
-_Q = struct.Struct("<q")
 _I = struct.Struct("<I")
 _STAMP = struct.Struct("<qiq")
 
@@ -86,7 +85,8 @@ MAX_SHARDING_KEY_BYTES = 0xFFFF  # u16 length field
 MAX_KEYS_BYTES = 0xFFFF  # u16 length field
 
 _pack_record = RECORD_PREFIX.pack
-_unpack_record = RECORD_PREFIX.unpack_from
+T = TypeVar("T")
+C = TypeVar("C")
 
 
 class BatchHeader(NamedTuple):
@@ -356,6 +356,74 @@ RawRecord = tuple[int, int, int, int, int, int, int, int]
 """(offset, timestamp, tag_start, tag_end, sk_end, keys_end, props_end, body_end) positions."""
 
 
+_LENGTHS = struct.Struct("<I9xBHHI")  # a record's length, then tag/sk/keys/properties lengths
+_unpack_lengths = _LENGTHS.unpack_from
+_LEN_DELTA = struct.Struct("<II")  # a record's length and offset delta
+_TS_DELTA = struct.Struct("<i")
+_LEN_DELTA_TS = struct.Struct("<IIi")
+
+
+def record_fields(buf: bytes | bytearray | memoryview, p: int) -> tuple[int, int, int, int, int, int]:
+    """Field boundaries of the record at ``p``: (tag start, tag end = sharding key start,
+    sharding key end, keys end, properties end = body start, body end).
+
+    Raises:
+        CorruptRecordError: the lengths run past the record.
+    """
+    n, tl, skl, kl, pl = _unpack_lengths(buf, p)
+    t0 = p + RECORD_PREFIX_SIZE
+    t1 = t0 + tl
+    s1 = t1 + skl
+    k1 = s1 + kl
+    p1 = k1 + pl
+    rend = p + 4 + n
+    if p1 > rend:
+        raise CorruptRecordError(f"record at position {p}: fields run past the record")
+    return t0, t1, s1, k1, p1, rend
+
+
+def record_body(buf: bytes, p: int) -> bytes:
+    """The body of the record at ``p`` (the hot path of consumers: one unpack, one slice)."""
+    n, tl, skl, kl, pl = _unpack_lengths(buf, p)
+    start = p + RECORD_PREFIX_SIZE + tl + skl + kl + pl
+    end = p + 4 + n
+    if start > end:
+        raise CorruptRecordError(f"record at position {p}: fields run past the record")
+    return buf[start:end]
+
+
+def record_timestamp_delta(buf: bytes | bytearray | memoryview, p: int) -> int:
+    """The born-time delta (ms) of the record at ``p``."""
+    return int(_TS_DELTA.unpack_from(buf, p + 8)[0])
+
+
+def walk_records(
+    buf: bytes, pos: int, h: BatchHeader, start: int,
+    make: Callable[[C, bytes, int, int], T], ctx: C,
+) -> list[T] | None:
+    """``make(ctx, buf, record position, offset)`` for each record of the batch at ``pos`` whose offset is
+    at least ``start``; None when the record lengths do not add up to the batch (a batch that
+    is CRC-valid but malformed inside). One ``unpack_from`` per record: consumers build their
+    lazy messages with it.
+    """
+    out: list[T] = []
+    app = out.append
+    unpack = _LEN_DELTA.unpack_from
+    base = h.base_offset
+    p = pos + HEADER_SIZE
+    end = pos + LENGTH_PREFIX + h.batch_length
+    try:
+        while p < end:
+            length, delta = unpack(buf, p)
+            off = base + delta
+            if off >= start:
+                app(make(ctx, buf, p, off))
+            p += 4 + length
+    except struct.error:
+        return None
+    return out if p == end else None
+
+
 def iter_raw_records(
     buf: bytes | bytearray | memoryview, pos: int, h: BatchHeader
 ) -> Iterator[RawRecord]:
@@ -368,20 +436,15 @@ def iter_raw_records(
     end = pos + LENGTH_PREFIX + h.batch_length
     base = h.base_offset
     first_ts = h.first_timestamp
-    unpack = _unpack_record
+    unpack = _LEN_DELTA_TS.unpack_from
     n_left = h.record_count
     while p < end:
         if end - p < RECORD_PREFIX_SIZE or n_left <= 0:
             raise CorruptRecordError(f"batch at offset {base}: records do not fit the batch")
-        n, odelta, tdelta, _attr, tl, skl, kl, pl = unpack(buf, p)
-        t0 = p + RECORD_PREFIX_SIZE
-        t1 = t0 + tl
-        s1 = t1 + skl
-        k1 = s1 + kl
-        p1 = k1 + pl
-        rend = p + 4 + n
-        if p1 > rend or rend > end:
-            raise CorruptRecordError(f"batch at offset {base}: record fields run past the record")
+        _n, odelta, tdelta = unpack(buf, p)
+        t0, t1, s1, k1, p1, rend = record_fields(buf, p)
+        if rend > end:
+            raise CorruptRecordError(f"batch at offset {base}: record runs past its batch")
         n_left -= 1
         yield (base + odelta, first_ts + tdelta, t0, t1, s1, k1, p1, rend)
         p = rend
@@ -406,14 +469,6 @@ def decode_records(buf: bytes | bytearray | memoryview) -> list[Record]:
     return out
 
 
-def record_tag(buf: bytes | bytearray | memoryview, rec: RawRecord) -> str | None:
-    """The tag of a raw record, or None."""
-    t0, t1 = rec[2], rec[3]
-    if t1 == t0:
-        return None
-    return bytes(buf[t0:t1]).decode("utf-8", "replace")
-
-
 def filter_batch(
     buf: bytes | bytearray | memoryview, pos: int, h: BatchHeader, keep: Sequence[RawRecord]
 ) -> bytes:
@@ -434,6 +489,21 @@ def filter_batch(
     _I.pack_into(out, 24, crc32c(memoryview(out)[28:]))
     seal_header_crc(out, 0)
     return bytes(out)
+
+
+def encode_skip_batch(header: bytes | bytearray | memoryview, first: int, last: int) -> bytes:
+    """A header-only batch covering offsets ``first..last`` whose records were all filtered out
+    (from ``header``, the first of them): the consumer moves past them without records."""
+    buf = bytearray(header[:HEADER_SIZE])
+    fields = list(HEADER.unpack_from(buf, 0))
+    fields[0] = first
+    fields[1] = HEADER_SIZE - LENGTH_PREFIX
+    fields[6] |= ATTR_FILTERED
+    fields[7] = last - first + 1
+    HEADER.pack_into(buf, 0, *fields)
+    _I.pack_into(buf, 24, crc32c(memoryview(buf)[28:]))
+    seal_header_crc(buf, 0)
+    return bytes(buf)
 
 
 def encode_msg_id(topic_id: int, queue: int, offset: int) -> str:

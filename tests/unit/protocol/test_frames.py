@@ -16,7 +16,6 @@ from ferrymq.protocol.frames import (
     Frame,
     FrameDecoder,
     encode_frame,
-    encode_frame_header,
     encode_response,
     split_response,
 )
@@ -59,12 +58,6 @@ def test_round_trip_one_frame(frame: Frame) -> None:
     dec = FrameDecoder()
     assert dec.feed(_stream([frame])) == [frame]
     assert dec.buffered == 0
-
-
-def test_encode_frame_header_matches_encode_frame() -> None:
-    payload = b"payload bytes"
-    header = encode_frame_header(8, 1, FLAG_ONEWAY, 77, len(payload))
-    assert header + payload == encode_frame(8, 1, FLAG_ONEWAY, 77, payload)
 
 
 def test_frame_flag_properties() -> None:

@@ -32,9 +32,11 @@ from ferrymq.protocol.records import (
     filter_batch,
     iter_batches,
     iter_raw_records,
-    record_tag,
+    record_body,
+    record_fields,
     stamp_batch,
     validate_batch,
+    walk_records,
 )
 
 BIG = 1 << 30
@@ -150,15 +152,22 @@ def test_bad_properties_raise_corrupt(raw: bytes) -> None:
         decode_properties(raw)
 
 
-def test_record_tag_is_lenient(rich_batch: bytearray) -> None:
-    buf = _stamped(rich_batch)
+def test_record_fields_and_walk_agree_with_iter_raw_records(rich_batch: bytearray) -> None:
+    buf = bytes(_stamped(rich_batch))
     (pos, h), = iter_batches(buf)
     recs = list(iter_raw_records(buf, pos, h))
-    assert [record_tag(buf, rec) for rec in recs] == [None, "created", "t\u00e4g"]
-    bad = _stamped(encode_batch([RecordInput(b"", 0, tag=b"\xff")]))
-    (pos, h), = iter_batches(bad)
-    (rec,) = iter_raw_records(bad, pos, h)
-    assert record_tag(bad, rec) == "\ufffd"
+    starts = [rec[2] - RECORD_PREFIX_SIZE for rec in recs]
+    assert [record_fields(buf, p) for p in starts] == [rec[2:] for rec in recs]
+    assert [record_body(buf, p) for p in starts] == [bytes(buf[r[6]:r[7]]) for r in recs]
+    walked = walk_records(buf, pos, h, recs[1][0], lambda _c, _b, p, off: (p, off), None)
+    assert walked == [(p, rec[0]) for p, rec in zip(starts, recs, strict=True)][1:]
+
+
+def test_walk_records_flags_a_batch_whose_lengths_lie() -> None:
+    buf = bytearray(_stamped(encode_batch([RecordInput(b"abc", 0), RecordInput(b"de", 0)])))
+    struct.pack_into("<I", buf, HEADER_SIZE, 0xFFFF)  # first record claims 64 KiB
+    (pos, h), = iter_batches(bytes(buf))
+    assert walk_records(bytes(buf), pos, h, 0, lambda _c, _b, p, off: off, None) is None
 
 
 @pytest.mark.parametrize("field", ["tag", "sharding_key", "keys"])
@@ -353,7 +362,7 @@ def test_filter_batch_keeps_offsets_and_sets_filtered(rich_batch: bytearray) -> 
     buf = _stamped(rich_batch, base=50, t=7)
     (pos, h), = iter_batches(buf)
     recs = list(iter_raw_records(buf, pos, h))
-    keep = [rec for rec in recs if record_tag(buf, rec) is not None]
+    keep = [rec for rec in recs if rec[3] > rec[2]]  # records with a tag
     out = filter_batch(buf, pos, h, keep)
     fh = check_stored_batch(out)
     assert fh.attributes & ATTR_FILTERED

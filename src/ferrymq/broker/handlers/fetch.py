@@ -16,20 +16,16 @@ batch that covers their offsets, so the consumer still advances past them.
 from __future__ import annotations
 
 import asyncio
-import struct
 from typing import TYPE_CHECKING
 
 from ferrymq.errors import BrokerError, OffsetOutOfRangeError
 from ferrymq.protocol import messages as m
 from ferrymq.protocol.records import (
-    ATTR_FILTERED,
-    HEADER,
     HEADER_SIZE,
-    crc32c,
+    encode_skip_batch,
     filter_batch,
     iter_batches,
     iter_raw_records,
-    seal_header_crc,
 )
 from ferrymq.protocol.tags import parse_tag_expression
 
@@ -147,7 +143,7 @@ def _read_filtered(
                     keep.append(rec)
             if keep:
                 if skip_start >= 0:
-                    out.append(_skip_batch(skip_header, skip_start, skip_end))
+                    out.append(encode_skip_batch(skip_header, skip_start, skip_end))
                     skip_start = -1
                 fb = filter_batch(mv, pos, h, keep) if len(keep) < h.record_count else bytes(
                     mv[pos : pos + h.size]
@@ -163,19 +159,5 @@ def _read_filtered(
         if not advanced:
             break
     if skip_start >= 0:
-        out.append(_skip_batch(skip_header, skip_start, skip_end))
+        out.append(encode_skip_batch(skip_header, skip_start, skip_end))
     return b"".join(out)
-
-
-def _skip_batch(header: bytes, first: int, last: int) -> bytes:
-    """A header-only batch covering offsets ``first..last`` with no records (all filtered)."""
-    buf = bytearray(header)
-    fields = list(HEADER.unpack_from(buf, 0))
-    fields[0] = first
-    fields[1] = HEADER_SIZE - 12
-    fields[6] |= ATTR_FILTERED
-    fields[7] = last - first + 1
-    HEADER.pack_into(buf, 0, *fields)
-    struct.pack_into("<I", buf, 24, crc32c(memoryview(buf)[28:]))
-    seal_header_crc(buf, 0)
-    return bytes(buf)
