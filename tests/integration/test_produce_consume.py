@@ -10,7 +10,7 @@ import pytest
 
 from ferrymq import AdminClient, Broker, Durability, Message, Producer, PullConsumer
 from ferrymq.errors import MessageTooLargeError, UnknownTopicError
-from ferrymq.protocol.records import decode_msg_id
+from ferrymq.protocol.records import decode_msg_id, iter_batches
 from tests.helpers import free_port
 
 pytestmark = pytest.mark.integration
@@ -259,3 +259,17 @@ def test_data_and_offsets_survive_restart(tmp_path: Path) -> None:
         with PullConsumer(b.address, "g2", auto_offset_reset="earliest") as c:
             c.subscribe("t")
             assert len(drain(c, 100)) == 100
+
+
+def test_buffered_sends_are_split_into_batches_within_the_byte_limit(broker: Broker) -> None:
+    # 400 x 10 KB buffered while lingering = 4 MB; batches must stay under 64 KiB each
+    with Producer(broker.address, linger_ms=200, batch_max_bytes=64 * 1024) as p:
+        futs = [p.send_async(Message("big", b"x" * 10_000)) for _ in range(400)]
+        p.flush()
+        results = [f.result(10) for f in futs]
+    assert len({(r.queue, r.offset) for r in results}) == 400
+    log = broker.server.topics.queue("big", results[0].queue).log
+    data = log.read(0, 1 << 30)
+    sizes = [h.size for _, h in iter_batches(data)]
+    assert len(sizes) > 1
+    assert max(sizes) <= 64 * 1024 + 64 * 20

@@ -75,6 +75,7 @@ class _Unit:
     count: int
     future: asyncio.Future[Any] | None
     many: bool
+    nbytes: int = 0  # bodies plus record prefixes, counted once in _add
 
 
 @dataclass(eq=False)
@@ -391,7 +392,7 @@ class AsyncProducer:
                 b.timer = asyncio.get_running_loop().call_later(self._linger_s, self._linger_done, b)
         b.records.extend(recs)
         b.units.append(unit)
-        n = sum(len(r.body) for r in recs) + RECORD_PREFIX_SIZE * len(recs)
+        n = unit.nbytes = sum(len(r.body) for r in recs) + RECORD_PREFIX_SIZE * len(recs)
         b.nbytes += n
         self._buffered_bytes += n
         if immediate or self._linger_s == 0 or b.nbytes >= self._batch_max_bytes or len(
@@ -432,18 +433,20 @@ class AsyncProducer:
                 self._idle.set()
 
     def _close_batch(self, b: _QueueBuffer, now: float) -> _Batch:
-        records = b.records[: self._batch_max_records]
+        # whole units only, within both batch limits (a single oversized unit goes alone)
         units: list[_Unit] = []
         n = 0
+        nbytes = 0
         for u in b.units:
-            if n + u.count > len(records) and units:
+            if units and (n + u.count > self._batch_max_records
+                          or nbytes + u.nbytes > self._batch_max_bytes):
                 break
             units.append(u)
             n += u.count
+            nbytes += u.nbytes
         records = b.records[:n]
         del b.records[:n]
         del b.units[: len(units)]
-        nbytes = sum(len(r.body) for r in records) + RECORD_PREFIX_SIZE * len(records)
         b.nbytes -= nbytes
         self._buffered_bytes -= nbytes
         self._space.set()
