@@ -126,7 +126,8 @@ class GroupCoordinator:
 
     def _save(self, g: Group) -> None:
         data = {"name": g.name, "offsets": [[t, q, o] for (t, q), o in g.offsets.items()]}
-        write_checkpoint(self._dir / _file_name(g.name), msgpack.packb(data, use_bin_type=True))
+        # group names are checked against GROUP_NAME, so they are safe file names
+        write_checkpoint(self._dir / g.name, msgpack.packb(data, use_bin_type=True))
 
     def group(self, name: str) -> Group:
         """A known group.
@@ -270,7 +271,3 @@ class GroupCoordinator:
             if stale:
                 self._save(g)
 
-
-def _file_name(group: str) -> str:
-    # group names are checked against GROUP_NAME: safe as file names; '%' kept readable
-    return group

@@ -23,7 +23,7 @@ import re
 import shutil
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import msgpack
@@ -152,8 +152,6 @@ class TopicRegistry:
             n = int(v)
             changes[k] = None if n < 0 and k.startswith("retention") else n
         if changes:
-            from dataclasses import replace
-
             cfg = replace(cfg, **changes)  # type: ignore[arg-type]
         return cfg
 
