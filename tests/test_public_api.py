@@ -47,6 +47,7 @@ ERRORS_ALL = [
     "InternalBrokerError",
     "InvalidConfigError",
     "InvalidOffsetError",
+    "InvalidReceiptError",
     "InvalidRequestError",
     "InvalidTopicNameError",
     "LocalProtocolError",

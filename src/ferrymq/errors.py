@@ -50,6 +50,7 @@ __all__ = [
     "InternalBrokerError",
     "InvalidConfigError",
     "InvalidOffsetError",
+    "InvalidReceiptError",
     "InvalidRequestError",
     "InvalidTopicNameError",
     "LocalProtocolError",
@@ -306,6 +307,13 @@ class InvalidOffsetError(BrokerError):
     """An offset that makes no sense (negative, or past the end for a commit)."""
 
     code = ErrorCode.INVALID_OFFSET
+
+
+class InvalidReceiptError(BrokerError):
+    """An ack, nack or lease change for a receipt that is not current: unknown, already acked,
+    or its lease expired and the message went back to the group."""
+
+    code = ErrorCode.INVALID_RECEIPT
 
 
 # --- client ---------------------------------------------------------------------------------

@@ -65,6 +65,20 @@ class BrokerConfig:
     retention_check_interval_ms: int = _f(60_000, "How often retention runs.")
     default_session_timeout_ms: int = _f(15_000, "Consumer session timeout when the client sends 0.")
     max_session_timeout_ms: int = _f(300_000, "Longest consumer session timeout accepted.")
+    default_invisible_ms: int = _f(
+        30_000, "Lease of a received message when the client asks for 0 (then redelivered)."
+    )
+    max_invisible_ms: int = _f(12 * 3600 * 1000, "Longest lease (invisible time) accepted.")
+    max_in_flight_per_member: int = _f(
+        20_000, "Most leased, unacknowledged messages one delivery-group member may hold."
+    )
+    max_receive_messages: int = _f(10_000, "Most messages one RECEIVE may lease.")
+    delivery_journal_bytes: int = _f(
+        16 * 1024 * 1024, "A delivery group's journal is compacted into a snapshot past this size."
+    )
+    delivery_tick_ms: int = _f(
+        50, "How often leases and due retries are checked (redelivery precision)."
+    )
     shutdown_timeout_ms: int = _f(10_000, "Graceful shutdown: longest wait for requests in flight.")
     log_level: str = _f("INFO", "Logging level (DEBUG, INFO, WARNING, ERROR).")
 
@@ -84,7 +98,9 @@ class BrokerConfig:
             "max_write_buffer_bytes", "idle_timeout_ms", "default_queues", "max_queues",
             "segment_bytes", "segment_ms", "index_interval_bytes",
             "retention_check_interval_ms", "default_session_timeout_ms",
-            "max_session_timeout_ms", "shutdown_timeout_ms",
+            "max_session_timeout_ms", "shutdown_timeout_ms", "default_invisible_ms",
+            "max_invisible_ms", "max_in_flight_per_member", "max_receive_messages",
+            "delivery_journal_bytes", "delivery_tick_ms",
         )
         for name in positive:
             if getattr(self, name) <= 0:

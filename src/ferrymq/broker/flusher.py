@@ -22,11 +22,27 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from typing import Protocol
 
-from ferrymq.broker.topics import QueueState
 from ferrymq.errors import StorageFailureError
 
 log = logging.getLogger("ferrymq.broker")
+
+
+class Flushable(Protocol):
+    """Something the flusher fsyncs: a queue's log, a delivery group's journal."""
+
+    def flush_blocking(self) -> int:
+        """fsync (on the flusher thread); return the position now durable."""
+        ...
+
+    def on_flushed(self, durable: int, sync: bool) -> None:
+        """On the loop thread: ``durable`` is fsynced (``sync``: the broker's flush mode)."""
+        ...
+
+    def on_flush_failed(self, exc: BaseException) -> None:
+        """On the loop thread: the fsync failed; fail whoever waits for it."""
+        ...
 
 
 class Flusher:
@@ -37,17 +53,17 @@ class Flusher:
         self._sync = sync
         self._interval_s = interval_ms / 1000.0
         self._cond = threading.Condition()
-        self._dirty: set[QueueState] = set()
+        self._dirty: set[Flushable] = set()
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="ferrymq-flusher", daemon=True)
-        self.failed: set[QueueState] = set()
+        self.failed: set[Flushable] = set()
         self.rounds = 0
 
     def start(self) -> None:
         """Start the flusher thread."""
         self._thread.start()
 
-    def mark_dirty(self, qs: QueueState) -> None:
+    def mark_dirty(self, qs: Flushable) -> None:
         """Note that ``qs`` has unflushed writes (wakes the thread in sync mode)."""
         with self._cond:
             if qs not in self._dirty:
@@ -73,12 +89,12 @@ class Flusher:
                 batch = self._dirty
                 self._dirty = set()
                 stopping = self._stopping
-            results: list[tuple[QueueState, int, BaseException | None]] = []
+            results: list[tuple[Flushable, int, BaseException | None]] = []
             for qs in batch:
                 try:
-                    results.append((qs, qs.log.flush(), None))
+                    results.append((qs, qs.flush_blocking(), None))
                 except Exception as exc:  # noqa: BLE001 - any failure must reach the waiters
-                    log.critical("fsync of %s/%d failed: %s", qs.topic, qs.queue, exc)
+                    log.critical("fsync of %s failed: %s", qs, exc)
                     results.append((qs, -1, exc))
             self.rounds += 1
             if results:
@@ -89,12 +105,10 @@ class Flusher:
             if stopping:
                 return
 
-    def _on_flushed(self, results: list[tuple[QueueState, int, BaseException | None]]) -> None:
+    def _on_flushed(self, results: list[tuple[Flushable, int, BaseException | None]]) -> None:
         for qs, durable, exc in results:
             if exc is not None:
                 self.failed.add(qs)
-                qs.fail_flush_waiters(StorageFailureError(f"fsync failed: {exc}"))
+                qs.on_flush_failed(StorageFailureError(f"fsync failed: {exc}"))
                 continue
-            qs.on_durable(durable)
-            if self._sync:
-                qs.advance(durable)
+            qs.on_flushed(durable, self._sync)

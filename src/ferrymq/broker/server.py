@@ -32,6 +32,7 @@ from typing import IO, Any
 from ferrymq._time import SYSTEM_CLOCK, Clock
 from ferrymq.broker.config import BrokerConfig
 from ferrymq.broker.connection import BrokerConnection
+from ferrymq.broker.delivery import DeliveryManager
 from ferrymq.broker.flusher import Flusher
 from ferrymq.broker.groups import GroupCoordinator
 from ferrymq.broker.handlers import HANDLERS, Handler
@@ -61,6 +62,7 @@ class BrokerServer:
         self.address: tuple[str, int] = (config.host, config.port)
         self.topics: TopicRegistry
         self.flusher: Flusher
+        self.delivery: DeliveryManager
         self.groups = GroupCoordinator(self.data_dir)
         self.producer_ids = ProducerIdManager(self.data_dir)
         self._server: asyncio.Server | None = None
@@ -114,6 +116,8 @@ class BrokerServer:
                  "new data directory" if fresh else
                  "clean shutdown before" if clean else "recovered after an unclean stop")
         self.flusher = Flusher(loop, sync=self.sync_flush, interval_ms=cfg.flush_interval_ms)
+        self.delivery = DeliveryManager(cfg, self.topics, self.flusher, self.clock, self.data_dir)
+        self.delivery.load()
         self.flusher.start()
         try:
             self._server = await loop.create_server(
@@ -128,6 +132,7 @@ class BrokerServer:
         sock = self._server.sockets[0].getsockname()
         self.address = (sock[0], sock[1])
         self._tasks.append(loop.create_task(self._housekeeping()))
+        self._tasks.append(loop.create_task(self._delivery_ticks()))
         log.info("FerryMQ broker listening on %s:%d (data %s, flush %s)", self.address[0],
                  self.address[1], self.data_dir, cfg.flush)
 
@@ -165,7 +170,11 @@ class BrokerServer:
                 c.transport.close()
         await asyncio.sleep(0)
         self.flusher.stop()
-        self.topics.close()
+        await asyncio.sleep(0)  # run the flusher's last callbacks (they may journal moves)
+        try:
+            self.delivery.close()
+        finally:
+            self.topics.close()
         (self.data_dir / CLEAN_SHUTDOWN_MARKER).write_bytes(b"")
         _fsync_dir(self.data_dir)
         if self._lock_file is not None:
@@ -190,6 +199,15 @@ class BrokerServer:
         self.connections.discard(conn)
 
     # -- housekeeping ------------------------------------------------------------------------
+
+    async def _delivery_ticks(self) -> None:
+        interval = self.config.delivery_tick_ms / 1000
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                self.delivery.tick()
+            except Exception:
+                log.exception("delivery tick failed")
 
     async def _housekeeping(self) -> None:
         cfg = self.config

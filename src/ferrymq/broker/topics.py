@@ -91,6 +91,25 @@ class QueueState:
         while fw:
             fw.popleft()[1](exc)
 
+    # the flusher's side (see ferrymq.broker.flusher.Flushable)
+
+    def flush_blocking(self) -> int:
+        """fsync the log (flusher thread); the end offset now durable."""
+        return self.log.flush()
+
+    def on_flushed(self, durable: int, sync: bool) -> None:
+        """Acknowledge sends now durable; in sync mode, show consumers the durable end."""
+        self.on_durable(durable)
+        if sync:
+            self.advance(durable)
+
+    def on_flush_failed(self, exc: BaseException) -> None:
+        """The fsync failed: fail the sends waiting for it."""
+        self.fail_flush_waiters(exc)
+
+    def __str__(self) -> str:
+        return f"{self.topic}/{self.queue}"
+
 
 @dataclass
 class Topic:

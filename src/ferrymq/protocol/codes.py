@@ -46,3 +46,4 @@ class ErrorCode(enum.IntEnum):
     INVALID_OFFSET = 29
     STORAGE_FULL = 30
     FRAME_TOO_LARGE = 31
+    INVALID_RECEIPT = 32

@@ -48,6 +48,15 @@ class ApiKey(enum.IntEnum):
     LIST_GROUPS = 16
     DESCRIBE_GROUP = 17
     RESET_OFFSETS = 18
+    CONSUMER_HEARTBEAT = 19
+    RECEIVE = 20
+    ACK = 21
+    NACK = 22
+    CHANGE_INVISIBLE = 23
+    CONSUMER_LEAVE = 24
+    DESCRIBE_DELIVERY = 25
+    MESSAGE_STATUS = 26
+    DLQ_ADMIN = 27
 
 
 class Durability(enum.IntEnum):
@@ -731,6 +740,244 @@ class ResetOffsetsRequest(Request):
     SCHEMA = (STR, STR, INT, BOOL)
 
 
+# --- per-message delivery (leases, acks, retries, dead letters) ------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerHeartbeatResponse(Body):
+    """The member id to use from now on, and how many members the group has."""
+
+    member_id: str
+    members: int
+    SCHEMA = (STR, INT)
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerHeartbeatRequest(Request):
+    """Register or keep alive a member of a delivery group (push and simple consumers).
+
+    ``member_id`` is empty on the first heartbeat. ``retry_delays_ms`` (None: keep) and
+    ``max_reconsume`` (-1: keep) set the group's retry policy; the last heartbeat that sets them
+    wins, and the policy is persisted with the group."""
+
+    group: str
+    member_id: str
+    client_id: str
+    subscriptions: list[tuple[str, str]]
+    session_timeout_ms: int
+    retry_delays_ms: list[int] | None
+    max_reconsume: int
+    API_KEY = ApiKey.CONSUMER_HEARTBEAT
+    RESPONSE = ConsumerHeartbeatResponse
+    SCHEMA = (STR, STR, STR, lst(tup(STR, STR)), INT, opt(lst(INT)), INT)
+
+
+Delivery = tuple[str, int, int, int, int, int, int, bytes | memoryview]
+"""(topic, queue, topic id, lease id, reconsume times, first offset, last offset, batches).
+
+The records of ``batches`` whose offsets are in ``[first, last]`` are leased to the caller under
+``lease id``. For the group's retry queue (topic ``%RETRY%<group>``) each delivery holds one
+record, whose ``%``-prefixed properties name the original topic, queue, offset and message id."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReceiveResponse(Body):
+    """Leased messages; they stay invisible to the group for ``invisible_ms``."""
+
+    invisible_ms: int
+    deliveries: list[Delivery]
+    SCHEMA = (INT, lst(tup(STR, INT, INT, INT, INT, INT, INT, BYTES)))
+
+    def encode_parts(self) -> list[bytes | bytearray | memoryview]:
+        """Headers and record data as separate buffers (no copy of the data)."""
+        parts: list[bytes | bytearray | memoryview] = [
+            b"\x92" + msgpack.packb(self.invisible_ms) + _array_header(len(self.deliveries))
+        ]
+        for *head, data in self.deliveries:
+            fields = msgpack.packb(head, use_bin_type=True)  # a fixarray of 7
+            parts.append(b"\x98" + fields[1:] + _bin_header(len(data)))
+            if data:
+                parts.append(data)
+        return parts
+
+
+@dataclass(frozen=True, slots=True)
+class ReceiveRequest(Request):
+    """Lease up to ``max_messages`` of the subscribed topics for ``invisible_ms``; wait up to
+    ``max_wait_ms`` when there is nothing (long polling)."""
+
+    group: str
+    member_id: str
+    subscriptions: list[tuple[str, str]]
+    max_messages: int
+    max_bytes: int
+    invisible_ms: int
+    max_wait_ms: int
+    API_KEY = ApiKey.RECEIVE
+    RESPONSE = ReceiveResponse
+    SCHEMA = (STR, STR, lst(tup(STR, STR)), INT, INT, INT, INT)
+
+
+@dataclass(frozen=True, slots=True)
+class ReceiptResponse(Body):
+    """Per entry of an ACK, NACK or CHANGE_INVISIBLE: (error code, new lease id or -1)."""
+
+    results: list[tuple[int, int]]
+    SCHEMA = (lst(tup(INT, INT)),)
+
+
+Receipt = tuple[str, int, int, int]
+"""(topic, queue, offset, lease id): names one leased message."""
+
+
+@dataclass(frozen=True, slots=True)
+class AckRequest(Request):
+    """Acknowledge leased messages (consumed): they are never delivered to the group again."""
+
+    group: str
+    member_id: str
+    receipts: list[Receipt]
+    API_KEY = ApiKey.ACK
+    RESPONSE = ReceiptResponse
+    SCHEMA = (STR, STR, lst(tup(STR, INT, INT, INT)))
+
+
+NackEntry = tuple[str, int, int, int, int, str, bool]
+"""(topic, queue, offset, lease id, delay ms (-1: the group's retry ladder), reason,
+counts as an attempt)."""
+
+
+@dataclass(frozen=True, slots=True)
+class NackRequest(Request):
+    """Give leased messages back: redeliver after a delay (a failed attempt, or a release of
+    prefetched messages that were never handled when ``counts`` is false)."""
+
+    group: str
+    member_id: str
+    entries: list[NackEntry]
+    API_KEY = ApiKey.NACK
+    RESPONSE = ReceiptResponse
+    SCHEMA = (STR, STR, lst(tup(STR, INT, INT, INT, INT, STR, BOOL)))
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeInvisibleRequest(Request):
+    """Extend or shorten leases: each message becomes visible again ``invisible_ms`` from now.
+    Each answer carries the message's new lease id (the old receipt is no longer valid)."""
+
+    group: str
+    member_id: str
+    entries: list[tuple[str, int, int, int, int]]
+    API_KEY = ApiKey.CHANGE_INVISIBLE
+    RESPONSE = ReceiptResponse
+    SCHEMA = (STR, STR, lst(tup(STR, INT, INT, INT, INT)))
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerLeaveRequest(Request):
+    """Leave a delivery group; leases still held go back to the group at once."""
+
+    group: str
+    member_id: str
+    API_KEY = ApiKey.CONSUMER_LEAVE
+    RESPONSE = Empty
+    SCHEMA = (STR, STR)
+
+
+DeliveryMember = tuple[str, str, str, int, int]
+"""(member id, client id, host, ms since last heartbeat, messages in flight)."""
+DeliveryQueue = tuple[str, int, int, int, int, int, int]
+"""(topic, queue, acked-below offset, next new offset, end offset, in flight, age in ms of the
+oldest unconsumed message or -1)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DescribeDeliveryResponse(Body):
+    """A delivery group: members, per-queue progress, retry and dead-letter sizes, policy."""
+
+    group: str
+    members: list[DeliveryMember]
+    queues: list[DeliveryQueue]
+    retry_pending: int
+    retry_in_flight: int
+    dlq_size: int
+    retry_delays_ms: list[int]
+    max_reconsume: int
+    SCHEMA = (
+        STR,
+        lst(tup(STR, STR, STR, INT, INT)),
+        lst(tup(STR, INT, INT, INT, INT, INT, INT)),
+        INT, INT, INT, lst(INT), INT,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class DescribeDeliveryRequest(Request):
+    """Describe one delivery group (UNKNOWN_GROUP if none); works with no member online."""
+
+    group: str
+    API_KEY = ApiKey.DESCRIBE_DELIVERY
+    RESPONSE = DescribeDeliveryResponse
+    SCHEMA = (STR,)
+
+
+MessageGroupStatus = tuple[str, str, str, int, int, int, str]
+"""(group, state, member, lease until (wall ms) or -1, reconsume times, next attempt (wall ms)
+or -1, last failure reason). States: WAITING, DELIVERED, CONSUMED, RETRYING, DEAD."""
+
+
+@dataclass(frozen=True, slots=True)
+class MessageStatusResponse(Body):
+    """Where a message is, and its state in every delivery group subscribed to its topic."""
+
+    topic: str
+    queue: int
+    offset: int
+    statuses: list[MessageGroupStatus]
+    SCHEMA = (STR, INT, INT, lst(tup(STR, STR, STR, INT, INT, INT, STR)))
+
+
+@dataclass(frozen=True, slots=True)
+class MessageStatusRequest(Request):
+    """The consume status of one message id in each delivery group."""
+
+    msg_id: str
+    API_KEY = ApiKey.MESSAGE_STATUS
+    RESPONSE = MessageStatusResponse
+    SCHEMA = (STR,)
+
+
+class DlqAction(enum.IntEnum):
+    """What a DLQ_ADMIN request does."""
+
+    REDRIVE = 1  # move dead letters back to the group (its retry queue), due now
+    PURGE = 2  # drop every dead letter of the group
+
+
+@dataclass(frozen=True, slots=True)
+class DlqAdminResponse(Body):
+    """The DLQ offsets the action covered (``[first, end)``) and how many it moved or dropped."""
+
+    first: int
+    end: int
+    count: int
+    SCHEMA = (INT, INT, INT)
+
+
+@dataclass(frozen=True, slots=True)
+class DlqAdminRequest(Request):
+    """Redrive or purge a group's dead letters, at most ``max_messages`` of them (0: all).
+    With ``dry_run`` nothing changes; the answer says what would."""
+
+    group: str
+    action: int
+    max_messages: int
+    dry_run: bool
+    API_KEY = ApiKey.DLQ_ADMIN
+    RESPONSE = DlqAdminResponse
+    SCHEMA = (STR, INT, INT, BOOL)
+
+
 REQUESTS: dict[int, type[Request]] = {
     cls.API_KEY: cls
     for cls in (
@@ -738,7 +985,9 @@ REQUESTS: dict[int, type[Request]] = {
         DescribeTopicRequest, InitProducerRequest, ProduceRequest, FetchRequest,
         ListOffsetsRequest, CommitOffsetsRequest, FetchOffsetsRequest, JoinGroupRequest,
         HeartbeatRequest, LeaveGroupRequest, ListGroupsRequest, DescribeGroupRequest,
-        ResetOffsetsRequest,
+        ResetOffsetsRequest, ConsumerHeartbeatRequest, ReceiveRequest, AckRequest,
+        NackRequest, ChangeInvisibleRequest, ConsumerLeaveRequest, DescribeDeliveryRequest,
+        MessageStatusRequest, DlqAdminRequest,
     )
 }
 assert set(REQUESTS) == set(ApiKey), "every ApiKey needs a request type"

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ferrymq.broker.handlers import admin, fetch, groups, offsets, produce
+from ferrymq.broker.handlers import admin, delivery, fetch, groups, offsets, produce
 from ferrymq.protocol.messages import ApiKey, Body
 
 Handler = Callable[[Any, Any], Body | Awaitable[Body]]
@@ -34,5 +34,14 @@ HANDLERS: dict[int, Handler] = {
     ApiKey.LEAVE_GROUP: groups.leave_group,
     ApiKey.LIST_GROUPS: groups.list_groups,
     ApiKey.DESCRIBE_GROUP: groups.describe_group,
+    ApiKey.CONSUMER_HEARTBEAT: delivery.consumer_heartbeat,
+    ApiKey.RECEIVE: delivery.receive,
+    ApiKey.ACK: delivery.ack,
+    ApiKey.NACK: delivery.nack,
+    ApiKey.CHANGE_INVISIBLE: delivery.change_invisible,
+    ApiKey.CONSUMER_LEAVE: delivery.consumer_leave,
+    ApiKey.DESCRIBE_DELIVERY: delivery.describe_delivery,
+    ApiKey.MESSAGE_STATUS: delivery.message_status,
+    ApiKey.DLQ_ADMIN: delivery.dlq_admin,
 }
 assert set(HANDLERS) == set(ApiKey)

@@ -1,0 +1,1006 @@
+"""Per-message delivery: leases, acks, retries with backoff, dead letters, member liveness.
+
+Theory of operation
+-------------------
+A *delivery group* (RocketMQ 5's POP consumption) shares the messages of its subscribed topics
+among its live members message by message, not queue by queue, so more members than queues
+works and a slow member holds back only its own leases.
+
+``RECEIVE`` leases messages to a member for an invisible time. First deliveries come from the
+topic's queues in FIFO order per queue (:class:`~ferrymq.broker.delivery.state.SourceCursor`),
+after any retries that are due. A leased message is invisible to the rest of the group until it
+is acked, nacked or its lease expires.
+
+Failures are *moves*: the message is copied, with letter properties (see
+:mod:`~ferrymq.broker.delivery.letters`), to the group's retry queue ``%RETRY%<group>`` with a
+due time from the retry ladder, or to ``%DLQ%<group>`` once it failed more than
+``max_reconsume`` times. The original position is marked finished only after the copy is
+durable, so a crash in between delivers the message twice, never zero times. An expired lease
+or an evicted member's lease is a failure that is due at once (the lease was the wait).
+
+Every change is journaled (:mod:`~ferrymq.broker.delivery.store`) before it is acknowledged in
+sync flush mode; leases are journaled with their wall-clock deadline, so after a restart an
+acked message is never redelivered and a leased one stays invisible until its lease ends, and a
+member that comes back with its member id can still ack it.
+
+Everything here runs on the event-loop thread.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import re
+import uuid
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ferrymq._time import Clock
+from ferrymq.broker.delivery.letters import make_letter, read_letter
+from ferrymq.broker.delivery.state import (
+    DeliveryGroup,
+    DeliveryMember,
+    Lease,
+    Letter,
+    RetryCursor,
+    SourceCursor,
+)
+from ferrymq.broker.delivery.store import GroupStore
+from ferrymq.errors import (
+    BrokerError,
+    CorruptRecordError,
+    InvalidRequestError,
+    StorageFailureError,
+    UnknownGroupError,
+    UnknownMemberError,
+    UnknownTopicError,
+)
+from ferrymq.protocol import messages as m
+from ferrymq.protocol.codes import ErrorCode
+from ferrymq.protocol.records import (
+    Record,
+    decode_msg_id,
+    decode_records,
+    encode_msg_id,
+    filter_batch,
+    iter_batches,
+    iter_raw_records,
+)
+from ferrymq.protocol.tags import parse_tag_expression
+
+if TYPE_CHECKING:
+    from ferrymq.broker.config import BrokerConfig
+    from ferrymq.broker.flusher import Flusher
+    from ferrymq.broker.topics import QueueState, TopicRegistry
+
+log = logging.getLogger("ferrymq.broker")
+
+DELIVERY_GROUP_NAME = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
+
+DEFAULT_RETRY_DELAYS_MS = [
+    s * 1000 for s in (10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800,
+                       3600, 7200)
+]
+"""RocketMQ's retry ladder: 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h."""
+DEFAULT_MAX_RECONSUME = 16
+MAX_RETRY_DELAY_MS = 24 * 3600 * 1000
+MAX_RECONSUME_LIMIT = 1000
+MAX_RETRY_LADDER = 64
+
+_OK = int(ErrorCode.NONE)
+_BAD_RECEIPT = int(ErrorCode.INVALID_RECEIPT)
+
+
+def check_delivery_group_name(name: str) -> None:
+    """Raise InvalidRequestError unless ``name`` can name a delivery group."""
+    if name in (".", "..") or not DELIVERY_GROUP_NAME.fullmatch(name):
+        raise InvalidRequestError(
+            f"invalid group name {name[:64]!r}: use 1-200 characters of [A-Za-z0-9._-]"
+        )
+
+
+def _runs(offsets: Iterable[int]) -> list[list[int]]:
+    """Sorted offsets as ``[start, count]`` runs (journal form)."""
+    out: list[list[int]] = []
+    for o in sorted(offsets):
+        if out and out[-1][0] + out[-1][1] == o:
+            out[-1][1] += 1
+        else:
+            out.append([o, 1])
+    return out
+
+
+def _expand(runs: list[list[int]]) -> list[int]:
+    return [o for start, n in runs for o in range(start, start + n)]
+
+
+class DeliveryManager:
+    """Owns every delivery group of the broker (see the module docstring)."""
+
+    def __init__(
+        self, config: BrokerConfig, topics: TopicRegistry, flusher: Flusher, clock: Clock,
+        data_dir: Path,
+    ) -> None:
+        self.config = config
+        self.topics = topics
+        self.flusher = flusher
+        self.clock = clock
+        self.sync = config.flush == "sync"
+        self.dir = data_dir / "delivery"
+        self.groups: dict[str, DeliveryGroup] = {}
+        self.stores: dict[str, GroupStore] = {}
+        self._next_lease = 1
+
+    # -- time ----------------------------------------------------------------------------------
+
+    def _now(self) -> int:
+        return int(self.clock.monotonic() * 1000)
+
+    def _to_wall(self, mono_ms: int) -> int:
+        return self.clock.wall_ms() + (mono_ms - self._now())
+
+    def _to_mono(self, wall_ms: int) -> int:
+        return self._now() + max(0, wall_ms - self.clock.wall_ms())
+
+    # -- loading and saving --------------------------------------------------------------------
+
+    def load(self) -> None:
+        """Load every group from disk (after the topics are open)."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        for d in sorted(self.dir.iterdir()):
+            if d.is_dir() and DELIVERY_GROUP_NAME.fullmatch(d.name):
+                self._load_group(d)
+
+    def _load_group(self, d: Path) -> DeliveryGroup:
+        store, snap, records = GroupStore.load(d)
+        g = DeliveryGroup(d.name, list(DEFAULT_RETRY_DELAYS_MS), DEFAULT_MAX_RECONSUME)
+        if snap is not None:
+            self._apply_snapshot(g, snap)
+        for rec in records:
+            self._replay(g, rec)
+        for cur in g.sources.values():
+            cur.advance_floor()
+        self._load_letters(g)
+        self.groups[g.name] = g
+        self.stores[g.name] = store
+        if records or snap:
+            log.info("delivery group %s: %d queues, %d leases, %d retry letters", g.name,
+                     len(g.sources), len(g.leases), g.retry.waiting + g.retry.in_flight)
+        return g
+
+    def _restore_lease(
+        self, g: DeliveryGroup, key: tuple[str, int], lease_id: int, member: str,
+        deadline_wall: int, reconsume: int, offsets: list[int],
+    ) -> None:
+        lease = Lease(lease_id, member, key, self._to_mono(deadline_wall), reconsume)
+        if key[0] == g.retry_topic:
+            for o in offsets:
+                g.retry.leased[o] = lease
+                lease.offsets.add(o)
+        else:
+            cur = g.sources.get(key)
+            if cur is None:
+                cur = g.sources[key] = SourceCursor(key[0], key[1], min(offsets, default=0))
+            cur.restore(offsets, lease)
+            if offsets and offsets[-1] >= cur.next:
+                cur.next = max(offsets) + 1
+        if lease.offsets:
+            g.add_lease(lease, len(lease.offsets))
+        self._next_lease = max(self._next_lease, lease_id + 1)
+
+    def _apply_snapshot(self, g: DeliveryGroup, snap: dict[str, Any]) -> None:
+        g.retry_delays_ms = list(snap["delays"])
+        g.max_reconsume = int(snap["max"])
+        g.dlq_floor = int(snap["dlq_floor"])
+        self._next_lease = max(self._next_lease, int(snap["lease_seq"]))
+        for topic, queue, floor, nxt, leases in snap["sources"]:
+            cur = g.sources[(topic, queue)] = SourceCursor(topic, queue, floor)
+            cur.next = nxt
+            for lease_id, member, deadline, reconsume, runs in leases:
+                self._restore_lease(g, (topic, queue), lease_id, member, deadline, reconsume,
+                                    _expand(runs))
+        floor, nxt, done, leases = snap["retry"]
+        g.retry = RetryCursor(floor)
+        g.retry.next = nxt
+        g.retry.done = set(_expand(done))
+        for lease_id, member, deadline, reconsume, runs in leases:
+            self._restore_lease(g, (g.retry_topic, 0), lease_id, member, deadline, reconsume,
+                                _expand(runs))
+
+    def _replay(self, g: DeliveryGroup, rec: list[Any]) -> None:
+        kind = rec[0]
+        if kind == "L" or kind == "C":
+            _, topic, queue, lease_id, member, deadline, reconsume, runs = rec
+            key = (topic, queue)
+            offsets = _expand(runs)
+            if kind == "C":  # the offsets left their old lease
+                self._forget(g, key, offsets)
+            self._restore_lease(g, key, lease_id, member, deadline, reconsume, offsets)
+        elif kind == "A":
+            _, topic, queue, runs = rec
+            self._forget(g, (topic, queue), _expand(runs), finished=True)
+        elif kind == "N":
+            _, topic, queue, nxt = rec
+            cur = g.sources.get((topic, queue))
+            if cur is None:
+                cur = g.sources[(topic, queue)] = SourceCursor(topic, queue, nxt)
+            cur.next = max(cur.next, nxt)
+        elif kind == "P":
+            g.retry_delays_ms = list(rec[1])
+            g.max_reconsume = int(rec[2])
+        elif kind == "D":
+            g.dlq_floor = max(g.dlq_floor, int(rec[1]))
+        else:
+            raise CorruptRecordError(f"delivery journal of {g.name}: unknown record {kind!r}")
+
+    def _forget(
+        self, g: DeliveryGroup, key: tuple[str, int], offsets: list[int], *,
+        finished: bool = False,
+    ) -> None:
+        """Replay: ``offsets`` leave their leases (and are done when ``finished``)."""
+        if key[0] == g.retry_topic:
+            for o in offsets:
+                lease = g.retry.leased.pop(o, None)
+                if lease is not None:
+                    lease.offsets.discard(o)
+                    g.drop_from_lease(lease)
+                if finished and o >= g.retry.floor:
+                    g.retry.done.add(o)
+            g.retry.advance_floor()
+            return
+        cur = g.sources.get(key)
+        if cur is None:
+            if not finished or not offsets:
+                return
+            cur = g.sources[key] = SourceCursor(key[0], key[1], min(offsets))
+        for o in offsets:
+            lease = cur.finish(o)
+            if lease is not None:
+                g.drop_from_lease(lease)
+            if o >= cur.next:
+                cur.next = o + 1
+
+    def _load_letters(self, g: DeliveryGroup) -> None:
+        """Rebuild the pending retry letters by reading the retry queue from its floor."""
+        rc = g.retry
+        qs = self._internal_queue(g.retry_topic, create=False)
+        if qs is None:
+            return
+        lg = qs.log
+        pos = max(rc.floor, lg.start_offset)
+        rc.floor = max(rc.floor, lg.start_offset)
+        end = lg.end_offset
+        while pos < end:
+            data = lg.read(pos, 1 << 20)
+            if not data:
+                break
+            for r in decode_records(data):
+                if r.offset < pos:
+                    continue
+                pos = r.offset + 1
+                if r.offset in rc.done:
+                    continue
+                try:
+                    letter = read_letter(r)
+                except CorruptRecordError as exc:
+                    log.error("retry queue of %s: %s; skipped", g.name, exc)
+                    rc.done.add(r.offset)
+                    continue
+                rc.letters[r.offset] = letter
+                rc.by_msg_id[letter.msg_id] = r.offset
+                if r.offset not in rc.leased:
+                    heapq.heappush(rc.due, (self._to_mono(letter.due_wall), r.offset))
+        rc.next = max(rc.next, end)
+        rc.advance_floor()
+
+    def snapshot(self, g: DeliveryGroup) -> dict[str, Any]:
+        """The group's state as a snapshot map (see _apply_snapshot)."""
+
+        def leases(leased: dict[int, Lease]) -> list[list[Any]]:
+            by_lease: dict[int, Lease] = {}
+            for lease in leased.values():
+                by_lease[lease.lease_id] = lease
+            return [
+                [ls.lease_id, ls.member, self._to_wall(ls.deadline), ls.reconsume,
+                 _runs(ls.offsets)]
+                for ls in by_lease.values()
+            ]
+
+        rc = g.retry
+        return {
+            "delays": g.retry_delays_ms,
+            "max": g.max_reconsume,
+            "dlq_floor": g.dlq_floor,
+            "lease_seq": self._next_lease,
+            "sources": [
+                [c.topic, c.queue, c.floor, c.next, leases(c.leased)]
+                for c in g.sources.values()
+            ],
+            "retry": [rc.floor, rc.next, _runs(rc.done), leases(rc.leased)],
+        }
+
+    def compact(self, force: bool = False) -> None:
+        """Fold long journals into snapshots (only between moves: see the module docstring)."""
+        for name, store in self.stores.items():
+            g = self.groups[name]
+            if (force or store.journal.size > self.config.delivery_journal_bytes) and (
+                g.pending_moves == 0 and not store.waiters and store.failed is None
+            ):
+                store.rotate(self.snapshot(g))
+
+    def close(self) -> None:
+        """Snapshot and close every group (clean shutdown)."""
+        for name, store in self.stores.items():
+            g = self.groups[name]
+            try:
+                if g.pending_moves == 0 and store.failed is None:
+                    store.rotate(self.snapshot(g))
+            finally:
+                store.close()
+
+    # -- groups and members --------------------------------------------------------------------
+
+    def group(self, name: str) -> DeliveryGroup:
+        """The delivery group ``name``.
+
+        Raises:
+            UnknownGroupError.
+        """
+        g = self.groups.get(name)
+        if g is None:
+            raise UnknownGroupError(f"unknown delivery group {name[:200]!r}")
+        return g
+
+    def _get_or_create(self, name: str) -> DeliveryGroup:
+        g = self.groups.get(name)
+        if g is None:
+            check_delivery_group_name(name)
+            g = self._load_group(self.dir / name)
+            log.info("created delivery group %s", name)
+        return g
+
+    def _journal(self, g: DeliveryGroup, record: list[Any]) -> int:
+        store = self.stores[g.name]
+        if store.failed is not None:
+            raise StorageFailureError(f"delivery journal of {g.name} had an fsync failure")
+        try:
+            pos = store.append(record)
+        except OSError as exc:
+            raise StorageFailureError(f"delivery journal write failed: {exc}") from exc
+        self.flusher.mark_dirty(store)
+        return pos
+
+    def when_durable(self, group: str, pos: int, cb: Callable[[BaseException | None], None]) -> None:
+        """Run ``cb`` once journal position ``pos`` of ``group`` is durable."""
+        self.stores[group].when_durable(pos, cb, sync=self.sync)
+
+    def heartbeat(
+        self, name: str, member_id: str, client_id: str, host: str,
+        subscriptions: list[tuple[str, str]], session_timeout_ms: int,
+        retry_delays_ms: list[int] | None, max_reconsume: int,
+    ) -> tuple[DeliveryGroup, DeliveryMember, int]:
+        """Register or refresh a member; returns (group, member, journal position or -1)."""
+        for topic, expr in subscriptions:
+            self.topics.get(topic)
+            parse_tag_expression(expr)
+        if retry_delays_ms is not None and (
+            not 1 <= len(retry_delays_ms) <= MAX_RETRY_LADDER
+            or not all(0 <= d <= MAX_RETRY_DELAY_MS for d in retry_delays_ms)
+        ):
+            raise InvalidRequestError(
+                f"retry_delays must be 1..{MAX_RETRY_LADDER} delays of 0..{MAX_RETRY_DELAY_MS} ms"
+            )
+        if not -1 <= max_reconsume <= MAX_RECONSUME_LIMIT:
+            raise InvalidRequestError(f"max_reconsume must be 0..{MAX_RECONSUME_LIMIT}")
+        g = self._get_or_create(name)
+        now = self._now()
+        pos = -1
+        new_delays = retry_delays_ms if retry_delays_ms is not None else g.retry_delays_ms
+        new_max = max_reconsume if max_reconsume >= 0 else g.max_reconsume
+        if new_delays != g.retry_delays_ms or new_max != g.max_reconsume:
+            g.retry_delays_ms = list(new_delays)
+            g.max_reconsume = new_max
+            pos = self._journal(g, ["P", g.retry_delays_ms, g.max_reconsume])
+        if not member_id:
+            member_id = f"{client_id or 'consumer'}-{uuid.uuid4().hex[:12]}"
+        mem = g.members.get(member_id)
+        if mem is None:
+            mem = g.members[member_id] = DeliveryMember(
+                member_id, client_id, host, now, session_timeout_ms, list(subscriptions)
+            )
+            log.info("delivery group %s: member %s joined from %s", name, member_id, host)
+        else:
+            mem.last_heartbeat = now
+            mem.session_timeout_ms = session_timeout_ms
+            mem.subscriptions = list(subscriptions)
+            mem.host = host
+        return g, mem, pos
+
+    def member(self, name: str, member_id: str) -> tuple[DeliveryGroup, DeliveryMember]:
+        """A registered member (its last heartbeat refreshed: any request proves it alive).
+
+        Raises:
+            UnknownGroupError, UnknownMemberError: heartbeat first.
+        """
+        g = self.group(name)
+        mem = g.members.get(member_id)
+        if mem is None:
+            raise UnknownMemberError(f"member {member_id[:100]!r} is not in group {name!r}")
+        mem.last_heartbeat = self._now()
+        return g, mem
+
+    def leave(self, name: str, member_id: str) -> None:
+        """A member leaves: its leases go back to the group at once, without counting."""
+        g = self.group(name)
+        if g.members.pop(member_id, None) is None:
+            raise UnknownMemberError(f"member {member_id[:100]!r} is not in group {name!r}")
+        self._release_member(g, member_id, counts=False, reason="consumer left")
+        log.info("delivery group %s: member %s left", name, member_id)
+
+    def _release_member(self, g: DeliveryGroup, member_id: str, *, counts: bool, reason: str) -> None:
+        for lease in [ls for ls in g.leases.values() if ls.member == member_id]:
+            for off in sorted(lease.offsets):
+                self._fail(g, lease.key, off, lease, counts=counts, delay_ms=0, reason=reason)
+
+    # -- receive ------------------------------------------------------------------------------
+
+    def receive(
+        self, g: DeliveryGroup, member_id: str, subscriptions: list[tuple[str, str]],
+        max_messages: int, max_bytes: int, invisible_ms: int,
+    ) -> tuple[list[m.Delivery], int]:
+        """Lease what is available now: due retries first, then new messages.
+
+        Returns the deliveries and the journal position to wait for (-1: none).
+        """
+        cfg = self.config
+        now = self._now()
+        deadline = now + invisible_ms
+        deadline_wall = self.clock.wall_ms() + invisible_ms
+        room = min(max_messages, cfg.max_receive_messages,
+                   cfg.max_in_flight_per_member - g.in_flight.get(member_id, 0))
+        budget = min(max_bytes, cfg.max_fetch_bytes)
+        out: list[m.Delivery] = []
+        pos = -1
+        if room <= 0 or budget <= 0:
+            return out, pos
+        filters = {t: parse_tag_expression(e) for t, e in subscriptions}
+        rc = g.retry
+        if rc.due and rc.due[0][0] <= now:
+            room, budget, pos = self._receive_letters(
+                g, member_id, filters, room, budget, now, deadline, deadline_wall, out)
+        for topic, tags in filters.items():
+            if room <= 0 or budget <= 0:
+                break
+            t = self.topics.get(topic)
+            n = len(t.queues)
+            for i in range(n):
+                if room <= 0 or budget <= 0:
+                    break
+                qs = t.queues[(g.rr + i) % n]
+                taken, used, p = self._receive_queue(g, member_id, qs, tags, room, budget,
+                                                     deadline, deadline_wall, out)
+                room -= taken
+                budget -= used
+                pos = max(pos, p)
+        g.rr += 1
+        return out, pos
+
+    def _receive_letters(
+        self, g: DeliveryGroup, member_id: str, filters: dict[str, frozenset[str] | None],
+        room: int, budget: int, now: int, deadline: int, deadline_wall: int,
+        out: list[m.Delivery],
+    ) -> tuple[int, int, int]:
+        rc = g.retry
+        qs = self._internal_queue(g.retry_topic, create=False)
+        pos = -1
+        if qs is None:
+            rc.due.clear()
+            return room, budget, pos
+        skipped: list[tuple[int, int]] = []
+        while rc.due and rc.due[0][0] <= now and room > 0 and budget > 0:
+            item = heapq.heappop(rc.due)
+            off = item[1]
+            letter = rc.letters.get(off)
+            if letter is None or off in rc.leased:
+                continue  # finished or leased since it was queued
+            if letter.topic not in filters:
+                skipped.append(item)
+                continue
+            try:
+                data = qs.log.read(off, 1)
+            except BrokerError as exc:
+                log.error("retry queue of %s: cannot read offset %d: %s", g.name, off, exc)
+                rc.finish(off)
+                continue
+            first = next(iter_batches(data), None)
+            if first is None:
+                skipped.append(item)
+                break
+            p0, h = first
+            batch = data[p0 : p0 + h.size]
+            lease = Lease(self._lease_id(), member_id, (g.retry_topic, 0), deadline,
+                          letter.reconsume, {off})
+            rc.leased[off] = lease
+            g.add_lease(lease, 1)
+            out.append((g.retry_topic, 0, qs.topic_id, lease.lease_id, letter.reconsume, off, off,
+                        batch))
+            pos = self._journal(g, ["L", g.retry_topic, 0, lease.lease_id, member_id,
+                                    deadline_wall, letter.reconsume, [[off, 1]]])
+            room -= 1
+            budget -= len(batch)
+        for item in skipped:
+            heapq.heappush(rc.due, item)
+        return room, budget, pos
+
+    def _receive_queue(
+        self, g: DeliveryGroup, member_id: str, qs: QueueState, tags: frozenset[str] | None,
+        room: int, budget: int, deadline: int, deadline_wall: int, out: list[m.Delivery],
+    ) -> tuple[int, int, int]:
+        key = (qs.topic, qs.queue)
+        lg = qs.log
+        cur = g.sources.get(key)
+        if cur is None:
+            cur = g.sources[key] = SourceCursor(qs.topic, qs.queue, lg.start_offset)
+        if cur.next < lg.start_offset:  # retention deleted what this group never got
+            cur.skip_to(lg.start_offset)
+        end = qs.visible_end
+        if cur.next >= end:
+            return 0, 0, -1
+        start = cur.next
+        data = lg.read(start, budget, upto_offset=end)
+        if not data:
+            return 0, 0, -1
+        mv = memoryview(data)
+        parts: list[bytes | memoryview] = []
+        offsets: list[int] = []
+        new_next = start
+        for p0, h in iter_batches(mv):
+            if room - len(offsets) <= 0:
+                break
+            first = max(h.base_offset, start)
+            last = h.last_offset
+            if tags is None:
+                take = min(last - first + 1, room - len(offsets))
+                offsets.extend(range(first, first + take))
+                parts.append(mv[p0 : p0 + h.size])
+                new_next = first + take
+            else:
+                keep: list[tuple[int, int, int, int, int, int, int, int]] = []
+                new_next = last + 1
+                for rec in iter_raw_records(mv, p0, h):
+                    if rec[0] < first:
+                        continue
+                    t0, t1 = rec[2], rec[3]
+                    if t1 > t0 and str(mv[t0:t1], "utf-8", "replace") in tags:
+                        if len(offsets) + len(keep) >= room:
+                            new_next = rec[0]
+                            break
+                        keep.append(rec)
+                if keep:
+                    offsets.extend(r[0] for r in keep)
+                    parts.append(filter_batch(mv, p0, h, keep))
+        if not offsets:
+            cur.skip_to(new_next)
+            return 0, 0, self._journal(g, ["N", qs.topic, qs.queue, new_next])
+        lease = Lease(self._lease_id(), member_id, key, deadline, 0)
+        cur.lease(offsets, lease)
+        cur.skip_to(new_next)
+        g.add_lease(lease, len(offsets))
+        batches = b"".join(parts)
+        out.append((qs.topic, qs.queue, qs.topic_id, lease.lease_id, 0, offsets[0], offsets[-1],
+                    batches))
+        runs = [[offsets[0], len(offsets)]] if tags is None else _runs(offsets)
+        pos = self._journal(g, ["L", qs.topic, qs.queue, lease.lease_id, member_id, deadline_wall,
+                                0, runs])
+        if new_next > offsets[-1] + 1:
+            pos = self._journal(g, ["N", qs.topic, qs.queue, new_next])
+        return len(offsets), len(batches), pos
+
+    def _lease_id(self) -> int:
+        i = self._next_lease
+        self._next_lease += 1
+        return i
+
+    # -- ack, nack, change invisible ----------------------------------------------------------
+
+    def _lookup(
+        self, g: DeliveryGroup, topic: str, queue: int, offset: int, lease_id: int
+    ) -> Lease | None:
+        if topic == g.retry_topic:
+            lease = g.retry.leased.get(offset)
+        else:
+            cur = g.sources.get((topic, queue))
+            lease = cur.leased.get(offset) if cur is not None else None
+        if lease is None or lease.lease_id != lease_id:
+            return None
+        return lease
+
+    def _finish(self, g: DeliveryGroup, key: tuple[str, int], offset: int) -> None:
+        cursor = g.retry if key[0] == g.retry_topic else g.sources[key]
+        lease = cursor.finish(offset)
+        if lease is not None:
+            g.drop_from_lease(lease)
+
+    def _advance(self, g: DeliveryGroup, keys: Iterable[tuple[str, int]]) -> None:
+        for key in keys:
+            if key[0] == g.retry_topic:
+                g.retry.advance_floor()
+            else:
+                g.sources[key].advance_floor()
+
+    def ack(self, g: DeliveryGroup, receipts: list[m.Receipt]) -> tuple[list[tuple[int, int]], int]:
+        """Finish leased messages; per receipt (code, -1); the journal position to wait for."""
+        results: list[tuple[int, int]] = []
+        done: dict[tuple[str, int], list[int]] = {}
+        for topic, queue, offset, lease_id in receipts:
+            lease = self._lookup(g, topic, queue, offset, lease_id)
+            if lease is None:
+                results.append((_BAD_RECEIPT, -1))
+                continue
+            key = lease.key
+            self._finish(g, key, offset)
+            done.setdefault(key, []).append(offset)
+            results.append((_OK, -1))
+        pos = -1
+        for key, offs in done.items():
+            pos = self._journal(g, ["A", key[0], key[1], _runs(offs)])
+        self._advance(g, done)
+        return results, pos
+
+    def nack(self, g: DeliveryGroup, entries: list[m.NackEntry]) -> list[tuple[int, int]]:
+        """Give messages back for a later attempt (or the dead-letter queue)."""
+        results: list[tuple[int, int]] = []
+        for topic, queue, offset, lease_id, delay_ms, reason, counts in entries:
+            lease = self._lookup(g, topic, queue, offset, lease_id)
+            if lease is None:
+                results.append((_BAD_RECEIPT, -1))
+                continue
+            if delay_ms > MAX_RETRY_DELAY_MS:
+                raise InvalidRequestError(f"nack delay must be at most {MAX_RETRY_DELAY_MS} ms")
+            self._fail(g, lease.key, offset, lease, counts=counts, delay_ms=delay_ms,
+                       reason=reason or "consumer asked to retry later")
+            results.append((_OK, -1))
+        return results
+
+    def change_invisible(
+        self, g: DeliveryGroup, member_id: str, entries: list[tuple[str, int, int, int, int]]
+    ) -> tuple[list[tuple[int, int]], int]:
+        """New leases (new receipts) ending ``invisible_ms`` from now."""
+        results: list[tuple[int, int]] = []
+        now = self._now()
+        wall = self.clock.wall_ms()
+        pos = -1
+        new: dict[tuple[tuple[str, int], int, int], Lease] = {}
+        for topic, queue, offset, lease_id, invisible_ms in entries:
+            self.check_invisible(invisible_ms)
+            old = self._lookup(g, topic, queue, offset, lease_id)
+            if old is None:
+                results.append((_BAD_RECEIPT, -1))
+                continue
+            k = (old.key, lease_id, invisible_ms)
+            lease = new.get(k)
+            if lease is None:
+                lease = new[k] = Lease(self._lease_id(), member_id, old.key, now + invisible_ms,
+                                       old.reconsume)
+                g.add_lease(lease, 0)
+            old.offsets.discard(offset)
+            g.drop_from_lease(old)
+            lease.offsets.add(offset)
+            g.in_flight[member_id] = g.in_flight.get(member_id, 0) + 1
+            if old.key[0] == g.retry_topic:
+                g.retry.leased[offset] = lease
+            else:
+                g.sources[old.key].leased[offset] = lease
+            results.append((_OK, lease.lease_id))
+        for (key, _, inv), lease in new.items():
+            pos = self._journal(g, ["C", key[0], key[1], lease.lease_id, lease.member,
+                                    wall + inv, lease.reconsume, _runs(lease.offsets)])
+        return results, pos
+
+    def check_invisible(self, invisible_ms: int) -> None:
+        """Raise InvalidRequestError unless ``invisible_ms`` is an acceptable lease."""
+        if not 0 < invisible_ms <= self.config.max_invisible_ms:
+            raise InvalidRequestError(
+                f"invisible time must be 1..{self.config.max_invisible_ms} ms, not {invisible_ms}"
+            )
+
+    # -- moves to the retry and dead-letter queues --------------------------------------------
+
+    def _internal_queue(self, name: str, *, create: bool) -> QueueState | None:
+        t = self.topics.topics.get(name)
+        if t is None:
+            if not create:
+                return None
+            t = self.topics.create(name, 1, {}, self.clock.wall_ms(), internal_ok=True)
+        return t.queues[0]
+
+    def _read_record(self, g: DeliveryGroup, key: tuple[str, int], offset: int) -> Record | None:
+        try:
+            if key[0] == g.retry_topic:
+                qs = self._internal_queue(key[0], create=False)
+                if qs is None:
+                    return None
+            else:
+                qs = self.topics.queue(*key)
+            data = qs.log.read(offset, 1)
+        except (BrokerError, UnknownTopicError):
+            return None
+        for r in decode_records(data):
+            if r.offset == offset:
+                return r
+        return None
+
+    def _fail(
+        self, g: DeliveryGroup, key: tuple[str, int], offset: int, lease: Lease, *,
+        counts: bool, delay_ms: int, reason: str,
+    ) -> None:
+        """A delivery failed (or is handed back): move the message on, then finish it here."""
+        self._finish(g, key, offset)
+        reconsume = lease.reconsume + (1 if counts else 0)
+        record = self._read_record(g, key, offset)
+        if record is None:  # deleted by retention (or the topic was deleted): nothing to move
+            log.warning("delivery group %s: %s/%d@%d is gone; dropped from the group", g.name,
+                        key[0], key[1], offset)
+            self._journal(g, ["A", key[0], key[1], [[offset, 1]]])
+            self._advance(g, [key])
+            return
+        if key[0] == g.retry_topic:
+            try:
+                origin = read_letter(record)
+            except CorruptRecordError:
+                origin = Letter(key[0], key[1], offset, "", 0, 0, "")
+        else:
+            t = self.topics.get(key[0])
+            origin = Letter(key[0], key[1], offset, encode_msg_id(t.topic_id, key[1], offset), 0,
+                            0, "")
+        wall = self.clock.wall_ms()
+        dead = reconsume > g.max_reconsume
+        if dead:
+            target = g.dlq_topic
+            reason = f"{reason} (failed {reconsume} times, max_reconsume {g.max_reconsume})"
+            due_wall = wall
+        else:
+            if delay_ms < 0:
+                ladder = g.retry_delays_ms
+                delay_ms = ladder[min(max(reconsume - 1, 0), len(ladder) - 1)]
+            target = g.retry_topic
+            due_wall = wall + delay_ms
+        batch = make_letter(record, origin, reconsume=reconsume, due_wall=due_wall, reason=reason,
+                            dead_wall=wall if dead else None)
+        qs = self._internal_queue(target, create=True)
+        assert qs is not None
+        try:
+            res = qs.log.append(batch, now_ms=wall)
+        except OSError as exc:  # keep the message where it is: redelivered after a restart
+            log.error("delivery group %s: cannot write %s: %s", g.name, target, exc)
+            return
+        self.flusher.mark_dirty(qs)
+        if not self.sync:
+            qs.advance(qs.log.end_offset)
+        letter = Letter(origin.topic, origin.queue, origin.offset, origin.msg_id, reconsume,
+                        due_wall, reason)
+        g.pending_moves += 1
+        due_mono = self._now() + (due_wall - wall)
+
+        def moved(exc: BaseException | None) -> None:
+            g.pending_moves -= 1
+            if exc is not None:
+                log.error("delivery group %s: move to %s failed: %s", g.name, target, exc)
+                return
+            if not dead:
+                g.retry.add(res.base_offset, letter, due_mono)
+                if due_mono <= self._now():
+                    g.wake()
+            try:
+                self._journal(g, ["A", key[0], key[1], [[offset, 1]]])
+            except BrokerError as e:
+                log.error("delivery group %s: %s", g.name, e)
+            self._advance(g, [key])
+
+        if self.sync:
+            qs.flush_waiters.append((res.last_offset + 1, moved))
+        else:
+            moved(None)
+
+    # -- time passes ---------------------------------------------------------------------------
+
+    def tick(self) -> None:
+        """Expire leases, evict silent members, wake receivers of due retries, compact."""
+        now = self._now()
+        for g in self.groups.values():
+            for mid, mem in list(g.members.items()):
+                if now - mem.last_heartbeat > mem.session_timeout_ms:
+                    del g.members[mid]
+                    log.info("delivery group %s: member %s evicted (no heartbeat for %d ms)",
+                             g.name, mid, now - mem.last_heartbeat)
+                    self._release_member(
+                        g, mid, counts=True,
+                        reason=f"consumer {mid} evicted: no heartbeat for "
+                               f"{mem.session_timeout_ms} ms")
+            exp = g.expiry
+            while exp and exp[0][0] <= now:
+                deadline, lease_id = heapq.heappop(exp)
+                lease = g.leases.get(lease_id)
+                if lease is None or lease.deadline != deadline:
+                    continue
+                for off in sorted(lease.offsets):
+                    self._fail(g, lease.key, off, lease, counts=True, delay_ms=0,
+                               reason="lease expired before an ack")
+            if g.retry.due and g.retry.due[0][0] <= now and g.waiters:
+                g.wake()
+        self.compact()
+
+    # -- admin -------------------------------------------------------------------------------
+
+    def describe(self, name: str) -> m.DescribeDeliveryResponse:
+        """Members, per-queue progress and lag, retry and DLQ sizes."""
+        g = self.group(name)
+        now = self._now()
+        wall = self.clock.wall_ms()
+        members = [
+            (mem.member_id, mem.client_id, mem.host, now - mem.last_heartbeat,
+             g.in_flight.get(mem.member_id, 0))
+            for mem in g.members.values()
+        ]
+        topics = {t for mem in g.members.values() for t, _ in mem.subscriptions}
+        topics |= {t for t, _ in g.sources}
+        queues: list[m.DeliveryQueue] = []
+        for topic in sorted(topics):
+            t = self.topics.topics.get(topic)
+            if t is None:
+                continue
+            for qs in t.queues:
+                cur = g.sources.get((topic, qs.queue))
+                floor = cur.floor if cur is not None else qs.log.start_offset
+                nxt = cur.next if cur is not None else floor
+                end = qs.visible_end
+                age = -1
+                if floor < end:
+                    try:
+                        data = qs.log.read(max(floor, qs.log.start_offset), 1)
+                        b = next(iter_batches(data), None)
+                        if b is not None:
+                            age = max(0, wall - b[1].append_time_ms)
+                    except BrokerError:
+                        pass
+                queues.append((topic, qs.queue, floor, nxt, end,
+                               cur.in_flight if cur is not None else 0, age))
+        dlq = self._internal_queue(g.dlq_topic, create=False)
+        dlq_size = max(0, dlq.log.end_offset - max(g.dlq_floor, dlq.log.start_offset)) if dlq else 0
+        return m.DescribeDeliveryResponse(
+            g.name, members, queues, g.retry.waiting, g.retry.in_flight, dlq_size,
+            list(g.retry_delays_ms), g.max_reconsume,
+        )
+
+    def _dlq_records(self, g: DeliveryGroup, limit: int) -> tuple[int, int, list[Record]]:
+        qs = self._internal_queue(g.dlq_topic, create=False)
+        if qs is None:
+            return g.dlq_floor, g.dlq_floor, []
+        lg = qs.log
+        first = max(g.dlq_floor, lg.start_offset)
+        end = lg.end_offset
+        out: list[Record] = []
+        pos = first
+        while pos < end and (limit <= 0 or len(out) < limit):
+            data = lg.read(pos, 1 << 20)
+            if not data:
+                break
+            for r in decode_records(data):
+                if r.offset >= pos and (limit <= 0 or len(out) < limit):
+                    out.append(r)
+            pos = max(pos, out[-1].offset + 1 if out else end)
+        return first, end, out
+
+    def message_status(self, msg_id: str) -> m.MessageStatusResponse:
+        """The state of one message in every delivery group that knows its topic."""
+        try:
+            topic_id, queue, offset = decode_msg_id(msg_id)
+        except ValueError:
+            raise InvalidRequestError(f"not a message id: {msg_id[:64]!r}") from None
+        t = self.topics.by_id.get(topic_id)
+        if t is None:
+            raise UnknownTopicError(f"no topic has id {topic_id} (message {msg_id})")
+        qs = self.topics.queue(t.name, queue)
+        if not qs.log.start_offset <= offset < qs.log.end_offset:
+            raise InvalidRequestError(f"message {msg_id} is not stored (deleted or never written)")
+        out: list[m.MessageGroupStatus] = []
+        for g in self.groups.values():
+            cur = g.sources.get((t.name, queue))
+            subscribed = any(tp == t.name for mem in g.members.values() for tp, _ in mem.subscriptions)
+            if cur is None and not subscribed:
+                continue
+            rc = g.retry
+            roff = rc.by_msg_id.get(msg_id)
+            if roff is not None:
+                letter = rc.letters[roff]
+                lease = rc.leased.get(roff)
+                if lease is not None:
+                    out.append((g.name, "DELIVERED", lease.member, self._to_wall(lease.deadline),
+                                letter.reconsume, -1, letter.reason))
+                else:
+                    out.append((g.name, "RETRYING", "", -1, letter.reconsume, letter.due_wall,
+                                letter.reason))
+                continue
+            if cur is not None and offset in cur.leased:
+                lease = cur.leased[offset]
+                out.append((g.name, "DELIVERED", lease.member, self._to_wall(lease.deadline), 0,
+                            -1, ""))
+                continue
+            if cur is None or offset >= cur.next:
+                out.append((g.name, "WAITING", "", -1, 0, -1, ""))
+                continue
+            dead = self._find_dead(g, msg_id)
+            if dead is not None:
+                out.append((g.name, "DEAD", "", -1, dead.reconsume, -1, dead.reason))
+            else:
+                out.append((g.name, "CONSUMED", "", -1, 0, -1, ""))
+        return m.MessageStatusResponse(t.name, queue, offset, out)
+
+    def _find_dead(self, g: DeliveryGroup, msg_id: str) -> Letter | None:
+        _, _, recs = self._dlq_records(g, 0)
+        for r in recs:
+            if r.properties.get("%MSGID") == msg_id:
+                try:
+                    return read_letter(r)
+                except CorruptRecordError:
+                    return None
+        return None
+
+    def dlq_admin(
+        self, name: str, action: int, max_messages: int, dry_run: bool
+    ) -> tuple[m.DlqAdminResponse, int]:
+        """Redrive or purge dead letters; returns the answer and a journal position."""
+        g = self.group(name)
+        first, end, recs = self._dlq_records(g, max_messages)
+        if action == m.DlqAction.PURGE:
+            stop = recs[-1].offset + 1 if (recs and max_messages > 0) else end
+            count = len(recs) if max_messages > 0 else max(0, end - first)
+            if dry_run or stop <= g.dlq_floor:
+                return m.DlqAdminResponse(first, stop, count), -1
+            g.dlq_floor = stop
+            return m.DlqAdminResponse(first, stop, count), self._journal(g, ["D", stop])
+        if action != m.DlqAction.REDRIVE:
+            raise InvalidRequestError(f"unknown DLQ action {action}")
+        stop = recs[-1].offset + 1 if recs else first
+        if dry_run or not recs:
+            return m.DlqAdminResponse(first, stop, len(recs)), -1
+        qs = self._internal_queue(g.retry_topic, create=True)
+        assert qs is not None
+        wall = self.clock.wall_ms()
+        now = self._now()
+        letters: list[tuple[int, Letter]] = []
+        last_end = 0
+        for r in recs:
+            try:
+                origin = read_letter(r)
+            except CorruptRecordError:
+                continue
+            batch = make_letter(r, origin, reconsume=0, due_wall=wall, reason="redriven from DLQ")
+            res = qs.log.append(batch, now_ms=wall)
+            last_end = res.last_offset + 1
+            letters.append((res.base_offset, Letter(origin.topic, origin.queue, origin.offset,
+                                                    origin.msg_id, 0, wall, "redriven from DLQ")))
+        self.flusher.mark_dirty(qs)
+        if not self.sync:
+            qs.advance(qs.log.end_offset)
+        g.dlq_floor = stop
+        g.pending_moves += 1
+        pos = self._journal(g, ["D", stop]) if not self.sync else -1
+
+        def moved(exc: BaseException | None) -> None:
+            g.pending_moves -= 1
+            if exc is not None:
+                log.error("delivery group %s: redrive failed: %s", g.name, exc)
+                return
+            for off, letter in letters:
+                g.retry.add(off, letter, now)
+            if self.sync:
+                self._journal(g, ["D", stop])
+            g.wake()
+
+        if self.sync and last_end:
+            qs.flush_waiters.append((last_end, moved))
+        else:
+            moved(None)
+        return m.DlqAdminResponse(first, stop, len(letters)), pos

@@ -1,0 +1,126 @@
+"""Persistence of one delivery group: a snapshot checkpoint plus a journal of changes since.
+
+Files in ``<data_dir>/delivery/<group>/``::
+
+    state         checkpoint (msgpack map): the group's state as of journal generation G
+    journal.<G>   every change since that snapshot (see ferrymq.storage.journal)
+
+Loading reads ``state`` (if any), then replays ``journal.<G>``. Compaction writes a new
+snapshot with generation G+1 (atomic), starts ``journal.<G+1>`` and deletes the old journal; a
+crash in between leaves either the old snapshot with its journal or the new snapshot with an
+empty (or missing) journal, both complete. Stray journals of other generations are deleted.
+
+The store is a :class:`~ferrymq.broker.flusher.Flushable`: appends are fsynced by the broker's
+group-commit flusher, and :meth:`GroupStore.when_durable` runs a callback once a position is
+durable (at once in async flush mode).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import msgpack
+
+from ferrymq.errors import CorruptRecordError
+from ferrymq.storage import read_checkpoint, write_checkpoint
+from ferrymq.storage.journal import Journal
+
+log = logging.getLogger("ferrymq.broker")
+
+STATE_FILE = "state"
+SNAPSHOT_VERSION = 1
+
+Callback = Callable[[BaseException | None], None]
+
+
+class GroupStore:
+    """The snapshot and journal of one delivery group."""
+
+    def __init__(self, directory: Path, gen: int, journal: Journal) -> None:
+        self.directory = directory
+        self.gen = gen
+        self.journal = journal
+        self.waiters: deque[tuple[int, Callback]] = deque()
+        self.failed: BaseException | None = None
+
+    @classmethod
+    def load(cls, directory: Path) -> tuple[GroupStore, dict[str, Any] | None, list[Any]]:
+        """Open the group's files: the store, its snapshot (None: new group), journal records.
+
+        Raises:
+            CorruptRecordError: the snapshot is damaged (refused: it is authoritative).
+        """
+        directory.mkdir(parents=True, exist_ok=True)
+        raw = read_checkpoint(directory / STATE_FILE)
+        snap: dict[str, Any] | None = None
+        gen = 0
+        if raw is not None:
+            try:
+                snap = msgpack.unpackb(raw, raw=False, strict_map_key=False)
+            except Exception as exc:  # noqa: BLE001
+                raise CorruptRecordError(f"{directory / STATE_FILE}: {exc}") from None
+            if not isinstance(snap, dict) or snap.get("v") != SNAPSHOT_VERSION:
+                raise CorruptRecordError(f"{directory / STATE_FILE}: unknown snapshot format")
+            gen = int(snap["gen"])
+        for p in directory.glob("journal.*"):
+            if p.name != f"journal.{gen}":
+                p.unlink()
+        journal, records = Journal.open(directory / f"journal.{gen}")
+        if journal.dropped_bytes:
+            log.warning("delivery journal %s: dropped a torn tail of %d bytes", journal.path,
+                        journal.dropped_bytes)
+        return cls(directory, gen, journal), snap, records
+
+    def append(self, record: list[Any]) -> int:
+        """Journal one change; the position to wait for."""
+        return self.journal.append(record)
+
+    def when_durable(self, pos: int, cb: Callback, *, sync: bool) -> None:
+        """Run ``cb(None)`` once ``pos`` is fsynced (sync mode) or at once (async mode)."""
+        if not sync or pos <= self.journal.durable:
+            cb(None)
+        elif self.failed is not None:
+            cb(self.failed)
+        else:
+            self.waiters.append((pos, cb))
+
+    def rotate(self, snapshot: dict[str, Any]) -> None:
+        """Write ``snapshot`` as generation G+1 and start an empty journal for it."""
+        new_gen = self.gen + 1
+        snapshot = {**snapshot, "v": SNAPSHOT_VERSION, "gen": new_gen}
+        write_checkpoint(self.directory / STATE_FILE, msgpack.packb(snapshot, use_bin_type=True))
+        old = self.journal
+        self.journal, _ = Journal.open(self.directory / f"journal.{new_gen}")
+        self.gen = new_gen
+        old.close()
+        old.path.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        """fsync and close the journal."""
+        self.journal.close()
+
+    # the flusher's side (ferrymq.broker.flusher.Flushable)
+
+    def flush_blocking(self) -> int:
+        """fsync the journal (flusher thread)."""
+        return self.journal.flush()
+
+    def on_flushed(self, durable: int, sync: bool) -> None:
+        """Run the callbacks of positions now durable."""
+        w = self.waiters
+        while w and w[0][0] <= durable:
+            w.popleft()[1](None)
+
+    def on_flush_failed(self, exc: BaseException) -> None:
+        """Fail every waiter; later appends fail too until a restart."""
+        self.failed = exc
+        w = self.waiters
+        while w:
+            w.popleft()[1](exc)
+
+    def __str__(self) -> str:
+        return f"delivery journal {self.directory.name}"

@@ -1,0 +1,180 @@
+"""CONSUMER_HEARTBEAT, RECEIVE, ACK, NACK, CHANGE_INVISIBLE, CONSUMER_LEAVE, DESCRIBE_DELIVERY,
+MESSAGE_STATUS, DLQ_ADMIN: the wire side of :mod:`ferrymq.broker.delivery`.
+
+In sync flush mode an answer that reports a state change (a lease, an ack, a policy) is sent
+only after the delivery journal holding that change is fsynced (group commit with the logs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, TypeVar
+
+from ferrymq.errors import InvalidRequestError, UnknownMemberError
+from ferrymq.protocol import messages as m
+
+if TYPE_CHECKING:
+    from ferrymq.broker.connection import BrokerConnection
+    from ferrymq.broker.server import BrokerServer
+    from ferrymq.broker.topics import QueueState
+
+B = TypeVar("B", bound=m.Body)
+
+MAX_SUBSCRIPTIONS = 256
+"""Most topics one delivery-group member may subscribe to."""
+
+
+def _after(srv: BrokerServer, group: str, pos: int, resp: B) -> B | asyncio.Future[B]:
+    """``resp`` now, or once journal position ``pos`` is durable."""
+    if pos < 0 or not srv.sync_flush:
+        return resp
+    fut: asyncio.Future[B] = asyncio.get_running_loop().create_future()
+
+    def done(exc: BaseException | None) -> None:
+        if fut.done():
+            return
+        if exc is not None:
+            fut.set_exception(exc)
+        else:
+            fut.set_result(resp)
+
+    srv.delivery.when_durable(group, pos, done)
+    return fut
+
+
+def consumer_heartbeat(
+    conn: BrokerConnection, req: m.ConsumerHeartbeatRequest
+) -> m.ConsumerHeartbeatResponse | asyncio.Future[m.ConsumerHeartbeatResponse]:
+    """Register or keep alive a member; set the group's retry policy."""
+    srv = conn.server
+    cfg = srv.config
+    timeout = req.session_timeout_ms or cfg.default_session_timeout_ms
+    if not 0 < timeout <= cfg.max_session_timeout_ms:
+        raise InvalidRequestError(
+            f"session_timeout_ms must be 1..{cfg.max_session_timeout_ms}, not {timeout}"
+        )
+    if len(req.subscriptions) > MAX_SUBSCRIPTIONS:
+        raise InvalidRequestError(f"at most {MAX_SUBSCRIPTIONS} subscriptions")
+    g, mem, pos = srv.delivery.heartbeat(
+        req.group, req.member_id, req.client_id or conn.client_id, conn.peer,
+        req.subscriptions, timeout, req.retry_delays_ms, req.max_reconsume,
+    )
+    return _after(srv, g.name, pos, m.ConsumerHeartbeatResponse(mem.member_id, len(g.members)))
+
+
+def receive(
+    conn: BrokerConnection, req: m.ReceiveRequest
+) -> m.ReceiveResponse | asyncio.Future[m.ReceiveResponse]:
+    """Lease messages now, or long-poll until some arrive or ``max_wait_ms`` passes."""
+    srv = conn.server
+    cfg = srv.config
+    g, mem = srv.delivery.member(req.group, req.member_id)
+    invisible = req.invisible_ms or cfg.default_invisible_ms
+    srv.delivery.check_invisible(invisible)
+    if req.max_messages <= 0 or req.max_bytes <= 0:
+        raise InvalidRequestError("max_messages and max_bytes must be positive")
+    subs = req.subscriptions or mem.subscriptions
+    if not subs:
+        raise InvalidRequestError("no subscriptions: subscribe to a topic first")
+    if len(subs) > MAX_SUBSCRIPTIONS:
+        raise InvalidRequestError(f"at most {MAX_SUBSCRIPTIONS} subscriptions")
+    out, pos = srv.delivery.receive(g, req.member_id, subs, req.max_messages, req.max_bytes,
+                                    invisible)
+    wait_ms = min(max(req.max_wait_ms, 0), cfg.max_fetch_wait_ms)
+    if out or wait_ms == 0:
+        return _after(srv, g.name, pos, m.ReceiveResponse(invisible, out))
+    return asyncio.ensure_future(_long_poll(conn, req, subs, invisible, wait_ms / 1000.0))
+
+
+async def _long_poll(
+    conn: BrokerConnection, req: m.ReceiveRequest, subs: list[tuple[str, str]],
+    invisible: int, wait_s: float,
+) -> m.ReceiveResponse:
+    srv = conn.server
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_s
+    while True:
+        remaining = deadline - loop.time()
+        if remaining <= 0 or srv.shutting_down:
+            return m.ReceiveResponse(invisible, [])
+        g = srv.delivery.group(req.group)
+        if req.member_id not in g.members:
+            raise UnknownMemberError(f"member {req.member_id[:100]!r} was evicted; heartbeat")
+        queues: list[QueueState] = []
+        for topic, _ in subs:
+            t = srv.topics.topics.get(topic)
+            if t is not None:
+                queues.extend(t.queues)
+        w: asyncio.Future[None] = loop.create_future()
+        for qs in queues:
+            qs.waiters.add(w)
+        g.waiters.add(w)
+        try:
+            await asyncio.wait_for(w, remaining)
+        except TimeoutError:
+            pass
+        finally:
+            for qs in queues:
+                qs.waiters.discard(w)
+            g.waiters.discard(w)
+        g, _ = srv.delivery.member(req.group, req.member_id)
+        out, pos = srv.delivery.receive(g, req.member_id, subs, req.max_messages, req.max_bytes,
+                                        invisible)
+        if out:
+            resp = _after(srv, g.name, pos, m.ReceiveResponse(invisible, out))
+            return await resp if isinstance(resp, asyncio.Future) else resp
+
+
+def ack(
+    conn: BrokerConnection, req: m.AckRequest
+) -> m.ReceiptResponse | asyncio.Future[m.ReceiptResponse]:
+    """Finish leased messages (per receipt: NONE or INVALID_RECEIPT)."""
+    srv = conn.server
+    g = srv.delivery.group(req.group)
+    results, pos = srv.delivery.ack(g, req.receipts)
+    return _after(srv, g.name, pos, m.ReceiptResponse(results))
+
+
+def nack(conn: BrokerConnection, req: m.NackRequest) -> m.ReceiptResponse:
+    """Give leased messages back for a later attempt."""
+    g = conn.server.delivery.group(req.group)
+    return m.ReceiptResponse(conn.server.delivery.nack(g, req.entries))
+
+
+def change_invisible(
+    conn: BrokerConnection, req: m.ChangeInvisibleRequest
+) -> m.ReceiptResponse | asyncio.Future[m.ReceiptResponse]:
+    """Renew or shorten leases; each answer carries the new lease id."""
+    srv = conn.server
+    g = srv.delivery.group(req.group)
+    results, pos = srv.delivery.change_invisible(g, req.member_id, req.entries)
+    return _after(srv, g.name, pos, m.ReceiptResponse(results))
+
+
+def consumer_leave(conn: BrokerConnection, req: m.ConsumerLeaveRequest) -> m.Empty:
+    """Leave; held leases go back to the group at once."""
+    conn.server.delivery.leave(req.group, req.member_id)
+    return m.Empty()
+
+
+def describe_delivery(
+    conn: BrokerConnection, req: m.DescribeDeliveryRequest
+) -> m.DescribeDeliveryResponse:
+    """Members, progress, lag, retry and DLQ sizes of one delivery group."""
+    return conn.server.delivery.describe(req.group)
+
+
+def message_status(conn: BrokerConnection, req: m.MessageStatusRequest) -> m.MessageStatusResponse:
+    """The consume status of one message in each delivery group."""
+    return conn.server.delivery.message_status(req.msg_id)
+
+
+def dlq_admin(
+    conn: BrokerConnection, req: m.DlqAdminRequest
+) -> m.DlqAdminResponse | asyncio.Future[m.DlqAdminResponse]:
+    """Redrive or purge dead letters."""
+    srv = conn.server
+    if req.max_messages < 0:
+        raise InvalidRequestError("max_messages must be >= 0")
+    resp, pos = srv.delivery.dlq_admin(req.group, req.action, req.max_messages, req.dry_run)
+    return _after(srv, req.group, pos, resp)
