@@ -14,14 +14,17 @@ FERRYMQ_ALL = [
     "AsyncAdminClient",
     "AsyncProducer",
     "AsyncPullConsumer",
+    "AsyncSimpleConsumer",
     "Broker",
     "Durability",
     "FerryMQError",
+    "LeasedMessage",
     "Message",
     "Producer",
     "PullConsumer",
     "ReceivedMessage",
     "SendResult",
+    "SimpleConsumer",
     "__version__",
 ]
 

@@ -20,12 +20,15 @@ from ferrymq.client import (
     AsyncAdminClient,
     AsyncProducer,
     AsyncPullConsumer,
+    AsyncSimpleConsumer,
     Durability,
+    LeasedMessage,
     Message,
     Producer,
     PullConsumer,
     ReceivedMessage,
     SendResult,
+    SimpleConsumer,
 )
 from ferrymq.errors import FerryMQError
 
@@ -34,13 +37,16 @@ __all__ = [
     "AsyncAdminClient",
     "AsyncProducer",
     "AsyncPullConsumer",
+    "AsyncSimpleConsumer",
     "Broker",
     "Durability",
     "FerryMQError",
+    "LeasedMessage",
     "Message",
     "Producer",
     "PullConsumer",
     "ReceivedMessage",
     "SendResult",
+    "SimpleConsumer",
     "__version__",
 ]

@@ -1,20 +1,25 @@
 """FerryMQ clients: asyncio classes and their synchronous facades."""
 
+from ferrymq.client._delivery import LeasedMessage
 from ferrymq.client.admin import AsyncAdminClient
 from ferrymq.client.consumer import AsyncPullConsumer
 from ferrymq.client.message import Durability, Message, ReceivedMessage, SendResult
 from ferrymq.client.producer import AsyncProducer
-from ferrymq.client.sync import AdminClient, Producer, PullConsumer
+from ferrymq.client.simple import AsyncSimpleConsumer
+from ferrymq.client.sync import AdminClient, Producer, PullConsumer, SimpleConsumer
 
 __all__ = [
     "AdminClient",
     "AsyncAdminClient",
     "AsyncProducer",
     "AsyncPullConsumer",
+    "AsyncSimpleConsumer",
     "Durability",
+    "LeasedMessage",
     "Message",
     "Producer",
     "PullConsumer",
     "ReceivedMessage",
     "SendResult",
+    "SimpleConsumer",
 ]

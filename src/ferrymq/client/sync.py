@@ -16,10 +16,12 @@ from collections.abc import Coroutine, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
+from ferrymq.client._delivery import LeasedMessage
 from ferrymq.client.admin import AsyncAdminClient
 from ferrymq.client.consumer import AsyncPullConsumer, TopicQueue
 from ferrymq.client.message import Message, ReceivedMessage, SendResult
 from ferrymq.client.producer import AsyncProducer
+from ferrymq.client.simple import AsyncSimpleConsumer
 from ferrymq.errors import ClientError
 
 T = TypeVar("T")
@@ -210,6 +212,61 @@ class PullConsumer:
         _run(self._async.close())
 
     def __enter__(self) -> PullConsumer:
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+class SimpleConsumer:
+    """Receives and acks messages one by one (blocking API). See
+    :class:`~ferrymq.client.simple.AsyncSimpleConsumer` for the options."""
+
+    def __init__(self, servers: str | list[str] = "127.0.0.1:9876", group: str = "default",
+                 **options: Any) -> None:
+        self._async = _run(self._make(servers, group, options))
+
+    @staticmethod
+    async def _make(servers: str | list[str], group: str,
+                    options: dict[str, Any]) -> AsyncSimpleConsumer:
+        return await AsyncSimpleConsumer(servers, group, **options).start()
+
+    @property
+    def member_id(self) -> str:
+        """This member's id in the group."""
+        return self._async.member_id
+
+    def subscribe(self, topic: str, tags: str = "*") -> None:
+        """Receive messages of ``topic`` matching ``tags``."""
+        _run(self._async.subscribe(topic, tags))
+
+    def receive(self, max_messages: int = 16, invisible_duration: float | None = None,
+                wait: float | None = None) -> list[LeasedMessage]:
+        """Lease up to ``max_messages`` messages (see the async class)."""
+        return _run(self._async.receive(max_messages, invisible_duration, wait))
+
+    def ack(self, msg: LeasedMessage) -> None:
+        """Acknowledge one message."""
+        _run(self._async.ack(msg))
+
+    def ack_batch(self, msgs: Sequence[LeasedMessage]) -> None:
+        """Acknowledge many messages in one request."""
+        _run(self._async.ack_batch(msgs))
+
+    def nack(self, msg: LeasedMessage, delay: float | None = None, reason: str = "") -> None:
+        """Give a message back for a later attempt."""
+        _run(self._async.nack(msg, delay, reason))
+
+    def change_invisible_duration(self, msg: LeasedMessage, seconds: float) -> None:
+        """Make a message visible again ``seconds`` from now."""
+        _run(self._async.change_invisible_duration(msg, seconds))
+
+    def close(self) -> None:
+        """Leave the group and disconnect."""
+        _run(self._async.close())
+
+    def __enter__(self) -> SimpleConsumer:
         return self
 
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,

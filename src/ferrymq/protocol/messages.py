@@ -57,6 +57,7 @@ class ApiKey(enum.IntEnum):
     DESCRIBE_DELIVERY = 25
     MESSAGE_STATUS = 26
     DLQ_ADMIN = 27
+    FIND_BY_KEY = 28
 
 
 class Durability(enum.IntEnum):
@@ -758,7 +759,9 @@ class ConsumerHeartbeatRequest(Request):
 
     ``member_id`` is empty on the first heartbeat. ``retry_delays_ms`` (None: keep) and
     ``max_reconsume`` (-1: keep) set the group's retry policy; the last heartbeat that sets them
-    wins, and the policy is persisted with the group."""
+    wins, and the policy is persisted with the group. ``start_from`` (an
+    :class:`OffsetSpec` or a timestamp in ms) says where a *new* group starts reading each
+    queue; it is ignored for a group that exists."""
 
     group: str
     member_id: str
@@ -767,9 +770,10 @@ class ConsumerHeartbeatRequest(Request):
     session_timeout_ms: int
     retry_delays_ms: list[int] | None
     max_reconsume: int
+    start_from: int
     API_KEY = ApiKey.CONSUMER_HEARTBEAT
     RESPONSE = ConsumerHeartbeatResponse
-    SCHEMA = (STR, STR, STR, lst(tup(STR, STR)), INT, opt(lst(INT)), INT)
+    SCHEMA = (STR, STR, STR, lst(tup(STR, STR)), INT, opt(lst(INT)), INT, INT)
 
 
 Delivery = tuple[str, int, int, int, int, int, int, bytes | memoryview]
@@ -978,6 +982,36 @@ class DlqAdminRequest(Request):
     SCHEMA = (STR, INT, INT, BOOL)
 
 
+KeyMatch = tuple[int, int, str, int, list[str]]
+"""(queue, offset, message id, stored time (append time, wall ms), the message's keys)."""
+
+
+@dataclass(frozen=True, slots=True)
+class FindByKeyResponse(Body):
+    """Messages of ``topic`` whose keys include the key, newest first (by stored time).
+
+    ``unindexed`` counts the offsets that were not searched: the key index had not reached them
+    yet and the request's scan budget ran out first (0: the answer is complete up to ``limit``)."""
+
+    topic: str
+    topic_id: int
+    messages: list[KeyMatch]
+    unindexed: int
+    SCHEMA = (STR, INT, lst(tup(INT, INT, STR, INT, lst(STR))), INT)
+
+
+@dataclass(frozen=True, slots=True)
+class FindByKeyRequest(Request):
+    """Messages of a topic carrying ``key`` (RocketMQ's query by key), at most ``limit``."""
+
+    topic: str
+    key: str
+    limit: int
+    API_KEY = ApiKey.FIND_BY_KEY
+    RESPONSE = FindByKeyResponse
+    SCHEMA = (STR, STR, INT)
+
+
 REQUESTS: dict[int, type[Request]] = {
     cls.API_KEY: cls
     for cls in (
@@ -987,7 +1021,7 @@ REQUESTS: dict[int, type[Request]] = {
         HeartbeatRequest, LeaveGroupRequest, ListGroupsRequest, DescribeGroupRequest,
         ResetOffsetsRequest, ConsumerHeartbeatRequest, ReceiveRequest, AckRequest,
         NackRequest, ChangeInvisibleRequest, ConsumerLeaveRequest, DescribeDeliveryRequest,
-        MessageStatusRequest, DlqAdminRequest,
+        MessageStatusRequest, DlqAdminRequest, FindByKeyRequest,
     )
 }
 assert set(REQUESTS) == set(ApiKey), "every ApiKey needs a request type"

@@ -192,6 +192,7 @@ class DeliveryManager:
     def _apply_snapshot(self, g: DeliveryGroup, snap: dict[str, Any]) -> None:
         g.retry_delays_ms = list(snap["delays"])
         g.max_reconsume = int(snap["max"])
+        g.start_from = int(snap.get("start", m.OffsetSpec.EARLIEST))
         g.dlq_floor = int(snap["dlq_floor"])
         self._next_lease = max(self._next_lease, int(snap["lease_seq"]))
         for topic, queue, floor, nxt, leases in snap["sources"]:
@@ -229,6 +230,7 @@ class DeliveryManager:
         elif kind == "P":
             g.retry_delays_ms = list(rec[1])
             g.max_reconsume = int(rec[2])
+            g.start_from = int(rec[3])
         elif kind == "D":
             g.dlq_floor = max(g.dlq_floor, int(rec[1]))
         else:
@@ -311,6 +313,7 @@ class DeliveryManager:
         return {
             "delays": g.retry_delays_ms,
             "max": g.max_reconsume,
+            "start": g.start_from,
             "dlq_floor": g.dlq_floor,
             "lease_seq": self._next_lease,
             "sources": [
@@ -378,7 +381,7 @@ class DeliveryManager:
     def heartbeat(
         self, name: str, member_id: str, client_id: str, host: str,
         subscriptions: list[tuple[str, str]], session_timeout_ms: int,
-        retry_delays_ms: list[int] | None, max_reconsume: int,
+        retry_delays_ms: list[int] | None, max_reconsume: int, start_from: int,
     ) -> tuple[DeliveryGroup, DeliveryMember, int]:
         """Register or refresh a member; returns (group, member, journal position or -1)."""
         for topic, expr in subscriptions:
@@ -393,15 +396,21 @@ class DeliveryManager:
             )
         if not -1 <= max_reconsume <= MAX_RECONSUME_LIMIT:
             raise InvalidRequestError(f"max_reconsume must be 0..{MAX_RECONSUME_LIMIT}")
+        if start_from < m.OffsetSpec.EARLIEST:
+            raise InvalidRequestError(f"start_from must be -1, -2 or a timestamp, not {start_from}")
+        is_new = name not in self.groups
         g = self._get_or_create(name)
         now = self._now()
         pos = -1
         new_delays = retry_delays_ms if retry_delays_ms is not None else g.retry_delays_ms
         new_max = max_reconsume if max_reconsume >= 0 else g.max_reconsume
-        if new_delays != g.retry_delays_ms or new_max != g.max_reconsume:
+        new_start = start_from if is_new else g.start_from
+        if (new_delays != g.retry_delays_ms or new_max != g.max_reconsume
+                or new_start != g.start_from):
             g.retry_delays_ms = list(new_delays)
             g.max_reconsume = new_max
-            pos = self._journal(g, ["P", g.retry_delays_ms, g.max_reconsume])
+            g.start_from = new_start
+            pos = self._journal(g, ["P", g.retry_delays_ms, g.max_reconsume, g.start_from])
         if not member_id:
             member_id = f"{client_id or 'consumer'}-{uuid.uuid4().hex[:12]}"
         mem = g.members.get(member_id)
@@ -541,7 +550,9 @@ class DeliveryManager:
         lg = qs.log
         cur = g.sources.get(key)
         if cur is None:
-            cur = g.sources[key] = SourceCursor(qs.topic, qs.queue, lg.start_offset)
+            cur = g.sources[key] = SourceCursor(qs.topic, qs.queue, self._start(g, qs))
+            if cur.next > lg.start_offset:
+                self._journal(g, ["N", qs.topic, qs.queue, cur.next])
         if cur.next < lg.start_offset:  # retention deleted what this group never got
             cur.skip_to(lg.start_offset)
         end = qs.visible_end
@@ -596,6 +607,14 @@ class DeliveryManager:
         if new_next > offsets[-1] + 1:
             pos = self._journal(g, ["N", qs.topic, qs.queue, new_next])
         return len(offsets), len(batches), pos
+
+    def _start(self, g: DeliveryGroup, qs: QueueState) -> int:
+        """Where a new cursor of ``g`` starts on ``qs``."""
+        if g.start_from == m.OffsetSpec.EARLIEST:
+            return qs.log.start_offset
+        if g.start_from == m.OffsetSpec.LATEST:
+            return qs.visible_end
+        return min(qs.log.offset_for_time(g.start_from), qs.visible_end)
 
     def _lease_id(self) -> int:
         i = self._next_lease

@@ -180,6 +180,7 @@ class DeliveryGroup:
     name: str
     retry_delays_ms: list[int]
     max_reconsume: int
+    start_from: int = -2  # OffsetSpec.EARLIEST: where new cursors start
     retry: RetryCursor = field(default_factory=lambda: RetryCursor(0))
     dlq_floor: int = 0
     members: dict[str, DeliveryMember] = field(default_factory=dict)

@@ -57,7 +57,7 @@ def consumer_heartbeat(
         raise InvalidRequestError(f"at most {MAX_SUBSCRIPTIONS} subscriptions")
     g, mem, pos = srv.delivery.heartbeat(
         req.group, req.member_id, req.client_id or conn.client_id, conn.peer,
-        req.subscriptions, timeout, req.retry_delays_ms, req.max_reconsume,
+        req.subscriptions, timeout, req.retry_delays_ms, req.max_reconsume, req.start_from,
     )
     return _after(srv, g.name, pos, m.ConsumerHeartbeatResponse(mem.member_id, len(g.members)))
 

@@ -1,0 +1,321 @@
+"""The client side of delivery groups, shared by the simple and push consumers.
+
+:class:`DeliveryCore` keeps a member registered (a heartbeat task of its own, so a slow handler
+never starves it), leases messages with RECEIVE, and acks, nacks and renews them.
+:class:`LeasedMessage` is a :class:`~ferrymq.client.message.ReceivedMessage` that also carries
+its receipt and ``reconsume_times``; for a redelivered message (a letter of the group's retry
+queue) it shows the original topic, queue, offset and id, and hides the ``%`` properties.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from ferrymq.client._session import Session
+from ferrymq.client.message import BatchContext, ReceivedMessage
+from ferrymq.errors import (
+    BrokerError,
+    ConfigError,
+    ConnectionClosedError,
+    FerryMQError,
+    FerryMQTimeoutError,
+    InvalidReceiptError,
+    UnknownGroupError,
+    UnknownMemberError,
+    error_for_code,
+)
+from ferrymq.protocol import messages as m
+from ferrymq.protocol.records import (
+    check_stored_batch,
+    decode_properties,
+    iter_batches,
+    record_fields,
+    walk_records,
+)
+from ferrymq.protocol.tags import parse_tag_expression
+
+log = logging.getLogger("ferrymq.client")
+
+RETRY_PREFIX = "%RETRY%"
+
+
+class LeasedMessage(ReceivedMessage):
+    """A message leased from a delivery group: ack it, nack it, or let its lease expire.
+
+    Attributes:
+        reconsume_times: how many earlier deliveries of it failed (0 on the first delivery).
+        lease_id: the current lease (changes when the invisible time is changed).
+    """
+
+    __slots__ = ("_msg_id", "_rkey", "_roff", "lease_id", "reconsume_times")
+
+    def __init__(self, ctx: BatchContext, buf: bytes, pos: int, offset: int, rkey: tuple[str, int],
+                 roff: int, lease_id: int, reconsume: int, msg_id: str | None) -> None:
+        super().__init__(ctx, buf, pos, offset)
+        self._rkey = rkey
+        self._roff = roff
+        self.lease_id = lease_id
+        self.reconsume_times = reconsume
+        self._msg_id = msg_id
+
+    @property
+    def receipt(self) -> m.Receipt:
+        """``(topic, queue, offset, lease id)`` as the broker knows the lease."""
+        return (self._rkey[0], self._rkey[1], self._roff, self.lease_id)
+
+    @property
+    def msg_id(self) -> str:
+        """The original message id (also for a redelivery from the retry queue)."""
+        return self._msg_id if self._msg_id is not None else super().msg_id
+
+    @property
+    def properties(self) -> dict[str, str]:
+        """User properties (the broker's ``%`` bookkeeping hidden)."""
+        props = super().properties
+        if self._msg_id is not None:
+            return {k: v for k, v in props.items() if not k.startswith("%")}
+        return props
+
+    def __repr__(self) -> str:
+        return (f"LeasedMessage(topic={self.topic!r}, queue={self.queue}, offset={self.offset}, "
+                f"reconsume_times={self.reconsume_times}, body={self.body[:32]!r})")
+
+
+def decode_deliveries(resp: m.ReceiveResponse) -> list[LeasedMessage]:
+    """The leased messages of a RECEIVE answer, in delivery order.
+
+    Raises:
+        CorruptRecordError: a batch fails its CRC (nothing from it is returned).
+    """
+    out: list[LeasedMessage] = []
+    for topic, queue, topic_id, lease_id, reconsume, first, last, data in resp.deliveries:
+        buf = bytes(data)
+        mv = memoryview(buf)
+        rkey = (topic, queue)
+        letter = topic.startswith(RETRY_PREFIX)
+        for pos, h in iter_batches(mv):
+            check_stored_batch(mv, pos)
+            if h.last_offset < first or h.base_offset > last:
+                continue
+            if not letter:
+                ctx = (BatchContext(topic, queue, topic_id, h.append_time_ms, h.first_timestamp),
+                       rkey, lease_id, reconsume)
+                msgs = walk_records(buf, pos, h, first, _leased, ctx) or []
+                out.extend(x for x in msgs if x.offset <= last)
+                continue
+            for rec in walk_records(buf, pos, h, first, _raw, None) or []:
+                p, off = rec
+                if off > last:
+                    break
+                _t0, _t1, _s1, k1, p1, _end = record_fields(buf, p)
+                props = decode_properties(buf[k1:p1]) if p1 > k1 else {}
+                try:
+                    o_topic, o_queue = props["%TOPIC"], int(props["%QUEUE"])
+                    o_offset, o_id = int(props["%OFFSET"]), props["%MSGID"]
+                except (KeyError, ValueError):
+                    log.warning("retry letter %s@%d without origin properties", topic, off)
+                    o_topic, o_queue, o_offset, o_id = topic, queue, off, ""
+                octx = BatchContext(o_topic, o_queue, 0, h.append_time_ms, h.first_timestamp)
+                out.append(LeasedMessage(octx, buf, p, o_offset, rkey, off, lease_id, reconsume,
+                                         o_id))
+    return out
+
+
+def _leased(ctx: tuple[BatchContext, tuple[str, int], int, int], b: bytes, p: int,
+            off: int) -> LeasedMessage:
+    return LeasedMessage(ctx[0], b, p, off, ctx[1], off, ctx[2], ctx[3], None)
+
+
+def _raw(_ctx: None, _buf: bytes, p: int, off: int) -> tuple[int, int]:
+    return (p, off)
+
+
+def _results(codes: list[tuple[int, int]]) -> list[BrokerError | None]:
+    return [None if c == 0 else error_for_code(c, "") for c, _ in codes]
+
+
+class DeliveryCore:
+    """Membership, RECEIVE, ACK, NACK and lease changes for one delivery group."""
+
+    def __init__(
+        self,
+        session: Session,
+        group: str,
+        *,
+        session_timeout_s: float = 30.0,
+        heartbeat_interval_s: float | None = None,
+        retry_delays: Sequence[float] | None = None,
+        max_reconsume: int | None = None,
+        start_from: str | int = "earliest",
+    ) -> None:
+        if start_from == "earliest":
+            self.start_from = int(m.OffsetSpec.EARLIEST)
+        elif start_from == "latest":
+            self.start_from = int(m.OffsetSpec.LATEST)
+        elif isinstance(start_from, int) and start_from >= 0:
+            self.start_from = start_from
+        else:
+            raise ConfigError("start_from must be 'earliest', 'latest' or a timestamp in ms")
+        if session_timeout_s <= 0:
+            raise ConfigError("session_timeout must be positive")
+        if retry_delays is not None and (not retry_delays or any(d < 0 for d in retry_delays)):
+            raise ConfigError("retry_delays must be a non-empty list of delays >= 0 (seconds)")
+        if max_reconsume is not None and max_reconsume < 0:
+            raise ConfigError("max_reconsume must be >= 0")
+        self.session = session
+        self.group = group
+        self.session_timeout_ms = int(session_timeout_s * 1000)
+        self.heartbeat_interval_s = heartbeat_interval_s or min(3.0, session_timeout_s / 3)
+        self.retry_delays_ms = (
+            None if retry_delays is None else [int(d * 1000) for d in retry_delays]
+        )
+        self.max_reconsume = -1 if max_reconsume is None else max_reconsume
+        self.subscriptions: dict[str, str] = {}
+        self.member_id = ""
+        self.members = 0
+        self._hb_task: asyncio.Task[None] | None = None
+        self._closed = False
+
+    def subscribe(self, topic: str, tags: str = "*") -> None:
+        """Add (or change) a subscription; sent with the next heartbeat."""
+        parse_tag_expression(tags)
+        self.subscriptions[topic] = tags
+
+    async def heartbeat(self) -> None:
+        """Register or refresh this member (and the group's retry policy)."""
+        resp = await self.session.request(
+            m.ConsumerHeartbeatRequest(
+                self.group, self.member_id, self.session.client_id,
+                sorted(self.subscriptions.items()), self.session_timeout_ms,
+                self.retry_delays_ms, self.max_reconsume, self.start_from,
+            ),
+            m.ConsumerHeartbeatResponse,
+        )
+        self.member_id = resp.member_id
+        self.members = resp.members
+
+    async def start(self) -> None:
+        """First heartbeat, then keep heartbeating in the background."""
+        await self.heartbeat()
+        if self._hb_task is None:
+            self._hb_task = asyncio.get_running_loop().create_task(self._heartbeat_loop())
+
+    async def _heartbeat_loop(self) -> None:
+        while not self._closed:
+            await asyncio.sleep(self.heartbeat_interval_s)
+            try:
+                await self.heartbeat()
+            except asyncio.CancelledError:
+                raise
+            except FerryMQError as exc:
+                log.warning("heartbeat of group %s failed: %s", self.group, exc)
+
+    async def receive(
+        self, max_messages: int, invisible_s: float, wait_s: float, max_bytes: int = 4 << 20,
+        topics: Sequence[tuple[str, str]] | None = None,
+    ) -> list[LeasedMessage]:
+        """Lease up to ``max_messages``; wait up to ``wait_s`` for some to arrive."""
+        if max_messages <= 0:
+            raise ConfigError("max_messages must be positive")
+        if invisible_s <= 0:
+            raise ConfigError("invisible duration must be positive")
+        req = m.ReceiveRequest(self.group, self.member_id, list(topics or []), max_messages,
+                               max_bytes, int(invisible_s * 1000), int(wait_s * 1000))
+        for attempt in range(2):
+            try:
+                resp = await self.session.request(
+                    req, m.ReceiveResponse,
+                    timeout_s=wait_s + self.session.request_timeout_s,
+                )
+                return decode_deliveries(resp)
+            except (UnknownMemberError, UnknownGroupError):
+                if attempt:
+                    raise
+                await self.heartbeat()  # evicted, or the broker restarted: register again
+                req = m.ReceiveRequest(self.group, self.member_id, req.subscriptions,
+                                       max_messages, max_bytes, req.invisible_ms, req.max_wait_ms)
+        raise AssertionError("unreachable")
+
+    async def ack(self, msgs: Sequence[LeasedMessage]) -> list[BrokerError | None]:
+        """Ack; per message None or the error (InvalidReceiptError: lease not current)."""
+        if not msgs:
+            return []
+        resp = await self.session.request(
+            m.AckRequest(self.group, self.member_id, [x.receipt for x in msgs]),
+            m.ReceiptResponse,
+        )
+        return _results(resp.results)
+
+    async def nack(
+        self, msgs: Sequence[LeasedMessage], *, delay_s: float | None = None, reason: str = "",
+        counts: bool = True,
+    ) -> list[BrokerError | None]:
+        """Give messages back: redelivered after ``delay_s`` (None: the group's retry ladder)."""
+        if not msgs:
+            return []
+        if delay_s is not None and delay_s < 0:
+            raise ConfigError("delay must be >= 0")
+        delay_ms = -1 if delay_s is None else int(delay_s * 1000)
+        entries = [(*x.receipt, delay_ms, reason[:1024], counts) for x in msgs]
+        resp = await self.session.request(
+            m.NackRequest(self.group, self.member_id, entries), m.ReceiptResponse
+        )
+        return _results(resp.results)
+
+    async def change_invisible(
+        self, msgs: Sequence[LeasedMessage], invisible_s: float
+    ) -> list[BrokerError | None]:
+        """Make messages visible again ``invisible_s`` from now (their receipts change)."""
+        if not msgs:
+            return []
+        if invisible_s <= 0:
+            raise ConfigError("invisible duration must be positive")
+        ms = int(invisible_s * 1000)
+        resp = await self.session.request(
+            m.ChangeInvisibleRequest(self.group, self.member_id,
+                                     [(*x.receipt[:4], ms) for x in msgs]),
+            m.ReceiptResponse,
+        )
+        for x, (code, lease_id) in zip(msgs, resp.results, strict=True):
+            if code == 0:
+                x.lease_id = lease_id
+        return _results(resp.results)
+
+    async def close(self, *, leave: bool = True) -> None:
+        """Stop heartbeating and leave the group (held leases go back at once)."""
+        self._closed = True
+        if self._hb_task is not None:
+            self._hb_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._hb_task
+            self._hb_task = None
+        if leave and self.member_id:
+            with contextlib.suppress(BrokerError, ConnectionClosedError, FerryMQTimeoutError):
+                await self.session.request(
+                    m.ConsumerLeaveRequest(self.group, self.member_id), m.Empty, timeout_s=5.0,
+                    retry=False,
+                )
+
+
+def raise_first(results: list[BrokerError | None], what: str) -> None:
+    """Raise the first error of ``results`` with a count of failures, if any."""
+    errors = [e for e in results if e is not None]
+    if not errors:
+        return
+    first = errors[0]
+    if isinstance(first, InvalidReceiptError):
+        raise InvalidReceiptError(
+            f"{len(errors)} of {len(results)} {what}: receipt not current (already acked, or "
+            f"the lease expired and the message went back to the group)"
+        )
+    raise first
+
+
+def options_error(kind: str, options: dict[str, Any]) -> None:
+    """Raise ConfigError naming unknown keyword options."""
+    if options:
+        raise ConfigError(f"unknown {kind} option(s): {', '.join(sorted(options))}")

@@ -1,0 +1,157 @@
+"""The simple consumer (RocketMQ 5 SimpleConsumer, SQS style): receive, then ack each message.
+
+Work is shared per message, not per queue: any number of consumers of one group may receive
+from the same topic. A received message stays invisible to the rest of the group for its
+invisible duration; ack it before then, nack it to have it redelivered after a delay, or extend
+the lease with :meth:`AsyncSimpleConsumer.change_invisible_duration`. Messages that are never
+acked come back (``reconsume_times`` raised) and after ``max_reconsume`` failures go to the
+group's dead-letter queue ``%DLQ%<group>``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ferrymq.client._delivery import DeliveryCore, LeasedMessage, raise_first
+from ferrymq.client._session import Session
+from ferrymq.errors import ConfigError
+
+
+class AsyncSimpleConsumer:
+    """A member of a delivery group that receives and acks explicitly (asyncio).
+
+    Args:
+        servers: ``host:port`` (or a list) of brokers.
+        group: the delivery group (1-200 characters of ``[A-Za-z0-9._-]``).
+        invisible_duration: default seconds a received message stays leased.
+        await_duration: default seconds :meth:`receive` waits when nothing is there.
+        max_reconsume: failed deliveries before a message is dead-lettered (None: keep the
+            group's setting, 16 for a new group).
+        retry_delays: the group's retry ladder in seconds (None: keep; RocketMQ's ladder
+            10s 30s 1m ... 2h for a new group).
+        session_timeout: seconds without a heartbeat after which the broker evicts this member
+            and gives its leases to the others.
+        start_from: where a *new* group starts on each queue: ``"earliest"`` (every retained
+            message, the default), ``"latest"`` (only messages sent from now on) or a
+            timestamp in ms. Ignored when the group exists.
+    """
+
+    def __init__(
+        self,
+        servers: str | list[str] = "127.0.0.1:9876",
+        group: str = "default",
+        *,
+        client_id: str = "ferrymq-simple-consumer",
+        invisible_duration: float = 30.0,
+        await_duration: float = 5.0,
+        max_reconsume: int | None = None,
+        retry_delays: Sequence[float] | None = None,
+        session_timeout: float = 30.0,
+        start_from: str | int = "earliest",
+        request_timeout: float = 30.0,
+        reconnect_timeout: float = 60.0,
+    ) -> None:
+        if invisible_duration <= 0 or await_duration < 0:
+            raise ConfigError("invisible_duration must be > 0 and await_duration >= 0")
+        self.group = group
+        self.invisible_duration = invisible_duration
+        self.await_duration = await_duration
+        self._session = Session(servers, client_id=client_id, request_timeout_s=request_timeout,
+                                reconnect_timeout_s=reconnect_timeout)
+        self._core = DeliveryCore(self._session, group, session_timeout_s=session_timeout,
+                                  retry_delays=retry_delays, max_reconsume=max_reconsume,
+                                  start_from=start_from)
+        self._started = False
+
+    @property
+    def member_id(self) -> str:
+        """This member's id in the group (empty before the first heartbeat)."""
+        return self._core.member_id
+
+    async def start(self) -> AsyncSimpleConsumer:
+        """Register with the broker (done by the first subscribe or receive too)."""
+        if not self._started:
+            await self._core.start()
+            self._started = True
+        return self
+
+    async def __aenter__(self) -> AsyncSimpleConsumer:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def subscribe(self, topic: str, tags: str = "*") -> None:
+        """Receive messages of ``topic`` whose tag matches ``tags`` (``*``, ``A || B``).
+
+        Raises:
+            UnknownTopicError: the topic does not exist.
+        """
+        before = self._core.subscriptions.get(topic)
+        self._core.subscribe(topic, tags)
+        try:
+            if self._started:
+                await self._core.heartbeat()
+            else:
+                await self.start()
+        except BaseException:
+            if before is None:
+                del self._core.subscriptions[topic]
+            else:
+                self._core.subscriptions[topic] = before
+            raise
+
+    async def receive(
+        self, max_messages: int = 16, invisible_duration: float | None = None,
+        wait: float | None = None,
+    ) -> list[LeasedMessage]:
+        """Lease up to ``max_messages`` messages; wait up to ``wait`` seconds for some."""
+        if not self._core.subscriptions:
+            raise ConfigError("subscribe to a topic before receive()")
+        await self.start()
+        return await self._core.receive(
+            max_messages,
+            self.invisible_duration if invisible_duration is None else invisible_duration,
+            self.await_duration if wait is None else wait,
+        )
+
+    async def ack(self, msg: LeasedMessage) -> None:
+        """Acknowledge one message: it is never delivered to this group again.
+
+        Raises:
+            InvalidReceiptError: its lease is not current (expired and redelivered, or acked).
+        """
+        raise_first(await self._core.ack([msg]), "acks")
+
+    async def ack_batch(self, msgs: Sequence[LeasedMessage]) -> None:
+        """Acknowledge many messages in one request.
+
+        Raises:
+            InvalidReceiptError: some receipts were not current (the others are acked).
+        """
+        raise_first(await self._core.ack(msgs), "acks")
+
+    async def nack(self, msg: LeasedMessage, delay: float | None = None, reason: str = "") -> None:
+        """Give a message back: redelivered after ``delay`` seconds (None: the retry ladder),
+        or dead-lettered if it has failed ``max_reconsume`` times.
+
+        Raises:
+            InvalidReceiptError: its lease is not current.
+        """
+        raise_first(await self._core.nack([msg], delay_s=delay, reason=reason), "nacks")
+
+    async def change_invisible_duration(self, msg: LeasedMessage, seconds: float) -> None:
+        """Keep (or release sooner) a message: it becomes visible ``seconds`` from now. The
+        message's receipt changes; use the same message object to ack it later.
+
+        Raises:
+            InvalidReceiptError: its lease is not current.
+        """
+        raise_first(await self._core.change_invisible([msg], seconds), "lease changes")
+
+    async def close(self) -> None:
+        """Leave the group (unacked messages go back to it at once) and disconnect."""
+        try:
+            await self._core.close()
+        finally:
+            await self._session.close()
