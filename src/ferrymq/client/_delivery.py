@@ -244,11 +244,27 @@ class DeliveryCore:
         """Ack; per message None or the error (InvalidReceiptError: lease not current)."""
         if not msgs:
             return []
+        groups: dict[tuple[str, int, int], list[int]] = {}
+        for x in msgs:
+            rkey = x._rkey
+            k = (rkey[0], rkey[1], x.lease_id)
+            offs = groups.get(k)
+            if offs is None:
+                offs = groups[k] = []
+            offs.append(x._roff)
         resp = await self.session.request(
-            m.AckRequest(self.group, self.member_id, [x.receipt for x in msgs]),
-            m.ReceiptResponse,
+            m.AckRequest(self.group, self.member_id,
+                         [(t, q, lease, offs) for (t, q, lease), offs in groups.items()]),
+            m.AckResponse,
         )
-        return _results(resp.results)
+        if not resp.failed:
+            return [None] * len(msgs)
+        bad = {(t, q, o): c for t, q, o, c in resp.failed}
+        return [
+            None if (c := bad.get((x._rkey[0], x._rkey[1], x._roff))) is None
+            else error_for_code(c, "")
+            for x in msgs
+        ]
 
     async def nack(
         self, msgs: Sequence[LeasedMessage], *, delay_s: float | None = None, reason: str = "",

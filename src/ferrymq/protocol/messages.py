@@ -834,16 +834,29 @@ Receipt = tuple[str, int, int, int]
 """(topic, queue, offset, lease id): names one leased message."""
 
 
+AckEntry = tuple[str, int, int, list[int]]
+"""(topic, queue, lease id, offsets): messages of one lease to acknowledge."""
+
+
+@dataclass(frozen=True, slots=True)
+class AckResponse(Body):
+    """The acks that were refused: (topic, queue, offset, error code); empty when all held."""
+
+    failed: list[tuple[str, int, int, int]]
+    SCHEMA = (lst(tup(STR, INT, INT, INT)),)
+
+
 @dataclass(frozen=True, slots=True)
 class AckRequest(Request):
-    """Acknowledge leased messages (consumed): they are never delivered to the group again."""
+    """Acknowledge leased messages (consumed): they are never delivered to the group again.
+    Grouped by lease, so a batch ack costs one small integer per message on the wire."""
 
     group: str
     member_id: str
-    receipts: list[Receipt]
+    entries: list[AckEntry]
     API_KEY = ApiKey.ACK
-    RESPONSE = ReceiptResponse
-    SCHEMA = (STR, STR, lst(tup(STR, INT, INT, INT)))
+    RESPONSE = AckResponse
+    SCHEMA = (STR, STR, lst(tup(STR, INT, INT, lst(INT))))
 
 
 NackEntry = tuple[str, int, int, int, int, str, bool]

@@ -648,24 +648,37 @@ class DeliveryManager:
             else:
                 g.sources[key].advance_floor()
 
-    def ack(self, g: DeliveryGroup, receipts: list[m.Receipt]) -> tuple[list[tuple[int, int]], int]:
-        """Finish leased messages; per receipt (code, -1); the journal position to wait for."""
-        results: list[tuple[int, int]] = []
-        done: dict[tuple[str, int], list[int]] = {}
-        for topic, queue, offset, lease_id in receipts:
-            lease = self._lookup(g, topic, queue, offset, lease_id)
-            if lease is None:
-                results.append((_BAD_RECEIPT, -1))
-                continue
-            key = lease.key
-            self._finish(g, key, offset)
-            done.setdefault(key, []).append(offset)
-            results.append((_OK, -1))
+    def ack(
+        self, g: DeliveryGroup, entries: list[m.AckEntry]
+    ) -> tuple[list[tuple[str, int, int, int]], int]:
+        """Finish leased messages; returns the refused ones and the journal position to wait
+        for."""
+        failed: list[tuple[str, int, int, int]] = []
         pos = -1
-        for key, offs in done.items():
-            pos = self._journal(g, ["A", key[0], key[1], _runs(offs)])
-        self._advance(g, done)
-        return results, pos
+        for topic, queue, lease_id, offsets in entries:
+            key = (topic, queue)
+            cursor: SourceCursor | RetryCursor | None = (
+                g.retry if topic == g.retry_topic else g.sources.get(key)
+            )
+            if cursor is None:
+                failed.extend((topic, queue, o, _BAD_RECEIPT) for o in offsets)
+                continue
+            leased = cursor.leased
+            done: list[int] = []
+            held: Lease | None = None
+            for o in offsets:
+                lease = leased.get(o)
+                if lease is None or lease.lease_id != lease_id:
+                    failed.append((topic, queue, o, _BAD_RECEIPT))
+                    continue
+                cursor.finish(o)
+                done.append(o)
+                held = lease
+            if held is not None:
+                g.drop_from_lease(held, len(done))
+                pos = self._journal(g, ["A", topic, queue, _runs(done)])
+                cursor.advance_floor()
+        return failed, pos
 
     def nack(self, g: DeliveryGroup, entries: list[m.NackEntry]) -> list[tuple[int, int]]:
         """Give messages back for a later attempt (or the dead-letter queue)."""

@@ -127,12 +127,12 @@ async def _long_poll(
 
 def ack(
     conn: BrokerConnection, req: m.AckRequest
-) -> m.ReceiptResponse | asyncio.Future[m.ReceiptResponse]:
-    """Finish leased messages (per receipt: NONE or INVALID_RECEIPT)."""
+) -> m.AckResponse | asyncio.Future[m.AckResponse]:
+    """Finish leased messages (the refused ones come back with INVALID_RECEIPT)."""
     srv = conn.server
     g = srv.delivery.group(req.group)
-    results, pos = srv.delivery.ack(g, req.receipts)
-    return _after(srv, g.name, pos, m.ReceiptResponse(results))
+    failed, pos = srv.delivery.ack(g, req.entries)
+    return _after(srv, g.name, pos, m.AckResponse(failed))
 
 
 def nack(conn: BrokerConnection, req: m.NackRequest) -> m.ReceiptResponse:
