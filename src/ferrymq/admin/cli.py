@@ -36,10 +36,11 @@ from typing import IO, Any, Literal
 import click
 
 from ferrymq.admin.bench import bench
+from ferrymq.admin.cli_delivery import dlq, message
 from ferrymq.admin.output import Printer
 from ferrymq.client.message import Message, ReceivedMessage, SendResult
 from ferrymq.client.sync import AdminClient, Producer, PullConsumer
-from ferrymq.errors import FerryMQError
+from ferrymq.errors import FerryMQError, UnknownGroupError
 from ferrymq.protocol import messages as m
 
 DEFAULT_SERVER = "127.0.0.1:9876"
@@ -456,7 +457,8 @@ def group() -> None:
 @group.command("list")
 @pass_state
 def group_list(state: CliState) -> None:
-    """List consumer groups with their state and number of live members."""
+    """List consumer groups (state STABLE, ...) and delivery groups (state DELIVERY) with their
+    number of live members."""
     with state.admin() as admin:
         groups: list[tuple[str, str, int]] = admin.list_groups()
     state.printer.groups(groups)
@@ -466,11 +468,25 @@ def group_list(state: CliState) -> None:
 @click.argument("name", metavar="GROUP")
 @pass_state
 def group_describe(state: CliState, name: str) -> None:
-    """Show state, generation, members with their queues, and per queue the committed offset,
-    end offset and lag."""
+    """Describe a consumer group, a delivery group, or both when both have this name.
+
+    Consumer group: state, generation, members with their queues, and per queue the committed
+    offset, end offset and lag. Delivery group: members (client, host, last heartbeat, messages
+    in flight), retry policy, retry and dead-letter sizes, and per queue the offset everything
+    below is acked, the next new offset, the end, in flight, lag (messages not finished) and the
+    age of the oldest unfinished message; also when no member is online.
+    """
     with state.admin() as admin:
-        resp: m.DescribeGroupResponse = admin.describe_group(name)
-    state.printer.group(resp)
+        consumer: m.DescribeGroupResponse | None = None
+        delivery: m.DescribeDeliveryResponse | None = None
+        with contextlib.suppress(UnknownGroupError):
+            consumer = admin.describe_group(name)
+        with contextlib.suppress(UnknownGroupError):
+            delivery = admin.describe_delivery(name)
+    if consumer is None and delivery is None:
+        raise CommandError(f"unknown group {name!r}: no consumer group or delivery group has "
+                           "this name")
+    state.printer.groups_described(consumer, delivery)
 
 
 @group.command("reset-offset")
@@ -496,6 +512,8 @@ def group_reset_offset(state: CliState, name: str, topic_name: str, target: Posi
     state.printer.offsets_reset(name, topic_name, offsets)
 
 
+cli.add_command(message)
+cli.add_command(dlq)
 cli.add_command(bench)
 
 

@@ -23,6 +23,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from ferrymq.client.admin import DeadLetter
 from ferrymq.client.message import ReceivedMessage, SendResult
 from ferrymq.protocol import messages as m
 
@@ -115,6 +116,129 @@ def group_to_dict(resp: m.DescribeGroupResponse) -> dict[str, Any]:
             }
             for t, q, committed, end, lag in resp.offsets
         ],
+    }
+
+
+def format_duration_ms(ms: int) -> str:
+    """A duration for people: ``250ms``, ``10s``, ``1.5s``, ``2m``, ``1h30m``, ``2d``."""
+    if ms < 0:
+        return "-"
+    if ms < 1000:
+        return f"{ms}ms"
+    if ms < 60_000:
+        return f"{ms / 1000:.1f}".rstrip("0").rstrip(".") + "s"
+    units = (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000))
+    parts: list[str] = []
+    rest = ms
+    for name, size in units:
+        if rest >= size:
+            parts.append(f"{rest // size}{name}")
+            rest %= size
+        if len(parts) == 2:
+            break
+    return "".join(parts)
+
+
+def _opt(value: int) -> int | None:
+    return value if value >= 0 else None
+
+
+def delivery_to_dict(resp: m.DescribeDeliveryResponse) -> dict[str, Any]:
+    """A delivery group description as a JSON-ready dict. Per queue ``lag`` is the messages
+    not yet finished by the group: ``end - next + in_flight``; ``oldest_age_ms`` is the age of
+    the oldest unfinished message (null when none)."""
+    return {
+        "group": resp.group,
+        "kind": "delivery",
+        "members": [
+            {
+                "member_id": mid,
+                "client_id": cid,
+                "host": host,
+                "last_heartbeat_ms_ago": since,
+                "in_flight": in_flight,
+            }
+            for mid, cid, host, since, in_flight in resp.members
+        ],
+        "queues": [
+            {
+                "topic": t,
+                "queue": q,
+                "acked_below": floor,
+                "next": nxt,
+                "end_offset": end,
+                "in_flight": in_flight,
+                "lag": max(0, end - nxt) + in_flight,
+                "oldest_age_ms": _opt(age),
+            }
+            for t, q, floor, nxt, end, in_flight, age in resp.queues
+        ],
+        "retry_pending": resp.retry_pending,
+        "retry_in_flight": resp.retry_in_flight,
+        "dlq_size": resp.dlq_size,
+        "retry_policy": {"max_reconsume": resp.max_reconsume,
+                         "retry_delays_ms": list(resp.retry_delays_ms)},
+    }
+
+
+def status_to_dict(msg_id: str, resp: m.MessageStatusResponse) -> dict[str, Any]:
+    """A message status as a JSON-ready dict (unknown times are null)."""
+    return {
+        "msg_id": msg_id,
+        "topic": resp.topic,
+        "queue": resp.queue,
+        "offset": resp.offset,
+        "groups": [
+            {
+                "group": g,
+                "state": state,
+                "member": member or None,
+                "lease_until_ms": _opt(until),
+                "reconsume_times": reconsume,
+                "next_attempt_ms": _opt(next_at),
+                "reason": reason or None,
+            }
+            for g, state, member, until, reconsume, next_at, reason in resp.statuses
+        ],
+    }
+
+
+def _status_detail(state: str, member: str, until: int, reconsume: int, next_at: int,
+                   reason: str, group: str) -> str:
+    failed = f"failed {reconsume} times" if reconsume != 1 else "failed once"
+    if state == "DELIVERED":
+        text = f"to {member} until {format_ms(until)}"
+        return f"{text} ({failed} before)" if reconsume else text
+    if state == "RETRYING":
+        return f"{failed}; next attempt at {format_ms(next_at)}; last failure: {reason or '-'}"
+    if state == "DEAD":
+        return f"in %DLQ%{group}: {reason or '-'}"
+    if state == "WAITING":
+        return "not delivered yet"
+    if state == "CONSUMED":
+        return "acknowledged"
+    return "-"
+
+
+def dead_letter_to_dict(d: DeadLetter) -> dict[str, Any]:
+    """A dead letter as a JSON-ready dict (body decoded as UTF-8 with replacement)."""
+    return {
+        "group": d.group,
+        "dlq_offset": d.dlq_offset,
+        "dlq_msg_id": d.dlq_msg_id,
+        "topic": d.topic,
+        "queue": d.queue,
+        "offset": d.offset,
+        "msg_id": d.msg_id,
+        "attempts": d.attempts,
+        "reason": d.reason,
+        "dead_ms": _opt(d.dead_ms),
+        "born_ms": d.born_ms,
+        "tag": d.tag,
+        "keys": list(d.keys),
+        "sharding_key": d.sharding_key,
+        "properties": d.properties,
+        "body": d.body.decode("utf-8", errors="replace"),
     }
 
 
@@ -241,6 +365,54 @@ class Printer:
             [(t, q, c if c >= 0 else "-", end, lag) for t, q, c, end, lag in resp.offsets],
         )
 
+    def groups_described(self, consumer: m.DescribeGroupResponse | None,
+                         delivery: m.DescribeDeliveryResponse | None) -> None:
+        """``group describe``: a consumer group, a delivery group, or both of that name.
+
+        JSON: the consumer group's object (with ``"kind": "consumer"``), the delivery group's
+        (``"kind": "delivery"``), or ``{"group", "kind": "both", "consumer", "delivery"}``.
+        """
+        if self.json_mode:
+            if consumer is not None and delivery is not None:
+                self.json({"group": consumer.group, "kind": "both",
+                           "consumer": {**group_to_dict(consumer), "kind": "consumer"},
+                           "delivery": delivery_to_dict(delivery)})
+            elif consumer is not None:
+                self.json({**group_to_dict(consumer), "kind": "consumer"})
+            elif delivery is not None:
+                self.json(delivery_to_dict(delivery))
+            return
+        if consumer is not None:
+            self.group(consumer)
+        if delivery is not None:
+            if consumer is not None:
+                self.line("")
+            self.delivery_group(delivery)
+
+    def delivery_group(self, resp: m.DescribeDeliveryResponse) -> None:
+        """``group describe`` of a delivery group (tables)."""
+        d = delivery_to_dict(resp)
+        self.line(f"delivery group {resp.group}: {len(resp.members)} members online, "
+                  f"retry pending {resp.retry_pending}, retry in flight {resp.retry_in_flight}, "
+                  f"DLQ {resp.dlq_size}")
+        delays = " ".join(format_duration_ms(x) for x in resp.retry_delays_ms) or "-"
+        self.line(f"retry policy: max_reconsume {resp.max_reconsume}, delays {delays}")
+        if resp.members:
+            self.table(
+                ("MEMBER", "CLIENT", "HOST", "LAST HEARTBEAT", "IN FLIGHT"),
+                [(mid, cid or "-", host or "-", f"{format_duration_ms(since)} ago", n)
+                 for mid, cid, host, since, n in resp.members],
+            )
+        else:
+            self.line("no member online")
+        self.table(
+            ("TOPIC", "QUEUE", "ACKED BELOW", "NEXT", "END", "IN FLIGHT", "LAG", "OLDEST"),
+            [(q["topic"], q["queue"], q["acked_below"], q["next"], q["end_offset"],
+              q["in_flight"], q["lag"],
+              "-" if q["oldest_age_ms"] is None else format_duration_ms(q["oldest_age_ms"]))
+             for q in d["queues"]],
+        )
+
     def offsets_reset(self, group: str, topic: str,
                       offsets: Sequence[tuple[str, int, int]]) -> None:
         """``group reset-offset``: the offsets now committed."""
@@ -272,3 +444,127 @@ class Printer:
             else:
                 body = _one_line(msg.body.decode("utf-8", errors="replace"))
                 self.line(f"{msg.queue}\t{msg.offset}\t{msg.tags or '-'}\t{body}")
+
+    # -- messages ------------------------------------------------------------------------------
+
+    def message_status(self, msg_id: str, resp: m.MessageStatusResponse) -> None:
+        """``message status``: one row per delivery group."""
+        if self.json_mode:
+            self.json(status_to_dict(msg_id, resp))
+            return
+        self.line(f"message {msg_id}: {resp.topic}/{resp.queue} offset {resp.offset}")
+        if not resp.statuses:
+            self.line(f"no delivery group reads {resp.topic}")
+            return
+        self.table(
+            ("GROUP", "STATE", "DETAIL"),
+            [(g, state, _one_line(_status_detail(state, member, until, reconsume, next_at,
+                                                 reason, g)))
+             for g, state, member, until, reconsume, next_at, reason in resp.statuses],
+        )
+
+    def message(self, msg: ReceivedMessage) -> None:
+        """``message show``: the fields, one per line, then the body as it is."""
+        if self.json_mode:
+            self.json(message_to_dict(msg))
+            return
+        self._fields([
+            ("msg_id", msg.msg_id),
+            ("topic", msg.topic),
+            ("queue", str(msg.queue)),
+            ("offset", str(msg.offset)),
+            ("tag", msg.tags or "-"),
+            ("keys", " ".join(msg.keys) or "-"),
+            ("sharding_key", msg.sharding_key or "-"),
+            ("properties", _props(msg.properties)),
+            ("born", format_ms(msg.born_ms)),
+            ("stored", format_ms(msg.stored_ms)),
+        ], msg.body)
+
+    def _fields(self, rows: Sequence[tuple[str, str]], body: bytes) -> None:
+        width = max(len(k) for k, _ in rows)
+        for k, v in rows:
+            self.line(f"{k + ':':<{width + 1}} {_one_line(v)}")
+        self.line(f"{'body:':<{width + 1}} ({len(body)} bytes)")
+        self.line(body.decode("utf-8", errors="replace"))
+
+    def found_by_key(self, topic: str, key: str, resp: m.FindByKeyResponse) -> None:
+        """``message find``: newest first; a note on stderr when the search was partial."""
+        if self.json_mode:
+            self.json({
+                "topic": topic, "key": key, "unindexed": resp.unindexed,
+                "messages": [
+                    {"queue": q, "offset": o, "msg_id": mid, "stored_ms": stored,
+                     "keys": list(keys)}
+                    for q, o, mid, stored, keys in resp.messages
+                ],
+            })
+        elif resp.messages:
+            self.table(
+                ("MSG ID", "QUEUE", "OFFSET", "STORED (UTC)", "KEYS"),
+                [(mid, q, o, format_ms(stored), _one_line(" ".join(keys)))
+                 for q, o, mid, stored, keys in resp.messages],
+            )
+        else:
+            self.line(f"no message of {topic} has key {key!r}")
+        if resp.unindexed:
+            click.echo(f"note: {resp.unindexed} of the newest offsets were not searched yet "
+                       "(the broker's key index is catching up); try again shortly",
+                       file=sys.stderr)
+
+    # -- dead letters --------------------------------------------------------------------------
+
+    def dead_letters(self, group: str, letters: Sequence[DeadLetter]) -> None:
+        """``dlq list``."""
+        if self.json_mode:
+            self.json({"group": group,
+                       "dead_letters": [dead_letter_to_dict(d) for d in letters]})
+            return
+        if not letters:
+            self.line(f"no dead letters in group {group}")
+            return
+        self.table(
+            ("DLQ OFFSET", "MSG ID", "TOPIC", "ATTEMPTS", "DEAD AT (UTC)", "REASON"),
+            [(d.dlq_offset, d.msg_id or "-", d.topic or "-", d.attempts, format_ms(d.dead_ms),
+              _one_line(d.reason) or "-")
+             for d in letters],
+        )
+
+    def dead_letter(self, d: DeadLetter) -> None:
+        """``dlq show``."""
+        if self.json_mode:
+            self.json(dead_letter_to_dict(d))
+            return
+        self._fields([
+            ("msg_id", d.msg_id or "-"),
+            ("topic", d.topic or "-"),
+            ("queue", str(d.queue)),
+            ("offset", str(d.offset)),
+            ("group", d.group),
+            ("dlq_offset", str(d.dlq_offset)),
+            ("dlq_msg_id", d.dlq_msg_id),
+            ("attempts", str(d.attempts)),
+            ("reason", d.reason or "-"),
+            ("dead", format_ms(d.dead_ms)),
+            ("tag", d.tag or "-"),
+            ("keys", " ".join(d.keys) or "-"),
+            ("sharding_key", d.sharding_key or "-"),
+            ("properties", _props(d.properties)),
+            ("born", format_ms(d.born_ms)),
+        ], d.body)
+
+    def dlq_done(self, action: str, group: str, count: int, first: int, end: int,
+                 dry_run: bool) -> None:
+        """``dlq redrive`` / ``dlq purge``: what was (or would be) done."""
+        if self.json_mode:
+            self.json({"group": group, "action": action, "dry_run": dry_run, "count": count,
+                       "first": first, "end": end})
+            return
+        verb = {"redrive": ("redrove", "would redrive"), "purge": ("purged", "would purge")}
+        done, would = verb[action]
+        where = f" (DLQ offsets {first}..{end - 1})" if end > first else ""
+        self.line(f"{would if dry_run else done} {count} dead letters of group {group}{where}")
+
+
+def _props(props: dict[str, str]) -> str:
+    return " ".join(f"{k}={v}" for k, v in sorted(props.items())) or "-"

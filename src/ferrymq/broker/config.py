@@ -80,6 +80,23 @@ class BrokerConfig:
         50, "How often leases and due retries are checked (redelivery precision)."
     )
     shutdown_timeout_ms: int = _f(10_000, "Graceful shutdown: longest wait for requests in flight.")
+    key_index_enabled: bool = _f(
+        True, "Build each queue's key index in the background (`ferrymq message find --key`)."
+    )
+    key_index_bytes_per_tick: int = _f(
+        4 * 1024 * 1024,
+        "Most log bytes the background key indexer reads per housekeeping tick (every 0.5 s), "
+        "over all queues; it never runs on the produce path.",
+    )
+    key_index_file_bytes: int = _f(
+        16 * 1024 * 1024, "Roll a queue's key index file at this size (retention drops whole files)."
+    )
+    max_find_results: int = _f(1000, "Most messages one find-by-key request may return.")
+    find_scan_bytes: int = _f(
+        32 * 1024 * 1024,
+        "Most log bytes one find-by-key request reads: checking index candidates (hashes "
+        "collide) and searching what the indexer has not reached yet.",
+    )
     log_level: str = _f("INFO", "Logging level (DEBUG, INFO, WARNING, ERROR).")
 
     def validate(self) -> BrokerConfig:
@@ -100,7 +117,8 @@ class BrokerConfig:
             "retention_check_interval_ms", "default_session_timeout_ms",
             "max_session_timeout_ms", "shutdown_timeout_ms", "default_invisible_ms",
             "max_invisible_ms", "max_in_flight_per_member", "max_receive_messages",
-            "delivery_journal_bytes", "delivery_tick_ms",
+            "delivery_journal_bytes", "delivery_tick_ms", "key_index_bytes_per_tick",
+            "key_index_file_bytes", "max_find_results", "find_scan_bytes",
         )
         for name in positive:
             if getattr(self, name) <= 0:

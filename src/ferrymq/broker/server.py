@@ -36,6 +36,7 @@ from ferrymq.broker.delivery import DeliveryManager
 from ferrymq.broker.flusher import Flusher
 from ferrymq.broker.groups import GroupCoordinator
 from ferrymq.broker.handlers import HANDLERS, Handler
+from ferrymq.broker.keyindexer import KeyIndexer
 from ferrymq.broker.producer_ids import ProducerIdManager
 from ferrymq.broker.topics import TopicRegistry
 from ferrymq.errors import ConfigError
@@ -63,6 +64,7 @@ class BrokerServer:
         self.topics: TopicRegistry
         self.flusher: Flusher
         self.delivery: DeliveryManager
+        self.key_index: KeyIndexer
         self.groups = GroupCoordinator(self.data_dir)
         self.producer_ids = ProducerIdManager(self.data_dir)
         self._server: asyncio.Server | None = None
@@ -118,6 +120,7 @@ class BrokerServer:
         self.flusher = Flusher(loop, sync=self.sync_flush, interval_ms=cfg.flush_interval_ms)
         self.delivery = DeliveryManager(cfg, self.topics, self.flusher, self.clock, self.data_dir)
         self.delivery.load()
+        self.key_index = KeyIndexer(self.topics, cfg)
         self.flusher.start()
         try:
             self._server = await loop.create_server(
@@ -230,6 +233,7 @@ class BrokerServer:
                         if n:
                             log.info("retention deleted %d segments of %s/%d", n, qs.topic,
                                      qs.queue)
+                await self.key_index.tick()
             except Exception:
                 log.exception("housekeeping failed")
 

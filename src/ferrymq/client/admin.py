@@ -1,10 +1,109 @@
-"""The asyncio admin client: topics, groups, offsets. The CLI is a thin layer over it."""
+"""The asyncio admin client: topics, groups, offsets, delivery groups, dead letters, messages by
+id or key. The CLI is a thin layer over it."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
 from ferrymq.client._session import Session
+from ferrymq.client.message import BatchContext, ReceivedMessage
+from ferrymq.errors import (
+    InvalidRequestError,
+    OffsetOutOfRangeError,
+    UnknownTopicError,
+    error_for_code,
+)
 from ferrymq.protocol import messages as m
-from ferrymq.protocol.messages import OffsetSpec
+from ferrymq.protocol.codes import ErrorCode
+from ferrymq.protocol.messages import DlqAction, OffsetSpec
+from ferrymq.protocol.records import (
+    Record,
+    check_stored_batch,
+    decode_msg_id,
+    decode_records,
+    encode_msg_id,
+    iter_batches,
+    walk_records,
+)
+
+__all__ = ["DLQ_PREFIX", "AsyncAdminClient", "DeadLetter"]
+
+DLQ_PREFIX = "%DLQ%"
+"""Dead letters of group ``G`` live in topic ``%DLQ%G`` (one queue)."""
+RESERVED_PROPERTY_PREFIX = "%"
+"""Properties the broker adds to retry and dead letters (hidden from users)."""
+DLQ_FETCH_BYTES = 1024 * 1024
+"""Bytes per FETCH while listing dead letters."""
+MAX_DLQ_SCAN = 100_000
+"""Most dead letters :meth:`AsyncAdminClient.dlq_get` looks through for one id."""
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """A message in a delivery group's dead-letter queue (``%DLQ%<group>``), not yet redriven
+    or purged.
+
+    Attributes:
+        group: the delivery group.
+        dlq_offset: its offset in the dead-letter queue.
+        dlq_msg_id: its id in the dead-letter queue.
+        topic, queue, offset, msg_id: where the message was first stored, and its id there.
+        attempts: deliveries that failed before it was dead-lettered.
+        reason: why the last delivery failed.
+        dead_ms: when it was dead-lettered (ms since the epoch; -1 if unknown).
+        born_ms: when the producer created it.
+        tag, keys, sharding_key, body: as sent.
+        properties: the user properties (the broker's ``%`` bookkeeping removed).
+    """
+
+    group: str
+    dlq_offset: int
+    dlq_msg_id: str
+    topic: str
+    queue: int
+    offset: int
+    msg_id: str
+    attempts: int
+    reason: str
+    dead_ms: int
+    born_ms: int
+    tag: str | None
+    keys: tuple[str, ...]
+    sharding_key: str | None
+    properties: dict[str, str]
+    body: bytes
+
+    @classmethod
+    def from_record(cls, group: str, topic_id: int, r: Record) -> DeadLetter:
+        """A dead letter from a record of ``%DLQ%<group>`` (missing letter fields: -1 / "")."""
+        p = r.properties
+
+        def num(name: str) -> int:
+            try:
+                return int(p.get(name, "-1"))
+            except ValueError:
+                return -1
+
+        return cls(
+            group=group,
+            dlq_offset=r.offset,
+            dlq_msg_id=encode_msg_id(topic_id, 0, r.offset),
+            topic=p.get("%TOPIC", ""),
+            queue=num("%QUEUE"),
+            offset=num("%OFFSET"),
+            msg_id=p.get("%MSGID", ""),
+            attempts=num("%RECONSUME"),
+            reason=p.get("%REASON", ""),
+            dead_ms=num("%DEAD"),
+            born_ms=r.timestamp,
+            tag=r.tag,
+            keys=r.keys,
+            sharding_key=r.sharding_key,
+            properties={k: v for k, v in p.items()
+                        if not k.startswith(RESERVED_PROPERTY_PREFIX)},
+            body=r.body,
+        )
 
 
 class AsyncAdminClient:
@@ -91,3 +190,194 @@ class AsyncAdminClient:
         """Offsets by spec (-1 latest, -2 earliest, or a timestamp in ms)."""
         return (await self._session.request(m.ListOffsetsRequest(entries),
                                             m.ListOffsetsResponse)).results
+
+    # -- delivery groups -------------------------------------------------------------------------
+
+    async def describe_delivery(self, group: str) -> m.DescribeDeliveryResponse:
+        """A delivery group's members, per-queue progress and lag, retry and DLQ sizes and
+        retry policy (also when no member is online).
+
+        Raises:
+            UnknownGroupError: no delivery group has this name.
+        """
+        return await self._session.request(m.DescribeDeliveryRequest(group),
+                                           m.DescribeDeliveryResponse)
+
+    async def message_status(self, msg_id: str) -> m.MessageStatusResponse:
+        """Where a message is, and its state in each delivery group that reads its topic:
+        WAITING, DELIVERED (member, lease until), CONSUMED, RETRYING (attempt, next at) or DEAD
+        (reason).
+
+        Raises:
+            InvalidRequestError: not a message id, or the message is not stored (any more).
+            UnknownTopicError: its topic was deleted.
+        """
+        return await self._session.request(m.MessageStatusRequest(msg_id),
+                                           m.MessageStatusResponse)
+
+    async def get_message(self, msg_id: str) -> ReceivedMessage:
+        """The message with this id, read from its queue.
+
+        Raises:
+            InvalidRequestError: not a message id.
+            UnknownTopicError: no topic has the id's topic id (deleted).
+            OffsetOutOfRangeError: the message is gone (retention) or was never written.
+        """
+        try:
+            topic_id, queue, offset = decode_msg_id(msg_id)
+        except ValueError:
+            raise InvalidRequestError(
+                f"not a message id: {msg_id[:64]!r} (28 hex digits: topic id, queue, offset)"
+            ) from None
+        name = next((t for t, tid, _q, _c in await self.list_topics() if tid == topic_id), None)
+        if name is None:
+            raise UnknownTopicError(
+                f"message {msg_id}: no topic has id {topic_id} (was it deleted?)")
+        topic, queue, code, text, _end, _start, tid, data = await self._fetch_one(name, queue,
+                                                                                 offset, 1)
+        if code == ErrorCode.OFFSET_OUT_OF_RANGE or (code == 0 and not data):
+            await self._raise_gone(msg_id, name, queue, offset)
+        if code:
+            raise error_for_code(code, text)
+        buf = bytes(data)
+        mv = memoryview(buf)
+        for pos, h in iter_batches(mv):
+            if not h.base_offset <= offset <= h.last_offset:
+                continue
+            check_stored_batch(mv, pos)
+            ctx = BatchContext(topic, queue, tid, h.append_time_ms, h.first_timestamp)
+            for msg in walk_records(buf, pos, h, offset, ReceivedMessage, ctx) or []:
+                if msg.offset == offset:
+                    return msg
+        raise OffsetOutOfRangeError(
+            f"message {msg_id} is gone: {name}/{queue} has no record at offset {offset}")
+
+    async def _raise_gone(self, msg_id: str, topic: str, queue: int, offset: int) -> None:
+        queues = {q: (first, end) for q, first, end, *_ in
+                  (await self.describe_topic(topic)).queues}
+        first, end = queues.get(queue, (0, 0))
+        if offset < first:
+            what = "deleted by retention"
+        elif offset >= end:
+            what = "beyond the end of the queue (never written)"
+        else:
+            what = "not readable"
+        held = f"offsets {first}..{end - 1}" if end > first else "no messages"
+        raise OffsetOutOfRangeError(
+            f"message {msg_id} is gone: {topic}/{queue} offset {offset} is {what}; "
+            f"the queue holds {held}"
+        )
+
+    async def _fetch_one(self, topic: str, queue: int, offset: int,
+                         max_bytes: int) -> m.FetchResult:
+        resp = await self._session.request(
+            m.FetchRequest(0, 0, max_bytes, [(topic, queue, offset, max_bytes, "*")]),
+            m.FetchResponse,
+        )
+        return resp.results[0]
+
+    # -- dead letters ------------------------------------------------------------------------
+
+    async def dlq_list(self, group: str, limit: int = 100) -> list[DeadLetter]:
+        """The oldest ``limit`` dead letters of a delivery group not yet redriven or purged.
+
+        Raises:
+            UnknownGroupError: no delivery group has this name.
+        """
+        first = (await self._dlq_admin(group, DlqAction.REDRIVE, 1, True)).first
+        out: list[DeadLetter] = []
+        async for letter in self._dlq_scan(group, first):
+            if len(out) >= limit:
+                break
+            out.append(letter)
+        return out
+
+    async def dlq_get(self, group: str, msg_id: str) -> DeadLetter | None:
+        """The dead letter of ``group`` whose original message id (or id in the dead-letter
+        queue) is ``msg_id``; None when the message is not (or no longer) dead.
+
+        Raises:
+            UnknownGroupError: no delivery group has this name.
+        """
+        first = (await self._dlq_admin(group, DlqAction.REDRIVE, 1, True)).first
+        found: DeadLetter | None = None
+        n = 0
+        async for letter in self._dlq_scan(group, first):
+            if msg_id in (letter.msg_id, letter.dlq_msg_id):
+                found = letter  # the newest letter of a message dead-lettered twice wins
+            n += 1
+            if n >= MAX_DLQ_SCAN:
+                break
+        return found
+
+    async def _dlq_scan(self, group: str, first: int) -> AsyncIterator[DeadLetter]:
+        topic = DLQ_PREFIX + group
+        pos = first
+        while True:
+            _t, _q, code, text, end, start, tid, data = await self._fetch_one(topic, 0, pos,
+                                                                             DLQ_FETCH_BYTES)
+            if code == ErrorCode.UNKNOWN_TOPIC:
+                return  # nothing was ever dead-lettered
+            if code == ErrorCode.OFFSET_OUT_OF_RANGE and start > pos:
+                pos = start  # retention deleted the oldest letters
+                continue
+            if code:
+                raise error_for_code(code, text)
+            if not data:
+                return
+            recs = [r for r in decode_records(data) if r.offset >= pos]
+            if not recs:
+                return
+            for r in recs:
+                yield DeadLetter.from_record(group, tid, r)
+            pos = recs[-1].offset + 1
+            if pos >= end:
+                return
+
+    async def _dlq_admin(self, group: str, action: DlqAction, max_messages: int,
+                         dry_run: bool) -> m.DlqAdminResponse:
+        return await self._session.request(
+            m.DlqAdminRequest(group, int(action), max_messages, dry_run), m.DlqAdminResponse,
+            retry=dry_run,
+        )
+
+    async def dlq_redrive(self, group: str, max_messages: int = 0,
+                          dry_run: bool = False) -> m.DlqAdminResponse:
+        """Send the oldest ``max_messages`` dead letters (0: all) back to the group: they are
+        delivered again from its retry queue, at once, with a fresh attempt count.
+
+        Returns:
+            The DLQ offsets covered (``first``, ``end``) and how many letters were (or, with
+            ``dry_run``, would be) redriven.
+
+        Raises:
+            UnknownGroupError: no delivery group has this name.
+        """
+        return await self._dlq_admin(group, DlqAction.REDRIVE, max_messages, dry_run)
+
+    async def dlq_purge(self, group: str, max_messages: int = 0,
+                        dry_run: bool = False) -> m.DlqAdminResponse:
+        """Drop the oldest ``max_messages`` dead letters (0: all) of a group.
+
+        Returns:
+            The DLQ offsets covered and how many letters were (or would be) dropped.
+
+        Raises:
+            UnknownGroupError: no delivery group has this name.
+        """
+        return await self._dlq_admin(group, DlqAction.PURGE, max_messages, dry_run)
+
+    # -- messages by key -----------------------------------------------------------------------
+
+    async def find_by_key(self, topic: str, key: str, limit: int = 32) -> m.FindByKeyResponse:
+        """Messages of ``topic`` whose keys include ``key``, newest first (by stored time), at
+        most ``limit`` (RocketMQ's query by key; served from the broker's key index).
+
+        ``unindexed`` in the answer counts offsets the broker could not search yet (its
+        background indexer is behind and the request's scan budget ran out); 0 means complete.
+
+        Raises:
+            UnknownTopicError, InvalidRequestError: empty key, key with NUL, bad limit.
+        """
+        return await self._session.request(m.FindByKeyRequest(topic, key, limit),
+                                           m.FindByKeyResponse)

@@ -17,12 +17,13 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from ferrymq.client._delivery import LeasedMessage
-from ferrymq.client.admin import AsyncAdminClient
+from ferrymq.client.admin import AsyncAdminClient, DeadLetter
 from ferrymq.client.consumer import AsyncPullConsumer, TopicQueue
 from ferrymq.client.message import Message, ReceivedMessage, SendResult
 from ferrymq.client.producer import AsyncProducer
 from ferrymq.client.simple import AsyncSimpleConsumer
 from ferrymq.errors import ClientError
+from ferrymq.protocol import messages as m
 
 T = TypeVar("T")
 
@@ -290,6 +291,42 @@ class AdminClient:
             return _run(attr(*args, **kwargs))
 
         return call
+
+    # delivery groups, dead letters, messages by id or key: typed mirrors of the async client
+
+    def describe_delivery(self, group: str) -> m.DescribeDeliveryResponse:
+        """A delivery group's members, progress, lag, retry and DLQ sizes, retry policy."""
+        return _run(self._async.describe_delivery(group))
+
+    def message_status(self, msg_id: str) -> m.MessageStatusResponse:
+        """A message's state in each delivery group that reads its topic."""
+        return _run(self._async.message_status(msg_id))
+
+    def get_message(self, msg_id: str) -> ReceivedMessage:
+        """The message with this id (raises OffsetOutOfRangeError when it is gone)."""
+        return _run(self._async.get_message(msg_id))
+
+    def dlq_list(self, group: str, limit: int = 100) -> list[DeadLetter]:
+        """The oldest ``limit`` dead letters of a delivery group."""
+        return _run(self._async.dlq_list(group, limit))
+
+    def dlq_get(self, group: str, msg_id: str) -> DeadLetter | None:
+        """One dead letter by its original id (or its id in the DLQ); None if not dead."""
+        return _run(self._async.dlq_get(group, msg_id))
+
+    def dlq_redrive(self, group: str, max_messages: int = 0,
+                    dry_run: bool = False) -> m.DlqAdminResponse:
+        """Send dead letters back to the group (0: all)."""
+        return _run(self._async.dlq_redrive(group, max_messages, dry_run))
+
+    def dlq_purge(self, group: str, max_messages: int = 0,
+                  dry_run: bool = False) -> m.DlqAdminResponse:
+        """Drop dead letters (0: all)."""
+        return _run(self._async.dlq_purge(group, max_messages, dry_run))
+
+    def find_by_key(self, topic: str, key: str, limit: int = 32) -> m.FindByKeyResponse:
+        """Messages of ``topic`` carrying ``key``, newest first."""
+        return _run(self._async.find_by_key(topic, key, limit))
 
     def close(self) -> None:
         """Close the connection."""
