@@ -163,7 +163,7 @@ def assert_closed_with(sock: socket.socket, code: ErrorCode) -> str:
     assert f.is_response
     got, message = split_response(f.payload)
     assert got == code, (ErrorCode(got), message)
-    return message.decode()
+    return bytes(message).decode()
 
 
 def request(sock: socket.socket, api_key: int, payload: bytes, *, version: int = 1,
@@ -172,7 +172,8 @@ def request(sock: socket.socket, api_key: int, payload: bytes, *, version: int =
     f = read_frame(sock)
     assert f.is_response
     assert (f.correlation_id, f.api_key, f.api_version) == (corr, api_key, version)
-    return split_response(f.payload)
+    code, body = split_response(f.payload)
+    return code, bytes(body)
 
 
 def assert_ping_works(sock: socket.socket) -> None:

@@ -37,7 +37,7 @@ class Transport(asyncio.Protocol):
     def __init__(self) -> None:
         self._transport: asyncio.Transport | None = None
         self._decoder = FrameDecoder(CLIENT_MAX_FRAME_BYTES)
-        self._pending: dict[int, tuple[asyncio.Future[bytes], type[Request]]] = {}
+        self._pending: dict[int, tuple[asyncio.Future[bytes | memoryview], type[Request]]] = {}
         self._ids = itertools.count(1)
         self.closed = asyncio.Event()
         self.close_reason: BaseException | None = None
@@ -84,7 +84,7 @@ class Transport(asyncio.Protocol):
                     except RemoteProtocolError as exc:
                         self._fail(exc)
                         return
-                    self._fail(error_for_code(code, body.decode("utf-8", "replace")))
+                    self._fail(error_for_code(code, str(body, "utf-8", "replace")))
                     return
                 continue  # answer to a request we gave up on
             fut = entry[0]
@@ -133,12 +133,12 @@ class Transport(asyncio.Protocol):
         """Requests sent and not yet answered."""
         return len(self._pending)
 
-    def send(self, req: Request, *, oneway: bool = False) -> asyncio.Future[bytes]:
+    def send(self, req: Request, *, oneway: bool = False) -> asyncio.Future[bytes | memoryview]:
         """Write a request now; the future gets the raw response payload."""
         if self.closed.is_set() or self._transport is None:
             raise ConnectionClosedError(str(self.close_reason or "connection closed"))
         corr = next(self._ids) & 0xFFFFFFFF or next(self._ids)
-        fut: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[bytes | memoryview] = asyncio.get_running_loop().create_future()
         if not oneway:
             self._pending[corr] = (fut, type(req))
         self._transport.writelines(encode_frame_parts(
@@ -176,9 +176,9 @@ class Transport(asyncio.Protocol):
         self._fail(ConnectionClosedError("closed by client"))
 
 
-def decode_response(payload: bytes, resp_type: type[B]) -> B:
+def decode_response(payload: bytes | memoryview, resp_type: type[B]) -> B:
     """Split off the error code; raise the broker's error or decode the body."""
     code, body = split_response(payload)
     if code:
-        raise error_for_code(code, body.decode("utf-8", "replace"))
+        raise error_for_code(code, str(body, "utf-8", "replace"))
     return resp_type.decode(body)

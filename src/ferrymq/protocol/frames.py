@@ -49,7 +49,8 @@ class Frame:
     api_version: int
     flags: int
     correlation_id: int
-    payload: bytes
+    payload: bytes | memoryview
+    """A view into the received bytes (no copy): ``bytes(payload)`` to keep it alone."""
 
     @property
     def is_response(self) -> bool:
@@ -98,7 +99,7 @@ def encode_response(
                        correlation_id) + _U16.pack(code) + body
 
 
-def split_response(payload: bytes) -> tuple[int, bytes]:
+def split_response(payload: bytes | memoryview) -> tuple[int, bytes | memoryview]:
     """Split a response payload into ``(error_code, body)``.
 
     Raises:
@@ -113,7 +114,8 @@ class FrameDecoder:
     """Incremental frame decoder over a byte stream (sans-IO).
 
     Chunks are kept in a list and joined once per completed frame, so a large frame arriving in
-    many reads is copied once, not once per read.
+    many reads is copied once, not once per read; a frame's payload is a view into the joined
+    bytes, so a megabyte produce request or fetch response is not copied again.
 
     Args:
         max_frame_bytes: frames whose declared length exceeds this raise at once, before any
@@ -158,6 +160,7 @@ class FrameDecoder:
         first = chunks[0]
         buf = first if len(chunks) == 1 and isinstance(first, bytes) else b"".join(chunks)
         n = len(buf)
+        view = memoryview(buf)
         frames: list[Frame] = []
         pos = 0
         unpack = HEADER.unpack_from
@@ -183,9 +186,9 @@ class FrameDecoder:
             if end > n:
                 need = end - pos
                 break
-            frames.append(Frame(api_key, version, flags, corr, buf[pos + HEADER_SIZE : end]))
+            frames.append(Frame(api_key, version, flags, corr, view[pos + HEADER_SIZE : end]))
             pos = end
-        rest = memoryview(buf)[pos:] if pos else buf  # a view: the next join copies it once
+        rest = view[pos:] if pos else buf  # a view: the next join copies it once
         self._chunks = [rest] if len(rest) else []
         self._have = len(rest)
         self._need = need

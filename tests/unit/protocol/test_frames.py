@@ -194,7 +194,7 @@ def test_split_response_error_code_and_message() -> None:
     (frame,) = FrameDecoder().feed(raw)
     code, body = split_response(frame.payload)
     assert code == 31
-    assert body.decode() == "too big \u2603"
+    assert bytes(body).decode() == "too big \u2603"
 
 
 def test_split_response_code_only() -> None:
