@@ -11,13 +11,17 @@ resident memory (``/proc/<pid>/status`` VmRSS) at the end.
 * ``consume``: produce ``--messages`` first (untimed), then time one pull consumer reading them
   all back from the start (``assign`` every queue, offsets from the earliest, no commits),
   touching ``msg.body`` of each message.
+* ``push``: produce ``--messages`` first (untimed), then time one push consumer (this process,
+  asyncio, a no-op ``async def`` handler returning SUCCESS) from its start until every message
+  was handled *and* its ack answered (per-message acks, batched on the wire); then, for the
+  ack-overhead figure, time a pull consumer reading the same messages (as ``consume`` does).
 * ``e2e``: a producer sends single messages at ``--rate`` per second (``send_nowait`` on a timer,
   no linger) while a consumer in the same process long-polls; the latency of a message is its
   receive time minus the ``time.time_ns()`` the producer wrote into its first 8 body bytes (one
   clock, one process).
 
-The functions :func:`run_produce`, :func:`run_consume` and :func:`run_e2e` return plain dicts so
-that ``bench/compare.py`` can drive the same workloads.
+The functions :func:`run_produce`, :func:`run_consume`, :func:`run_push` and :func:`run_e2e`
+return plain dicts so that ``bench/compare.py`` can drive the same workloads.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ from ferrymq.client.admin import AsyncAdminClient
 from ferrymq.client.consumer import AsyncPullConsumer
 from ferrymq.client.message import Message
 from ferrymq.client.producer import AsyncProducer
+from ferrymq.client.push import AsyncPushConsumer, ConsumeResult
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _err = Console(stderr=True)
@@ -352,6 +357,95 @@ def run_consume(address: str, *, messages: int = 1_000_000, size: int = 100, bat
     return asyncio.run(main())
 
 
+# -- push --------------------------------------------------------------------------------------
+
+
+async def _pull_all(address: str, topic: str, queues: int, total: int, label: str,
+                    show: bool, max_poll: int = 10_000) -> float:
+    """Read ``total`` messages of ``topic`` from the start with a pull consumer; seconds."""
+    consumer = AsyncPullConsumer(address, group=f"bench-{uuid.uuid4().hex[:6]}",
+                                 auto_commit=False, auto_offset_reset="earliest")
+    async with consumer:
+        await consumer.assign([(topic, q) for q in range(queues)])
+        got = 0
+        with _progress(total, label, show) as prog:
+            task = prog.add_task(label, total=total)
+            t0 = time.perf_counter()
+            while got < total:
+                msgs = await consumer.poll(timeout=10.0, max_messages=max_poll)
+                if not msgs:
+                    raise RuntimeError(f"pull consumer stalled at {got} of {total} messages")
+                for msg in msgs:
+                    _ = msg.body
+                got += len(msgs)
+                prog.advance(task, len(msgs))
+            return time.perf_counter() - t0
+
+
+def run_push(address: str, *, messages: int = 1_000_000, size: int = 100, batch: int = 1000,
+             queues: int = 4, inflight: int = 8, broker_pid: int | None = None,
+             show_progress: bool = True, concurrency: int = 16, prefetch: int = 2048,
+             compare_pull: bool = True) -> dict[str, Any]:
+    """Produce ``messages`` (untimed), then time a push consumer handling and acking them all
+    (and, with ``compare_pull``, a pull consumer reading them)."""
+    install_uvloop()
+
+    async def main() -> dict[str, Any]:
+        topic = await _create_topic(address, queues)
+        await _produce(address, topic, messages, size, batch, inflight, "pre-produce",
+                       show_progress)
+        total = messages + 1  # the untimed warm-up message of _produce
+        cpu = _Cpu(broker_pid)
+        handled = 0
+        nbytes = 0
+        done = asyncio.Event()
+
+        async def handler(msg: Any) -> ConsumeResult:
+            nonlocal handled, nbytes
+            nbytes += len(msg.body)
+            handled += 1
+            if handled >= total:
+                done.set()
+            return ConsumeResult.SUCCESS
+
+        group = f"bench-push-{uuid.uuid4().hex[:6]}"
+        consumer = AsyncPushConsumer(address, group, concurrency=concurrency,
+                                     prefetch=prefetch, client_id="ferrymq-bench-push")
+        consumer.subscribe(topic, "*", handler)
+        with _progress(total, "push", show_progress) as prog:
+            task = prog.add_task("push", total=total)
+            cpu.begin()
+            t0 = time.perf_counter()
+            await consumer.start()
+            while not done.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(done.wait(), 0.25)
+                prog.update(task, completed=handled)
+                if time.perf_counter() - t0 > 60 + total / 1000:
+                    raise RuntimeError(f"push consumer stalled at {handled} of {total}")
+            handled_s = time.perf_counter() - t0
+            while consumer.stats["acked"] < total:
+                await asyncio.sleep(0.001)
+                if time.perf_counter() - t0 > 60 + total / 1000:
+                    raise RuntimeError(f"acks stalled at {consumer.stats['acked']} of {total}")
+            elapsed = time.perf_counter() - t0
+            cpu.end()
+        stats = dict(consumer.stats)
+        await consumer.close()
+        res = _throughput("push", total, size, elapsed, cpu, broker_pid, queues=queues,
+                          concurrency=concurrency, prefetch=prefetch)
+        res["handled_s"] = handled_s
+        res["body_bytes"] = nbytes
+        res["consumer_stats"] = stats
+        if compare_pull:
+            pull_s = await _pull_all(address, topic, queues, total, "pull", show_progress)
+            res["pull_msg_per_s"] = total / pull_s
+            res["push_vs_pull"] = pull_s / elapsed
+        return res
+
+    return asyncio.run(main())
+
+
 # -- end to end --------------------------------------------------------------------------------
 
 
@@ -506,7 +600,7 @@ def _run_with_broker(server: str | None, flush: str, broker_pid: int | None,
 
 @click.group()
 def bench() -> None:
-    """Measure produce, consume and end-to-end latency against a broker."""
+    """Measure produce, consume, push-consume and end-to-end latency against a broker."""
 
 
 @bench.command()
@@ -536,6 +630,29 @@ def consume(server: str | None, flush: str, broker_pid: int | None, size: int, q
     """Consume throughput from disk: pre-produce, then read everything back."""
     res = _run_with_broker(server, flush, broker_pid, run_consume, messages=messages, size=size,
                            batch=batch, queues=queues, inflight=inflight,
+                           show_progress=not as_json)
+    _emit(res, as_json)
+
+
+@bench.command()
+@_common
+@click.option("--messages", type=int, default=1_000_000, show_default=True)
+@click.option("--batch", type=int, default=1000, show_default=True,
+              help="Messages per send_batch call while pre-producing.")
+@click.option("--inflight", type=int, default=8, show_default=True)
+@click.option("--concurrency", type=int, default=16, show_default=True,
+              help="Handlers running at once.")
+@click.option("--prefetch", type=int, default=2048, show_default=True,
+              help="Messages buffered ahead of the handlers.")
+@click.option("--compare-pull/--no-compare-pull", default=True, show_default=True,
+              help="Also time a pull consumer reading the same messages (ack overhead).")
+def push(server: str | None, flush: str, broker_pid: int | None, size: int, queues: int,
+         as_json: bool, messages: int, batch: int, inflight: int, concurrency: int,
+         prefetch: int, compare_pull: bool) -> None:
+    """Push consumer throughput: no-op handler, every message acked (acks batched on the wire)."""
+    res = _run_with_broker(server, flush, broker_pid, run_push, messages=messages, size=size,
+                           batch=batch, queues=queues, inflight=inflight,
+                           concurrency=concurrency, prefetch=prefetch, compare_pull=compare_pull,
                            show_progress=not as_json)
     _emit(res, as_json)
 

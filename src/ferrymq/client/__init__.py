@@ -5,6 +5,7 @@ from ferrymq.client.admin import AsyncAdminClient
 from ferrymq.client.consumer import AsyncPullConsumer
 from ferrymq.client.message import Durability, Message, ReceivedMessage, SendResult
 from ferrymq.client.producer import AsyncProducer
+from ferrymq.client.push import AsyncPushConsumer, ConsumeResult, PushConsumer
 from ferrymq.client.simple import AsyncSimpleConsumer
 from ferrymq.client.sync import AdminClient, Producer, PullConsumer, SimpleConsumer
 
@@ -13,12 +14,15 @@ __all__ = [
     "AsyncAdminClient",
     "AsyncProducer",
     "AsyncPullConsumer",
+    "AsyncPushConsumer",
     "AsyncSimpleConsumer",
+    "ConsumeResult",
     "Durability",
     "LeasedMessage",
     "Message",
     "Producer",
     "PullConsumer",
+    "PushConsumer",
     "ReceivedMessage",
     "SendResult",
     "SimpleConsumer",

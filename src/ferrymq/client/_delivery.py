@@ -104,8 +104,15 @@ def decode_deliveries(resp: m.ReceiveResponse) -> list[LeasedMessage]:
             if not letter:
                 ctx = (BatchContext(topic, queue, topic_id, h.append_time_ms, h.first_timestamp),
                        rkey, lease_id, reconsume)
-                msgs = walk_records(buf, pos, h, first, _leased, ctx) or []
-                out.extend(x for x in msgs if x.offset <= last)
+                if h.last_offset <= last:
+                    out.extend(walk_records(buf, pos, h, first, _leased, ctx) or [])
+                    continue
+                # a batch leased in part (the broker sends whole batches): build messages only
+                # for the leased records, not for the rest of a possibly large batch
+                for p, off in walk_records(buf, pos, h, first, _raw, None) or []:
+                    if off > last:
+                        break
+                    out.append(_leased(ctx, buf, p, off))
                 continue
             for rec in walk_records(buf, pos, h, first, _raw, None) or []:
                 p, off = rec

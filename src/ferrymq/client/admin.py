@@ -353,7 +353,16 @@ class AsyncAdminClient:
         Raises:
             UnknownGroupError: no delivery group has this name.
         """
-        return await self._dlq_admin(group, DlqAction.REDRIVE, max_messages, dry_run)
+        resp = await self._dlq_admin(group, DlqAction.REDRIVE, max_messages, dry_run)
+        if max_messages > 0:
+            return resp
+        if dry_run:  # one letter per DLQ offset
+            return m.DlqAdminResponse(resp.first, resp.end, max(0, resp.end - resp.first))
+        first, total = resp.first, resp.count
+        while resp.count and resp.end > resp.first + resp.count:  # the broker moves 10k a call
+            resp = await self._dlq_admin(group, DlqAction.REDRIVE, 0, False)
+            total += resp.count
+        return m.DlqAdminResponse(first, resp.end, total)
 
     async def dlq_purge(self, group: str, max_messages: int = 0,
                         dry_run: bool = False) -> m.DlqAdminResponse:

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ferrymq._time import Clock
-from ferrymq.broker.delivery.letters import make_letter, read_letter
+from ferrymq.broker.delivery.letters import StoredRecord, iter_stored, make_letter, read_letter
 from ferrymq.broker.delivery.state import (
     DeliveryGroup,
     DeliveryMember,
@@ -59,9 +59,7 @@ from ferrymq.errors import (
 from ferrymq.protocol import messages as m
 from ferrymq.protocol.codes import ErrorCode
 from ferrymq.protocol.records import (
-    Record,
     decode_msg_id,
-    decode_records,
     encode_msg_id,
     filter_batch,
     iter_batches,
@@ -87,6 +85,10 @@ DEFAULT_MAX_RECONSUME = 16
 MAX_RETRY_DELAY_MS = 24 * 3600 * 1000
 MAX_RECONSUME_LIMIT = 1000
 MAX_RETRY_LADDER = 64
+MAX_DLQ_SCAN = 100_000
+"""Most dead letters MESSAGE_STATUS reads looking for a message (older ones: CONSUMED)."""
+MAX_REDRIVE_BATCH = 10_000
+"""Most dead letters one DLQ_ADMIN redrive moves (the CLI loops for more)."""
 
 _OK = int(ErrorCode.NONE)
 _BAD_RECEIPT = int(ErrorCode.INVALID_RECEIPT)
@@ -277,9 +279,7 @@ class DeliveryManager:
             data = lg.read(pos, 1 << 20)
             if not data:
                 break
-            for r in decode_records(data):
-                if r.offset < pos:
-                    continue
+            for r in iter_stored(data, pos):
                 pos = r.offset + 1
                 if r.offset in rc.done:
                     continue
@@ -747,7 +747,9 @@ class DeliveryManager:
             t = self.topics.create(name, 1, {}, self.clock.wall_ms(), internal_ok=True)
         return t.queues[0]
 
-    def _read_record(self, g: DeliveryGroup, key: tuple[str, int], offset: int) -> Record | None:
+    def _read_record(
+        self, g: DeliveryGroup, key: tuple[str, int], offset: int
+    ) -> StoredRecord | None:
         try:
             if key[0] == g.retry_topic:
                 qs = self._internal_queue(key[0], create=False)
@@ -756,11 +758,10 @@ class DeliveryManager:
             else:
                 qs = self.topics.queue(*key)
             data = qs.log.read(offset, 1)
-        except (BrokerError, UnknownTopicError):
+        except BrokerError:
             return None
-        for r in decode_records(data):
-            if r.offset == offset:
-                return r
+        for r in iter_stored(data, offset):
+            return r if r.offset == offset else None
         return None
 
     def _fail(
@@ -905,23 +906,30 @@ class DeliveryManager:
             list(g.retry_delays_ms), g.max_reconsume,
         )
 
-    def _dlq_records(self, g: DeliveryGroup, limit: int) -> tuple[int, int, list[Record]]:
+    def _dlq_records(
+        self, g: DeliveryGroup, limit: int
+    ) -> tuple[int, int, list[StoredRecord]]:
+        """Dead letters from the DLQ floor: ``(first, end, up to limit records)``."""
         qs = self._internal_queue(g.dlq_topic, create=False)
         if qs is None:
             return g.dlq_floor, g.dlq_floor, []
         lg = qs.log
         first = max(g.dlq_floor, lg.start_offset)
         end = lg.end_offset
-        out: list[Record] = []
+        out: list[StoredRecord] = []
         pos = first
-        while pos < end and (limit <= 0 or len(out) < limit):
+        while pos < end and len(out) < limit:
             data = lg.read(pos, 1 << 20)
             if not data:
                 break
-            for r in decode_records(data):
-                if r.offset >= pos and (limit <= 0 or len(out) < limit):
-                    out.append(r)
-            pos = max(pos, out[-1].offset + 1 if out else end)
+            before = pos
+            for r in iter_stored(data, pos):
+                if len(out) >= limit:
+                    break
+                out.append(r)
+                pos = r.offset + 1
+            if pos == before:  # nothing readable in this chunk
+                break
         return first, end, out
 
     def message_status(self, msg_id: str) -> m.MessageStatusResponse:
@@ -970,7 +978,7 @@ class DeliveryManager:
         return m.MessageStatusResponse(t.name, queue, offset, out)
 
     def _find_dead(self, g: DeliveryGroup, msg_id: str) -> Letter | None:
-        _, _, recs = self._dlq_records(g, 0)
+        _, _, recs = self._dlq_records(g, MAX_DLQ_SCAN)
         for r in recs:
             if r.properties.get("%MSGID") == msg_id:
                 try:
@@ -984,16 +992,23 @@ class DeliveryManager:
     ) -> tuple[m.DlqAdminResponse, int]:
         """Redrive or purge dead letters; returns the answer and a journal position."""
         g = self.group(name)
-        first, end, recs = self._dlq_records(g, max_messages)
         if action == m.DlqAction.PURGE:
-            stop = recs[-1].offset + 1 if (recs and max_messages > 0) else end
-            count = len(recs) if max_messages > 0 else max(0, end - first)
+            if max_messages > 0:
+                first, end, recs = self._dlq_records(g, max_messages)
+                stop = recs[-1].offset + 1 if recs else first
+                count = len(recs)
+            else:  # everything: no need to read it
+                first, end, _ = self._dlq_records(g, 0)
+                stop = end
+                count = max(0, end - first)
             if dry_run or stop <= g.dlq_floor:
                 return m.DlqAdminResponse(first, stop, count), -1
             g.dlq_floor = stop
             return m.DlqAdminResponse(first, stop, count), self._journal(g, ["D", stop])
         if action != m.DlqAction.REDRIVE:
             raise InvalidRequestError(f"unknown DLQ action {action}")
+        first, end, recs = self._dlq_records(
+            g, min(max_messages, MAX_REDRIVE_BATCH) if max_messages > 0 else MAX_REDRIVE_BATCH)
         stop = recs[-1].offset + 1 if recs else first
         if dry_run or not recs:
             return m.DlqAdminResponse(first, stop, len(recs)), -1

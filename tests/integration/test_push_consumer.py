@@ -1,0 +1,600 @@
+"""Push consumers against a real broker: automatic acks, retries on the ladder, dead letters,
+batch prefix acks, lease renewal, graceful close, broadcasting, threads, consumer kill -9."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import queue
+import random
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
+
+import pytest
+
+from ferrymq import (
+    AdminClient,
+    AsyncPushConsumer,
+    Broker,
+    ConsumeResult,
+    LeasedMessage,
+    Message,
+    Producer,
+    PullConsumer,
+    PushConsumer,
+)
+from ferrymq.client._session import Session
+from ferrymq.client.push import Later, broadcast_group
+from ferrymq.errors import ConfigError, UnknownTopicError
+from ferrymq.protocol import messages as m
+
+pytestmark = pytest.mark.integration
+
+T = TypeVar("T")
+EPS = 0.06  # the broker checks due retries every 50 ms
+
+
+def run(coro: Coroutine[Any, Any, T], timeout: float = 60.0) -> T:
+    return asyncio.run(asyncio.wait_for(coro, timeout))
+
+
+def produce(broker: Broker, topic: str, n: int, *, queues: int = 2,
+            prefix: str = "m") -> list[str]:
+    with AdminClient(broker.address) as admin:
+        if topic not in {t[0] for t in admin.list_topics()}:
+            admin.create_topic(topic, queues)
+    with Producer(broker.address) as p:
+        results = p.send_batch([Message(topic, f"{prefix}{i}".encode()) for i in range(n)])
+    return [r.msg_id for r in results]
+
+
+async def request(address: str, req: m.Request, resp_type: type[Any]) -> Any:
+    s = Session(address)
+    try:
+        return await s.request(req, resp_type)
+    finally:
+        await s.close()
+
+
+async def describe(address: str, group: str) -> m.DescribeDeliveryResponse:
+    resp: m.DescribeDeliveryResponse = await request(
+        address, m.DescribeDeliveryRequest(group), m.DescribeDeliveryResponse)
+    return resp
+
+
+async def all_acked(address: str, group: str) -> bool:
+    """Every queue of the group's topics is finished up to its end; no retry pending."""
+    d = await describe(address, group)
+    return (bool(d.queues) and all(floor == end for _, _, floor, _, end, _, _ in d.queues)
+            and d.retry_pending == 0 and d.retry_in_flight == 0)
+
+
+async def eventually(cond: Callable[[], Awaitable[bool] | bool], timeout: float = 10.0,
+                     what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        res = cond()
+        if isinstance(res, Awaitable):
+            res = await res
+        if res:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"{what} not met in {timeout} s")
+
+
+def read_dlq(broker: Broker, group: str, want: int) -> list[Any]:
+    with PullConsumer(broker.address, "dlq-reader", auto_offset_reset="earliest") as pc:
+        pc.assign([("%DLQ%" + group, 0)])
+        dead: list[Any] = []
+        deadline = time.monotonic() + 5
+        while len(dead) < want and time.monotonic() < deadline:
+            dead += pc.poll(0.3)
+    return dead
+
+
+def test_success_acks_every_message_once(broker: Broker) -> None:
+    ids = produce(broker, "t", 300, queues=4)
+
+    async def main() -> None:
+        seen: list[tuple[str, int]] = []
+        c = AsyncPushConsumer(broker.address, "g", concurrency=8)
+
+        @c.subscribe("t")
+        async def handle(msg: LeasedMessage) -> ConsumeResult:
+            seen.append((msg.msg_id, msg.reconsume_times))
+            return ConsumeResult.SUCCESS
+
+        async with c:
+            await eventually(lambda: len(seen) >= 300, what="300 messages handled")
+            await eventually(lambda: all_acked(broker.address, "g"), what="group floor at end")
+        assert sorted(mid for mid, _ in seen) == sorted(ids)  # each exactly once
+        assert {rt for _, rt in seen} == {0}
+        assert c.stats["acked"] == 300 and c.stats["nacked"] == 0
+
+        # nothing comes back to the group
+        again: list[str] = []
+        c2 = AsyncPushConsumer(broker.address, "g")
+
+        @c2.subscribe("t")
+        async def handle2(msg: LeasedMessage) -> None:
+            again.append(msg.msg_id)
+
+        async with c2:
+            await asyncio.sleep(0.5)
+        assert again == []
+
+    run(main())
+
+
+def test_later_failure_and_exceptions_are_retried_on_the_ladder(broker: Broker) -> None:
+    produce(broker, "t", 3, queues=1)
+    delays = [0.3, 0.6]
+
+    async def main() -> None:
+        times: dict[bytes, list[tuple[int, float]]] = {}
+        loop = asyncio.get_running_loop()
+        c = AsyncPushConsumer(broker.address, "g", retry_delays=delays, max_reconsume=5)
+
+        @c.subscribe("t")
+        async def handle(msg: LeasedMessage) -> ConsumeResult:
+            times.setdefault(msg.body, []).append((msg.reconsume_times, loop.time()))
+            if msg.reconsume_times >= 2:
+                return ConsumeResult.SUCCESS
+            if msg.body == b"m0":
+                return ConsumeResult.LATER
+            if msg.body == b"m1":
+                return ConsumeResult.FAILURE
+            raise RuntimeError("handler broke")
+
+        async with c:
+            await eventually(lambda: sum(len(v) for v in times.values()) >= 9, what="9 attempts")
+            await eventually(lambda: all_acked(broker.address, "g"), what="all acked")
+            await asyncio.sleep(0.3)
+        assert sorted(times) == [b"m0", b"m1", b"m2"]
+        for body, attempts in times.items():
+            assert [rt for rt, _ in attempts] == [0, 1, 2], body
+            gaps = [b - a for (_, a), (_, b) in itertools.pairwise(attempts)]
+            for gap, delay in zip(gaps, delays, strict=True):
+                assert delay - EPS <= gap < delay + 1.5, (body, gaps)
+        assert c.stats["handler_errors"] == 2
+        assert c.stats["nacked"] == 6 and c.stats["acked"] == 3
+
+    run(main())
+
+
+def test_dead_letter_after_max_reconsume_with_the_reason(broker: Broker) -> None:
+    [mid] = produce(broker, "t", 1, queues=1)
+
+    async def main() -> None:
+        attempts: list[int] = []
+        c = AsyncPushConsumer(broker.address, "gd", retry_delays=[0.1], max_reconsume=2)
+
+        @c.subscribe("t")
+        async def handle(msg: LeasedMessage) -> ConsumeResult:
+            attempts.append(msg.reconsume_times)
+            raise ValueError(f"boom on attempt {msg.reconsume_times}")
+
+        async with c:
+            await eventually(lambda: len(attempts) >= 3, what="3 attempts")
+
+            async def dead() -> bool:
+                return (await describe(broker.address, "gd")).dlq_size == 1
+
+            await eventually(dead, what="message in the DLQ")
+            await asyncio.sleep(0.4)  # no fourth attempt
+        assert attempts == [0, 1, 2]
+
+    run(main())
+    [letter] = read_dlq(broker, "gd", 1)
+    props = letter.properties
+    assert props["%MSGID"] == mid and props["%TOPIC"] == "t"
+    assert props["%RECONSUME"] == "3"
+    assert "ValueError: boom on attempt 2" in props["%REASON"]
+
+
+def test_handler_chooses_its_own_delay(broker: Broker) -> None:
+    produce(broker, "t", 1, queues=1)
+
+    async def main() -> None:
+        seen: list[tuple[int, float]] = []
+        loop = asyncio.get_running_loop()
+        c = AsyncPushConsumer(broker.address, "g", retry_delays=[20.0])
+
+        @c.subscribe("t")
+        async def handle(msg: LeasedMessage) -> ConsumeResult | Later:
+            seen.append((msg.reconsume_times, loop.time()))
+            if msg.reconsume_times == 0:
+                return ConsumeResult.later(0.4, "not yet")
+            return ConsumeResult.SUCCESS
+
+        async with c:
+            await eventually(lambda: len(seen) >= 2, what="redelivery")
+        [(rt0, t0), (rt1, t1)] = seen
+        assert (rt0, rt1) == (0, 1)
+        assert 0.4 - EPS <= t1 - t0 < 3.0  # its own delay, not the 20 s ladder
+
+    run(main())
+    with pytest.raises(ConfigError):
+        ConsumeResult.later(-1)
+
+
+def test_batch_handler_acks_a_prefix(broker: Broker) -> None:
+    ids = produce(broker, "t", 10, queues=1)
+
+    async def main() -> None:
+        calls: list[list[tuple[str, int]]] = []
+        c = AsyncPushConsumer(broker.address, "g", batch_size=10, concurrency=1,
+                              retry_delays=[0.2])
+
+        @c.subscribe("t")
+        async def handle(msgs: list[LeasedMessage]) -> int | ConsumeResult:
+            calls.append([(x.msg_id, x.reconsume_times) for x in msgs])
+            if len(calls) == 1:
+                return 4  # the first four succeeded
+            return ConsumeResult.SUCCESS
+
+        async with c:
+            await eventually(lambda: sum(len(b) for b in calls) >= 16, what="redeliveries")
+            await eventually(lambda: all_acked(broker.address, "g"), what="all acked")
+            await asyncio.sleep(0.4)
+        first, *rest = calls
+        assert first == [(i, 0) for i in ids]  # one batch, in queue order
+        redelivered = [x for batch in rest for x in batch]
+        assert sorted(redelivered) == sorted((i, 1) for i in ids[4:])
+        assert c.stats["acked"] == 10 and c.stats["nacked"] == 6
+
+    run(main())
+
+
+def test_slow_handler_keeps_its_lease_and_is_not_redelivered(broker: Broker) -> None:
+    produce(broker, "t", 1, queues=1)
+
+    async def main() -> None:
+        a_seen: list[int] = []
+        b_seen: list[int] = []
+        a = AsyncPushConsumer(broker.address, "g", invisible_duration=1.0)
+        b = AsyncPushConsumer(broker.address, "g", invisible_duration=1.0)
+
+        @a.subscribe("t")
+        async def slow(msg: LeasedMessage) -> ConsumeResult:
+            a_seen.append(msg.reconsume_times)
+            await asyncio.sleep(2.6)  # > 2.5 leases
+            return ConsumeResult.SUCCESS
+
+        @b.subscribe("t")
+        async def other(msg: LeasedMessage) -> ConsumeResult:
+            b_seen.append(msg.reconsume_times)
+            return ConsumeResult.SUCCESS
+
+        async with a:
+            await eventually(lambda: len(a_seen) == 1, what="a got the message")
+            async with b:
+                await eventually(lambda: all_acked(broker.address, "g"), what="acked")
+                await asyncio.sleep(1.2)  # a lease would have expired by now
+        assert a_seen == [0] and b_seen == []
+        assert a.stats["renewed"] >= 2 and a.stats["rejected"] == 0 and a.stats["acked"] == 1
+
+    run(main())
+
+
+def test_close_hands_back_prefetched_messages_at_once(broker: Broker) -> None:
+    ids = produce(broker, "t", 20, queues=1)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        a_seen: list[str] = []
+        b_seen: list[tuple[str, int, float]] = []
+        release = asyncio.Event()
+        a = AsyncPushConsumer(broker.address, "g", concurrency=1, prefetch=50)
+        b = AsyncPushConsumer(broker.address, "g")
+
+        @a.subscribe("t")
+        async def busy(msg: LeasedMessage) -> ConsumeResult:
+            a_seen.append(msg.msg_id)
+            await release.wait()
+            return ConsumeResult.SUCCESS
+
+        @b.subscribe("t")
+        async def other(msg: LeasedMessage) -> ConsumeResult:
+            b_seen.append((msg.msg_id, msg.reconsume_times, loop.time()))
+            return ConsumeResult.SUCCESS
+
+        await a.start()
+        await eventually(lambda: len(a_seen) == 1, what="a busy")
+        async with b:
+            await asyncio.sleep(0.3)
+            assert b_seen == []  # a holds (and renews) all 20
+            t0 = loop.time()
+            closing = loop.create_task(a.close(timeout=10))
+            await eventually(lambda: len(b_seen) >= 19, timeout=5, what="hand-back")
+            assert not closing.done()  # a's handler is still running
+            assert max(t for _, _, t in b_seen) - t0 < 1.0
+            release.set()
+            await closing
+            await eventually(lambda: all_acked(broker.address, "g"), what="acked")
+        assert a_seen == ids[:1]
+        assert sorted(mid for mid, _, _ in b_seen) == sorted(ids[1:])
+        assert {rt for _, rt, _ in b_seen} == {0}  # handing back is not a failed attempt
+        # 19, or more when a's last long poll got some of them back first (it hands them back)
+        assert a.stats["returned"] >= 19 and a.stats["acked"] == 1
+
+    run(main())
+
+
+def test_two_members_never_hold_one_message_at_once(broker: Broker) -> None:
+    n = 200
+    produce(broker, "t", n, queues=2)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        rng = random.Random(7)
+        history: list[tuple[str, str, float, float, str]] = []
+        members = [AsyncPushConsumer(broker.address, "g", concurrency=4, prefetch=16,
+                                     invisible_duration=1.0, retry_delays=[0.1])
+                   for _ in range(2)]
+        for name, c in zip("ab", members, strict=True):
+
+            async def handle(msg: LeasedMessage, name: str = name) -> ConsumeResult:
+                start = loop.time()
+                r = rng.random()
+                await asyncio.sleep(1.4 if r < 0.02 else r * 0.02)
+                res = (ConsumeResult.LATER if r > 0.85 and msg.reconsume_times == 0
+                       else ConsumeResult.SUCCESS)
+                history.append((msg.msg_id, name, start, loop.time(), res.value))
+                return res
+
+            c.subscribe("t", "*", handle)
+        async with members[0], members[1]:
+            await eventually(lambda: sum(h[4] == "success" for h in history) >= n, timeout=30,
+                             what="all handled")
+            await eventually(lambda: all_acked(broker.address, "g"), what="acked")
+        by_id: dict[str, list[tuple[float, float, str, str]]] = {}
+        for mid, name, start, end, res in history:
+            by_id.setdefault(mid, []).append((start, end, name, res))
+        assert len(by_id) == n
+        for mid, runs in by_id.items():
+            runs.sort()
+            assert [r[3] for r in runs].count("success") == 1, (mid, runs)
+            for (_, end, _, _), (start, _, _, _) in itertools.pairwise(runs):
+                assert end <= start, f"{mid} handled twice at once: {runs}"
+        assert {h[1] for h in history} == {"a", "b"}  # the work was shared
+        assert all(c.stats["rejected"] == 0 for c in members)
+
+    run(main())
+
+
+def test_broadcasting_gives_every_member_every_message(broker: Broker) -> None:
+    produce(broker, "t", 5, queues=2, prefix="old")  # before the members: not delivered
+
+    async def main() -> tuple[list[bytes], list[bytes]]:
+        got: dict[str, list[bytes]] = {"a": [], "b": []}
+        members = []
+        for name in ("a", "b"):
+            c = AsyncPushConsumer(broker.address, "bc", mode="broadcasting", instance_name=name)
+
+            async def handle(msg: LeasedMessage, name: str = name) -> None:
+                got[name].append(msg.body)
+
+            c.subscribe("t", "*", handle)
+            members.append(c)
+        assert [c.delivery_group for c in members] == ["bc.a", "bc.b"]
+        async with members[0], members[1]:
+            await asyncio.to_thread(produce, broker, "t", 50, prefix="new")
+            await eventually(lambda: len(got["a"]) >= 50 and len(got["b"]) >= 50,
+                             what="both got all")
+            for g in ("bc.a", "bc.b"):
+                await eventually(lambda g=g: all_acked(broker.address, g), what=f"{g} acked")
+            await asyncio.sleep(0.2)
+        return got["a"], got["b"]
+
+    a, b = run(main())
+    want = sorted(f"new{i}".encode() for i in range(50))
+    assert sorted(a) == want and sorted(b) == want
+    assert broadcast_group("bc", "host/1 x") == "bc.host_1_x"
+
+
+def test_two_groups_on_one_topic_are_independent(broker: Broker) -> None:
+    ids = produce(broker, "t", 30, queues=2)
+
+    async def main() -> None:
+        g1: list[tuple[str, int]] = []
+        g2: list[tuple[str, int]] = []
+        c1 = AsyncPushConsumer(broker.address, "g1")
+        c2 = AsyncPushConsumer(broker.address, "g2", retry_delays=[0.2])
+
+        @c1.subscribe("t")
+        async def one(msg: LeasedMessage) -> ConsumeResult:
+            g1.append((msg.msg_id, msg.reconsume_times))
+            return ConsumeResult.SUCCESS
+
+        @c2.subscribe("t")
+        async def two(msg: LeasedMessage) -> ConsumeResult:
+            g2.append((msg.msg_id, msg.reconsume_times))
+            return ConsumeResult.SUCCESS if msg.reconsume_times else ConsumeResult.LATER
+
+        async with c1, c2:
+            await eventually(lambda: len(g2) >= 60, what="g2 retried everything")
+            for g in ("g1", "g2"):
+                await eventually(lambda g=g: all_acked(broker.address, g), what=f"{g} acked")
+            await asyncio.sleep(0.3)
+        assert sorted(g1) == sorted((i, 0) for i in ids)
+        assert sorted(g2) == sorted([(i, 0) for i in ids] + [(i, 1) for i in ids])
+        assert (await describe(broker.address, "g1")).retry_pending == 0
+
+    run(main())
+
+
+def test_sync_push_consumer_runs_handlers_on_its_threads(broker: Broker) -> None:
+    ids = produce(broker, "t", 40, queues=2)
+    lock = threading.Lock()
+    seen: list[tuple[str, int, str]] = []
+    running = [0, 0]  # now, most at once
+
+    consumer = PushConsumer(broker.address, "gs", threads=4, retry_delays=[0.2])
+
+    @consumer.subscribe("t")
+    def handle(msg: LeasedMessage) -> ConsumeResult:
+        with lock:
+            seen.append((msg.msg_id, msg.reconsume_times, threading.current_thread().name))
+            running[0] += 1
+            running[1] = max(running)
+        time.sleep(0.05)
+        with lock:
+            running[0] -= 1
+        if msg.msg_id == ids[0] and msg.reconsume_times == 0:
+            raise RuntimeError("first try fails")
+        return ConsumeResult.SUCCESS
+
+    t0 = time.monotonic()
+    with consumer:
+        deadline = time.monotonic() + 10
+        while len(seen) < 41 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        elapsed = time.monotonic() - t0
+        deadline = time.monotonic() + 5
+        while consumer.stats["acked"] < 40 and time.monotonic() < deadline:
+            time.sleep(0.02)
+    assert sorted((mid, rt) for mid, rt, _ in seen) == sorted(
+        [(i, 0) for i in ids] + [(ids[0], 1)])
+    assert all(name.startswith("ferrymq-push") for _, _, name in seen)
+    assert running[1] >= 2 and elapsed < 41 * 0.05  # in parallel
+    assert consumer.stats["acked"] == 40 and consumer.stats["handler_errors"] == 1
+    assert run(all_acked(broker.address, "gs"))
+
+
+def test_sync_slow_handler_does_not_starve_heartbeats(broker: Broker) -> None:
+    produce(broker, "t", 1, queues=1)
+    seen: list[int] = []
+    consumer = PushConsumer(broker.address, "gh", threads=1, session_timeout=1.0,
+                            invisible_duration=1.0)
+
+    @consumer.subscribe("t")
+    def handle(msg: LeasedMessage) -> ConsumeResult:
+        seen.append(msg.reconsume_times)
+        time.sleep(2.5)  # blocks its thread, longer than the session timeout and the lease
+        return ConsumeResult.SUCCESS
+
+    with consumer:
+        deadline = time.monotonic() + 10
+        while consumer.stats["acked"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(1.2)
+    assert seen == [0]
+    assert consumer.stats["rejected"] == 0 and consumer.stats["acked"] == 1
+    assert run(all_acked(broker.address, "gh"))
+
+
+KILL_SCRIPT = textwrap.dedent("""
+    import sys, threading
+    from ferrymq import ConsumeResult, PushConsumer
+
+    done = 0
+    c = PushConsumer(sys.argv[1], "gk", threads=1, prefetch=100, invisible_duration=1.5)
+
+    @c.subscribe("t")
+    def handle(msg):
+        global done
+        if done < 5:
+            done += 1
+            print("ACK", msg.msg_id, flush=True)
+            return ConsumeResult.SUCCESS
+        print("BLOCK", msg.msg_id, flush=True)
+        threading.Event().wait()  # until kill -9
+
+    c.start()
+    threading.Event().wait()
+""")
+
+
+def test_consumer_kill9_mid_batch(broker: Broker) -> None:
+    ids = produce(broker, "t", 20, queues=1)
+    proc = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT, broker.address],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert proc.stdout is not None
+    lines: queue.Queue[str] = queue.Queue()
+    reader = threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout or ()],
+                              daemon=True)
+    reader.start()
+    try:
+        acked: list[str] = []
+        while True:
+            line = lines.get(timeout=20).split()
+            if line[0] == "BLOCK":
+                break
+            acked.append(line[1])
+        assert acked == ids[:5]
+
+        async def main() -> list[tuple[str, int]]:
+            async def consumed() -> bool:
+                for mid in acked:
+                    st = await request(broker.address, m.MessageStatusRequest(mid),
+                                       m.MessageStatusResponse)
+                    if [s[1] for s in st.statuses if s[0] == "gk"] != ["CONSUMED"]:
+                        return False
+                return True
+
+            await eventually(consumed, what="the five acks reached the broker")
+            got: list[tuple[str, int]] = []
+            b = AsyncPushConsumer(broker.address, "gk")
+
+            @b.subscribe("t")
+            async def handle(msg: LeasedMessage) -> None:
+                got.append((msg.msg_id, msg.reconsume_times))
+
+            async with b:
+                await asyncio.sleep(0.5)
+                assert got == []  # the victim still holds (and renews) its leases
+                proc.kill()
+                proc.wait(10)
+                await eventually(lambda: len(got) >= 15, timeout=10, what="redelivery")
+                await eventually(lambda: all_acked(broker.address, "gk"), what="acked")
+                await asyncio.sleep(0.3)
+            return got
+
+        got = run(main())
+        assert sorted(got) == sorted((mid, 1) for mid in ids[5:])  # the acked five never again
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        reader.join(10)
+        proc.stdout.close()
+
+
+def test_bad_usage_is_refused(broker: Broker) -> None:
+    c = AsyncPushConsumer(broker.address, "g")
+
+    def plain(msg: LeasedMessage) -> None:
+        pass
+
+    async def coro(msg: LeasedMessage) -> None:
+        pass
+
+    with pytest.raises(ConfigError):
+        c.subscribe("t", "*", plain)
+    with pytest.raises(ConfigError):
+        AsyncPushConsumer(broker.address, "g", mode="fanout")
+    with pytest.raises(ConfigError):
+        AsyncPushConsumer(broker.address, "g", batch_size=0)
+    sync = PushConsumer(broker.address, "g")
+    try:
+        with pytest.raises(ConfigError):
+            sync.subscribe("t", "*", coro)
+    finally:
+        sync.close()
+
+    async def unknown_topic() -> None:
+        u = AsyncPushConsumer(broker.address, "g")
+        u.subscribe("no-such-topic", "*", coro)
+        try:
+            with pytest.raises(UnknownTopicError):
+                await u.start()
+        finally:
+            await u.close()
+
+    run(unknown_topic())
