@@ -94,3 +94,32 @@ def test_kill9_keeps_acks_leases_retries_and_dead_letters(tmp_path: object, flus
         if bp.proc is not None and bp.proc.poll() is None:
             bp.proc.kill()
             bp.proc.wait(10)
+
+
+def test_latest_start_survives_kill9(tmp_path: object) -> None:
+    from pathlib import Path
+
+    bp = BrokerProcess(Path(str(tmp_path)) / "data").start()
+    try:
+        with AdminClient(bp.address) as admin:
+            admin.create_topic("t", 1)
+        with Producer(bp.address) as p:
+            p.send(Message("t", b"before"))
+        with SimpleConsumer(bp.address, "g", start_from="latest") as c:
+            c.subscribe("t")
+            assert c.receive(10, wait=0.2) == []
+        bp.kill9()
+        bp.start()
+        with Producer(bp.address) as p:
+            p.send(Message("t", b"after"))
+        with SimpleConsumer(bp.address, "g") as c:
+            c.subscribe("t")
+            got = []
+            deadline = time.monotonic() + 5
+            while not got and time.monotonic() < deadline:
+                got = c.receive(10, wait=0.3)
+            assert [x.body for x in got] == [b"after"]
+    finally:
+        if bp.proc is not None and bp.proc.poll() is None:
+            bp.proc.kill()
+            bp.proc.wait(10)

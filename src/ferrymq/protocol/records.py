@@ -13,7 +13,9 @@ Batch layout (little-endian, 64-byte header)::
     20   4     header_crc        u32  CRC32C of bytes [0, 20) then [24, 28)
     24   4     crc               u32  CRC32C of bytes [28, end): computed by the producer
     28   1     magic             u8   format version, 1
-    29   1     attributes        u8   bits 0-2 compression (0 = none); bit 4 transactional;
+    29   1     attributes        u8   bits 0-2 compression (0 = none); bit 3 has keys (some
+                                      record carries keys: the broker's key index reads
+                                      only such batches); bit 4 transactional;
                                       bit 5 control batch; bit 6 filtered (set by the broker
                                       on fetch: fewer records than record_count)
     30   4     record_count      i32  >= 1
@@ -69,6 +71,7 @@ _I = struct.Struct("<I")
 _STAMP = struct.Struct("<qiq")
 
 ATTR_COMPRESSION_MASK = 0x07
+ATTR_HAS_KEYS = 0x08
 ATTR_TRANSACTIONAL = 0x10
 ATTR_CONTROL = 0x20
 ATTR_FILTERED = 0x40
@@ -212,6 +215,8 @@ def encode_batch(
         raise BatchTooLargeError("a batch needs at least one record")
     first_ts = records[0][1]
     max_ts = first_ts
+    if any(r[4] for r in records):
+        attributes |= ATTR_HAS_KEYS
     parts: list[bytes] = [bytes(HEADER_SIZE)]
     append = parts.append
     try:

@@ -65,7 +65,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ferrymq.errors import CorruptRecordError, OffsetOutOfRangeError
-from ferrymq.protocol.records import crc32c, decode_header, iter_batches, record_fields, walk_records
+from ferrymq.protocol.records import (
+    ATTR_HAS_KEYS,
+    crc32c,
+    decode_header,
+    iter_batches,
+    record_fields,
+    walk_records,
+)
 from ferrymq.storage.files import OFFSET_DIGITS, TMP_SUFFIX
 from ferrymq.storage.log import Log
 
@@ -223,7 +230,7 @@ def scan_keys(data: bytes, start: int) -> tuple[list[tuple[int, int]], int, int,
     nxt, abase, acrc = start, -1, 0
     ctx = (entries, data)
     for pos, h in iter_batches(data):
-        if h.last_offset >= start:
+        if h.last_offset >= start and h.attributes & ATTR_HAS_KEYS:
             try:
                 walk_records(data, pos, h, start, _keys_of, ctx)
             except CorruptRecordError:

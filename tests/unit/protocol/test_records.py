@@ -430,3 +430,12 @@ def test_msg_id_of_unknown_hex_length_is_not_checked_further() -> None:
 def test_encode_batch_timestamp_delta_overflow_is_a_ferrymq_error() -> None:
     with pytest.raises(FerryMQError):
         encode_batch([RecordInput(b"a", 0), RecordInput(b"b", 2**31)])
+
+
+def test_has_keys_attribute_marks_batches_with_keys() -> None:
+    from ferrymq.protocol.records import ATTR_HAS_KEYS, RecordInput, decode_header, encode_batch
+
+    plain = encode_batch([RecordInput(b"a", 1), RecordInput(b"b", 2)])
+    keyed = encode_batch([RecordInput(b"a", 1), RecordInput(b"b", 2, keys=b"k1\x00k2")])
+    assert not decode_header(plain).attributes & ATTR_HAS_KEYS
+    assert decode_header(keyed).attributes & ATTR_HAS_KEYS

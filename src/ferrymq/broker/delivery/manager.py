@@ -87,6 +87,8 @@ MAX_RECONSUME_LIMIT = 1000
 MAX_RETRY_LADDER = 64
 MAX_DLQ_SCAN = 100_000
 """Most dead letters MESSAGE_STATUS reads looking for a message (older ones: CONSUMED)."""
+RECEIVE_FIRST_READ_BYTES = 64 * 1024
+"""RECEIVE reads a queue in steps starting at this size (growing 4x) until the lease is full."""
 MAX_REDRIVE_BATCH = 10_000
 """Most dead letters one DLQ_ADMIN redrive moves (the CLI loops for more)."""
 
@@ -549,48 +551,59 @@ class DeliveryManager:
         key = (qs.topic, qs.queue)
         lg = qs.log
         cur = g.sources.get(key)
-        if cur is None:
+        if cur is None:  # journaled, so a restart does not move a "latest" start
             cur = g.sources[key] = SourceCursor(qs.topic, qs.queue, self._start(g, qs))
-            if cur.next > lg.start_offset:
-                self._journal(g, ["N", qs.topic, qs.queue, cur.next])
+            self._journal(g, ["N", qs.topic, qs.queue, cur.next])
         if cur.next < lg.start_offset:  # retention deleted what this group never got
             cur.skip_to(lg.start_offset)
         end = qs.visible_end
         if cur.next >= end:
             return 0, 0, -1
         start = cur.next
-        data = lg.read(start, budget, upto_offset=end)
-        if not data:
-            return 0, 0, -1
-        mv = memoryview(data)
         parts: list[bytes | memoryview] = []
         offsets: list[int] = []
         new_next = start
-        for p0, h in iter_batches(mv):
-            if room - len(offsets) <= 0:
+        used = 0
+        chunk = min(budget, RECEIVE_FIRST_READ_BYTES)
+        while new_next < end and len(offsets) < room and used < budget:
+            # read what the lease can use: small first, growing, not the whole byte budget
+            data = lg.read(new_next, chunk, upto_offset=end)
+            if not data:
                 break
-            first = max(h.base_offset, start)
-            last = h.last_offset
-            if tags is None:
-                take = min(last - first + 1, room - len(offsets))
-                offsets.extend(range(first, first + take))
-                parts.append(mv[p0 : p0 + h.size])
-                new_next = first + take
-            else:
-                keep: list[tuple[int, int, int, int, int, int, int, int]] = []
-                new_next = last + 1
-                for rec in iter_raw_records(mv, p0, h):
-                    if rec[0] < first:
-                        continue
-                    t0, t1 = rec[2], rec[3]
-                    if t1 > t0 and str(mv[t0:t1], "utf-8", "replace") in tags:
-                        if len(offsets) + len(keep) >= room:
-                            new_next = rec[0]
-                            break
-                        keep.append(rec)
-                if keep:
-                    offsets.extend(r[0] for r in keep)
-                    parts.append(filter_batch(mv, p0, h, keep))
+            before = new_next
+            mv = memoryview(data)
+            for p0, h in iter_batches(mv):
+                if room - len(offsets) <= 0 or used >= budget:
+                    break
+                first = max(h.base_offset, new_next)
+                last = h.last_offset
+                if tags is None:
+                    take = min(last - first + 1, room - len(offsets))
+                    offsets.extend(range(first, first + take))
+                    parts.append(mv[p0 : p0 + h.size])
+                    used += h.size
+                    new_next = first + take
+                else:
+                    keep: list[tuple[int, int, int, int, int, int, int, int]] = []
+                    stop = last + 1
+                    for rec in iter_raw_records(mv, p0, h):
+                        if rec[0] < first:
+                            continue
+                        t0, t1 = rec[2], rec[3]
+                        if t1 > t0 and str(mv[t0:t1], "utf-8", "replace") in tags:
+                            if len(offsets) + len(keep) >= room:
+                                stop = rec[0]
+                                break
+                            keep.append(rec)
+                    if keep:
+                        offsets.extend(r[0] for r in keep)
+                        fb = filter_batch(mv, p0, h, keep)
+                        parts.append(fb)
+                        used += len(fb)
+                    new_next = stop
+            if new_next == before:
+                break
+            chunk = min(max(budget - used, 1), chunk * 4)
         if not offsets:
             cur.skip_to(new_next)
             return 0, 0, self._journal(g, ["N", qs.topic, qs.queue, new_next])
@@ -814,10 +827,12 @@ class DeliveryManager:
         letter = Letter(origin.topic, origin.queue, origin.offset, origin.msg_id, reconsume,
                         due_wall, reason)
         g.pending_moves += 1
+        g.moving[origin.msg_id] = ("DEAD" if dead else "RETRYING", letter)
         due_mono = self._now() + (due_wall - wall)
 
         def moved(exc: BaseException | None) -> None:
             g.pending_moves -= 1
+            g.moving.pop(origin.msg_id, None)
             if exc is not None:
                 log.error("delivery group %s: move to %s failed: %s", g.name, target, exc)
                 return
@@ -950,6 +965,12 @@ class DeliveryManager:
             subscribed = any(tp == t.name for mem in g.members.values() for tp, _ in mem.subscriptions)
             if cur is None and not subscribed:
                 continue
+            mv = g.moving.get(msg_id)
+            if mv is not None:
+                state, letter = mv
+                out.append((g.name, state, "", -1, letter.reconsume,
+                            letter.due_wall if state == "RETRYING" else -1, letter.reason))
+                continue
             rc = g.retry
             roff = rc.by_msg_id.get(msg_id)
             if roff is not None:
@@ -974,8 +995,24 @@ class DeliveryManager:
             if dead is not None:
                 out.append((g.name, "DEAD", "", -1, dead.reconsume, -1, dead.reason))
             else:
-                out.append((g.name, "CONSUMED", "", -1, 0, -1, ""))
+                out.append((g.name, "CONSUMED", "", -1, 0, -1, self._filtered(g, t.name, queue,
+                                                                               offset)))
         return m.MessageStatusResponse(t.name, queue, offset, out)
+
+    def _filtered(self, g: DeliveryGroup, topic: str, queue: int, offset: int) -> str:
+        """A note when the group skipped the message because of its tag, else ""."""
+        exprs = {e for mem in g.members.values() for tp, e in mem.subscriptions if tp == topic}
+        if not exprs:
+            return ""
+        rec = self._read_record(g, (topic, queue), offset)
+        if rec is None:
+            return ""
+        tag = rec.tag.decode("utf-8", "replace")
+        for e in exprs:
+            tags = parse_tag_expression(e)
+            if tags is None or tag in tags:
+                return ""
+        return "skipped: its tag does not match the group's subscription"
 
     def _find_dead(self, g: DeliveryGroup, msg_id: str) -> Letter | None:
         _, _, recs = self._dlq_records(g, MAX_DLQ_SCAN)

@@ -191,6 +191,7 @@ class DeliveryGroup:
     waiters: set[asyncio.Future[None]] = field(default_factory=set)
     rr: int = 0
     pending_moves: int = 0
+    moving: dict[str, tuple[str, Letter]] = field(default_factory=dict)  # msg id -> (state, letter)
 
     @property
     def retry_topic(self) -> str:
