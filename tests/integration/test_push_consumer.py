@@ -282,6 +282,40 @@ def test_slow_handler_keeps_its_lease_and_is_not_redelivered(broker: Broker) -> 
     run(main())
 
 
+def test_hung_handler_loses_its_message_after_consume_timeout(broker: Broker) -> None:
+    produce(broker, "t", 1, queues=1)
+
+    async def main() -> None:
+        a_seen: list[int] = []
+        b_seen: list[int] = []
+        release = asyncio.Event()
+        a = AsyncPushConsumer(broker.address, "g", invisible_duration=0.6, consume_timeout=1.0)
+        b = AsyncPushConsumer(broker.address, "g", invisible_duration=0.6)
+
+        @a.subscribe("t")
+        async def hangs(msg: LeasedMessage) -> ConsumeResult:
+            a_seen.append(msg.reconsume_times)
+            await release.wait()
+            return ConsumeResult.SUCCESS
+
+        @b.subscribe("t")
+        async def other(msg: LeasedMessage) -> ConsumeResult:
+            b_seen.append(msg.reconsume_times)
+            return ConsumeResult.SUCCESS
+
+        async with a:
+            await eventually(lambda: len(a_seen) == 1, what="a got the message")
+            t0 = time.monotonic()
+            async with b:
+                await eventually(lambda: len(b_seen) == 1, timeout=5, what="b got it")
+                assert time.monotonic() - t0 < 3.0
+                release.set()  # the hung handler finally returns: its ack is refused
+                await eventually(lambda: a.stats["rejected"] >= 1, what="late ack refused")
+        assert a_seen == [0] and b_seen == [1]
+
+    run(main())
+
+
 def test_close_hands_back_prefetched_messages_at_once(broker: Broker) -> None:
     ids = produce(broker, "t", 20, queues=1)
 

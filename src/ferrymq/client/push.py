@@ -212,6 +212,10 @@ class AsyncPushConsumer:
         batch_size: messages per handler call; above 1 handlers receive a ``list`` (of one
             topic, possibly shorter than ``batch_size``).
         session_timeout: seconds without a heartbeat after which the broker evicts the member.
+        consume_timeout: seconds a message may stay with this member (buffered plus handled)
+            before its lease is no longer renewed (RocketMQ's consumeTimeout, 15 min): a
+            handler that hangs then loses the message, which is redelivered (counted as a
+            failure) and the hung handler's late result is refused.
         instance_name: this member's name (broadcasting: part of its group's name).
         start_from: where a *new* group starts: ``"earliest"``, ``"latest"`` or a timestamp
             in ms (default: ``"earliest"`` clustering, ``"latest"`` broadcasting).
@@ -237,6 +241,7 @@ class AsyncPushConsumer:
         invisible_duration: float = 30.0,
         batch_size: int = 1,
         session_timeout: float = 30.0,
+        consume_timeout: float = 900.0,
         instance_name: str | None = None,
         start_from: str | int | None = None,
         client_id: str = "ferrymq-push-consumer",
@@ -249,6 +254,9 @@ class AsyncPushConsumer:
             raise ConfigError("concurrency, batch_size, prefetch and prefetch_bytes must be >= 1")
         if not invisible_duration > 0:
             raise ConfigError("invisible_duration must be positive")
+        if not consume_timeout > 0:
+            raise ConfigError("consume_timeout must be positive")
+        self.consume_timeout = float(consume_timeout)
         self.group = group
         self.mode = mode
         self.instance_name = instance_name or default_instance_name()
@@ -277,6 +285,7 @@ class AsyncPushConsumer:
         self._bytes_per_message = 1024  # running estimate (whole batches come: an upper bound)
         # every leased message this member holds and has not settled -> local lease deadline
         self._held: dict[LeasedMessage, float] = {}
+        self._held_since: dict[LeasedMessage, float] = {}  # when each held message arrived
         self._renewing: set[LeasedMessage] = set()
         self._acks: list[LeasedMessage] = []
         self._nacks: list[tuple[LeasedMessage, float | None, str, bool]] = []
@@ -449,6 +458,7 @@ class AsyncPushConsumer:
             return
         deadline = sent + self.invisible_duration
         self._held.update(dict.fromkeys(msgs, deadline))
+        self._held_since.update(dict.fromkeys(msgs, sent))
         # charge each message its share of the bytes received (whole batches may come)
         total = 0
         last: bytes | None = None
@@ -529,6 +539,7 @@ class AsyncPushConsumer:
         ready = self._ready
         batched = self.batch_size > 1
         held = self._held
+        since = self._held_since
         flush_wake = self._flush_wake
         success = ConsumeResult.SUCCESS
         subs = self._subs
@@ -569,6 +580,7 @@ class AsyncPushConsumer:
                 self._settle_batch(msgs, res)
             elif res is None or res is success:  # the hot path of _settle_one, inlined
                 held.pop(first, None)
+                since.pop(first, None)
                 self._acks.append(first)
                 if not flush_wake.is_set():
                     flush_wake.set()
@@ -651,6 +663,7 @@ class AsyncPushConsumer:
     def _settle_one(self, msg: LeasedMessage, decision: tuple[float, str, bool] | None) -> None:
         """Ack (``decision`` None) or nack with (delay, reason, counts); delay -1: the ladder."""
         self._held.pop(msg, None)
+        self._held_since.pop(msg, None)
         if decision is None:
             self._acks.append(msg)
             self._wake_flusher()
@@ -767,11 +780,29 @@ class AsyncPushConsumer:
             limit = now + inv * 2 / 3  # renew what was leased a third of a lease ago
             due = [x for x, dl in self._held.items() if dl <= limit]
             if due:
+                due = self._drop_timed_out(due, now)
+            if due:
                 self._renew_busy = True
                 try:
                     await self._renew(due, loop)
                 finally:
                     self._renew_busy = False
+
+    def _drop_timed_out(self, due: list[LeasedMessage], now: float) -> list[LeasedMessage]:
+        """Stop renewing messages held past ``consume_timeout`` (their leases then expire)."""
+        cutoff = now - self.consume_timeout
+        since = self._held_since
+        late = [x for x in due if since.get(x, now) < cutoff]
+        if not late:
+            return due
+        for x in late:
+            self._held.pop(x, None)
+            since.pop(x, None)
+        log.warning("push consumer %s: %d message(s) held longer than consume_timeout=%.0f s; "
+                    "their leases are left to expire (redelivered as failures)",
+                    self.delivery_group, len(late), self.consume_timeout)
+        lateset = set(late)
+        return [x for x in due if x not in lateset]
 
     async def _renew(self, due: list[LeasedMessage], loop: asyncio.AbstractEventLoop) -> None:
         inv = self.invisible_duration
@@ -793,6 +824,7 @@ class AsyncPushConsumer:
                         if x in held:
                             held[x] = sent + inv
                     elif held.pop(x, None) is not None:
+                        self._held_since.pop(x, None)
                         lost += 1
                 self.stats["renewed"] += len(part) - lost
                 if lost:
@@ -815,6 +847,7 @@ class AsyncPushConsumer:
         if self._buffer:
             for x, _ in self._buffer:
                 self._held.pop(x, None)
+                self._held_since.pop(x, None)
                 self._nacks.append((x, 0.0, "consumer closing: never handled", False))
             self._buffer.clear()
             self._buffered_bytes = 0
