@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Sequence
-from typing import Any
 
 from ferrymq.client._session import Session
 from ferrymq.client.message import BatchContext, ReceivedMessage
@@ -21,6 +20,7 @@ from ferrymq.errors import (
     BrokerError,
     ConfigError,
     ConnectionClosedError,
+    CorruptRecordError,
     FerryMQError,
     FerryMQTimeoutError,
     InvalidReceiptError,
@@ -29,6 +29,7 @@ from ferrymq.errors import (
     error_for_code,
 )
 from ferrymq.protocol import messages as m
+from ferrymq.protocol.letters import RETRY_TOPIC_PREFIX, Letter, parse_letter, user_properties
 from ferrymq.protocol.records import (
     check_stored_batch,
     decode_properties,
@@ -39,9 +40,6 @@ from ferrymq.protocol.records import (
 from ferrymq.protocol.tags import parse_tag_expression
 
 log = logging.getLogger("ferrymq.client")
-
-RETRY_PREFIX = "%RETRY%"
-
 
 class LeasedMessage(ReceivedMessage):
     """A message leased from a delivery group: ack it, nack it, or let its lease expire.
@@ -76,9 +74,7 @@ class LeasedMessage(ReceivedMessage):
     def properties(self) -> dict[str, str]:
         """User properties (the broker's ``%`` bookkeeping hidden)."""
         props = super().properties
-        if self._msg_id is not None:
-            return {k: v for k, v in props.items() if not k.startswith("%")}
-        return props
+        return user_properties(props) if self._msg_id is not None else props
 
     def __repr__(self) -> str:
         return (f"LeasedMessage(topic={self.topic!r}, queue={self.queue}, offset={self.offset}, "
@@ -96,7 +92,7 @@ def decode_deliveries(resp: m.ReceiveResponse) -> list[LeasedMessage]:
         buf = bytes(data)
         mv = memoryview(buf)
         rkey = (topic, queue)
-        letter = topic.startswith(RETRY_PREFIX)
+        letter = topic.startswith(RETRY_TOPIC_PREFIX)
         for pos, h in iter_batches(mv):
             check_stored_batch(mv, pos)
             if h.last_offset < first or h.base_offset > last:
@@ -119,16 +115,15 @@ def decode_deliveries(resp: m.ReceiveResponse) -> list[LeasedMessage]:
                 if off > last:
                     break
                 _t0, _t1, _s1, k1, p1, _end = record_fields(buf, p)
-                props = decode_properties(buf[k1:p1]) if p1 > k1 else {}
                 try:
-                    o_topic, o_queue = props["%TOPIC"], int(props["%QUEUE"])
-                    o_offset, o_id = int(props["%OFFSET"]), props["%MSGID"]
-                except (KeyError, ValueError):
+                    origin = parse_letter(decode_properties(buf[k1:p1]) if p1 > k1 else {})
+                except CorruptRecordError:
                     log.warning("retry letter %s@%d without origin properties", topic, off)
-                    o_topic, o_queue, o_offset, o_id = topic, queue, off, ""
-                octx = BatchContext(o_topic, o_queue, 0, h.append_time_ms, h.first_timestamp)
-                out.append(LeasedMessage(octx, buf, p, o_offset, rkey, off, lease_id, reconsume,
-                                         o_id))
+                    origin = Letter(topic, queue, off, "", reconsume)
+                octx = BatchContext(origin.topic, origin.queue, 0, h.append_time_ms,
+                                    h.first_timestamp)
+                out.append(LeasedMessage(octx, buf, p, origin.offset, rkey, off, lease_id,
+                                         reconsume, origin.msg_id))
     return out
 
 
@@ -336,9 +331,3 @@ def raise_first(results: list[BrokerError | None], what: str) -> None:
             f"the lease expired and the message went back to the group)"
         )
     raise first
-
-
-def options_error(kind: str, options: dict[str, Any]) -> None:
-    """Raise ConfigError naming unknown keyword options."""
-    if options:
-        raise ConfigError(f"unknown {kind} option(s): {', '.join(sorted(options))}")

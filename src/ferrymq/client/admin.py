@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from ferrymq.client._session import Session
 from ferrymq.client.message import BatchContext, ReceivedMessage
 from ferrymq.errors import (
+    CorruptRecordError,
     InvalidRequestError,
     OffsetOutOfRangeError,
     UnknownTopicError,
@@ -16,6 +17,7 @@ from ferrymq.errors import (
 )
 from ferrymq.protocol import messages as m
 from ferrymq.protocol.codes import ErrorCode
+from ferrymq.protocol.letters import Letter, parse_letter, user_properties
 from ferrymq.protocol.messages import DlqAction, OffsetSpec
 from ferrymq.protocol.records import (
     Record,
@@ -31,7 +33,6 @@ __all__ = ["DLQ_PREFIX", "AsyncAdminClient", "DeadLetter"]
 
 DLQ_PREFIX = "%DLQ%"
 """Dead letters of group ``G`` live in topic ``%DLQ%G`` (one queue)."""
-RESERVED_PROPERTY_PREFIX = "%"
 """Properties the broker adds to retry and dead letters (hidden from users)."""
 DLQ_FETCH_BYTES = 1024 * 1024
 """Bytes per FETCH while listing dead letters."""
@@ -77,31 +78,26 @@ class DeadLetter:
     @classmethod
     def from_record(cls, group: str, topic_id: int, r: Record) -> DeadLetter:
         """A dead letter from a record of ``%DLQ%<group>`` (missing letter fields: -1 / "")."""
-        p = r.properties
-
-        def num(name: str) -> int:
-            try:
-                return int(p.get(name, "-1"))
-            except ValueError:
-                return -1
-
+        try:
+            letter = parse_letter(r.properties)
+        except CorruptRecordError:  # not written by a broker: show what there is
+            letter = Letter("", -1, -1, "", -1, reason=r.properties.get("%REASON", ""))
         return cls(
             group=group,
             dlq_offset=r.offset,
             dlq_msg_id=encode_msg_id(topic_id, 0, r.offset),
-            topic=p.get("%TOPIC", ""),
-            queue=num("%QUEUE"),
-            offset=num("%OFFSET"),
-            msg_id=p.get("%MSGID", ""),
-            attempts=num("%RECONSUME"),
-            reason=p.get("%REASON", ""),
-            dead_ms=num("%DEAD"),
+            topic=letter.topic,
+            queue=letter.queue,
+            offset=letter.offset,
+            msg_id=letter.msg_id,
+            attempts=letter.reconsume,
+            reason=letter.reason,
+            dead_ms=letter.dead_wall,
             born_ms=r.timestamp,
             tag=r.tag,
             keys=r.keys,
             sharding_key=r.sharding_key,
-            properties={k: v for k, v in p.items()
-                        if not k.startswith(RESERVED_PROPERTY_PREFIX)},
+            properties=user_properties(r.properties),
             body=r.body,
         )
 

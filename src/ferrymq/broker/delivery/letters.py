@@ -1,19 +1,5 @@
-"""Retry and dead letters: a message copied into ``%RETRY%<group>`` or ``%DLQ%<group>``.
-
-A letter is the original record (body, tag, keys, sharding key, born time and properties kept)
-with reserved properties, all starting with ``%``, that say where it came from and how it has
-fared. Clients hide the ``%`` properties and show the original topic, queue, offset and id.
-
-=============  ====================================================================
-``%TOPIC``     original topic
-``%QUEUE``     original queue
-``%OFFSET``    original offset
-``%MSGID``     original message id
-``%RECONSUME`` deliveries that failed before this one (``reconsume_times``)
-``%DUE``       wall-clock ms when the letter becomes deliverable (retry letters)
-``%REASON``    why the last delivery failed
-``%DEAD``      wall-clock ms when the message was dead-lettered (DLQ letters)
-=============  ====================================================================
+"""Reading and writing letters (see :mod:`ferrymq.protocol.letters` for what they are):
+records are read with their text fields raw, so a producer's odd bytes cannot stop a move.
 """
 
 from __future__ import annotations
@@ -21,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from ferrymq.broker.delivery.state import Letter
 from ferrymq.errors import CorruptRecordError
+from ferrymq.protocol.letters import Letter, letter_properties, parse_letter
 from ferrymq.protocol.records import (
     RawRecord,
     RecordInput,
@@ -32,9 +18,6 @@ from ferrymq.protocol.records import (
     iter_batches,
     iter_raw_records,
 )
-
-RESERVED_PREFIX = "%"
-MAX_REASON_CHARS = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,23 +57,8 @@ def iter_stored(data: bytes, start: int = 0) -> Iterator[StoredRecord]:
             return
 
 
-def make_letter(
-    record: StoredRecord, origin: Letter, *, reconsume: int, due_wall: int, reason: str,
-    dead_wall: int | None = None,
-) -> bytearray:
-    """A one-record batch holding ``record`` with the letter properties of ``origin``."""
-    props = {k: v for k, v in record.properties.items() if not k.startswith(RESERVED_PREFIX)}
-    props.update({
-        "%TOPIC": origin.topic,
-        "%QUEUE": str(origin.queue),
-        "%OFFSET": str(origin.offset),
-        "%MSGID": origin.msg_id,
-        "%RECONSUME": str(reconsume),
-        "%DUE": str(due_wall),
-        "%REASON": reason[:MAX_REASON_CHARS],
-    })
-    if dead_wall is not None:
-        props["%DEAD"] = str(dead_wall)
+def make_letter(record: StoredRecord, letter: Letter) -> bytearray:
+    """A one-record batch holding ``record`` with the properties of ``letter``."""
     return encode_batch([
         RecordInput(
             body=record.body,
@@ -98,7 +66,7 @@ def make_letter(
             tag=record.tag,
             sharding_key=record.sharding_key,
             keys=record.keys,
-            properties=encode_properties(props),
+            properties=encode_properties(letter_properties(record.properties, letter)),
         )
     ])
 
@@ -109,17 +77,7 @@ def read_letter(record: StoredRecord) -> Letter:
     Raises:
         CorruptRecordError: the record is not a letter.
     """
-    p = record.properties
     try:
-        return Letter(
-            topic=p["%TOPIC"],
-            queue=int(p["%QUEUE"]),
-            offset=int(p["%OFFSET"]),
-            msg_id=p["%MSGID"],
-            reconsume=int(p["%RECONSUME"]),
-            due_wall=int(p.get("%DUE", "0")),
-            reason=p.get("%REASON", ""),
-        )
-    except (KeyError, ValueError) as exc:
-        raise CorruptRecordError(
-            f"record at offset {record.offset} is not a letter ({exc})") from None
+        return parse_letter(record.properties)
+    except CorruptRecordError as exc:
+        raise CorruptRecordError(f"record at offset {record.offset}: {exc}") from None

@@ -42,7 +42,6 @@ from ferrymq.broker.delivery.state import (
     DeliveryGroup,
     DeliveryMember,
     Lease,
-    Letter,
     RetryCursor,
     SourceCursor,
 )
@@ -58,6 +57,7 @@ from ferrymq.errors import (
 )
 from ferrymq.protocol import messages as m
 from ferrymq.protocol.codes import ErrorCode
+from ferrymq.protocol.letters import Letter
 from ferrymq.protocol.records import (
     decode_msg_id,
     encode_msg_id,
@@ -795,11 +795,10 @@ class DeliveryManager:
             try:
                 origin = read_letter(record)
             except CorruptRecordError:
-                origin = Letter(key[0], key[1], offset, "", 0, 0, "")
+                origin = Letter(key[0], key[1], offset, "", 0)
         else:
             t = self.topics.get(key[0])
-            origin = Letter(key[0], key[1], offset, encode_msg_id(t.topic_id, key[1], offset), 0,
-                            0, "")
+            origin = Letter(key[0], key[1], offset, encode_msg_id(t.topic_id, key[1], offset), 0)
         wall = self.clock.wall_ms()
         dead = reconsume > g.max_reconsume
         if dead:
@@ -812,8 +811,9 @@ class DeliveryManager:
                 delay_ms = ladder[min(max(reconsume - 1, 0), len(ladder) - 1)]
             target = g.retry_topic
             due_wall = wall + delay_ms
-        batch = make_letter(record, origin, reconsume=reconsume, due_wall=due_wall, reason=reason,
-                            dead_wall=wall if dead else None)
+        letter = origin._replace(reconsume=reconsume, due_wall=due_wall, reason=reason,
+                                 dead_wall=wall if dead else -1)
+        batch = make_letter(record, letter)
         qs = self._internal_queue(target, create=True)
         assert qs is not None
         try:
@@ -824,8 +824,6 @@ class DeliveryManager:
         self.flusher.mark_dirty(qs)
         if not self.sync:
             qs.advance(qs.log.end_offset)
-        letter = Letter(origin.topic, origin.queue, origin.offset, origin.msg_id, reconsume,
-                        due_wall, reason)
         g.pending_moves += 1
         g.moving[origin.msg_id] = ("DEAD" if dead else "RETRYING", letter)
         due_mono = self._now() + (due_wall - wall)
@@ -1060,11 +1058,11 @@ class DeliveryManager:
                 origin = read_letter(r)
             except CorruptRecordError:
                 continue
-            batch = make_letter(r, origin, reconsume=0, due_wall=wall, reason="redriven from DLQ")
-            res = qs.log.append(batch, now_ms=wall)
+            letter = origin._replace(reconsume=0, due_wall=wall, reason="redriven from DLQ",
+                                     dead_wall=-1)
+            res = qs.log.append(make_letter(r, letter), now_ms=wall)
             last_end = res.last_offset + 1
-            letters.append((res.base_offset, Letter(origin.topic, origin.queue, origin.offset,
-                                                    origin.msg_id, 0, wall, "redriven from DLQ")))
+            letters.append((res.base_offset, letter))
         self.flusher.mark_dirty(qs)
         if not self.sync:
             qs.advance(qs.log.end_offset)

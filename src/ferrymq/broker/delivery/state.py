@@ -21,6 +21,8 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from ferrymq.protocol.letters import Letter
+
 
 @dataclass(eq=False, slots=True)
 class Lease:
@@ -88,19 +90,6 @@ class SourceCursor:
     def in_flight(self) -> int:
         """Messages leased now."""
         return len(self.leased)
-
-
-@dataclass(slots=True)
-class Letter:
-    """What the broker knows of one record of the retry queue (from its ``%`` properties)."""
-
-    topic: str
-    queue: int
-    offset: int
-    msg_id: str
-    reconsume: int
-    due_wall: int
-    reason: str
 
 
 class RetryCursor:
