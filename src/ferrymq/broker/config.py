@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from ferrymq.errors import ConfigError
+from ferrymq.errors import ConfigError, InvalidRequestError
 
 FLUSH_MODES = ("sync", "async")
 
@@ -132,6 +132,19 @@ class BrokerConfig:
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
             raise ConfigError(f"unknown log_level {self.log_level!r}")
         return self
+
+    def session_timeout_ms(self, requested_ms: int) -> int:
+        """A member's session timeout: ``requested_ms``, or the default when 0.
+
+        Raises:
+            InvalidRequestError: outside ``1..max_session_timeout_ms``.
+        """
+        timeout = requested_ms or self.default_session_timeout_ms
+        if not 0 < timeout <= self.max_session_timeout_ms:
+            raise InvalidRequestError(
+                f"session_timeout_ms must be 1..{self.max_session_timeout_ms}, not {timeout}"
+            )
+        return timeout
 
     @property
     def data_path(self) -> Path:

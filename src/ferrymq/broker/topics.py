@@ -111,6 +111,22 @@ class QueueState:
         return f"{self.topic}/{self.queue}"
 
 
+async def wait_for_wakeup(waiter_sets: list[set[asyncio.Future[None]]], timeout: float) -> bool:
+    """Long polling: wait until the owner of any of ``waiter_sets`` wakes its waiters (a queue
+    advanced, a retry fell due) or ``timeout`` seconds pass. True when woken."""
+    w: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    for ws in waiter_sets:
+        ws.add(w)
+    try:
+        await asyncio.wait_for(w, timeout)
+        return True
+    except TimeoutError:
+        return False
+    finally:
+        for ws in waiter_sets:
+            ws.discard(w)
+
+
 @dataclass
 class Topic:
     """A topic: name, id, queues and per-topic config overrides."""

@@ -192,6 +192,20 @@ def _bin_header(n: int) -> bytes:
     return b"\xc6" + n.to_bytes(4, "big")
 
 
+def _rows_with_data(
+    prefix: bytes, rows: list[Any]
+) -> list[bytes | bytearray | memoryview]:
+    """``prefix`` then an array of rows of 7 small fields and a trailing ``bin``, as buffers:
+    the record data of each row is a buffer of its own (not copied)."""
+    parts: list[bytes | bytearray | memoryview] = [prefix + _array_header(len(rows))]
+    for *head, data in rows:
+        fields = msgpack.packb(head, use_bin_type=True)  # a fixarray of 7
+        parts.append(b"\x98" + fields[1:] + _bin_header(len(data)))
+        if data:
+            parts.append(data)
+    return parts
+
+
 class _Reader:
     """A strict reader of the few msgpack types the fast paths use; anything else -> None."""
 
@@ -533,15 +547,7 @@ class FetchResponse(Body):
 
     def encode_parts(self) -> list[bytes | bytearray | memoryview]:
         """Headers and record data as separate buffers (no copy of the data)."""
-        parts: list[bytes | bytearray | memoryview] = [
-            b"\x91" + _array_header(len(self.results))
-        ]
-        for *head, data in self.results:
-            fields = msgpack.packb(head, use_bin_type=True)  # a fixarray of 7
-            parts.append(b"\x98" + fields[1:] + _bin_header(len(data)))
-            if data:
-                parts.append(data)
-        return parts
+        return _rows_with_data(b"\x91", self.results)
 
 
 FetchEntry = tuple[str, int, int, int, str]
@@ -794,15 +800,7 @@ class ReceiveResponse(Body):
 
     def encode_parts(self) -> list[bytes | bytearray | memoryview]:
         """Headers and record data as separate buffers (no copy of the data)."""
-        parts: list[bytes | bytearray | memoryview] = [
-            b"\x92" + msgpack.packb(self.invisible_ms) + _array_header(len(self.deliveries))
-        ]
-        for *head, data in self.deliveries:
-            fields = msgpack.packb(head, use_bin_type=True)  # a fixarray of 7
-            parts.append(b"\x98" + fields[1:] + _bin_header(len(data)))
-            if data:
-                parts.append(data)
-        return parts
+        return _rows_with_data(b"\x92" + msgpack.packb(self.invisible_ms), self.deliveries)
 
 
 @dataclass(frozen=True, slots=True)

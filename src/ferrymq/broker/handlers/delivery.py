@@ -10,13 +10,13 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, TypeVar
 
+from ferrymq.broker.topics import wait_for_wakeup
 from ferrymq.errors import InvalidRequestError, UnknownMemberError
 from ferrymq.protocol import messages as m
 
 if TYPE_CHECKING:
     from ferrymq.broker.connection import BrokerConnection
     from ferrymq.broker.server import BrokerServer
-    from ferrymq.broker.topics import QueueState
 
 B = TypeVar("B", bound=m.Body)
 
@@ -47,12 +47,7 @@ def consumer_heartbeat(
 ) -> m.ConsumerHeartbeatResponse | asyncio.Future[m.ConsumerHeartbeatResponse]:
     """Register or keep alive a member; set the group's retry policy."""
     srv = conn.server
-    cfg = srv.config
-    timeout = req.session_timeout_ms or cfg.default_session_timeout_ms
-    if not 0 < timeout <= cfg.max_session_timeout_ms:
-        raise InvalidRequestError(
-            f"session_timeout_ms must be 1..{cfg.max_session_timeout_ms}, not {timeout}"
-        )
+    timeout = srv.config.session_timeout_ms(req.session_timeout_ms)
     if len(req.subscriptions) > MAX_SUBSCRIPTIONS:
         raise InvalidRequestError(f"at most {MAX_SUBSCRIPTIONS} subscriptions")
     g, mem, pos = srv.delivery.heartbeat(
@@ -100,23 +95,12 @@ async def _long_poll(
         g = srv.delivery.group(req.group)
         if req.member_id not in g.members:
             raise UnknownMemberError(f"member {req.member_id[:100]!r} was evicted; heartbeat")
-        queues: list[QueueState] = []
+        waiters = [g.waiters]
         for topic, _ in subs:
             t = srv.topics.topics.get(topic)
             if t is not None:
-                queues.extend(t.queues)
-        w: asyncio.Future[None] = loop.create_future()
-        for qs in queues:
-            qs.waiters.add(w)
-        g.waiters.add(w)
-        try:
-            await asyncio.wait_for(w, remaining)
-        except TimeoutError:
-            pass
-        finally:
-            for qs in queues:
-                qs.waiters.discard(w)
-            g.waiters.discard(w)
+                waiters.extend(qs.waiters for qs in t.queues)
+        await wait_for_wakeup(waiters, remaining)
         g, _ = srv.delivery.member(req.group, req.member_id)
         out, pos = srv.delivery.receive(g, req.member_id, subs, req.max_messages, req.max_bytes,
                                         invisible)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
+from ferrymq.broker.topics import wait_for_wakeup
 from ferrymq.errors import BrokerError, OffsetOutOfRangeError
 from ferrymq.protocol import messages as m
 from ferrymq.protocol.records import (
@@ -63,16 +64,8 @@ async def _long_poll(
         remaining = deadline - loop.time()
         if remaining <= 0 or conn.server.shutting_down:
             break
-        w: asyncio.Future[None] = loop.create_future()
-        for qs in queues:
-            qs.waiters.add(w)
-        try:
-            await asyncio.wait_for(w, remaining)
-        except TimeoutError:
+        if not await wait_for_wakeup([qs.waiters for qs in queues], remaining):
             break
-        finally:
-            for qs in queues:
-                qs.waiters.discard(w)
         results, total, queues = _read_all(conn, req, filters)
         if total >= max(req.min_bytes, 1):
             return m.FetchResponse(results)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ferrymq.errors import InvalidRequestError
 from ferrymq.protocol import messages as m
 
 if TYPE_CHECKING:
@@ -18,12 +17,7 @@ def _queue_counts(conn: BrokerConnection) -> dict[str, int]:
 def join_group(conn: BrokerConnection, req: m.JoinGroupRequest) -> m.JoinGroupResponse:
     """Join or rejoin; returns the member's queues for the current generation."""
     srv = conn.server
-    cfg = srv.config
-    timeout = req.session_timeout_ms or cfg.default_session_timeout_ms
-    if not 0 < timeout <= cfg.max_session_timeout_ms:
-        raise InvalidRequestError(
-            f"session_timeout_ms must be 1..{cfg.max_session_timeout_ms}, not {timeout}"
-        )
+    timeout = srv.config.session_timeout_ms(req.session_timeout_ms)
     for t in req.topics:
         srv.topics.get(t)
     counts = {t: n for t, n in _queue_counts(conn).items()}
