@@ -19,6 +19,7 @@ import pytest
 
 from ferrymq import (
     AdminClient,
+    AsyncAdminClient,
     AsyncPushConsumer,
     Broker,
     ConsumeResult,
@@ -62,9 +63,8 @@ async def request(address: str, req: m.Request, resp_type: type[Any]) -> Any:
 
 
 async def describe(address: str, group: str) -> m.DescribeDeliveryResponse:
-    resp: m.DescribeDeliveryResponse = await request(
-        address, m.DescribeDeliveryRequest(group), m.DescribeDeliveryResponse)
-    return resp
+    async with AsyncAdminClient(address) as admin:
+        return await admin.describe_delivery(group)
 
 
 async def all_acked(address: str, group: str) -> bool:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Iterator
 
@@ -17,7 +16,6 @@ from ferrymq import (
     PullConsumer,
     SimpleConsumer,
 )
-from ferrymq.client._session import Session
 from ferrymq.errors import (
     ConfigError,
     InvalidReceiptError,
@@ -59,14 +57,8 @@ def consumer(broker: Broker) -> Iterator[SimpleConsumer]:
 
 
 def describe(broker: Broker, group: str) -> m.DescribeDeliveryResponse:
-    async def go() -> m.DescribeDeliveryResponse:
-        s = Session(broker.address)
-        try:
-            return await s.request(m.DescribeDeliveryRequest(group), m.DescribeDeliveryResponse)
-        finally:
-            await s.close()
-
-    return asyncio.run(go())
+    with AdminClient(broker.address) as admin:
+        return admin.describe_delivery(group)
 
 
 def test_receive_ack_finishes_every_message(broker: Broker, consumer: SimpleConsumer) -> None:
