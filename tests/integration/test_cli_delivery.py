@@ -182,6 +182,7 @@ def test_message_status_across_states(broker: Broker) -> None:
         finally:
             await s.close()
 
+    before = time.time() * 1000 - 1000  # the broker's and the test's clock: same machine
     asyncio.run(scenario())
 
     def groups(msg_id: str) -> dict[str, Any]:
@@ -194,11 +195,14 @@ def test_message_status_across_states(broker: Broker) -> None:
     now = time.time() * 1000
     s0 = groups(ids[0])
     assert s0["st-a"]["state"] == "CONSUMED"
+    assert before <= s0["st-a"]["at_ms"] <= now + 1000
+    assert before <= s0["st-b"]["at_ms"] <= now + 1000  # when it was dead-lettered
     assert "poison message" in s0["st-b"]["reason"]
     assert s0["st-b"]["reconsume_times"] == 1
     s1 = groups(ids[1])
     assert s1["st-a"]["reconsume_times"] == 1
     assert s1["st-a"]["reason"] == "db down"
+    assert s1["st-a"]["at_ms"] is None  # retrying: neither consumed nor dead
     assert now + 30_000 < s1["st-a"]["next_attempt_ms"] < now + 70_000
     assert s1["st-b"]["state"] == "WAITING"
     s2 = groups(ids[2])
@@ -218,7 +222,10 @@ def test_message_status_across_states(broker: Broker) -> None:
                if line.startswith("st-a"))
     assert "DELIVERED" in row
     assert members["a"] in row
-    assert "DEAD" in ok(addr, "message", "status", ids[0])
+    plain0 = ok(addr, "message", "status", ids[0])
+    assert "DEAD" in plain0
+    row = next(line for line in plain0.splitlines() if line.startswith("st-a"))
+    assert "CONSUMED" in row and "acknowledged at " in row
     # --json after the command works too
     assert json.loads(ok(addr, "message", "status", ids[0], "--json"))["msg_id"] == ids[0]
 

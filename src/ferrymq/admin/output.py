@@ -197,26 +197,28 @@ def status_to_dict(msg_id: str, resp: m.MessageStatusResponse) -> dict[str, Any]
                 "reconsume_times": reconsume,
                 "next_attempt_ms": _opt(next_at),
                 "reason": reason or None,
+                "at_ms": _opt(at),
             }
-            for g, state, member, until, reconsume, next_at, reason in resp.statuses
+            for g, state, member, until, reconsume, next_at, reason, at in resp.statuses
         ],
     }
 
 
 def _status_detail(state: str, member: str, until: int, reconsume: int, next_at: int,
-                   reason: str, group: str) -> str:
+                   reason: str, group: str, at: int) -> str:
     failed = f"failed {reconsume} times" if reconsume != 1 else "failed once"
     if state == "DELIVERED":
         text = f"to {member} until {format_ms(until)}"
         return f"{text} ({failed} before)" if reconsume else text
     if state == "RETRYING":
         return f"{failed}; next attempt at {format_ms(next_at)}; last failure: {reason or '-'}"
+    when = f" at {format_ms(at)}" if at >= 0 else ""
     if state == "DEAD":
-        return f"in %DLQ%{group}: {reason or '-'}"
+        return f"in %DLQ%{group}{when}: {reason or '-'}"
     if state == "WAITING":
         return "not delivered yet"
     if state == "CONSUMED":
-        return "acknowledged"
+        return reason or f"acknowledged{when or ' (time no longer kept)'}"
     return "-"
 
 
@@ -459,8 +461,8 @@ class Printer:
         self.table(
             ("GROUP", "STATE", "DETAIL"),
             [(g, state, _one_line(_status_detail(state, member, until, reconsume, next_at,
-                                                 reason, g)))
-             for g, state, member, until, reconsume, next_at, reason in resp.statuses],
+                                                 reason, g, at)))
+             for g, state, member, until, reconsume, next_at, reason, at in resp.statuses],
         )
 
     def message(self, msg: ReceivedMessage) -> None:

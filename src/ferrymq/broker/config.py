@@ -76,6 +76,11 @@ class BrokerConfig:
     delivery_journal_bytes: int = _f(
         16 * 1024 * 1024, "A delivery group's journal is compacted into a snapshot past this size."
     )
+    delivery_ack_history: int = _f(
+        20_000,
+        "Acknowledged offset runs a delivery group remembers with their time (the CONSUMED time "
+        "`ferrymq message status` shows); older ones are forgotten.",
+    )
     delivery_tick_ms: int = _f(
         50, "How often leases and due retries are checked (redelivery precision)."
     )
@@ -117,7 +122,7 @@ class BrokerConfig:
             "retention_check_interval_ms", "default_session_timeout_ms",
             "max_session_timeout_ms", "shutdown_timeout_ms", "default_invisible_ms",
             "max_invisible_ms", "max_in_flight_per_member", "max_receive_messages",
-            "delivery_journal_bytes", "delivery_tick_ms", "key_index_bytes_per_tick",
+            "delivery_journal_bytes", "delivery_ack_history", "delivery_tick_ms", "key_index_bytes_per_tick",
             "key_index_file_bytes", "max_find_results", "find_scan_bytes",
         )
         for name in positive:

@@ -936,9 +936,10 @@ class DescribeDeliveryRequest(Request):
     SCHEMA = (STR,)
 
 
-MessageGroupStatus = tuple[str, str, str, int, int, int, str]
+MessageGroupStatus = tuple[str, str, str, int, int, int, str, int]
 """(group, state, member, lease until (wall ms) or -1, reconsume times, next attempt (wall ms)
-or -1, last failure reason). States: WAITING, DELIVERED, CONSUMED, RETRYING, DEAD."""
+or -1, last failure reason, when (wall ms) it was acknowledged (CONSUMED) or dead-lettered
+(DEAD), -1 if not known). States: WAITING, DELIVERED, CONSUMED, RETRYING, DEAD."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -949,7 +950,7 @@ class MessageStatusResponse(Body):
     queue: int
     offset: int
     statuses: list[MessageGroupStatus]
-    SCHEMA = (STR, INT, INT, lst(tup(STR, STR, STR, INT, INT, INT, STR)))
+    SCHEMA = (STR, INT, INT, lst(tup(STR, STR, STR, INT, INT, INT, STR, INT)))
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,6 +32,7 @@ import heapq
 import logging
 import re
 import uuid
+from collections import deque
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -39,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 from ferrymq._time import Clock
 from ferrymq.broker.delivery.letters import StoredRecord, iter_stored, make_letter, read_letter
 from ferrymq.broker.delivery.state import (
+    AckRun,
     DeliveryGroup,
     DeliveryMember,
     Lease,
@@ -205,6 +207,7 @@ class DeliveryManager:
             for lease_id, member, deadline, reconsume, runs in leases:
                 self._restore_lease(g, (topic, queue), lease_id, member, deadline, reconsume,
                                     _expand(runs))
+        g.acked = deque(AckRun(*r) for r in snap.get("acks", ()))
         floor, nxt, done, leases = snap["retry"]
         g.retry = RetryCursor(floor)
         g.retry.next = nxt
@@ -223,8 +226,10 @@ class DeliveryManager:
                 self._forget(g, key, offsets)
             self._restore_lease(g, key, lease_id, member, deadline, reconsume, offsets)
         elif kind == "A":
-            _, topic, queue, runs = rec
+            _, topic, queue, runs = rec[:4]
             self._forget(g, (topic, queue), _expand(runs), finished=True)
+            if len(rec) > 4:  # an acknowledgement (not a move): remember when
+                self._remember_acks(g, rec)
         elif kind == "N":
             _, topic, queue, nxt = rec
             cur = g.sources.get((topic, queue))
@@ -323,6 +328,7 @@ class DeliveryManager:
                 for c in g.sources.values()
             ],
             "retry": [rc.floor, rc.next, _runs(rc.done), leases(rc.leased)],
+            "acks": [list(r) for r in g.acked],
         }
 
     def compact(self, force: bool = False) -> None:
@@ -679,19 +685,39 @@ class DeliveryManager:
             leased = cursor.leased
             done: list[int] = []
             held: Lease | None = None
+            letters = g.retry.letters if cursor is g.retry else None
+            origins: list[list[Any]] = []
             for o in offsets:
                 lease = leased.get(o)
                 if lease is None or lease.lease_id != lease_id:
                     failed.append((topic, queue, o, _BAD_RECEIPT))
                     continue
+                if letters is not None and (letter := letters.get(o)) is not None:
+                    origins.append([letter.topic, letter.queue, letter.offset])
                 cursor.finish(o)
                 done.append(o)
                 held = lease
             if held is not None:
                 g.drop_from_lease(held, len(done))
-                pos = self._journal(g, ["A", topic, queue, _runs(done)])
+                runs = _runs(done)
+                wall = self.clock.wall_ms()
+                rec: list[Any] = ["A", topic, queue, runs, wall]
+                if letters is not None:
+                    rec.append(origins)
+                pos = self._journal(g, rec)
+                self._remember_acks(g, rec)
                 cursor.advance_floor()
         return failed, pos
+
+    def _remember_acks(self, g: DeliveryGroup, rec: list[Any]) -> None:
+        """Keep when messages were acknowledged (an "A" record of an ack carries the time; a
+        retry letter's carries the original positions)."""
+        limit = self.config.delivery_ack_history
+        if len(rec) == 6:
+            for topic, queue, offset in rec[5]:
+                g.record_acks(topic, queue, [[offset, 1]], rec[4], limit)
+        else:
+            g.record_acks(rec[1], rec[2], rec[3], rec[4], limit)
 
     def nack(self, g: DeliveryGroup, entries: list[m.NackEntry]) -> list[tuple[int, int]]:
         """Give messages back for a later attempt (or the dead-letter queue)."""
@@ -967,7 +993,7 @@ class DeliveryManager:
             if mv is not None:
                 state, letter = mv
                 out.append((g.name, state, "", -1, letter.reconsume,
-                            letter.due_wall if state == "RETRYING" else -1, letter.reason))
+                            letter.due_wall if state == "RETRYING" else -1, letter.reason, -1))
                 continue
             rc = g.retry
             roff = rc.by_msg_id.get(msg_id)
@@ -976,25 +1002,27 @@ class DeliveryManager:
                 lease = rc.leased.get(roff)
                 if lease is not None:
                     out.append((g.name, "DELIVERED", lease.member, self._to_wall(lease.deadline),
-                                letter.reconsume, -1, letter.reason))
+                                letter.reconsume, -1, letter.reason, -1))
                 else:
                     out.append((g.name, "RETRYING", "", -1, letter.reconsume, letter.due_wall,
-                                letter.reason))
+                                letter.reason, -1))
                 continue
             if cur is not None and offset in cur.leased:
                 lease = cur.leased[offset]
                 out.append((g.name, "DELIVERED", lease.member, self._to_wall(lease.deadline), 0,
-                            -1, ""))
+                            -1, "", -1))
                 continue
             if cur is None or offset >= cur.next:
-                out.append((g.name, "WAITING", "", -1, 0, -1, ""))
+                out.append((g.name, "WAITING", "", -1, 0, -1, "", -1))
                 continue
             dead = self._find_dead(g, msg_id)
             if dead is not None:
-                out.append((g.name, "DEAD", "", -1, dead.reconsume, -1, dead.reason))
+                out.append((g.name, "DEAD", "", -1, dead.reconsume, -1, dead.reason,
+                            dead.dead_wall))
             else:
-                out.append((g.name, "CONSUMED", "", -1, 0, -1, self._filtered(g, t.name, queue,
-                                                                               offset)))
+                out.append((g.name, "CONSUMED", "", -1, 0, -1,
+                            self._filtered(g, t.name, queue, offset),
+                            g.acked_at(t.name, queue, offset)))
         return m.MessageStatusResponse(t.name, queue, offset, out)
 
     def _filtered(self, g: DeliveryGroup, topic: str, queue: int, offset: int) -> str:

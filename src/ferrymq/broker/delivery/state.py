@@ -20,6 +20,7 @@ import heapq
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from ferrymq.protocol.letters import Letter
 
@@ -162,6 +163,17 @@ class DeliveryMember:
     subscriptions: list[tuple[str, str]]
 
 
+class AckRun(NamedTuple):
+    """Offsets ``first .. first+length-1`` of ``topic``/``queue`` were acknowledged at
+    ``wall_ms`` (for retry letters: the original message's position)."""
+
+    topic: str
+    queue: int
+    first: int
+    length: int
+    wall_ms: int
+
+
 @dataclass(eq=False)
 class DeliveryGroup:
     """Everything the broker keeps for one delivery group."""
@@ -181,6 +193,25 @@ class DeliveryGroup:
     rr: int = 0
     pending_moves: int = 0
     moving: dict[str, tuple[str, Letter]] = field(default_factory=dict)  # msg id -> (state, letter)
+    acked: deque[AckRun] = field(default_factory=deque)  # newest last; bounded by the manager
+
+    def record_acks(self, topic: str, queue: int, runs: list[list[int]], wall_ms: int,
+                    limit: int) -> None:
+        """Remember when these offsets of ``topic``/``queue`` were acknowledged (``message
+        status`` shows it); the oldest runs are forgotten past ``limit``."""
+        acked = self.acked
+        for first, count in runs:
+            acked.append(AckRun(topic, queue, first, count, wall_ms))
+        while len(acked) > limit:
+            acked.popleft()
+
+    def acked_at(self, topic: str, queue: int, offset: int) -> int:
+        """Wall ms when ``offset`` was acknowledged, or -1 if no longer remembered."""
+        for run in reversed(self.acked):
+            if run.queue == queue and run.first <= offset < run.first + run.length \
+                    and run.topic == topic:
+                return run.wall_ms
+        return -1
 
     @property
     def retry_topic(self) -> str:
