@@ -59,6 +59,7 @@ ERRORS_ALL = [
     "LocalProtocolError",
     "LogClosedError",
     "MessageTooLargeError",
+    "NotScheduledError",
     "OffsetOutOfRangeError",
     "OutOfOrderSequenceError",
     "ProducerFencedError",

@@ -56,6 +56,7 @@ __all__ = [
     "LocalProtocolError",
     "LogClosedError",
     "MessageTooLargeError",
+    "NotScheduledError",
     "OffsetOutOfRangeError",
     "OutOfOrderSequenceError",
     "ProducerFencedError",
@@ -314,6 +315,12 @@ class InvalidReceiptError(BrokerError):
     or its lease expired and the message went back to the group."""
 
     code = ErrorCode.INVALID_RECEIPT
+
+
+class NotScheduledError(BrokerError):
+    """Not a pending scheduled message: already delivered, cancelled, or not scheduled."""
+
+    code = ErrorCode.NOT_SCHEDULED
 
 
 # --- client ---------------------------------------------------------------------------------

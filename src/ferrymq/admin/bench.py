@@ -15,6 +15,9 @@ resident memory (``/proc/<pid>/status`` VmRSS) at the end.
   asyncio, a no-op ``async def`` handler returning SUCCESS) from its start until every message
   was handled *and* its ack answered (per-message acks, batched on the wire); then, for the
   ack-overhead figure, time a pull consumer reading the same messages (as ``consume`` does).
+* ``delayed``: schedule N delayed messages (``deliver_at``), some or all due within a window
+  after scheduling ends; a pull consumer reads the copies; lateness = receive time minus due
+  time (p50/p99/max), the broker's RSS with N pending.
 * ``e2e``: a producer sends single messages at ``--rate`` per second (``send_nowait`` on a timer,
   no linger) while a consumer in the same process long-polls; the latency of a message is its
   receive time minus the ``time.time_ns()`` the producer wrote into its first 8 body bytes (one
@@ -537,6 +540,140 @@ def run_e2e(address: str, *, rate: float = 2000.0, duration: float = 10.0, size:
     return asyncio.run(main())
 
 
+# -- delayed messages --------------------------------------------------------------------------
+
+
+def run_delayed(address: str, *, messages: int = 10_000, measure: int | None = None,
+                window: float = 10.0, lead: float = 2.0, far_hours: float = 10.0,
+                size: int = 100, batch: int = 1000, queues: int = 4, inflight: int = 8,
+                shuffle: bool = False, broker_pid: int | None = None,
+                show_progress: bool = True) -> dict[str, Any]:
+    """Schedule ``messages`` delayed messages, then time their delivery.
+
+    ``measure`` of them (default: all) are due spread evenly over ``window`` seconds starting
+    ``lead`` seconds after the last one was stored; the rest are due ``far_hours`` later (spread
+    over an hour: pending on disk while the measured ones fire). Due times are absolute
+    (``deliver_at``), assigned in send order (``shuffle``: in random order). A pull consumer
+    reads the copies; the lateness of a message is its receive time (wall clock, this process)
+    minus its due time (``%SCHEDULED_DUE``); the broker-side lateness is the copy's append time
+    minus the due time.
+    """
+    install_uvloop()
+    import datetime as _dt
+    import random
+
+    from ferrymq.protocol.schedule import SCHEDULED_DUE
+
+    measure = messages if measure is None else min(measure, messages)
+
+    async def main() -> dict[str, Any]:
+        topic = await _create_topic(address, queues, prefix="bench-delayed")
+        body = _body(size)
+        rss_samples: list[float] = []
+        stop_sampling = asyncio.Event()
+
+        async def sample() -> None:
+            while not stop_sampling.is_set():
+                v = rss_mb(broker_pid)
+                if v is not None:
+                    rss_samples.append(v)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop_sampling.wait(), 0.5)
+
+        sampler = asyncio.get_running_loop().create_task(sample())
+        # produce: due times are fixed once the send phase's length is known (estimated, then
+        # every due time is at least `lead` s after the last send: checked below)
+        est_s = 5.0 + messages / 40_000
+        t0_ms = time.time_ns() // 1_000_000
+        first_due = t0_ms + int((est_s + lead) * 1000)
+        step = window * 1000 / max(measure, 1)
+        dues = [first_due + int(i * step) for i in range(measure)]
+        far0 = first_due + int(far_hours * 3_600_000)
+        far = messages - measure
+        dues += [far0 + int(i * 3_600_000 / max(far, 1)) for i in range(far)]
+        if shuffle:
+            random.Random(7).shuffle(dues)
+        utc = _dt.UTC
+        cpu = _Cpu(broker_pid)
+        cpu.begin()
+        async with AsyncProducer(address, client_id="ferrymq-bench-delayed") as producer:
+            it = iter(range(0, messages, batch))
+            with _progress(messages, "schedule", show_progress) as prog:
+                task = prog.add_task("schedule", total=messages)
+
+                async def worker() -> None:
+                    for start in it:
+                        msgs = [Message(topic, body, deliver_at=_dt.datetime.fromtimestamp(
+                            d / 1000, utc)) for d in dues[start : start + batch]]
+                        await producer.send_batch(msgs)
+                        prog.advance(task, len(msgs))
+
+                t_send = time.perf_counter()
+                await asyncio.gather(*(worker() for _ in range(inflight)))
+                send_s = time.perf_counter() - t_send
+        cpu.end()
+        sent_ms = time.time_ns() // 1_000_000
+        if sent_ms > first_due - 500:
+            raise RuntimeError(f"scheduling took {send_s:.1f} s, longer than estimated "
+                               f"({est_s:.1f} s): raise --lead")
+        await asyncio.sleep(0.5)
+        rss_pending = rss_mb(broker_pid)
+        async with AsyncAdminClient(address) as admin:
+            pending = (await admin.describe_topic(topic)).scheduled_pending
+        lateness: list[float] = []
+        broker_lateness: list[float] = []
+        early = 0
+        seen: set[str] = set()
+        dup = 0
+        consumer = AsyncPullConsumer(address, group=f"bench-{uuid.uuid4().hex[:6]}",
+                                     auto_commit=False, auto_offset_reset="earliest")
+        cpu_fire = _Cpu(broker_pid)
+        async with consumer:
+            await consumer.assign([(topic, q) for q in range(queues)])
+            cpu_fire.begin()
+            deadline = time.monotonic() + (first_due - sent_ms) / 1000 + window + 30
+            with _progress(measure, "deliver", show_progress) as prog:
+                task = prog.add_task("deliver", total=measure)
+                while len(seen) < measure and time.monotonic() < deadline:
+                    msgs = await consumer.poll(timeout=0.5, max_messages=10_000)
+                    now = time.time_ns() / 1e6
+                    for msg in msgs:
+                        props = msg.properties
+                        due = int(props[SCHEDULED_DUE])
+                        mid = props["%SCHEDULED_ID"]
+                        if mid in seen:
+                            dup += 1
+                            continue
+                        seen.add(mid)
+                        lateness.append(now - due)
+                        broker_lateness.append(msg.stored_ms - due)
+                        if now < due or msg.stored_ms < due:
+                            early += 1
+                    prog.advance(task, len(msgs))
+            cpu_fire.end()
+        stop_sampling.set()
+        await sampler
+        lat = sorted(lateness)
+        blat = sorted(broker_lateness)
+        return {
+            "workload": "delayed", "messages": messages, "measured": measure,
+            "window_s": window, "shuffle": shuffle, "size": size, "queues": queues,
+            "schedule_s": send_s, "schedule_msg_per_s": messages / send_s,
+            "pending_after_scheduling": pending,
+            "delivered": len(seen), "lost": measure - len(seen), "duplicates": dup,
+            "early": early,
+            "p50_ms": percentile(lat, 50), "p99_ms": percentile(lat, 99),
+            "max_ms": lat[-1] if lat else float("nan"),
+            "broker_p50_ms": percentile(blat, 50), "broker_p99_ms": percentile(blat, 99),
+            "broker_max_ms": blat[-1] if blat else float("nan"),
+            "broker_cpu_s_scheduling": cpu.used, "broker_cpu_s_delivering": cpu_fire.used,
+            "broker_rss_mb_pending": rss_pending,
+            "broker_rss_mb_max": max(rss_samples) if rss_samples else None,
+        }
+
+    return asyncio.run(main())
+
+
 # -- output ------------------------------------------------------------------------------------
 
 
@@ -668,6 +805,33 @@ def e2e(server: str | None, flush: str, broker_pid: int | None, size: int, queue
     """End-to-end latency at a fixed rate (p50/p90/p99/max)."""
     res = _run_with_broker(server, flush, broker_pid, run_e2e, rate=rate, duration=duration,
                            size=size, queues=queues, warmup=warmup, show_progress=not as_json)
+    _emit(res, as_json)
+
+
+@bench.command()
+@_common
+@click.option("--messages", type=int, default=10_000, show_default=True,
+              help="Scheduled messages pending at once.")
+@click.option("--measure", type=int, default=None,
+              help="How many of them come due in the window (default: all); the rest are due "
+                   "--far-hours later and stay pending on disk.")
+@click.option("--window", type=float, default=10.0, show_default=True,
+              help="Seconds over which the measured messages come due.")
+@click.option("--lead", type=float, default=2.0, show_default=True,
+              help="Seconds between the end of scheduling and the first due time.")
+@click.option("--far-hours", type=float, default=10.0, show_default=True)
+@click.option("--shuffle", is_flag=True,
+              help="Due times in random order (not in send order).")
+@click.option("--batch", type=int, default=1000, show_default=True)
+def delayed(server: str | None, flush: str, broker_pid: int | None, size: int, queues: int,
+            as_json: bool, messages: int, measure: int | None, window: float, lead: float,
+            far_hours: float, shuffle: bool, batch: int) -> None:
+    """Delayed-message lateness (receive time - due time, p50/p99/max) with N pending, and the
+    broker's RSS."""
+    res = _run_with_broker(server, flush, broker_pid, run_delayed, messages=messages,
+                           measure=measure, window=window, lead=lead, far_hours=far_hours,
+                           size=size, queues=queues, batch=batch, shuffle=shuffle,
+                           show_progress=not as_json)
     _emit(res, as_json)
 
 

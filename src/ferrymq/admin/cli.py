@@ -489,6 +489,22 @@ def group_describe(state: CliState, name: str) -> None:
     state.printer.groups_described(consumer, delivery)
 
 
+@group.command("skip")
+@click.argument("name", metavar="GROUP")
+@click.argument("msg_id", metavar="MSG_ID")
+@pass_state
+def group_skip(state: CliState, name: str, msg_id: str) -> None:
+    """Send a stuck message of an orderly delivery group to its dead-letter queue on purpose, so
+    that its sharding key moves on (it must be the first pending message of its key: see the
+    blocked keys of `group describe`)."""
+    with state.admin() as admin:
+        admin.skip_message(name, msg_id)
+    if state.printer.json_mode:
+        state.printer.json({"group": name, "msg_id": msg_id, "skipped": True})
+    else:
+        state.printer.line(f"{msg_id}: sent to %DLQ%{name}; its key moves on")
+
+
 @group.command("reset-offset")
 @click.argument("name", metavar="GROUP")
 @click.option("--topic", "topic_name", required=True, metavar="TOPIC",

@@ -119,6 +119,21 @@ def message_show(state: _State, msg_id: str, json_flag: bool) -> None:
     _printer(state, json_flag).message(msg)
 
 
+@message.command("cancel")
+@click.argument("msg_id", type=MSG_ID)
+@json_option
+@click.pass_obj
+def message_cancel(state: _State, msg_id: str, json_flag: bool) -> None:
+    """Cancel the scheduled (delayed) message MSG_ID: it is never delivered.
+
+    Fails (exit 1) when MSG_ID is not a pending scheduled message: already delivered (or due),
+    already cancelled, or not scheduled at all.
+    """
+    with state.admin() as admin:
+        admin.cancel_scheduled(msg_id)
+    _printer(state, json_flag).cancelled(msg_id)
+
+
 @message.command("find")
 @click.argument("topic_name", metavar="TOPIC")
 @click.option("--key", "-k", required=True, help="The business key to look for.")

@@ -88,6 +88,8 @@ def topic_to_dict(resp: m.DescribeTopicResponse) -> dict[str, Any]:
             }
             for q, first, end, size, segments, last_ms in resp.queues
         ],
+        "scheduled_pending": resp.scheduled_pending,
+        "next_due_ms": resp.next_due_ms if resp.next_due_ms >= 0 else None,
     }
 
 
@@ -178,6 +180,12 @@ def delivery_to_dict(resp: m.DescribeDeliveryResponse) -> dict[str, Any]:
         "dlq_size": resp.dlq_size,
         "retry_policy": {"max_reconsume": resp.max_reconsume,
                          "retry_delays_ms": list(resp.retry_delays_ms)},
+        "orderly": resp.orderly,
+        "blocked_keys": [
+            {"topic": t, "queue": q, "key": key, "msg_id": msg_id, "attempts": attempts,
+             "since_ms": since, "next_attempt_ms": _opt(nxt), "reason": reason or None}
+            for t, q, key, msg_id, attempts, since, nxt, reason in resp.blocked
+        ],
     }
 
 
@@ -330,6 +338,9 @@ class Printer:
         config = ", ".join(f"{k}={v}" for k, v in sorted(resp.config.items())) or "-"
         self.line(f"topic {resp.name} (id {resp.topic_id}, {len(resp.queues)} queues, "
                   f"config: {config})")
+        if resp.scheduled_pending:
+            self.line(f"scheduled: {resp.scheduled_pending} pending, next due "
+                      f"{format_ms(resp.next_due_ms)} UTC")
         self.table(
             ("QUEUE", "FIRST", "LAST", "END", "BYTES", "SEGMENTS", "LAST APPEND (UTC)"),
             [
@@ -398,7 +409,11 @@ class Printer:
                   f"retry pending {resp.retry_pending}, retry in flight {resp.retry_in_flight}, "
                   f"DLQ {resp.dlq_size}")
         delays = " ".join(format_duration_ms(x) for x in resp.retry_delays_ms) or "-"
-        self.line(f"retry policy: max_reconsume {resp.max_reconsume}, delays {delays}")
+        if resp.orderly:
+            self.line(f"orderly: one message per sharding key at a time; max_reconsume "
+                      f"{resp.max_reconsume}, then the dead-letter queue")
+        else:
+            self.line(f"retry policy: max_reconsume {resp.max_reconsume}, delays {delays}")
         if resp.members:
             self.table(
                 ("MEMBER", "CLIENT", "HOST", "LAST HEARTBEAT", "IN FLIGHT"),
@@ -414,6 +429,15 @@ class Printer:
               "-" if q["oldest_age_ms"] is None else format_duration_ms(q["oldest_age_ms"]))
              for q in d["queues"]],
         )
+        if resp.blocked:
+            self.line("blocked keys (retried in place; `ferrymq group skip GROUP MSG_ID` "
+                      "dead-letters one):")
+            self.table(
+                ("TOPIC", "QUEUE", "KEY", "MESSAGE", "ATTEMPTS", "SINCE", "NEXT", "REASON"),
+                [(t, q, key or "-", msg_id, attempts, format_ms(since),
+                  "delivered" if nxt < 0 else format_ms(nxt), _one_line(reason or "-"))
+                 for t, q, key, msg_id, attempts, since, nxt, reason in resp.blocked],
+            )
 
     def offsets_reset(self, group: str, topic: str,
                       offsets: Sequence[tuple[str, int, int]]) -> None:
@@ -464,6 +488,13 @@ class Printer:
                                                  reason, g, at)))
              for g, state, member, until, reconsume, next_at, reason, at in resp.statuses],
         )
+
+    def cancelled(self, msg_id: str) -> None:
+        """``message cancel``."""
+        if self.json_mode:
+            self.json({"msg_id": msg_id, "cancelled": True})
+        else:
+            self.line(f"cancelled scheduled message {msg_id}")
 
     def message(self, msg: ReceivedMessage) -> None:
         """``message show``: the fields, one per line, then the body as it is."""

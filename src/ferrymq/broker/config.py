@@ -81,6 +81,15 @@ class BrokerConfig:
         "Acknowledged offset runs a delivery group remembers with their time (the CONSUMED time "
         "`ferrymq message status` shows); older ones are forgotten.",
     )
+    orderly_retry_ms: int = _f(
+        1000, "Orderly groups: a failed message is delivered again (in place) after this long, "
+        "unless the consumer's nack names its own delay."
+    )
+    max_orderly_held: int = _f(
+        10_000,
+        "Orderly groups: most messages one queue holds back behind busy sharding keys; past it "
+        "the queue waits until keys move on (bounds memory).",
+    )
     delivery_tick_ms: int = _f(
         50, "How often leases and due retries are checked (redelivery precision)."
     )
@@ -102,6 +111,27 @@ class BrokerConfig:
         "Most log bytes one find-by-key request reads: checking index candidates (hashes "
         "collide) and searching what the indexer has not reached yet.",
     )
+    max_delay_ms: int = _f(
+        40 * 24 * 3600 * 1000,
+        "Longest delay of a scheduled message (`delay=`, `deliver_at=`); a batch asking for more "
+        "is refused with INVALID_REQUEST.",
+    )
+    schedule_bucket_ms: int = _f(
+        60_000,
+        "Width of one time bucket of the scheduler's on-disk index (`<data_dir>/schedule/`): one "
+        "file per bucket of due times.",
+    )
+    schedule_lookahead_ms: int = _f(
+        120_000,
+        "Buckets starting within this of now are held in memory (a heap of their entries); later "
+        "ones stay on disk with a few counters each, so memory is bounded by the near future.",
+    )
+    schedule_cache_bytes: int = _f(
+        64 * 1024 * 1024,
+        "The scheduler keeps the batches of scheduled originals it read last (checked, records "
+        "located), up to this many bytes: messages of one batch that come due apart are copied "
+        "without reading it again.",
+    )
     log_level: str = _f("INFO", "Logging level (DEBUG, INFO, WARNING, ERROR).")
 
     def validate(self) -> BrokerConfig:
@@ -122,8 +152,10 @@ class BrokerConfig:
             "retention_check_interval_ms", "default_session_timeout_ms",
             "max_session_timeout_ms", "shutdown_timeout_ms", "default_invisible_ms",
             "max_invisible_ms", "max_in_flight_per_member", "max_receive_messages",
-            "delivery_journal_bytes", "delivery_ack_history", "delivery_tick_ms", "key_index_bytes_per_tick",
-            "key_index_file_bytes", "max_find_results", "find_scan_bytes",
+            "delivery_journal_bytes", "delivery_ack_history", "delivery_tick_ms",
+            "max_orderly_held", "key_index_bytes_per_tick",
+            "key_index_file_bytes", "max_find_results", "find_scan_bytes", "max_delay_ms",
+            "schedule_bucket_ms", "schedule_cache_bytes",
         )
         for name in positive:
             if getattr(self, name) <= 0:
@@ -132,8 +164,12 @@ class BrokerConfig:
             raise ConfigError("max_message_bytes must be at least 1 KiB below max_frame_bytes")
         if self.max_fetch_bytes + 65536 > self.max_frame_bytes:
             raise ConfigError("max_fetch_bytes must be at least 64 KiB below max_frame_bytes")
+        if self.schedule_lookahead_ms < 0:
+            raise ConfigError(f"schedule_lookahead_ms must be >= 0, not {self.schedule_lookahead_ms}")
         if self.default_queues > self.max_queues:
             raise ConfigError("default_queues must not exceed max_queues")
+        if self.orderly_retry_ms < 0:
+            raise ConfigError(f"orderly_retry_ms must be >= 0, not {self.orderly_retry_ms}")
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
             raise ConfigError(f"unknown log_level {self.log_level!r}")
         return self

@@ -38,6 +38,7 @@ from ferrymq.broker.groups import GroupCoordinator
 from ferrymq.broker.handlers import HANDLERS, Handler
 from ferrymq.broker.keyindexer import KeyIndexer
 from ferrymq.broker.producer_ids import ProducerIdManager
+from ferrymq.broker.scheduler import Scheduler
 from ferrymq.broker.topics import TopicRegistry
 from ferrymq.errors import ConfigError
 from ferrymq.storage import LogConfig
@@ -65,6 +66,7 @@ class BrokerServer:
         self.flusher: Flusher
         self.delivery: DeliveryManager
         self.key_index: KeyIndexer
+        self.scheduler: Scheduler
         self.groups = GroupCoordinator(self.data_dir)
         self.producer_ids = ProducerIdManager(self.data_dir)
         self._server: asyncio.Server | None = None
@@ -120,6 +122,8 @@ class BrokerServer:
         self.flusher = Flusher(loop, sync=self.sync_flush, interval_ms=cfg.flush_interval_ms)
         self.delivery = DeliveryManager(cfg, self.topics, self.flusher, self.clock, self.data_dir)
         self.delivery.load()
+        self.scheduler = Scheduler(cfg, self.topics, self.flusher, self.clock, self.data_dir)
+        self.scheduler.load()
         self.key_index = KeyIndexer(self.topics, cfg)
         self.flusher.start()
         try:
@@ -129,6 +133,7 @@ class BrokerServer:
             )
         except OSError as exc:
             self.flusher.stop()
+            self.scheduler.close()
             self.topics.close()
             self._lock_file.close()
             raise ConfigError(f"cannot listen on {cfg.host}:{cfg.port}: {exc.strerror}") from exc
@@ -136,6 +141,7 @@ class BrokerServer:
         self.address = (sock[0], sock[1])
         self._tasks.append(loop.create_task(self._housekeeping()))
         self._tasks.append(loop.create_task(self._delivery_ticks()))
+        self.scheduler.start()
         log.info("FerryMQ broker listening on %s:%d (data %s, flush %s)", self.address[0],
                  self.address[1], self.data_dir, cfg.flush)
 
@@ -158,6 +164,7 @@ class BrokerServer:
     async def _shutdown(self) -> None:
         if self._server is not None:
             self._server.close()
+        self.scheduler.stop()
         for qs in self.topics.all_queues():  # answer long polls now
             for w in list(qs.waiters):
                 if not w.done():
@@ -175,6 +182,7 @@ class BrokerServer:
         self.flusher.stop()
         await asyncio.sleep(0)  # run the flusher's last callbacks (they may journal moves)
         try:
+            self.scheduler.close()
             self.delivery.close()
         finally:
             self.topics.close()
@@ -228,8 +236,10 @@ class BrokerServer:
                 if now - self._last_retention >= cfg.retention_check_interval_ms / 1000:
                     self._last_retention = now
                     wall = self.clock.wall_ms()
+                    floors = self.scheduler.retention_floors()
                     for qs in self.topics.all_queues():
-                        n = qs.log.delete_old_segments(wall)
+                        n = qs.log.delete_old_segments(
+                            wall, keep_from=floors.get((qs.topic_id, qs.queue)))
                         if n:
                             log.info("retention deleted %d segments of %s/%d", n, qs.topic,
                                      qs.queue)

@@ -31,6 +31,7 @@ from ferrymq.errors import (
 from ferrymq.protocol import messages as m
 from ferrymq.protocol.letters import RETRY_TOPIC_PREFIX, Letter, parse_letter, user_properties
 from ferrymq.protocol.records import (
+    ATTR_SCHEDULED,
     check_stored_batch,
     decode_properties,
     iter_batches,
@@ -95,8 +96,8 @@ def decode_deliveries(resp: m.ReceiveResponse) -> list[LeasedMessage]:
         letter = topic.startswith(RETRY_TOPIC_PREFIX)
         for pos, h in iter_batches(mv):
             check_stored_batch(mv, pos)
-            if h.last_offset < first or h.base_offset > last:
-                continue
+            if h.last_offset < first or h.base_offset > last or h.attributes & ATTR_SCHEDULED:
+                continue  # (a scheduled original is never handed out: its copy comes when due)
             if not letter:
                 ctx = (BatchContext(topic, queue, topic_id, h.append_time_ms, h.first_timestamp),
                        rkey, lease_id, reconsume)
@@ -153,7 +154,9 @@ class DeliveryCore:
         retry_delays: Sequence[float] | None = None,
         max_reconsume: int | None = None,
         start_from: str | int = "earliest",
+        orderly: bool = False,
     ) -> None:
+        self.orderly = orderly
         if start_from == "earliest":
             self.start_from = int(m.OffsetSpec.EARLIEST)
         elif start_from == "latest":
@@ -193,7 +196,7 @@ class DeliveryCore:
             m.ConsumerHeartbeatRequest(
                 self.group, self.member_id, self.session.client_id,
                 sorted(self.subscriptions.items()), self.session_timeout_ms,
-                self.retry_delays_ms, self.max_reconsume, self.start_from,
+                self.retry_delays_ms, self.max_reconsume, self.start_from, self.orderly,
             ),
             m.ConsumerHeartbeatResponse,
         )

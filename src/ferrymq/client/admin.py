@@ -20,6 +20,7 @@ from ferrymq.protocol.codes import ErrorCode
 from ferrymq.protocol.letters import Letter, parse_letter, user_properties
 from ferrymq.protocol.messages import DlqAction, OffsetSpec
 from ferrymq.protocol.records import (
+    ATTR_SCHEDULED,
     Record,
     check_stored_batch,
     decode_msg_id,
@@ -199,6 +200,17 @@ class AsyncAdminClient:
         return await self._session.request(m.DescribeDeliveryRequest(group),
                                            m.DescribeDeliveryResponse)
 
+    async def skip_message(self, group: str, msg_id: str) -> None:
+        """Send a stuck message of an orderly group to its dead-letter queue on purpose, so its
+        sharding key moves on (``ferrymq group skip``).
+
+        Raises:
+            InvalidRequestError: not a message id, or not the first pending message of its key
+                in this orderly group.
+            UnknownGroupError: no delivery group has this name.
+        """
+        await self._session.request(m.SkipMessageRequest(group, msg_id), m.Empty)
+
     async def message_status(self, msg_id: str) -> m.MessageStatusResponse:
         """Where a message is, and its state in each delivery group that reads its topic:
         WAITING, DELIVERED (member, lease until), CONSUMED, RETRYING (attempt, next at) or DEAD
@@ -210,6 +222,17 @@ class AsyncAdminClient:
         """
         return await self._session.request(m.MessageStatusRequest(msg_id),
                                            m.MessageStatusResponse)
+
+    async def cancel_scheduled(self, msg_id: str) -> None:
+        """Cancel a scheduled message that is not yet due (as ``Producer.cancel``).
+
+        Raises:
+            NotScheduledError: not a pending scheduled message (already delivered, already
+                cancelled, or not scheduled).
+            InvalidRequestError: not a message id.
+        """
+        await self._session.request(m.CancelScheduledRequest(msg_id), m.Empty,
+                                    retry_codes=frozenset())
 
     async def get_message(self, msg_id: str) -> ReceivedMessage:
         """The message with this id, read from its queue.
@@ -240,6 +263,10 @@ class AsyncAdminClient:
         for pos, h in iter_batches(mv):
             if not h.base_offset <= offset <= h.last_offset:
                 continue
+            if h.attributes & ATTR_SCHEDULED:
+                raise OffsetOutOfRangeError(
+                    f"message {msg_id} is a scheduled message: consumers get a copy of it (with "
+                    f"property %SCHEDULED_ID={msg_id}) when it is due")
             check_stored_batch(mv, pos)
             ctx = BatchContext(topic, queue, tid, h.append_time_ms, h.first_timestamp)
             for msg in walk_records(buf, pos, h, offset, ReceivedMessage, ctx) or []:

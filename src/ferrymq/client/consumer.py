@@ -47,7 +47,7 @@ from ferrymq.errors import (
 from ferrymq.protocol import messages as m
 from ferrymq.protocol.codes import ErrorCode
 from ferrymq.protocol.messages import OffsetSpec
-from ferrymq.protocol.records import check_stored_batch, iter_batches, walk_records
+from ferrymq.protocol.records import ATTR_SCHEDULED, check_stored_batch, iter_batches, walk_records
 from ferrymq.protocol.tags import parse_tag_expression
 
 log = logging.getLogger("ferrymq.client")
@@ -482,6 +482,9 @@ class AsyncPullConsumer:
             check_stored_batch(mv, pos)
             last = h.last_offset
             if last < start:
+                continue
+            if h.attributes & ATTR_SCHEDULED:  # a scheduled original: its copy comes when due
+                nxt = last + 1
                 continue
             ctx = BatchContext(topic, queue, topic_id, h.append_time_ms, h.first_timestamp)
             chunk = walk_records(data, pos, h, start, ReceivedMessage, ctx)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import enum
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import overload
 
@@ -17,6 +18,7 @@ from ferrymq.protocol.records import (
     record_fields,
     record_timestamp_delta,
 )
+from ferrymq.protocol.schedule import Due, delay_level_ms, due_property
 
 _new_tuple = tuple.__new__  # skips the namedtuple's Python-level __new__ on the hot path
 
@@ -41,9 +43,23 @@ class Message:
         keys: business keys (str or several), kept with the message.
         sharding_key: messages with the same key go to the same queue, in send order.
         properties: user properties, str to str.
+        delay: deliver no earlier than this long after the broker stored it: seconds (float,
+            millisecond resolution, rounded up) or a ``timedelta``. 0: at once.
+        deliver_at: deliver no earlier than this time (a ``datetime``; naive means local time).
+            A time in the past: at once.
+        delay_level: RocketMQ's delay level 1..18 (1s 5s 10s 30s 1m 2m ... 30m 1h 2h).
+
+    At most one of ``delay``, ``deliver_at`` and ``delay_level``. A scheduled message is stored
+    at once (the send result is its id, which ``Producer.cancel`` takes); consumers receive a copy
+    when it is due, with properties ``%SCHEDULED_ID`` (the original id) and ``%SCHEDULED_DUE``
+    (the due time, wall ms). Limits and clock semantics: docs/scheduled.md.
+
+    Raises:
+        ValueError: a negative delay, a delay level outside 1..18, or more than one of them.
+        TypeError: a delay or due time of the wrong type.
     """
 
-    __slots__ = ("body", "keys", "properties", "sharding_key", "tags", "topic")
+    __slots__ = ("_due", "body", "keys", "properties", "sharding_key", "tags", "topic")
 
     def __init__(
         self,
@@ -54,6 +70,9 @@ class Message:
         keys: str | Iterable[str] = (),
         sharding_key: str | None = None,
         properties: Mapping[str, str] | None = None,
+        delay: float | _dt.timedelta | None = None,
+        deliver_at: _dt.datetime | None = None,
+        delay_level: int | None = None,
     ) -> None:
         self.topic = topic
         if isinstance(body, str):
@@ -68,29 +87,88 @@ class Message:
         self.keys: tuple[str, ...] = (keys,) if isinstance(keys, str) else tuple(keys)
         self.sharding_key = sharding_key
         self.properties = dict(properties) if properties else None
+        self._due: Due | None = None
+        if delay is not None or deliver_at is not None or delay_level is not None:
+            self._due = _parse_due(delay, deliver_at, delay_level)
+
+    @property
+    def delay_ms(self) -> int | None:
+        """The delay in ms (``delay`` or ``delay_level``), None when not delayed."""
+        d = self._due
+        return d.value if d is not None and d.relative else None
+
+    @property
+    def deliver_at_ms(self) -> int | None:
+        """The due time (wall ms) given with ``deliver_at``, else None."""
+        d = self._due
+        return d.value if d is not None and not d.relative else None
+
+    def scheduled_delay_ms(self, now_ms: int) -> int | None:
+        """How far in the future it is due when sent at ``now_ms`` (None: a plain message,
+        sent as such: no delay, or a ``deliver_at`` not in the future)."""
+        d = self._due
+        if d is None:
+            return None
+        if d.relative:
+            return d.value
+        return d.value - now_ms if d.value > now_ms else None
 
     def to_record(self, timestamp_ms: int) -> RecordInput:
-        """The wire form of this message.
+        """The wire form of this message (with its due time when it is scheduled at
+        ``timestamp_ms``).
 
         Raises:
             ValueError: a key contains NUL (keys are NUL-separated on the wire).
         """
-        if not (self.tags or self.keys or self.sharding_key or self.properties):
+        if not (self.tags or self.keys or self.sharding_key or self.properties or self._due):
             return _new_tuple(RecordInput, (self.body, timestamp_ms, b"", b"", b"", b""))
         for k in self.keys:
             if "\x00" in k:
                 raise ValueError("message keys must not contain NUL")
+        props = self.properties
+        if self._due is not None and self.scheduled_delay_ms(timestamp_ms) is not None:
+            name, value = due_property(self._due)
+            props = {**(props or {}), name: value}
         return RecordInput(
             self.body,
             timestamp_ms,
             _utf8(self.tags, "tags"),
             _utf8(self.sharding_key, "sharding_key"),
             "\x00".join(self.keys).encode() if self.keys else b"",
-            encode_properties(self.properties),
+            encode_properties(props),
         )
 
     def __repr__(self) -> str:
         return f"Message(topic={self.topic!r}, body={self.body[:32]!r}, tags={self.tags!r})"
+
+
+_MS = _dt.timedelta(milliseconds=1)
+
+
+def _parse_due(delay: float | _dt.timedelta | None, deliver_at: _dt.datetime | None,
+         delay_level: int | None) -> Due | None:
+    if (delay is not None) + (deliver_at is not None) + (delay_level is not None) > 1:
+        raise ValueError("give at most one of delay, deliver_at and delay_level")
+    if delay_level is not None:
+        return Due(True, delay_level_ms(delay_level))
+    if deliver_at is not None:
+        if not isinstance(deliver_at, _dt.datetime):
+            raise TypeError(f"deliver_at must be a datetime, not {type(deliver_at).__name__}")
+        if deliver_at.tzinfo is None:
+            deliver_at = deliver_at.astimezone()
+        epoch = _dt.datetime(1970, 1, 1, tzinfo=_dt.UTC)
+        return Due(False, max(0, -((epoch - deliver_at) // _MS)))  # rounded up to the ms
+    if isinstance(delay, _dt.timedelta):
+        ms = -(-delay // _MS)
+    elif isinstance(delay, (int, float)) and not isinstance(delay, bool):
+        if not math.isfinite(delay):
+            raise ValueError(f"delay must be a finite number of seconds, not {delay!r}")
+        ms = math.ceil(round(delay * 1_000_000) / 1000)  # to the µs first: 0.1 s is 100 ms
+    else:
+        raise TypeError(f"delay must be seconds or a timedelta, not {type(delay).__name__}")
+    if ms < 0:
+        raise ValueError(f"delay must not be negative, not {delay!r}")
+    return Due(True, ms) if ms > 0 else None
 
 
 class Durability(enum.Enum):

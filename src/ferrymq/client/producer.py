@@ -8,6 +8,10 @@ batches and ships every ready batch of every queue in one PRODUCE request. A buf
 it is full, when ``linger_ms`` passed since its first message, or at once for a plain ``send``
 (which awaits its result anyway).
 
+Scheduled messages (``Message(delay=...)``, ``deliver_at=``, ``delay_level=``) travel in batches
+of their own (``ATTR_SCHEDULED``): a buffer never mixes them with plain messages, and a change of
+kind ships what was buffered before it at once.
+
 Idempotence: the broker gives the producer an id; each batch carries the producer id, epoch and
 the queue's next sequence number, fixed when the batch is built. A batch that fails with a
 retriable error, a timeout or a dropped connection is sent again byte for byte after a backoff,
@@ -43,6 +47,7 @@ from ferrymq.errors import (
     ConnectionClosedError,
     FerryMQError,
     FerryMQTimeoutError,
+    InvalidRequestError,
     MessageTooLargeError,
     UnknownQueueError,
     UnknownTopicError,
@@ -50,6 +55,7 @@ from ferrymq.errors import (
 )
 from ferrymq.protocol import messages as m
 from ferrymq.protocol.records import (
+    ATTR_SCHEDULED,
     NO_PRODUCER_EPOCH,
     NO_PRODUCER_ID,
     NO_SEQUENCE,
@@ -57,6 +63,7 @@ from ferrymq.protocol.records import (
     RecordInput,
     encode_batch,
 )
+from ferrymq.protocol.schedule import DEFAULT_MAX_DELAY_MS
 
 log = logging.getLogger("ferrymq.client")
 
@@ -76,6 +83,7 @@ class _Unit:
     future: asyncio.Future[Any] | None
     many: bool
     nbytes: int = 0  # bodies plus record prefixes, counted once in _add
+    scheduled: bool = False  # scheduled messages never share a batch with plain ones
 
 
 @dataclass(eq=False)
@@ -172,6 +180,7 @@ class AsyncProducer:
         self.producer_epoch = NO_PRODUCER_EPOCH
         self._max_message_bytes = 4 * 1024 * 1024
         self._max_request_bytes = 8 * 1024 * 1024 - REQUEST_OVERHEAD_BYTES
+        self._max_delay_ms = DEFAULT_MAX_DELAY_MS
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -181,6 +190,7 @@ class AsyncProducer:
         hello = self._session.hello
         if hello is not None:
             self._max_message_bytes = hello.max_message_bytes
+            self._max_delay_ms = hello.max_delay_ms or DEFAULT_MAX_DELAY_MS
             self._max_request_bytes = hello.max_frame_bytes - REQUEST_OVERHEAD_BYTES
             self._batch_max_bytes = min(self._batch_max_bytes, self._max_request_bytes)
         if self._idempotent:
@@ -265,20 +275,23 @@ class AsyncProducer:
             return []
         await self._wait_for_space()
         loop = asyncio.get_running_loop()
-        groups: dict[tuple[str, int] | str, list[int]] = {}
+        groups: dict[tuple[str, int, bool] | str, list[int]] = {}
         shared: dict[str, int] = {}  # keyless messages of one call share a queue per topic
+        now = self._clock.wall_ms()
         for i, msg in enumerate(msgs):
             info = self._session.topics.get(msg.topic)
-            key: tuple[str, int] | str
+            key: tuple[str, int, bool] | str
             if info is None:
                 key = msg.topic
-            elif msg.sharding_key is None and self._selector is None:
-                q = shared.get(msg.topic)
-                if q is None:
-                    q = shared[msg.topic] = self._rr(info.name, info.queues)
-                key = (msg.topic, q)
             else:
-                key = (msg.topic, self._choose_queue(msg, info))
+                sched = msg._due is not None and msg.scheduled_delay_ms(now) is not None
+                if msg.sharding_key is None and self._selector is None:
+                    q = shared.get(msg.topic)
+                    if q is None:
+                        q = shared[msg.topic] = self._rr(info.name, info.queues)
+                    key = (msg.topic, q, sched)
+                else:
+                    key = (msg.topic, self._choose_queue(msg, info), sched)
             groups.setdefault(key, []).append(i)
         results: list[SendResult | None] = [None] * len(msgs)
         futs: list[tuple[list[int], asyncio.Future[Any]]] = []
@@ -290,14 +303,16 @@ class AsyncProducer:
                     futs.append(([i], f))
                 continue
             f = loop.create_future()
-            unit = _Unit(len(idxs), f, True)
+            unit = _Unit(len(idxs), f, True, scheduled=key[2])
             buf = self._buffer(self._session.topics[key[0]], key[1])
-            now = self._clock.wall_ms()
             try:
                 recs = [msgs[i].to_record(now) for i in idxs]
                 for r in recs:
                     self._check_size(r)
-            except (ValueError, MessageTooLargeError) as exc:
+                if key[2]:
+                    for i in idxs:
+                        self._check_delay(msgs[i], now)
+            except (ValueError, MessageTooLargeError, InvalidRequestError) as exc:
                 f.set_exception(exc)
                 futs.append((idxs, f))
                 continue
@@ -314,6 +329,36 @@ class AsyncProducer:
             else:
                 results[idxs[0]] = res
         return [r for r in results if r is not None]
+
+    async def cancel(self, msg_id: str) -> None:
+        """Cancel a scheduled message that is not yet due: it is never delivered.
+
+        Args:
+            msg_id: the id its send returned.
+
+        Raises:
+            NotScheduledError: not a pending scheduled message (already delivered, already
+                cancelled, or not scheduled).
+            InvalidRequestError: not a message id.
+        """
+        await self._session.request(m.CancelScheduledRequest(msg_id), m.Empty,
+                                    retry_codes=frozenset())
+
+    def _check_delay(self, msg: Message, now_ms: int) -> bool:
+        """Whether ``msg`` is sent as a scheduled message at ``now_ms``.
+
+        Raises:
+            InvalidRequestError: its delay exceeds the broker's ``max_delay_ms``.
+        """
+        if msg._due is None:
+            return False
+        delay = msg.scheduled_delay_ms(now_ms)
+        if delay is None:
+            return False
+        if delay > self._max_delay_ms:
+            raise InvalidRequestError(
+                f"delay of {delay} ms exceeds the broker's max_delay_ms {self._max_delay_ms}")
+        return True
 
     async def _wait_for_space(self) -> None:
         while self._buffered_bytes > self._max_buffer_bytes and not self._closed:
@@ -359,8 +404,10 @@ class AsyncProducer:
             return
         try:
             q = self._choose_queue(msg, info)
-            rec = msg.to_record(self._clock.wall_ms())
+            now = self._clock.wall_ms()
+            rec = msg.to_record(now)
             self._check_size(rec)
+            unit.scheduled = self._check_delay(msg, now)
         except (ValueError, TypeError, BrokerError) as exc:
             _settle(unit, exc=exc)
             return
@@ -386,6 +433,8 @@ class AsyncProducer:
         return b
 
     def _add(self, b: _QueueBuffer, recs: list[RecordInput], unit: _Unit, *, immediate: bool) -> None:
+        # a change between plain and scheduled closes the open batch: ship it now
+        kind_changed = bool(b.units) and b.units[-1].scheduled != unit.scheduled
         if not b.records:
             b.first_at = asyncio.get_running_loop().time()
             if not immediate and self._linger_s > 0:
@@ -395,9 +444,8 @@ class AsyncProducer:
         n = unit.nbytes = sum(len(r.body) for r in recs) + RECORD_PREFIX_SIZE * len(recs)
         b.nbytes += n
         self._buffered_bytes += n
-        if immediate or self._linger_s == 0 or b.nbytes >= self._batch_max_bytes or len(
-            b.records
-        ) >= self._batch_max_records:
+        if immediate or kind_changed or self._linger_s == 0 or (
+            b.nbytes >= self._batch_max_bytes) or len(b.records) >= self._batch_max_records:
             b.ready = True
             self._wake.set()
 
@@ -437,9 +485,11 @@ class AsyncProducer:
         units: list[_Unit] = []
         n = 0
         nbytes = 0
+        scheduled = b.units[0].scheduled
         for u in b.units:
             if units and (n + u.count > self._batch_max_records
-                          or nbytes + u.nbytes > self._batch_max_bytes):
+                          or nbytes + u.nbytes > self._batch_max_bytes
+                          or u.scheduled != scheduled):
                 break
             units.append(u)
             n += u.count
@@ -455,7 +505,8 @@ class AsyncProducer:
             seq = b.next_seq
             b.next_seq += len(records)
         data = encode_batch(records, producer_id=self.producer_id,
-                            producer_epoch=self.producer_epoch, base_sequence=seq)
+                            producer_epoch=self.producer_epoch, base_sequence=seq,
+                            attributes=ATTR_SCHEDULED if scheduled else 0)
         b.in_flight = True
         if not b.records:
             b.ready = False

@@ -219,6 +219,11 @@ class AsyncPushConsumer:
         instance_name: this member's name (broadcasting: part of its group's name).
         start_from: where a *new* group starts: ``"earliest"``, ``"latest"`` or a timestamp
             in ms (default: ``"earliest"`` clustering, ``"latest"`` broadcasting).
+        orderly: messages of one sharding key are handled one at a time, in send order,
+            across members and rebalances; a failing message is retried in place (after the
+            broker's ``orderly_retry_ms``, 1 s, unless the handler returns ``later(s)``) and
+            blocks only its own key; past ``max_reconsume`` it is dead-lettered and the key
+            moves on. Fixed when the group is created.
         client_id: sent to the broker (shown in ``ferrymq group describe``).
         request_timeout: seconds to wait for a broker answer.
         reconnect_timeout: seconds to keep trying to reconnect before a request fails.
@@ -244,6 +249,7 @@ class AsyncPushConsumer:
         consume_timeout: float = 900.0,
         instance_name: str | None = None,
         start_from: str | int | None = None,
+        orderly: bool = False,
         client_id: str = "ferrymq-push-consumer",
         request_timeout: float = 30.0,
         reconnect_timeout: float = 60.0,
@@ -274,7 +280,8 @@ class AsyncPushConsumer:
                                 reconnect_timeout_s=reconnect_timeout)
         self._core = DeliveryCore(self._session, self.delivery_group,
                                   session_timeout_s=session_timeout, retry_delays=retry_delays,
-                                  max_reconsume=max_reconsume, start_from=start_from)
+                                  max_reconsume=max_reconsume, start_from=start_from,
+                                  orderly=orderly)
         self._subs: dict[str, _Subscription] = {}
         # the buffer: (message, bytes charged to prefetch_bytes), in delivery order
         self._buffer: collections.deque[tuple[LeasedMessage, int]] = collections.deque()

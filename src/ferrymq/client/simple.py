@@ -34,6 +34,11 @@ class AsyncSimpleConsumer:
         start_from: where a *new* group starts on each queue: ``"earliest"`` (every retained
             message, the default), ``"latest"`` (only messages sent from now on) or a
             timestamp in ms. Ignored when the group exists.
+        orderly: an orderly group: messages of one sharding key are leased one at a time, in
+            send order, and a failed one is retried in place (after the broker's
+            ``orderly_retry_ms``, 1 s, or the nack's delay) until it is acked or, past
+            ``max_reconsume``, dead-lettered; other keys keep flowing. Fixed when the group is
+            created.
     """
 
     def __init__(
@@ -48,6 +53,7 @@ class AsyncSimpleConsumer:
         retry_delays: Sequence[float] | None = None,
         session_timeout: float = 30.0,
         start_from: str | int = "earliest",
+        orderly: bool = False,
         request_timeout: float = 30.0,
         reconnect_timeout: float = 60.0,
     ) -> None:
@@ -60,7 +66,7 @@ class AsyncSimpleConsumer:
                                 reconnect_timeout_s=reconnect_timeout)
         self._core = DeliveryCore(self._session, group, session_timeout_s=session_timeout,
                                   retry_delays=retry_delays, max_reconsume=max_reconsume,
-                                  start_from=start_from)
+                                  start_from=start_from, orderly=orderly)
         self._started = False
 
     @property

@@ -91,6 +91,11 @@ class Producer:
         """Send many, wait for all; results in input order."""
         return _run(self._async.send_batch(msgs))
 
+    def cancel(self, msg_id: str) -> None:
+        """Cancel a scheduled message that is not yet due (see
+        :meth:`~ferrymq.client.producer.AsyncProducer.cancel`)."""
+        _run(self._async.cancel(msg_id))
+
     def send_async(self, msg: Message) -> concurrent.futures.Future[SendResult]:
         """Buffer a message (sent after ``linger_ms``); the future gets its result."""
         fut: concurrent.futures.Future[SendResult] = concurrent.futures.Future()
@@ -298,9 +303,17 @@ class AdminClient:
         """A delivery group's members, progress, lag, retry and DLQ sizes, retry policy."""
         return _run(self._async.describe_delivery(group))
 
+    def skip_message(self, group: str, msg_id: str) -> None:
+        """See :meth:`ferrymq.client.admin.AsyncAdminClient.skip_message`."""
+        _run(self._async.skip_message(group, msg_id))
+
     def message_status(self, msg_id: str) -> m.MessageStatusResponse:
         """A message's state in each delivery group that reads its topic."""
         return _run(self._async.message_status(msg_id))
+
+    def cancel_scheduled(self, msg_id: str) -> None:
+        """Cancel a scheduled message that is not yet due (raises NotScheduledError otherwise)."""
+        _run(self._async.cancel_scheduled(msg_id))
 
     def get_message(self, msg_id: str) -> ReceivedMessage:
         """The message with this id (raises OffsetOutOfRangeError when it is gone)."""

@@ -47,3 +47,4 @@ class ErrorCode(enum.IntEnum):
     STORAGE_FULL = 30
     FRAME_TOO_LARGE = 31
     INVALID_RECEIPT = 32
+    NOT_SCHEDULED = 33

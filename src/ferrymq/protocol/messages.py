@@ -13,7 +13,7 @@ Versions: every API is at version 1. A request with a version outside
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, TypeVar
 
 import msgpack
@@ -58,6 +58,8 @@ class ApiKey(enum.IntEnum):
     MESSAGE_STATUS = 26
     DLQ_ADMIN = 27
     FIND_BY_KEY = 28
+    CANCEL_SCHEDULED = 29
+    SKIP_MESSAGE = 30
 
 
 class Durability(enum.IntEnum):
@@ -351,7 +353,8 @@ class HelloResponse(Body):
     max_message_bytes: int
     max_batch_records: int
     flush_mode: str
-    SCHEMA = (STR, INT, INT, INT, INT, STR)
+    max_delay_ms: int = 0
+    SCHEMA = (STR, INT, INT, INT, INT, STR, INT)
 
 
 @dataclass(frozen=True, slots=True)
@@ -433,13 +436,16 @@ QueueInfo = tuple[int, int, int, int, int, int]
 
 @dataclass(frozen=True, slots=True)
 class DescribeTopicResponse(Body):
-    """Per-queue offsets and sizes of a topic."""
+    """Per-queue offsets and sizes of a topic; how many scheduled messages of it are pending
+    and the earliest due time among them (wall ms, -1: none)."""
 
     name: str
     topic_id: int
     queues: list[QueueInfo]
     config: dict[str, str]
-    SCHEMA = (STR, INT, lst(tup(INT, INT, INT, INT, INT, INT)), STRMAP)
+    scheduled_pending: int = 0
+    next_due_ms: int = -1
+    SCHEMA = (STR, INT, lst(tup(INT, INT, INT, INT, INT, INT)), STRMAP, INT, INT)
 
 
 @dataclass(frozen=True, slots=True)
@@ -767,7 +773,8 @@ class ConsumerHeartbeatRequest(Request):
     ``max_reconsume`` (-1: keep) set the group's retry policy; the last heartbeat that sets them
     wins, and the policy is persisted with the group. ``start_from`` (an
     :class:`OffsetSpec` or a timestamp in ms) says where a *new* group starts reading each
-    queue; it is ignored for a group that exists."""
+    queue; it is ignored for a group that exists. ``orderly`` asks for an orderly group (one
+message per sharding key at a time, in order); it is fixed when the group is created."""
 
     group: str
     member_id: str
@@ -777,9 +784,10 @@ class ConsumerHeartbeatRequest(Request):
     retry_delays_ms: list[int] | None
     max_reconsume: int
     start_from: int
+    orderly: bool = False
     API_KEY = ApiKey.CONSUMER_HEARTBEAT
     RESPONSE = ConsumerHeartbeatResponse
-    SCHEMA = (STR, STR, STR, lst(tup(STR, STR)), INT, opt(lst(INT)), INT, INT)
+    SCHEMA = (STR, STR, STR, lst(tup(STR, STR)), INT, opt(lst(INT)), INT, INT, BOOL)
 
 
 Delivery = tuple[str, int, int, int, int, int, int, bytes | memoryview]
@@ -906,6 +914,12 @@ DeliveryQueue = tuple[str, int, int, int, int, int, int]
 oldest unconsumed message or -1)."""
 
 
+BlockedKey = tuple[str, int, str, str, int, int, int, str]
+"""An orderly group's failing sharding key: (topic, queue, key, message id of its head,
+failed attempts, first failure (wall ms), next attempt (wall ms, -1 delivered now), last
+reason)."""
+
+
 @dataclass(frozen=True, slots=True)
 class DescribeDeliveryResponse(Body):
     """A delivery group: members, per-queue progress, retry and dead-letter sizes, policy."""
@@ -918,11 +932,14 @@ class DescribeDeliveryResponse(Body):
     dlq_size: int
     retry_delays_ms: list[int]
     max_reconsume: int
+    orderly: bool = False
+    blocked: list[BlockedKey] = field(default_factory=list)
     SCHEMA = (
         STR,
         lst(tup(STR, STR, STR, INT, INT)),
         lst(tup(STR, INT, INT, INT, INT, INT, INT)),
-        INT, INT, INT, lst(INT), INT,
+        INT, INT, INT, lst(INT), INT, BOOL,
+        lst(tup(STR, INT, STR, STR, INT, INT, INT, STR)),
     )
 
 
@@ -961,6 +978,18 @@ class MessageStatusRequest(Request):
     API_KEY = ApiKey.MESSAGE_STATUS
     RESPONSE = MessageStatusResponse
     SCHEMA = (STR,)
+
+
+@dataclass(frozen=True, slots=True)
+class SkipMessageRequest(Request):
+    """Send a pending message of an orderly group to the group's dead-letter queue on purpose
+    (its sharding key moves on). It must be the first pending message of its key."""
+
+    group: str
+    msg_id: str
+    API_KEY = ApiKey.SKIP_MESSAGE
+    RESPONSE = Empty
+    SCHEMA = (STR, STR)
 
 
 class DlqAction(enum.IntEnum):
@@ -1024,6 +1053,16 @@ class FindByKeyRequest(Request):
     SCHEMA = (STR, STR, INT)
 
 
+@dataclass(frozen=True, slots=True)
+class CancelScheduledRequest(Request):
+    """Cancel a scheduled message that is not yet due (``NOT_SCHEDULED`` otherwise)."""
+
+    msg_id: str
+    API_KEY = ApiKey.CANCEL_SCHEDULED
+    RESPONSE = Empty
+    SCHEMA = (STR,)
+
+
 REQUESTS: dict[int, type[Request]] = {
     cls.API_KEY: cls
     for cls in (
@@ -1033,7 +1072,8 @@ REQUESTS: dict[int, type[Request]] = {
         HeartbeatRequest, LeaveGroupRequest, ListGroupsRequest, DescribeGroupRequest,
         ResetOffsetsRequest, ConsumerHeartbeatRequest, ReceiveRequest, AckRequest,
         NackRequest, ChangeInvisibleRequest, ConsumerLeaveRequest, DescribeDeliveryRequest,
-        MessageStatusRequest, DlqAdminRequest, FindByKeyRequest,
+        MessageStatusRequest, DlqAdminRequest, FindByKeyRequest, CancelScheduledRequest,
+        SkipMessageRequest,
     )
 }
 assert set(REQUESTS) == set(ApiKey), "every ApiKey needs a request type"

@@ -17,7 +17,11 @@ Batch layout (little-endian, 64-byte header)::
                                       record carries keys: the broker's key index reads
                                       only such batches); bit 4 transactional;
                                       bit 5 control batch; bit 6 filtered (set by the broker
-                                      on fetch: fewer records than record_count)
+                                      on fetch: fewer records than record_count); bit 7
+                                      scheduled (every record carries a due time in a
+                                      reserved property, see ferrymq.protocol.schedule;
+                                      readers skip the batch: consumers get the broker's
+                                      copy when it is due)
     30   4     record_count      i32  >= 1
     34   8     first_timestamp   i64  producer's "born" time of the first record (ms)
     42   8     max_timestamp     i64  largest born time in the batch (ms)
@@ -77,6 +81,11 @@ ATTR_CONTROL = 0x20
 ATTR_FILTERED = 0x40
 """Set by the broker on batches rebuilt by tag filtering: ``record_count`` still spans the
 original offsets (so the consumer knows where to continue) but fewer records are present."""
+ATTR_SCHEDULED = 0x80
+"""A scheduled (delayed) batch: each record names its due time in a reserved property
+(:mod:`ferrymq.protocol.schedule`). No reader hands its records to an application; when a
+record is due the broker appends a copy (a normal batch) to the same queue. Its offsets are a
+gap to consumers."""
 
 NO_PRODUCER_ID = -1
 NO_PRODUCER_EPOCH = -1

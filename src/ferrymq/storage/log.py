@@ -399,10 +399,12 @@ class Log:
 
     # --- retention and truncation --------------------------------------------------------------
 
-    def delete_old_segments(self, now_ms: int) -> int:
+    def delete_old_segments(self, now_ms: int, *, keep_from: int | None = None) -> int:
         """Apply retention by age and by size to sealed segments; return how many were deleted.
 
-        The active segment is never deleted. Files are renamed to ``.deleted`` then unlinked.
+        The active segment is never deleted, nor any segment holding offsets at or above
+        ``keep_from`` (the broker's floor: the lowest pending scheduled message of the queue).
+        Files are renamed to ``.deleted`` then unlinked.
         """
         with self._flush_lock:
             self._check_open()
@@ -424,6 +426,9 @@ class Log:
                         break
                     total -= size
                     doomed += 1
+            if keep_from is not None:
+                while doomed > 0 and segments[doomed - 1].next_offset > keep_from:
+                    doomed -= 1
             victims = segments[:doomed]
             with self._lock:
                 self._segments = segments[doomed:]

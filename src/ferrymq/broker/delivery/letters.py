@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from ferrymq.errors import CorruptRecordError
 from ferrymq.protocol.letters import Letter, letter_properties, parse_letter
 from ferrymq.protocol.records import (
+    ATTR_SCHEDULED,
     RawRecord,
     RecordInput,
     decode_properties,
@@ -46,9 +47,12 @@ def _stored(buf: memoryview, rec: RawRecord) -> StoredRecord:
 
 def iter_stored(data: bytes, start: int = 0) -> Iterator[StoredRecord]:
     """The records of ``data`` (whole batches) at or after offset ``start``; a batch whose
-    records do not add up ends the iteration (its CRC-valid prefix was read)."""
+    records do not add up ends the iteration (its CRC-valid prefix was read). Scheduled
+    originals (``ATTR_SCHEDULED``) are skipped: the scheduler appends their copies when due."""
     mv = memoryview(data)
     for pos, h in iter_batches(mv):
+        if h.attributes & ATTR_SCHEDULED:
+            continue
         try:
             for rec in iter_raw_records(mv, pos, h):
                 if rec[0] >= start:

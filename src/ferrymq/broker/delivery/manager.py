@@ -33,12 +33,13 @@ import logging
 import re
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Container, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ferrymq._time import Clock
 from ferrymq.broker.delivery.letters import StoredRecord, iter_stored, make_letter, read_letter
+from ferrymq.broker.delivery.orderly import Failure, OrderlyCursor
 from ferrymq.broker.delivery.state import (
     AckRun,
     DeliveryGroup,
@@ -59,8 +60,9 @@ from ferrymq.errors import (
 )
 from ferrymq.protocol import messages as m
 from ferrymq.protocol.codes import ErrorCode
-from ferrymq.protocol.letters import Letter
+from ferrymq.protocol.letters import MAX_REASON_CHARS, Letter
 from ferrymq.protocol.records import (
+    ATTR_SCHEDULED,
     decode_msg_id,
     encode_msg_id,
     filter_batch,
@@ -73,6 +75,7 @@ if TYPE_CHECKING:
     from ferrymq.broker.config import BrokerConfig
     from ferrymq.broker.flusher import Flusher
     from ferrymq.broker.topics import QueueState, TopicRegistry
+    from ferrymq.storage.log import Log
 
 log = logging.getLogger("ferrymq.broker")
 
@@ -91,6 +94,8 @@ MAX_DLQ_SCAN = 100_000
 """Most dead letters MESSAGE_STATUS reads looking for a message (older ones: CONSUMED)."""
 RECEIVE_FIRST_READ_BYTES = 64 * 1024
 """RECEIVE reads a queue in steps starting at this size (growing 4x) until the lease is full."""
+ORDERLY_READ_GAP = 4096
+"""Orderly RECEIVE reads ready heads closer than this many offsets in one sequential pass."""
 MAX_REDRIVE_BATCH = 10_000
 """Most dead letters one DLQ_ADMIN redrive moves (the CLI loops for more)."""
 
@@ -166,6 +171,8 @@ class DeliveryManager:
         for rec in records:
             self._replay(g, rec)
         for cur in g.sources.values():
+            if isinstance(cur, OrderlyCursor):
+                cur.rebuild(self._pending_keys(cur), self._now())
             cur.advance_floor()
         self._load_letters(g)
         self.groups[g.name] = g
@@ -187,9 +194,9 @@ class DeliveryManager:
         else:
             cur = g.sources.get(key)
             if cur is None:
-                cur = g.sources[key] = SourceCursor(key[0], key[1], min(offsets, default=0))
+                cur = g.sources[key] = g.new_cursor(key[0], key[1], min(offsets, default=0))
             cur.restore(offsets, lease)
-            if offsets and offsets[-1] >= cur.next:
+            if offsets and offsets[-1] >= cur.next and not isinstance(cur, OrderlyCursor):
                 cur.next = max(offsets) + 1
         if lease.offsets:
             g.add_lease(lease, len(lease.offsets))
@@ -199,11 +206,18 @@ class DeliveryManager:
         g.retry_delays_ms = list(snap["delays"])
         g.max_reconsume = int(snap["max"])
         g.start_from = int(snap.get("start", m.OffsetSpec.EARLIEST))
+        g.orderly = bool(snap.get("orderly", False))
         g.dlq_floor = int(snap["dlq_floor"])
         self._next_lease = max(self._next_lease, int(snap["lease_seq"]))
-        for topic, queue, floor, nxt, leases in snap["sources"]:
-            cur = g.sources[(topic, queue)] = SourceCursor(topic, queue, floor)
+        for topic, queue, floor, nxt, leases, *orderly in snap["sources"]:
+            cur = g.sources[(topic, queue)] = g.new_cursor(topic, queue, floor)
             cur.next = nxt
+            if isinstance(cur, OrderlyCursor) and orderly:
+                pending, failures = orderly
+                cur.pending.update(_expand(pending))
+                for off, reconsume, until_wall, since, reason in failures:
+                    cur.failures[off] = Failure(reconsume, self._to_mono(until_wall), since,
+                                                reason)
             for lease_id, member, deadline, reconsume, runs in leases:
                 self._restore_lease(g, (topic, queue), lease_id, member, deadline, reconsume,
                                     _expand(runs))
@@ -234,12 +248,27 @@ class DeliveryManager:
             _, topic, queue, nxt = rec
             cur = g.sources.get((topic, queue))
             if cur is None:
-                cur = g.sources[(topic, queue)] = SourceCursor(topic, queue, nxt)
-            cur.next = max(cur.next, nxt)
+                cur = g.sources[(topic, queue)] = g.new_cursor(topic, queue, nxt)
+            if isinstance(cur, OrderlyCursor):
+                cur.advance_to(nxt)
+            else:
+                cur.next = max(cur.next, nxt)
+        elif kind == "F":
+            _, topic, queue, offset, reconsume, until_wall, since, reason = rec
+            cur = g.sources.get((topic, queue))
+            if isinstance(cur, OrderlyCursor) and offset in cur.pending:
+                lease = cur.leased.pop(offset, None)
+                if lease is not None:
+                    lease.offsets.discard(offset)
+                    g.drop_from_lease(lease)
+                cur.failures[offset] = Failure(reconsume, self._to_mono(until_wall), since,
+                                               reason)
         elif kind == "P":
             g.retry_delays_ms = list(rec[1])
             g.max_reconsume = int(rec[2])
             g.start_from = int(rec[3])
+            if len(rec) > 4:
+                g.orderly = bool(rec[4])
         elif kind == "D":
             g.dlq_floor = max(g.dlq_floor, int(rec[1]))
         else:
@@ -264,7 +293,18 @@ class DeliveryManager:
         if cur is None:
             if not finished or not offsets:
                 return
-            cur = g.sources[key] = SourceCursor(key[0], key[1], min(offsets))
+            cur = g.sources[key] = g.new_cursor(key[0], key[1], min(offsets))
+        if isinstance(cur, OrderlyCursor):
+            for o in offsets:
+                if finished:
+                    lease = cur.finish(o)
+                else:  # a changed lease: still pending, still failed if it was
+                    lease = cur.leased.pop(o, None)
+                    if lease is not None:
+                        lease.offsets.discard(o)
+                if lease is not None:
+                    g.drop_from_lease(lease)
+            return
         for o in offsets:
             lease = cur.finish(o)
             if lease is not None:
@@ -323,8 +363,12 @@ class DeliveryManager:
             "start": g.start_from,
             "dlq_floor": g.dlq_floor,
             "lease_seq": self._next_lease,
+            "orderly": g.orderly,
             "sources": [
                 [c.topic, c.queue, c.floor, c.next, leases(c.leased)]
+                + ([_runs(c.pending), [
+                    [off, f.reconsume, self._to_wall(f.until), f.since_wall, f.reason]
+                    for off, f in c.failures.items()]] if isinstance(c, OrderlyCursor) else [])
                 for c in g.sources.values()
             ],
             "retry": [rc.floor, rc.next, _runs(rc.done), leases(rc.leased)],
@@ -390,8 +434,14 @@ class DeliveryManager:
         self, name: str, member_id: str, client_id: str, host: str,
         subscriptions: list[tuple[str, str]], session_timeout_ms: int,
         retry_delays_ms: list[int] | None, max_reconsume: int, start_from: int,
+        orderly: bool = False,
     ) -> tuple[DeliveryGroup, DeliveryMember, int]:
-        """Register or refresh a member; returns (group, member, journal position or -1)."""
+        """Register or refresh a member; returns (group, member, journal position or -1).
+
+        Raises:
+            InvalidRequestError: a bad policy, or ``orderly`` differs from the group's (fixed
+                when the group was created).
+        """
         for topic, expr in subscriptions:
             self.topics.get(topic)
             parse_tag_expression(expr)
@@ -407,6 +457,11 @@ class DeliveryManager:
         if start_from < m.OffsetSpec.EARLIEST:
             raise InvalidRequestError(f"start_from must be -1, -2 or a timestamp, not {start_from}")
         is_new = name not in self.groups
+        if not is_new and self.groups[name].orderly != orderly:
+            kind = "orderly" if self.groups[name].orderly else "concurrent (not orderly)"
+            raise InvalidRequestError(
+                f"delivery group {name!r} is {kind}: that is fixed when a group is created; "
+                f"use {'orderly=True' if self.groups[name].orderly else 'another group name'}")
         g = self._get_or_create(name)
         now = self._now()
         pos = -1
@@ -414,11 +469,13 @@ class DeliveryManager:
         new_max = max_reconsume if max_reconsume >= 0 else g.max_reconsume
         new_start = start_from if is_new else g.start_from
         if (new_delays != g.retry_delays_ms or new_max != g.max_reconsume
-                or new_start != g.start_from):
+                or new_start != g.start_from or orderly != g.orderly):
             g.retry_delays_ms = list(new_delays)
             g.max_reconsume = new_max
             g.start_from = new_start
-            pos = self._journal(g, ["P", g.retry_delays_ms, g.max_reconsume, g.start_from])
+            g.orderly = orderly
+            pos = self._journal(g, ["P", g.retry_delays_ms, g.max_reconsume, g.start_from,
+                                    g.orderly])
         if not member_id:
             member_id = f"{client_id or 'consumer'}-{uuid.uuid4().hex[:12]}"
         mem = g.members.get(member_id)
@@ -495,8 +552,9 @@ class DeliveryManager:
                 if room <= 0 or budget <= 0:
                     break
                 qs = t.queues[(g.rr + i) % n]
-                taken, used, p = self._receive_queue(g, member_id, qs, tags, room, budget,
-                                                     deadline, deadline_wall, out)
+                receive_queue = self._receive_orderly if g.orderly else self._receive_queue
+                taken, used, p = receive_queue(g, member_id, qs, tags, room, budget,
+                                               deadline, deadline_wall, out)
                 room -= taken
                 budget -= used
                 pos = max(pos, p)
@@ -571,6 +629,7 @@ class DeliveryManager:
         new_next = start
         used = 0
         chunk = min(budget, RECEIVE_FIRST_READ_BYTES)
+        gaps = tags is not None  # leased offsets are not contiguous
         while new_next < end and len(offsets) < room and used < budget:
             # read what the lease can use: small first, growing, not the whole byte budget
             data = lg.read(new_next, chunk, upto_offset=end)
@@ -583,6 +642,10 @@ class DeliveryManager:
                     break
                 first = max(h.base_offset, new_next)
                 last = h.last_offset
+                if h.attributes & ATTR_SCHEDULED:  # the scheduler appends a copy when due
+                    new_next = max(new_next, last + 1)
+                    gaps = True
+                    continue
                 if tags is None:
                     take = min(last - first + 1, room - len(offsets))
                     offsets.extend(range(first, first + take))
@@ -620,12 +683,195 @@ class DeliveryManager:
         batches = b"".join(parts)
         out.append((qs.topic, qs.queue, qs.topic_id, lease.lease_id, 0, offsets[0], offsets[-1],
                     batches))
-        runs = [[offsets[0], len(offsets)]] if tags is None else _runs(offsets)
+        runs = [[offsets[0], len(offsets)]] if not gaps else _runs(offsets)
         pos = self._journal(g, ["L", qs.topic, qs.queue, lease.lease_id, member_id, deadline_wall,
                                 0, runs])
         if new_next > offsets[-1] + 1:
             pos = self._journal(g, ["N", qs.topic, qs.queue, new_next])
         return len(offsets), len(batches), pos
+
+    def _receive_orderly(
+        self, g: DeliveryGroup, member_id: str, qs: QueueState, tags: frozenset[str] | None,
+        room: int, budget: int, deadline: int, deadline_wall: int, out: list[m.Delivery],
+    ) -> tuple[int, int, int]:
+        """Lease heads of sharding keys from one queue of an orderly group (see orderly.py):
+        ready ones first (failed ones whose backoff ended, next messages of finished keys), then
+        new ones from the scan position."""
+        key = (qs.topic, qs.queue)
+        lg = qs.log
+        pos = -1
+        cur = g.sources.get(key)
+        if cur is None:
+            cur = g.sources[key] = OrderlyCursor(qs.topic, qs.queue, self._start(g, qs))
+            pos = self._journal(g, ["N", qs.topic, qs.queue, cur.next])
+        assert isinstance(cur, OrderlyCursor)
+        if cur.next < lg.start_offset:
+            cur.skip_to(lg.start_offset)
+        taken: dict[int, list[tuple[list[int], bytes]]] = {}  # reconsume -> (offsets, batch)
+        n = used = 0
+        gone: list[int] = []
+        ready = cur.take_ready(self._now())
+        if ready:
+            if len(ready) > room:
+                cur.unready(ready[room:])
+                ready = ready[:room]
+            failures = cur.failures
+            got: set[int] = set()
+            for offs, part in self._read_offsets(lg, ready, budget, failures):
+                f = failures.get(offs[0])  # a redelivery gets its own lease (its own count)
+                taken.setdefault(f.reconsume if f is not None else 0, []).append((offs, part))
+                got.update(offs)
+                used += len(part)
+            n = len(got)
+            for off in ready:
+                if off not in got:
+                    if off < lg.start_offset:  # deleted by retention
+                        cur.finish(off)
+                        gone.append(off)
+                    else:  # past the byte budget
+                        cur.unready([off])
+        end = qs.visible_end
+        limit = self.config.max_orderly_held
+        start = cur.next
+        chunk = min(budget, RECEIVE_FIRST_READ_BYTES)
+        fresh = taken.setdefault(0, [])
+        stop = False
+        while not stop and cur.next < end and n < room and used < budget \
+                and cur.held_count < limit:
+            data = lg.read(cur.next, chunk, upto_offset=end)
+            if not data:
+                break
+            before = cur.next
+            mv = memoryview(data)
+            for p0, h in iter_batches(mv):
+                if h.attributes & ATTR_SCHEDULED:  # the scheduler appends a copy when due
+                    if h.last_offset >= cur.next:
+                        gone.extend(range(max(h.base_offset, cur.next), h.last_offset + 1))
+                        cur.next = h.last_offset + 1
+                    continue
+                keep: list[tuple[int, int, int, int, int, int, int, int]] = []
+                for rec in iter_raw_records(mv, p0, h):
+                    o = rec[0]
+                    if o < cur.next:
+                        continue
+                    if n >= room or used >= budget or cur.held_count >= limit:
+                        stop = True
+                        break
+                    t0, t1, s1 = rec[2], rec[3], rec[4]
+                    if tags is not None and not (
+                            t1 > t0 and str(mv[t0:t1], "utf-8", "replace") in tags):
+                        cur.next = o + 1
+                        gone.append(o)
+                        continue
+                    if cur.examine(o, str(mv[t1:s1], "utf-8", "replace") if s1 > t1 else ""):
+                        keep.append(rec)
+                        n += 1
+                if keep:
+                    fb = filter_batch(mv, p0, h, keep)
+                    fresh.append(([r[0] for r in keep], fb))
+                    used += len(fb)
+                if stop:
+                    break
+            if cur.next == before:
+                break
+            chunk = min(max(budget - used, 1), chunk * 4)
+        if cur.next > start:
+            pos = self._journal(g, ["N", qs.topic, qs.queue, cur.next])
+        if gone:  # filtered out or deleted: finished for the group, without an ack time
+            pos = self._journal(g, ["A", qs.topic, qs.queue, _runs(gone)])
+        total = 0
+        for reconsume, parts in taken.items():
+            if not parts:
+                continue
+            lease = Lease(self._lease_id(), member_id, key, deadline, reconsume)
+            offsets = [o for offs, _ in parts for o in offs]
+            cur.lease(offsets, lease)
+            g.add_lease(lease, len(offsets))
+            batches = b"".join(part for _, part in parts)
+            out.append((qs.topic, qs.queue, qs.topic_id, lease.lease_id, reconsume, min(offsets),
+                        max(offsets), batches))
+            pos = self._journal(g, ["L", qs.topic, qs.queue, lease.lease_id, member_id,
+                                    deadline_wall, reconsume, _runs(offsets)])
+            total += len(batches)
+        cur.advance_floor()
+        return n, total, pos
+
+    def _read_offsets(
+        self, lg: Log, offsets: list[int], budget: int, alone: Container[int],
+    ) -> list[tuple[list[int], bytes]]:
+        """The records at ``offsets`` (rising) as batches, up to ``budget`` bytes: the wanted
+        records of one stored batch share one filtered batch, except those in ``alone``, which
+        get one each. Near offsets are read in one pass (clusters split at gaps of
+        ORDERLY_READ_GAP offsets), so a thousand heads cost a few reads, not a thousand."""
+        out: list[tuple[list[int], bytes]] = []
+        want = set(offsets)
+        used = 0
+        i = 0
+        while i < len(offsets) and used < budget:
+            j = i
+            while j + 1 < len(offsets) and offsets[j + 1] - offsets[j] <= ORDERLY_READ_GAP:
+                j += 1
+            pos, last = offsets[i], offsets[j]
+            i = j + 1
+            while pos <= last and used < budget:
+                try:
+                    data = lg.read(pos, 1 << 20)
+                except BrokerError:
+                    break
+                if not data:
+                    break
+                before = pos
+                mv = memoryview(data)
+                for p0, h in iter_batches(mv):
+                    if h.last_offset >= pos:
+                        keep = [r for r in iter_raw_records(mv, p0, h)
+                                if r[0] >= pos and r[0] in want]
+                        shared = [r for r in keep if r[0] not in alone]
+                        if shared:
+                            b = filter_batch(mv, p0, h, shared)
+                            out.append(([r[0] for r in shared], b))
+                            used += len(b)
+                        for r in keep:
+                            if r[0] in alone:
+                                b = filter_batch(mv, p0, h, [r])
+                                out.append(([r[0]], b))
+                                used += len(b)
+                    pos = max(pos, h.last_offset + 1)
+                    if pos > last or used >= budget:
+                        break
+                if pos == before:
+                    break
+        return out
+
+    def _pending_keys(self, cur: OrderlyCursor) -> dict[int, str | None]:
+        """After a restart: the sharding key of each pending offset of ``cur`` (missing: gone)."""
+        out: dict[int, str | None] = {}
+        t = self.topics.topics.get(cur.topic)
+        if t is None or cur.queue >= len(t.queues) or not cur.pending:
+            return out
+        lg = t.queues[cur.queue].log
+        want = cur.pending
+        pos = max(min(want), lg.start_offset)
+        last = max(want)
+        while pos <= last:
+            try:
+                data = lg.read(pos, 1 << 20)
+            except BrokerError:
+                break
+            if not data:
+                break
+            before = pos
+            mv = memoryview(data)
+            for p0, h in iter_batches(mv):
+                for rec in iter_raw_records(mv, p0, h):
+                    o = rec[0]
+                    if o in want:
+                        t1, s1 = rec[3], rec[4]
+                        out[o] = str(mv[t1:s1], "utf-8", "replace") if s1 > t1 else ""
+                pos = max(pos, h.last_offset + 1)
+            if pos == before:
+                break
+        return out
 
     def _start(self, g: DeliveryGroup, qs: QueueState) -> int:
         """Where a new cursor of ``g`` starts on ``qs``."""
@@ -659,6 +905,8 @@ class DeliveryManager:
         lease = cursor.finish(offset)
         if lease is not None:
             g.drop_from_lease(lease)
+        if isinstance(cursor, OrderlyCursor) and cursor.ready:
+            g.wake()  # the key's next message can go
 
     def _advance(self, g: DeliveryGroup, keys: Iterable[tuple[str, int]]) -> None:
         for key in keys:
@@ -676,7 +924,7 @@ class DeliveryManager:
         pos = -1
         for topic, queue, lease_id, offsets in entries:
             key = (topic, queue)
-            cursor: SourceCursor | RetryCursor | None = (
+            cursor: SourceCursor | OrderlyCursor | RetryCursor | None = (
                 g.retry if topic == g.retry_topic else g.sources.get(key)
             )
             if cursor is None:
@@ -699,6 +947,8 @@ class DeliveryManager:
                 held = lease
             if held is not None:
                 g.drop_from_lease(held, len(done))
+                if isinstance(cursor, OrderlyCursor) and cursor.ready:
+                    g.wake()  # next messages of these keys can go
                 runs = _runs(done)
                 wall = self.clock.wall_ms()
                 rec: list[Any] = ["A", topic, queue, runs, wall]
@@ -778,6 +1028,60 @@ class DeliveryManager:
 
     # -- moves to the retry and dead-letter queues --------------------------------------------
 
+    def _fail_in_place(
+        self, g: DeliveryGroup, cur: OrderlyCursor, offset: int, reconsume: int, delay_ms: int,
+        reason: str,
+    ) -> None:
+        """Orderly: the head stays the head of its key and is delivered again after a short
+        fixed backoff (``orderly_retry_ms``, or the nack's own delay)."""
+        if delay_ms < 0:
+            delay_ms = self.config.orderly_retry_ms
+        now = self._now()
+        wall = self.clock.wall_ms()
+        old = cur.failures.get(offset)
+        f = Failure(reconsume, now + delay_ms, old.since_wall if old is not None else wall,
+                    reason[:MAX_REASON_CHARS])
+        lease = cur.fail(offset, f, now)
+        if lease is not None:
+            g.drop_from_lease(lease)
+        self._journal(g, ["F", cur.topic, cur.queue, offset, reconsume, wall + delay_ms,
+                          f.since_wall, f.reason])
+        if delay_ms == 0:
+            g.wake()
+
+    def skip(self, name: str, msg_id: str) -> None:
+        """Send a pending message of an orderly group to its dead-letter queue on purpose, so
+        that its sharding key moves on (``ferrymq group skip``).
+
+        Raises:
+            InvalidRequestError: not a message id, or not a pending head of the group.
+            UnknownGroupError, UnknownTopicError.
+        """
+        g = self.group(name)
+        try:
+            topic_id, queue, offset = decode_msg_id(msg_id)
+        except ValueError:
+            raise InvalidRequestError(f"not a message id: {msg_id[:64]!r}") from None
+        t = self.topics.by_id.get(topic_id)
+        if t is None:
+            raise UnknownTopicError(f"no topic has id {topic_id} (message {msg_id})")
+        cur = g.sources.get((t.name, queue))
+        if not isinstance(cur, OrderlyCursor) or offset not in cur.pending:
+            raise InvalidRequestError(
+                f"message {msg_id} is not pending in orderly group {name!r} (skip works on "
+                "messages an orderly group has reached and not finished)")
+        k = cur.key_of.get(offset, "")
+        if k and cur.heads.get(k) != offset:
+            raise InvalidRequestError(
+                f"message {msg_id} waits behind message {cur.heads[k]} of its key {k!r}; "
+                "skip the first one")
+        f = cur.failures.get(offset)
+        lease = cur.leased.get(offset) or Lease(0, "", (t.name, queue), 0,
+                                                f.reconsume if f is not None else 0)
+        self._fail(g, (t.name, queue), offset, lease, counts=False, delay_ms=0,
+                   reason="skipped on purpose (ferrymq group skip)"
+                   + (f"; last failure: {f.reason}" if f is not None else ""), dead=True)
+
     def _internal_queue(self, name: str, *, create: bool) -> QueueState | None:
         t = self.topics.topics.get(name)
         if t is None:
@@ -805,11 +1109,18 @@ class DeliveryManager:
 
     def _fail(
         self, g: DeliveryGroup, key: tuple[str, int], offset: int, lease: Lease, *,
-        counts: bool, delay_ms: int, reason: str,
+        counts: bool, delay_ms: int, reason: str, dead: bool = False,
     ) -> None:
-        """A delivery failed (or is handed back): move the message on, then finish it here."""
-        self._finish(g, key, offset)
+        """A delivery failed (or is handed back): move the message on, then finish it here.
+
+        An orderly group keeps the message where it is (retried in place) unless it is dead;
+        ``dead`` sends it to the dead-letter queue whatever its count."""
         reconsume = lease.reconsume + (1 if counts else 0)
+        cur = g.sources.get(key)
+        if isinstance(cur, OrderlyCursor) and not dead and reconsume <= g.max_reconsume:
+            self._fail_in_place(g, cur, offset, reconsume, delay_ms, reason)
+            return
+        self._finish(g, key, offset)
         record = self._read_record(g, key, offset)
         if record is None:  # deleted by retention (or the topic was deleted): nothing to move
             log.warning("delivery group %s: %s/%d@%d is gone; dropped from the group", g.name,
@@ -826,10 +1137,11 @@ class DeliveryManager:
             t = self.topics.get(key[0])
             origin = Letter(key[0], key[1], offset, encode_msg_id(t.topic_id, key[1], offset), 0)
         wall = self.clock.wall_ms()
-        dead = reconsume > g.max_reconsume
+        if not dead and reconsume > g.max_reconsume:
+            dead = True
+            reason = f"{reason} (failed {reconsume} times, max_reconsume {g.max_reconsume})"
         if dead:
             target = g.dlq_topic
-            reason = f"{reason} (failed {reconsume} times, max_reconsume {g.max_reconsume})"
             due_wall = wall
         else:
             if delay_ms < 0:
@@ -899,7 +1211,12 @@ class DeliveryManager:
                 for off in sorted(lease.offsets):
                     self._fail(g, lease.key, off, lease, counts=True, delay_ms=0,
                                reason="lease expired before an ack")
-            if g.retry.due and g.retry.due[0][0] <= now and g.waiters:
+            if g.waiters and (
+                (g.retry.due and g.retry.due[0][0] <= now)
+                or (g.orderly and any(
+                    (d := c.next_due()) is not None and d <= now
+                    for c in g.sources.values() if isinstance(c, OrderlyCursor)))
+            ):
                 g.wake()
         self.compact()
 
@@ -940,9 +1257,20 @@ class DeliveryManager:
                                cur.in_flight if cur is not None else 0, age))
         dlq = self._internal_queue(g.dlq_topic, create=False)
         dlq_size = max(0, dlq.log.end_offset - max(g.dlq_floor, dlq.log.start_offset)) if dlq else 0
+        blocked: list[m.BlockedKey] = []
+        for cur in g.sources.values():
+            if not isinstance(cur, OrderlyCursor):
+                continue
+            t = self.topics.topics.get(cur.topic)
+            if t is None:
+                continue
+            for k, off, f in cur.blocked():
+                nxt = -1 if off in cur.leased else self._to_wall(f.until)
+                blocked.append((cur.topic, cur.queue, k, encode_msg_id(t.topic_id, cur.queue, off),
+                                f.reconsume, f.since_wall, nxt, f.reason))
         return m.DescribeDeliveryResponse(
             g.name, members, queues, g.retry.waiting, g.retry.in_flight, dlq_size,
-            list(g.retry_delays_ms), g.max_reconsume,
+            list(g.retry_delays_ms), g.max_reconsume, g.orderly, blocked,
         )
 
     def _dlq_records(
@@ -1011,6 +1339,14 @@ class DeliveryManager:
                 lease = cur.leased[offset]
                 out.append((g.name, "DELIVERED", lease.member, self._to_wall(lease.deadline), 0,
                             -1, "", -1))
+                continue
+            if isinstance(cur, OrderlyCursor) and offset in cur.pending:
+                f = cur.failures.get(offset)
+                if f is not None:  # retried in place
+                    out.append((g.name, "RETRYING", "", -1, f.reconsume, self._to_wall(f.until),
+                                f.reason, -1))
+                else:  # behind its key's head
+                    out.append((g.name, "WAITING", "", -1, 0, -1, "", -1))
                 continue
             if cur is None or offset >= cur.next:
                 out.append((g.name, "WAITING", "", -1, 0, -1, "", -1))

@@ -20,9 +20,12 @@ import heapq
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from ferrymq.protocol.letters import Letter
+
+if TYPE_CHECKING:
+    from ferrymq.broker.delivery.orderly import OrderlyCursor
 
 
 @dataclass(eq=False, slots=True)
@@ -185,7 +188,8 @@ class DeliveryGroup:
     retry: RetryCursor = field(default_factory=lambda: RetryCursor(0))
     dlq_floor: int = 0
     members: dict[str, DeliveryMember] = field(default_factory=dict)
-    sources: dict[tuple[str, int], SourceCursor] = field(default_factory=dict)
+    orderly: bool = False  # fixed when the group is created
+    sources: dict[tuple[str, int], SourceCursor | OrderlyCursor] = field(default_factory=dict)
     leases: dict[int, Lease] = field(default_factory=dict)
     in_flight: dict[str, int] = field(default_factory=dict)  # member -> leased messages
     expiry: list[tuple[int, int]] = field(default_factory=list)  # (deadline, lease id)
@@ -212,6 +216,14 @@ class DeliveryGroup:
                     and run.topic == topic:
                 return run.wall_ms
         return -1
+
+    def new_cursor(self, topic: str, queue: int, start: int) -> SourceCursor | OrderlyCursor:
+        """A cursor for a queue this group starts reading (orderly or not, as the group)."""
+        from ferrymq.broker.delivery.orderly import OrderlyCursor  # it imports Lease from here
+
+        if self.orderly:
+            return OrderlyCursor(topic, queue, start)
+        return SourceCursor(topic, queue, start)
 
     @property
     def retry_topic(self) -> str:

@@ -10,7 +10,16 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ferrymq.broker.handlers import admin, delivery, fetch, groups, keys, offsets, produce
+from ferrymq.broker.handlers import (
+    admin,
+    delivery,
+    fetch,
+    groups,
+    keys,
+    offsets,
+    produce,
+    schedule,
+)
 from ferrymq.protocol.messages import ApiKey, Body
 
 Handler = Callable[[Any, Any], Body | Awaitable[Body]]
@@ -43,6 +52,8 @@ HANDLERS: dict[int, Handler] = {
     ApiKey.DESCRIBE_DELIVERY: delivery.describe_delivery,
     ApiKey.MESSAGE_STATUS: delivery.message_status,
     ApiKey.DLQ_ADMIN: delivery.dlq_admin,
+    ApiKey.SKIP_MESSAGE: delivery.skip_message,
     ApiKey.FIND_BY_KEY: keys.find_by_key,
+    ApiKey.CANCEL_SCHEDULED: schedule.cancel_scheduled,
 }
 assert set(HANDLERS) == set(ApiKey)

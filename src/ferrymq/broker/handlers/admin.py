@@ -18,7 +18,7 @@ def hello(conn: BrokerConnection, req: m.HelloRequest) -> m.HelloResponse:
     conn.client_id = req.client_id[:256]
     c = conn.server.config
     return m.HelloResponse(__version__, c.broker_id, c.max_frame_bytes, c.max_message_bytes,
-                           c.max_batch_records, c.flush)
+                           c.max_batch_records, c.flush, c.max_delay_ms)
 
 
 def ping(conn: BrokerConnection, req: m.PingRequest) -> m.Empty:
@@ -65,7 +65,7 @@ def delete_topic(conn: BrokerConnection, req: m.DeleteTopicRequest) -> m.Empty:
 
 
 def describe_topic(conn: BrokerConnection, req: m.DescribeTopicRequest) -> m.DescribeTopicResponse:
-    """Per-queue offsets, sizes and segment counts."""
+    """Per-queue offsets, sizes and segment counts; pending scheduled messages."""
     t = conn.server.topics.topics.get(req.name)
     if t is None:
         raise UnknownTopicError(f"unknown topic {req.name[:249]!r}")
@@ -75,7 +75,8 @@ def describe_topic(conn: BrokerConnection, req: m.DescribeTopicRequest) -> m.Des
         last_append = max((s.max_append_time_ms or -1 for s in segs), default=-1)
         queues.append((qs.queue, qs.log.start_offset, qs.visible_end, qs.log.size_bytes,
                        len(segs), last_append))
-    return m.DescribeTopicResponse(t.name, t.topic_id, queues, t.config)
+    pending, next_due = conn.server.scheduler.topic_stats(t.topic_id)
+    return m.DescribeTopicResponse(t.name, t.topic_id, queues, t.config, pending, next_due)
 
 
 def init_producer(conn: BrokerConnection, req: m.InitProducerRequest) -> m.InitProducerResponse:

@@ -1,5 +1,5 @@
 """CONSUMER_HEARTBEAT, RECEIVE, ACK, NACK, CHANGE_INVISIBLE, CONSUMER_LEAVE, DESCRIBE_DELIVERY,
-MESSAGE_STATUS, DLQ_ADMIN: the wire side of :mod:`ferrymq.broker.delivery`.
+MESSAGE_STATUS, DLQ_ADMIN, SKIP_MESSAGE: the wire side of :mod:`ferrymq.broker.delivery`.
 
 In sync flush mode an answer that reports a state change (a lease, an ack, a policy) is sent
 only after the delivery journal holding that change is fsynced (group commit with the logs).
@@ -53,6 +53,7 @@ def consumer_heartbeat(
     g, mem, pos = srv.delivery.heartbeat(
         req.group, req.member_id, req.client_id or conn.client_id, conn.peer,
         req.subscriptions, timeout, req.retry_delays_ms, req.max_reconsume, req.start_from,
+        req.orderly,
     )
     return _after(srv, g.name, pos, m.ConsumerHeartbeatResponse(mem.member_id, len(g.members)))
 
@@ -151,6 +152,12 @@ def describe_delivery(
 def message_status(conn: BrokerConnection, req: m.MessageStatusRequest) -> m.MessageStatusResponse:
     """The consume status of one message in each delivery group."""
     return conn.server.delivery.message_status(req.msg_id)
+
+
+def skip_message(conn: BrokerConnection, req: m.SkipMessageRequest) -> m.Empty:
+    """Dead-letter a stuck message of an orderly group on purpose (its key moves on)."""
+    conn.server.delivery.skip(req.group, req.msg_id)
+    return m.Empty()
 
 
 def dlq_admin(

@@ -11,6 +11,10 @@ or ``max_wait_ms`` passed. No busy loop: an idle long poll costs one timer.
 Tag filtering keeps the matching records of each batch and rebuilds the batch around them (same
 header, fresh CRCs, original offsets). Runs of batches with no match shrink to one header-only
 batch that covers their offsets, so the consumer still advances past them.
+
+Scheduled originals (batches with ``ATTR_SCHEDULED``) are never delivered: with or without a
+filter, a run of them becomes such a header-only batch (consumers get the scheduler's copy when
+the message is due). A read without scheduled batches is sent as it was read.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from ferrymq.broker.topics import wait_for_wakeup
 from ferrymq.errors import BrokerError, OffsetOutOfRangeError
 from ferrymq.protocol import messages as m
 from ferrymq.protocol.records import (
+    ATTR_SCHEDULED,
     HEADER_SIZE,
     encode_skip_batch,
     filter_batch,
@@ -94,7 +99,7 @@ def _read_all(
             if budget > 0 and offset < end:
                 limit = max(1, min(max_bytes, budget))
                 if tags is None:
-                    data = lg.read(offset, limit, upto_offset=end)
+                    data = _hide_scheduled(lg.read(offset, limit, upto_offset=end))
                 else:
                     data = _read_filtered(qs, offset, limit, end, tags)
             elif offset == end:
@@ -130,10 +135,11 @@ def _read_filtered(
         for pos, h in iter_batches(mv):
             advanced = True
             keep = []
-            for rec in iter_raw_records(mv, pos, h):
-                t0, t1 = rec[2], rec[3]
-                if t1 > t0 and rec[0] >= offset and bytes(mv[t0:t1]) in wanted:
-                    keep.append(rec)
+            if not h.attributes & ATTR_SCHEDULED:
+                for rec in iter_raw_records(mv, pos, h):
+                    t0, t1 = rec[2], rec[3]
+                    if t1 > t0 and rec[0] >= offset and bytes(mv[t0:t1]) in wanted:
+                        keep.append(rec)
             if keep:
                 if skip_start >= 0:
                     out.append(encode_skip_batch(skip_header, skip_start, skip_end))
@@ -151,6 +157,31 @@ def _read_filtered(
             pos_offset = h.last_offset + 1
         if not advanced:
             break
+    if skip_start >= 0:
+        out.append(encode_skip_batch(skip_header, skip_start, skip_end))
+    return b"".join(out)
+
+
+def _hide_scheduled(data: bytes) -> bytes:
+    """``data`` with every run of scheduled batches replaced by one header-only batch covering
+    their offsets (``data`` itself when it holds none: the common case costs a header walk)."""
+    mv = memoryview(data)
+    if not any(h.attributes & ATTR_SCHEDULED for _pos, h in iter_batches(mv)):
+        return data
+    out: list[bytes | memoryview] = []
+    skip_start = skip_end = -1
+    skip_header = b""
+    for pos, h in iter_batches(mv):
+        if h.attributes & ATTR_SCHEDULED:
+            if skip_start < 0:
+                skip_start = h.base_offset
+                skip_header = bytes(mv[pos : pos + HEADER_SIZE])
+            skip_end = h.last_offset
+            continue
+        if skip_start >= 0:
+            out.append(encode_skip_batch(skip_header, skip_start, skip_end))
+            skip_start = -1
+        out.append(mv[pos : pos + h.size])
     if skip_start >= 0:
         out.append(encode_skip_batch(skip_header, skip_start, skip_end))
     return b"".join(out)

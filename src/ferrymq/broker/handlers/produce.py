@@ -1,8 +1,10 @@
 """PRODUCE: check each batch, append it, acknowledge at the configured durability.
 
 The batch bytes are appended as they came (after the CRC check and stamping): no per-message
-work. In sync flush mode the response waits until every entry's offsets are fsynced (group
-commit, see :mod:`ferrymq.broker.flusher`).
+work, except for scheduled batches (``ATTR_SCHEDULED``): their records' due times are checked
+before the append and indexed by the scheduler right after it
+(:mod:`ferrymq.broker.scheduler`). In sync flush mode the response waits until every entry's
+offsets are fsynced (group commit, see :mod:`ferrymq.broker.flusher`).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import TYPE_CHECKING
 from ferrymq.errors import BrokerError, BrokerShuttingDownError, StorageFailureError
 from ferrymq.protocol import messages as m
 from ferrymq.protocol.messages import Durability
-from ferrymq.protocol.records import validate_batch
+from ferrymq.protocol.records import ATTR_SCHEDULED, validate_batch
 
 if TYPE_CHECKING:
     from ferrymq.broker.connection import BrokerConnection
@@ -38,8 +40,9 @@ def produce(
             qs = srv.topics.queue(topic, queue)
             if qs in srv.flusher.failed:
                 raise StorageFailureError(f"{topic}/{queue} had an fsync failure; restart needed")
-            validate_batch(batch, max_message_bytes=cfg.max_message_bytes,
-                           max_records=cfg.max_batch_records)
+            h = validate_batch(batch, max_message_bytes=cfg.max_message_bytes,
+                               max_records=cfg.max_batch_records)
+            dues = srv.scheduler.check(batch, h, now_ms) if h.attributes & ATTR_SCHEDULED else None
             res = qs.log.append(batch, now_ms=now_ms)
         except BrokerError as exc:
             results.append((topic, queue, exc.code, str(exc)[:1024], -1, -1, -1, 0, -1))
@@ -51,6 +54,8 @@ def produce(
         results.append((topic, queue, 0, "", res.base_offset, res.last_offset,
                         res.append_time_ms, durability, qs.topic_id))
         if not res.duplicate:
+            if dues is not None:
+                srv.scheduler.on_append(qs, batch, res.base_offset, res.append_time_ms, dues)
             srv.flusher.mark_dirty(qs)
             if not sync:
                 qs.advance(qs.log.end_offset)

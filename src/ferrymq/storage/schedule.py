@@ -1,0 +1,345 @@
+"""The scheduler's time index on disk: one append-only file of fixed-size entries per bucket of
+due time, plus a checkpoint of per-queue watermarks.
+
+Theory of operation
+-------------------
+A scheduled message is stored in its queue's log like any message (that is the source of
+truth). This index says *when* each one is due, grouped so that only the near future has to be
+read into memory: the broker's scheduler (:mod:`ferrymq.broker.scheduler`) loads a bucket when
+its start comes within a look-ahead of now, and never holds the far future. The index is derived
+data: what a crash loses of it is found again by rescanning the logs from the watermarks.
+
+Directory layout::
+
+    <data-dir>/schedule/
+      00000001763683200000.bucket   entries of the bucket starting at that wall ms (20 digits)
+      00000001763683260000.bucket   the next bucket (bucket width: schedule_bucket_ms)
+      scheduler.checkpoint          per-queue watermarks (a checkpoint file, see storage.md)
+
+Entry (32 bytes, little-endian); a file is entries back to back, written with ``os.write``::
+
+    off  size  field
+    0    1     kind       u8   0 scheduled, 1 fired, 2 cancelled
+    1    3     reserved   0
+    4    8     due_ms     i64  wall-clock ms when the message is due
+    12   4     topic_id   u32  the original's position: topic id,
+    16   2     queue      u16  queue,
+    18   2     reserved   0
+    20   8     offset     i64  and offset
+    28   4     crc        u32  CRC32C of bytes [0, 28)
+
+A *fired* or *cancelled* entry settles the scheduled entry before it with the same position and
+due time. The pending messages of a bucket are its scheduled entries minus the settled ones. A
+file whose length is not a multiple of 32 has a torn tail (a crash in the middle of a write): the
+partial entry is ignored and cut before the next append. An entry whose CRC fails is skipped and
+counted (at the end of the file: torn; elsewhere: corruption, reported by the caller).
+
+Threads: appends, reads and deletes run on the broker's event-loop thread; :meth:`ScheduleStore.sync`
+runs on the flusher thread. File descriptors are only closed by ``sync`` (or by ``close`` once
+the flusher has stopped), so none is closed while it is being fsynced.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import struct
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+from typing import NamedTuple
+
+import msgpack
+
+from ferrymq.errors import CorruptRecordError
+from ferrymq.protocol.records import crc32c
+from ferrymq.storage.checkpoint import read_checkpoint, write_checkpoint
+from ferrymq.storage.files import OFFSET_DIGITS, TMP_SUFFIX, fsync_directory
+
+__all__ = [
+    "BUCKET_SUFFIX",
+    "CANCELLED",
+    "ENTRY_SIZE",
+    "FIRED",
+    "SCHEDULED",
+    "WATERMARKS_FILE",
+    "BucketScan",
+    "Entry",
+    "Position",
+    "RawEntry",
+    "ScheduleStore",
+    "decode_entries",
+    "encode_entries",
+    "pending_entries",
+]
+
+_log = logging.getLogger("ferrymq.storage")
+
+SCHEDULED = 0
+FIRED = 1
+CANCELLED = 2
+BUCKET_SUFFIX = ".bucket"
+WATERMARKS_FILE = "scheduler.checkpoint"
+MAX_OPEN_BUCKETS = 64
+"""Bucket files kept open for appends; the least recently written beyond this are closed (after
+their next fsync)."""
+
+_BODY = struct.Struct("<B3xqIH2xq")
+_ENTRY = struct.Struct("<B3xqIH2xqI")
+ENTRY_SIZE = _ENTRY.size
+assert _BODY.size == 28
+assert ENTRY_SIZE == 32
+
+Position = tuple[int, int, int]
+"""(topic id, queue, offset) of a scheduled original."""
+
+
+class Entry(NamedTuple):
+    """One index entry."""
+
+    kind: int
+    due_ms: int
+    topic_id: int
+    queue: int
+    offset: int
+
+
+RawEntry = tuple[int, int, int, int, int]
+"""An :class:`Entry` as a plain tuple (what :func:`decode_entries` returns: cheaper)."""
+
+
+class BucketScan(NamedTuple):
+    """What reading one bucket file found."""
+
+    entries: list[RawEntry]
+    corrupt: int  # entries with a bad CRC followed by good ones
+    torn_bytes: int  # bytes of the torn tail (a partial entry, or bad-CRC entries at the end)
+
+
+def encode_entries(entries: Iterable[tuple[int, int, int, int, int]]) -> bytes:
+    """Entries ``(kind, due_ms, topic_id, queue, offset)`` as file bytes, each with its CRC."""
+    out = bytearray()
+    pack = _BODY.pack
+    for e in entries:
+        body = pack(*e)
+        out += body
+        out += crc32c(body).to_bytes(4, "little")
+    return bytes(out)
+
+
+def decode_entries(data: bytes | bytearray | memoryview) -> BucketScan:
+    """The valid entries of a bucket file's content, as ``(kind, due_ms, topic_id, queue,
+    offset)`` tuples."""
+    size = len(data)
+    whole = size - size % ENTRY_SIZE
+    raw = bytes(data[:whole])
+    entries: list[RawEntry] = []
+    append = entries.append
+    bad_run = 0  # consecutive bad entries not yet known to be mid-file
+    corrupt = 0
+    crc = crc32c
+    p = 0
+    for fields in _ENTRY.iter_unpack(raw):  # the hot loop of a start: keep it lean
+        if crc(raw[p : p + 28]) != fields[5] or fields[0] > CANCELLED:
+            bad_run += 1
+        else:
+            if bad_run:
+                corrupt += bad_run
+                bad_run = 0
+            append(fields[:5])
+        p += ENTRY_SIZE
+    return BucketScan(entries, corrupt, size - whole + bad_run * ENTRY_SIZE)
+
+
+def pending_entries(entries: Iterable[RawEntry]) -> dict[Position, int]:
+    """``position -> due_ms`` of the scheduled entries not settled by a later fired or
+    cancelled entry (same position and due time)."""
+    pending: dict[Position, int] = {}
+    for kind, due, tid, q, off in entries:
+        pos = (tid, q, off)
+        if kind == SCHEDULED:
+            pending[pos] = due
+        elif pending.get(pos) == due:
+            del pending[pos]
+    return pending
+
+
+def bucket_file_name(start_ms: int) -> str:
+    """``<start ms, 20 digits>.bucket``."""
+    if start_ms < 0:
+        raise ValueError(f"negative bucket start {start_ms}")
+    return f"{start_ms:0{OFFSET_DIGITS}d}{BUCKET_SUFFIX}"
+
+
+class ScheduleStore:
+    """The bucket files and the watermark checkpoint of one broker.
+
+    Args:
+        directory: ``<data-dir>/schedule`` (created if missing).
+        max_open: bucket files kept open for appends.
+    """
+
+    def __init__(self, directory: Path, *, max_open: int = MAX_OPEN_BUCKETS) -> None:
+        self.directory = directory
+        directory.mkdir(parents=True, exist_ok=True)
+        for p in directory.iterdir():
+            if p.name.endswith(TMP_SUFFIX):
+                p.unlink(missing_ok=True)
+        self._max_open = max_open
+        self._lock = threading.Lock()
+        self._fds: collections.OrderedDict[int, int] = collections.OrderedDict()  # start -> fd
+        self._dirty: set[int] = set()  # fds written since the last sync
+        self._closing: list[int] = []  # fds to close after their next fsync
+        self._dir_dirty = False
+        self.bytes_written = 0
+
+    # -- buckets -------------------------------------------------------------------------------
+
+    def bucket_starts(self) -> list[int]:
+        """Start (wall ms) of every bucket file, ascending."""
+        out = []
+        for p in self.directory.iterdir():
+            name = p.name
+            stem = name[: -len(BUCKET_SUFFIX)]
+            if name.endswith(BUCKET_SUFFIX) and len(stem) == OFFSET_DIGITS and stem.isdigit():
+                out.append(int(stem))
+        return sorted(out)
+
+    def path(self, start_ms: int) -> Path:
+        """The file of the bucket starting at ``start_ms``."""
+        return self.directory / bucket_file_name(start_ms)
+
+    def read(self, start_ms: int) -> BucketScan:
+        """Every valid entry of a bucket (empty when the file does not exist).
+
+        Raises:
+            OSError: the file exists but cannot be read.
+        """
+        try:
+            data = self.path(start_ms).read_bytes()
+        except FileNotFoundError:
+            return BucketScan([], 0, 0)
+        return decode_entries(data)
+
+    def append(self, start_ms: int, data: bytes) -> None:
+        """Append encoded entries to a bucket file (creating it): one ``write(2)``, so they
+        survive a process crash at once and a power loss after the next :meth:`sync`.
+
+        Raises:
+            OSError: the write failed.
+        """
+        fd = self._fds.get(start_ms)
+        if fd is None:
+            fd = self._open(start_ms)
+        else:
+            self._fds.move_to_end(start_ms)
+        view = memoryview(data)
+        while view:
+            n = os.write(fd, view)
+            view = view[n:]
+        self.bytes_written += len(data)
+        with self._lock:
+            self._dirty.add(fd)
+
+    def _open(self, start_ms: int) -> int:
+        path = self.path(start_ms)
+        existed = path.exists()
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        size = os.fstat(fd).st_size
+        torn = size % ENTRY_SIZE
+        if size - torn >= ENTRY_SIZE:  # entries with a bad CRC at the end are torn too
+            last = os.pread(fd, ENTRY_SIZE, size - torn - ENTRY_SIZE)
+            if crc32c(last[:28]) != int.from_bytes(last[28:], "little"):
+                torn = decode_entries(path.read_bytes()).torn_bytes
+        if torn:  # a torn tail (a crash in mid-write): cut it so later entries stay aligned
+            _log.warning("%s: cutting a torn tail of %d bytes", path, torn)
+            os.ftruncate(fd, size - torn)
+        with self._lock:
+            self._fds[start_ms] = fd
+            if not existed:
+                self._dir_dirty = True
+            while len(self._fds) > self._max_open:
+                _start, old = self._fds.popitem(last=False)
+                self._closing.append(old)
+        return fd
+
+    def delete(self, start_ms: int) -> None:
+        """Delete a bucket file (its descriptor is closed by the next :meth:`sync`)."""
+        with self._lock:
+            fd = self._fds.pop(start_ms, None)
+            if fd is not None:
+                self._closing.append(fd)
+            self._dir_dirty = True
+        self.path(start_ms).unlink(missing_ok=True)
+
+    # -- durability ----------------------------------------------------------------------------
+
+    def sync(self) -> None:
+        """fsync every bucket file written since the last call (flusher thread), then close the
+        descriptors given up since.
+
+        Raises:
+            OSError: an fsync failed (the entries are not durable).
+        """
+        with self._lock:
+            dirty, self._dirty = self._dirty, set()
+            closing, self._closing = self._closing, []
+            dir_dirty, self._dir_dirty = self._dir_dirty, False
+        try:
+            for fd in dirty:
+                os.fsync(fd)
+            if dir_dirty:
+                fsync_directory(self.directory)
+        finally:
+            for fd in closing:
+                os.close(fd)
+
+    @property
+    def has_unsynced(self) -> bool:
+        """Whether anything was written (or given up) since the last :meth:`sync`."""
+        return bool(self._dirty or self._closing or self._dir_dirty)
+
+    def close(self) -> None:
+        """fsync and close every file (the flusher must have stopped)."""
+        self.sync()
+        with self._lock:
+            fds = list(self._fds.values())
+            self._fds.clear()
+        for fd in fds:
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+    # -- watermarks ----------------------------------------------------------------------------
+
+    def read_watermarks(self) -> dict[tuple[int, int], int] | None:
+        """``(topic id, queue) -> offset`` from the checkpoint; None when missing or unreadable
+        (then every log must be rescanned)."""
+        path = self.directory / WATERMARKS_FILE
+        try:
+            raw = read_checkpoint(path)
+        except CorruptRecordError as exc:
+            _log.warning("ignoring %s (%s): every queue will be rescanned", path, exc)
+            return None
+        if raw is None:
+            return None
+        try:
+            data = msgpack.unpackb(raw, raw=False)
+            return {(int(t), int(q)): int(o) for t, q, o in data["watermarks"]}
+        except (ValueError, KeyError, TypeError) as exc:
+            _log.warning("ignoring %s (%s): every queue will be rescanned", path, exc)
+            return None
+
+    def write_watermarks(self, marks: dict[tuple[int, int], int]) -> None:
+        """Atomically replace the watermark checkpoint.
+
+        Raises:
+            OSError: the write failed (the previous checkpoint is untouched).
+        """
+        payload = msgpack.packb(
+            {"version": 1, "watermarks": [[t, q, o] for (t, q), o in sorted(marks.items())]},
+            use_bin_type=True,
+        )
+        write_checkpoint(self.directory / WATERMARKS_FILE, payload)
