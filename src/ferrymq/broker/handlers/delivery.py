@@ -10,9 +10,11 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, TypeVar
 
+from ferrymq.broker.scheduler import CANCELLED_STATE, NOT_SCHEDULED, PENDING
 from ferrymq.broker.topics import wait_for_wakeup
 from ferrymq.errors import InvalidRequestError, UnknownMemberError
 from ferrymq.protocol import messages as m
+from ferrymq.protocol.records import decode_msg_id
 
 if TYPE_CHECKING:
     from ferrymq.broker.connection import BrokerConnection
@@ -150,8 +152,27 @@ def describe_delivery(
 
 
 def message_status(conn: BrokerConnection, req: m.MessageStatusRequest) -> m.MessageStatusResponse:
-    """The consume status of one message in each delivery group."""
-    return conn.server.delivery.message_status(req.msg_id)
+    """The consume status of one message in each delivery group; for a scheduled (delayed)
+    message, its scheduling state instead: groups never consume the original, only the copy the
+    scheduler appends when it is due."""
+    srv = conn.server
+    resp = srv.delivery.message_status(req.msg_id)
+    tid, queue, offset = decode_msg_id(req.msg_id)  # valid: message_status checked it
+    state, due = srv.scheduler.lookup(tid, queue, offset)
+    if state == NOT_SCHEDULED:
+        return resp
+    if state == PENDING:
+        row = ("SCHEDULED", "", -1, 0, due, "not due yet (ferrymq message cancel MSG_ID cancels)",
+               -1)
+    elif state == CANCELLED_STATE:
+        row = ("CANCELLED", "", -1, 0, -1, "cancelled before it was due", -1)
+    else:  # FIRED or DONE
+        row = ("FIRED", "", -1, 0, -1,
+               "came due: consumers got a copy with its own id (its %SCHEDULED_ID property "
+               "names this message)", due)
+    groups = [st[0] for st in resp.statuses] or ["-"]
+    return m.MessageStatusResponse(resp.topic, resp.queue, resp.offset,
+                                   [(g, *row) for g in groups])
 
 
 def skip_message(conn: BrokerConnection, req: m.SkipMessageRequest) -> m.Empty:
