@@ -33,7 +33,7 @@ import logging
 import re
 import uuid
 from collections import deque
-from collections.abc import Callable, Container, Iterable
+from collections.abc import Callable, Container, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -63,6 +63,8 @@ from ferrymq.protocol.codes import ErrorCode
 from ferrymq.protocol.letters import MAX_REASON_CHARS, Letter
 from ferrymq.protocol.records import (
     ATTR_SCHEDULED,
+    BatchHeader,
+    RawRecord,
     decode_msg_id,
     encode_msg_id,
     filter_batch,
@@ -124,6 +126,31 @@ def _runs(offsets: Iterable[int]) -> list[list[int]]:
 
 def _expand(runs: list[list[int]]) -> list[int]:
     return [o for start, n in runs for o in range(start, start + n)]
+
+
+def _batches_between(
+    lg: Log, first: int, last: int
+) -> Iterator[tuple[memoryview, int, BatchHeader, list[RawRecord]]]:
+    """Each stored batch holding offsets ``first..last`` with its records in that range, read
+    sequentially (1 MiB at a time; stops early at a gap it cannot read past)."""
+    pos = max(first, lg.start_offset)
+    while pos <= last:
+        try:
+            data = lg.read(pos, 1 << 20)
+        except BrokerError:
+            return
+        if not data:
+            return
+        before = pos
+        mv = memoryview(data)
+        for p0, h in iter_batches(mv):
+            if h.last_offset >= pos:
+                yield mv, p0, h, [r for r in iter_raw_records(mv, p0, h) if pos <= r[0] <= last]
+            pos = max(pos, h.last_offset + 1)
+            if pos > last:
+                return
+        if pos == before:
+            return
 
 
 class DeliveryManager:
@@ -811,35 +838,21 @@ class DeliveryManager:
             j = i
             while j + 1 < len(offsets) and offsets[j + 1] - offsets[j] <= ORDERLY_READ_GAP:
                 j += 1
-            pos, last = offsets[i], offsets[j]
+            first, last = offsets[i], offsets[j]
             i = j + 1
-            while pos <= last and used < budget:
-                try:
-                    data = lg.read(pos, 1 << 20)
-                except BrokerError:
-                    break
-                if not data:
-                    break
-                before = pos
-                mv = memoryview(data)
-                for p0, h in iter_batches(mv):
-                    if h.last_offset >= pos:
-                        keep = [r for r in iter_raw_records(mv, p0, h)
-                                if r[0] >= pos and r[0] in want]
-                        shared = [r for r in keep if r[0] not in alone]
-                        if shared:
-                            b = filter_batch(mv, p0, h, shared)
-                            out.append(([r[0] for r in shared], b))
-                            used += len(b)
-                        for r in keep:
-                            if r[0] in alone:
-                                b = filter_batch(mv, p0, h, [r])
-                                out.append(([r[0]], b))
-                                used += len(b)
-                    pos = max(pos, h.last_offset + 1)
-                    if pos > last or used >= budget:
-                        break
-                if pos == before:
+            for mv, p0, h, recs in _batches_between(lg, first, last):
+                keep = [r for r in recs if r[0] in want]
+                shared = [r for r in keep if r[0] not in alone]
+                if shared:
+                    b = filter_batch(mv, p0, h, shared)
+                    out.append(([r[0] for r in shared], b))
+                    used += len(b)
+                for r in keep:
+                    if r[0] in alone:
+                        b = filter_batch(mv, p0, h, [r])
+                        out.append(([r[0]], b))
+                        used += len(b)
+                if used >= budget:
                     break
         return out
 
@@ -849,28 +862,12 @@ class DeliveryManager:
         t = self.topics.topics.get(cur.topic)
         if t is None or cur.queue >= len(t.queues) or not cur.pending:
             return out
-        lg = t.queues[cur.queue].log
         want = cur.pending
-        pos = max(min(want), lg.start_offset)
-        last = max(want)
-        while pos <= last:
-            try:
-                data = lg.read(pos, 1 << 20)
-            except BrokerError:
-                break
-            if not data:
-                break
-            before = pos
-            mv = memoryview(data)
-            for p0, h in iter_batches(mv):
-                for rec in iter_raw_records(mv, p0, h):
-                    o = rec[0]
-                    if o in want:
-                        t1, s1 = rec[3], rec[4]
-                        out[o] = str(mv[t1:s1], "utf-8", "replace") if s1 > t1 else ""
-                pos = max(pos, h.last_offset + 1)
-            if pos == before:
-                break
+        for mv, _p0, _h, recs in _batches_between(t.queues[cur.queue].log, min(want), max(want)):
+            for rec in recs:
+                if rec[0] in want:
+                    t1, s1 = rec[3], rec[4]
+                    out[rec[0]] = str(mv[t1:s1], "utf-8", "replace") if s1 > t1 else ""
         return out
 
     def _start(self, g: DeliveryGroup, qs: QueueState) -> int:
