@@ -52,13 +52,14 @@ def main() -> None:
     ap.add_argument("--only", choices=sorted(SCENARIOS), action="append")
     ap.add_argument("--json", metavar="OUT", help="Append one JSON line per scenario here.")
     args = ap.parse_args()
-    print(f"{'scenario':14} {'pending':>9} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} "
-          f"{'early':>5} {'lost':>5} {'dup':>5} {'RSS MB':>7}")
+    print(f"{'scenario':14} {'pending':>9} {'min ms':>7} {'p50 ms':>7} {'p99 ms':>7} "
+          f"{'max ms':>7} {'early':>5} {'lost':>5} {'dup':>4} {'RSS MB':>7} {'clock step':>10}")
     for name in args.only or list(SCENARIOS):
         r = run(name, args.flush)
-        print(f"{name:14} {r['pending_after_scheduling']:>9,} {r['p50_ms']:>8.1f} "
-              f"{r['p99_ms']:>8.1f} {r['max_ms']:>8.1f} {r['early']:>5} {r['lost']:>5} "
-              f"{r['duplicates']:>5} {r['broker_rss_mb_max']:>7.1f}", flush=True)
+        print(f"{name:14} {r['pending_after_scheduling']:>9,} {r['min_ms']:>7.1f} "
+              f"{r['p50_ms']:>7.1f} {r['p99_ms']:>7.1f} {r['max_ms']:>7.1f} {r['early']:>5} "
+              f"{r['lost']:>5} {r['duplicates']:>4} {r['broker_rss_mb_max']:>7.1f} "
+              f"{r['wall_clock_step_ms']:>10.1f}", flush=True)
         if args.json:
             with open(args.json, "a") as f:
                 f.write(json.dumps(r) + "\n")

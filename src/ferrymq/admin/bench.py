@@ -581,6 +581,7 @@ def run_delayed(address: str, *, messages: int = 10_000, measure: int | None = N
                     await asyncio.wait_for(stop_sampling.wait(), 0.5)
 
         sampler = asyncio.get_running_loop().create_task(sample())
+        wall_vs_mono0 = time.time() - time.monotonic()  # a wall-clock step shows up as a change
         # produce: due times are fixed once the send phase's length is known (estimated, then
         # every due time is at least `lead` s after the last send: checked below)
         est_s = 5.0 + messages / 40_000
@@ -655,15 +656,18 @@ def run_delayed(address: str, *, messages: int = 10_000, measure: int | None = N
         await sampler
         lat = sorted(lateness)
         blat = sorted(broker_lateness)
+        wall_step_ms = (time.time() - time.monotonic() - wall_vs_mono0) * 1000
         return {
             "workload": "delayed", "messages": messages, "measured": measure,
             "window_s": window, "shuffle": shuffle, "size": size, "queues": queues,
             "schedule_s": send_s, "schedule_msg_per_s": messages / send_s,
             "pending_after_scheduling": pending,
             "delivered": len(seen), "lost": measure - len(seen), "duplicates": dup,
-            "early": early,
-            "p50_ms": percentile(lat, 50), "p99_ms": percentile(lat, 99),
+            "early": early, "wall_clock_step_ms": wall_step_ms,
+            "min_ms": lat[0] if lat else float("nan"), "p50_ms": percentile(lat, 50),
+            "p99_ms": percentile(lat, 99),
             "max_ms": lat[-1] if lat else float("nan"),
+            "broker_min_ms": blat[0] if blat else float("nan"),
             "broker_p50_ms": percentile(blat, 50), "broker_p99_ms": percentile(blat, 99),
             "broker_max_ms": blat[-1] if blat else float("nan"),
             "broker_cpu_s_scheduling": cpu.used, "broker_cpu_s_delivering": cpu_fire.used,
