@@ -12,9 +12,10 @@ Tag filtering keeps the matching records of each batch and rebuilds the batch ar
 header, fresh CRCs, original offsets). Runs of batches with no match shrink to one header-only
 batch that covers their offsets, so the consumer still advances past them.
 
-Scheduled originals (batches with ``ATTR_SCHEDULED``) are never delivered: with or without a
-filter, a run of them becomes such a header-only batch (consumers get the scheduler's copy when
-the message is due). A read without scheduled batches is sent as it was read.
+Scheduled originals (batches with ``ATTR_SCHEDULED``) are left out of filtered reads (a run of
+them becomes part of such a header-only batch). An unfiltered read is sent as it was read, with
+no walk over its batches: the protocol says readers skip scheduled batches (every client does;
+consumers get the scheduler's copy when the message is due).
 """
 
 from __future__ import annotations
@@ -99,7 +100,7 @@ def _read_all(
             if budget > 0 and offset < end:
                 limit = max(1, min(max_bytes, budget))
                 if tags is None:
-                    data = _hide_scheduled(lg.read(offset, limit, upto_offset=end))
+                    data = lg.read(offset, limit, upto_offset=end)
                 else:
                     data = _read_filtered(qs, offset, limit, end, tags)
             elif offset == end:
@@ -161,27 +162,3 @@ def _read_filtered(
         out.append(encode_skip_batch(skip_header, skip_start, skip_end))
     return b"".join(out)
 
-
-def _hide_scheduled(data: bytes) -> bytes:
-    """``data`` with every run of scheduled batches replaced by one header-only batch covering
-    their offsets (``data`` itself when it holds none: the common case costs a header walk)."""
-    mv = memoryview(data)
-    if not any(h.attributes & ATTR_SCHEDULED for _pos, h in iter_batches(mv)):
-        return data
-    out: list[bytes | memoryview] = []
-    skip_start = skip_end = -1
-    skip_header = b""
-    for pos, h in iter_batches(mv):
-        if h.attributes & ATTR_SCHEDULED:
-            if skip_start < 0:
-                skip_start = h.base_offset
-                skip_header = bytes(mv[pos : pos + HEADER_SIZE])
-            skip_end = h.last_offset
-            continue
-        if skip_start >= 0:
-            out.append(encode_skip_batch(skip_header, skip_start, skip_end))
-            skip_start = -1
-        out.append(mv[pos : pos + h.size])
-    if skip_start >= 0:
-        out.append(encode_skip_batch(skip_header, skip_start, skip_end))
-    return b"".join(out)
