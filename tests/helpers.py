@@ -36,8 +36,9 @@ class BrokerProcess:
     """``ferrymq broker`` in a subprocess: start, kill -9, terminate, restart on the same port."""
 
     def __init__(self, data_dir: Path, *, port: int = 0, flush: str = "sync",
-                 extra: list[str] | None = None) -> None:
+                 extra: list[str] | None = None, env: dict[str, str] | None = None) -> None:
         self.data_dir = data_dir
+        self.env = env
         self.port = port or free_port()
         self.flush = flush
         self.extra = extra or []
@@ -61,6 +62,7 @@ class BrokerProcess:
             [sys.executable, "-m", "ferrymq.broker", "--port", str(self.port), "--data-dir",
              str(self.data_dir), "--flush", self.flush, *self.extra],
             stdout=subprocess.DEVNULL, stderr=log,
+            env={**os.environ, **self.env} if self.env else None,
         )
         log.close()
         deadline = time.monotonic() + timeout

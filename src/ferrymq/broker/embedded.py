@@ -8,6 +8,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from ferrymq._time import SYSTEM_CLOCK, Clock
 from ferrymq.broker.config import load
 from ferrymq.broker.server import BrokerServer
 
@@ -29,8 +30,10 @@ class Broker:
     """
 
     def __init__(
-        self, data_dir: str | Path, host: str = "127.0.0.1", port: int = 0, **config: Any
+        self, data_dir: str | Path, host: str = "127.0.0.1", port: int = 0, *,
+        clock: Clock = SYSTEM_CLOCK, **config: Any,
     ) -> None:
+        self.clock = clock
         self.config = load(overrides={"data_dir": str(data_dir), "host": host, "port": port,
                                       **config})
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -61,7 +64,7 @@ class Broker:
             loop = asyncio.new_event_loop()
             self._loop = loop
             try:
-                self._server = BrokerServer(self.config)
+                self._server = BrokerServer(self.config, self.clock)
                 loop.run_until_complete(self._server.start())
             except BaseException as exc:  # noqa: BLE001 - handed to the starting thread
                 error.append(exc)

@@ -22,10 +22,19 @@ Timer: one ``call_later`` on the earliest due entry, re-armed when an earlier on
 entries are fired in rounds (all due entries of a queue in one appended batch, at most
 :data:`MAX_FIRE_PER_ROUND` per round, rounds at least :data:`ROUND_INTERVAL_S` apart while
 messages keep coming due). Never early: an entry fires only when the scheduler's clock is at or
-past its due time. The scheduler's clock advances with the monotonic clock and jumps forward
-with the wall clock, never back: ``now = max(previous + monotonic elapsed, wall)``. A forward
-wall-clock jump therefore fires messages early by at most the jump; a backward jump holds
-nothing.
+past its fire time.
+
+The scheduler's clock: ``S = anchor + monotonic time elapsed``: it never follows a wall-clock
+jump while the broker runs, so a delay is measured in monotonic time. An entry stores the
+message's *due* time (append time + delay, or the ``deliver_at`` time: wall-clock ms that the
+log record determines, so entries are checked against their originals) and a *skew*: the
+scheduler's clock minus the append time when it was indexed. It fires when ``S`` reaches
+``due + skew`` (its *fire* time; buckets group entries by it). Without a clock jump ``S`` equals
+the wall clock and the skew is 0. After a jump of J, ``S`` differs from the wall clock by J for
+good and new entries carry skew J: every wait is still counted from the moment the message was
+stored. The anchor is checkpointed with the watermarks as ``(S, wall)``; a start resumes
+``S = S_saved + max(0, wall - wall_saved)`` (time while the broker was down counts as elapsed;
+a backward jump while down counts as none).
 
 Crash safety: the bucket files are derived data. Entries are written with ``write(2)`` right
 after the original's append (they survive ``kill -9``) and fsynced by the flusher. Each queue has
@@ -47,6 +56,7 @@ import asyncio
 import bisect
 import heapq
 import logging
+import math
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -114,8 +124,14 @@ CANCELLED_STATE = "CANCELLED"
 DONE = "DONE"
 NOT_SCHEDULED = "NOT_SCHEDULED"
 
-HeapItem = tuple[int, int, int, int, int]
-"""(due ms, topic id, queue, offset, bucket start) of a loaded pending entry."""
+HeapItem = tuple[int, int, int, int, int, int]
+"""(fire ms, topic id, queue, offset, bucket start, due ms) of a loaded pending entry."""
+SKEW_SNAP_MS = 2
+"""A skew this small (rounding between the clocks) is written as 0."""
+CLOCK_SAVE_MS = 50
+"""The clock anchor is checkpointed again when ``S - wall`` moved by more than this."""
+JUMP_LOG_MS = 1000
+"""A change of ``S - wall`` by more than this is logged as a wall-clock jump."""
 Item = tuple[int, int, int]
 """(offset, due ms, bucket start) of an entry being fired."""
 
@@ -128,22 +144,23 @@ class _Bucket:
     pending: int = 0
     firing: int = 0  # fired: the copy is not yet fsynced, the fired entry not yet written
     stats: dict[tuple[int, int], list[int]] = field(default_factory=dict)
-    """(topic id, queue) -> [pending, earliest due, lowest offset] (the last two are exact for
-    unloaded buckets, lower bounds for loaded ones)."""
+    """(topic id, queue) -> [pending, earliest fire time, lowest offset] (the last two are exact
+    for unloaded buckets, lower bounds for loaded ones)."""
     maxoff: dict[tuple[int, int], int] = field(default_factory=dict)
     """(topic id, queue) -> largest offset ever indexed here (deletion waits for watermarks)."""
     entries: dict[Position, int] | None = None
-    """Loaded: pending position -> due ms. None: not in memory."""
+    """Loaded: pending position -> fire time (ms on the scheduler's clock). None: not in
+    memory."""
 
-    def add(self, tid: int, q: int, off: int, due: int) -> None:
+    def add(self, tid: int, q: int, off: int, fire: int) -> None:
         key = (tid, q)
         st = self.stats.get(key)
         if st is None:
-            self.stats[key] = [1, due, off]
+            self.stats[key] = [1, fire, off]
         else:
             st[0] += 1
-            if due < st[1]:
-                st[1] = due
+            if fire < st[1]:
+                st[1] = fire
             if off < st[2]:
                 st[2] = off
         if off > self.maxoff.get(key, -1):
@@ -159,18 +176,19 @@ class _Bucket:
                 del self.stats[key]
         self.pending -= 1
 
-    def rebuild(self, pending: dict[Position, int]) -> None:
+    def rebuild(self, pending: dict[Position, tuple[int, int]]) -> None:
         """Exact counters from the pending entries of the file (``maxoff`` is kept)."""
         stats: dict[tuple[int, int], list[int]] = {}
         get = stats.get
-        for (tid, q, off), due in pending.items():
+        for (tid, q, off), (due, skew) in pending.items():
+            fire = due + skew
             st = get((tid, q))
             if st is None:
-                stats[(tid, q)] = [1, due, off]
+                stats[(tid, q)] = [1, fire, off]
             else:
                 st[0] += 1
-                if due < st[1]:
-                    st[1] = due
+                if fire < st[1]:
+                    st[1] = fire
                 if off < st[2]:
                     st[2] = off
         self.stats = stats
@@ -196,8 +214,13 @@ class Scheduler:
         self._far: list[int] = []  # heap of the starts of unloaded buckets (lazy)
         self._heap: list[HeapItem] = []
         self._topic_pending: dict[int, int] = {}
-        self._sched_ms = float(clock.wall_ms())
-        self._sched_mono = clock.monotonic()
+        self._anchor_ms = float(clock.wall_ms())
+        self._anchor_mono = clock.monotonic()
+        self._offset_saved = 0  # S - wall when the anchor was last checkpointed
+        self._skew_lo = 0  # the range of skews written (bounds where _find looks)
+        self._skew_hi = 0
+        self._skew_saved: tuple[int, ...] = (0, 0)
+        self._clock_pending: tuple[int, int, int, int] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._timer_due = 0
@@ -222,15 +245,52 @@ class Scheduler:
     # -- the scheduler's clock -------------------------------------------------------------------
 
     def now_ms(self) -> float:
-        """The scheduler's clock (wall ms): ``max(previous + monotonic elapsed, wall)``."""
-        mono = self.clock.monotonic()
-        t = self._sched_ms + (mono - self._sched_mono) * 1000.0
+        """The scheduler's clock in ms: ``anchor + monotonic time elapsed`` (module docstring)."""
+        return self._anchor_ms + (self.clock.monotonic() - self._anchor_mono) * 1000.0
+
+    def offset_ms(self) -> int:
+        """``S - wall``: 0 until the wall clock jumps while the broker runs."""
+        return round(self.now_ms()) - self.clock.wall_ms()
+
+    def to_wall(self, fire_ms: int) -> int:
+        """When (wall-clock ms, as the wall clock runs now) the scheduler's clock reaches
+        ``fire_ms``."""
+        offset = self.offset_ms()
+        return fire_ms if -SKEW_SNAP_MS <= offset <= SKEW_SNAP_MS else fire_ms - offset
+
+    def _skew(self, append_time_ms: int) -> int:
+        """The skew of an entry indexed now for a message stored at ``append_time_ms``:
+        ``S - append time``, rounded up (never early), small ones snapped to 0."""
+        skew = math.ceil(self.now_ms()) - append_time_ms
+        if -SKEW_SNAP_MS <= skew <= SKEW_SNAP_MS:
+            return 0
+        if skew < self._skew_lo:
+            self._skew_lo = skew
+        elif skew > self._skew_hi:
+            self._skew_hi = skew
+        return skew
+
+    def _clock_meta(self) -> tuple[int, int, int, int]:
         wall = self.clock.wall_ms()
-        if wall > t:
-            t = float(wall)
-        self._sched_ms = t
-        self._sched_mono = mono
-        return t
+        return round(self.now_ms()), wall, self._skew_lo, self._skew_hi
+
+    def _resume_clock(self) -> None:
+        """Continue the clock of the last run from the checkpoint (module docstring)."""
+        saved = self.store.read_clock()
+        if saved is None:
+            return
+        s_ms, w_ms, lo, hi = saved
+        wall = self.clock.wall_ms()
+        self._anchor_ms = float(s_ms + max(0, wall - w_ms))
+        self._anchor_mono = self.clock.monotonic()
+        self._offset_saved = round(self._anchor_ms) - wall
+        self._skew_lo = min(self._skew_lo, lo)
+        self._skew_hi = max(self._skew_hi, hi)
+        self._skew_saved = (lo, hi)
+        if abs(self._offset_saved) > JUMP_LOG_MS:
+            log.warning("scheduler: its clock runs %+d ms from the wall clock (wall-clock jumps "
+                        "while the broker ran); delays keep counting in monotonic time",
+                        self._offset_saved)
 
     def _bucket_start(self, due: int) -> int:
         return due - due % self._width
@@ -240,6 +300,7 @@ class Scheduler:
     def load(self) -> None:
         """Read the bucket files and the watermarks, then index what the logs hold above the
         watermarks (scheduled batches a crash left unindexed). Runs once, before listening."""
+        self._resume_clock()
         now = self.now_ms()
         watermarks = self.store.read_watermarks()
         marks = watermarks or {}
@@ -255,13 +316,18 @@ class Scheduler:
                 corrupt += scan.corrupt
             b = _Bucket(start)
             maxoff = b.maxoff
-            for kind, due, tid, q, off in scan.entries:  # one pass per entry: keep it lean
+            for kind, due, tid, q, off, skew in scan.entries:  # one pass per entry: keep it lean
                 if kind == SCHEDULED:
                     key = (tid, q)
                     if off > maxoff.get(key, -1):
                         maxoff[key] = off
                     if off >= marks.get(key, 0):
                         known.add((tid, q, off, due))
+                    if skew:
+                        if skew < self._skew_lo:
+                            self._skew_lo = skew
+                        elif skew > self._skew_hi:
+                            self._skew_hi = skew
             pending = pending_entries(scan.entries)
             b.rebuild(pending)
             for (tid, _q), st in b.stats.items():
@@ -322,7 +388,8 @@ class Scheduler:
                         if off >= pos and (tid, q, off, at) not in known:
                             items.append((off, at))
                     if items:
-                        self._register(tid, q, items)
+                        # the best guess: stored while today's offset S - wall held
+                        self._register(tid, q, items, self._skew(self.clock.wall_ms()))
                         found += len(items)
                 pos = max(pos, h.last_offset + 1)
             if pos == before:
@@ -364,7 +431,10 @@ class Scheduler:
 
     def _checkpoint_now(self) -> None:
         marks = self._watermarks()
-        self.store.write_watermarks(marks)
+        meta = self._clock_meta()
+        self.store.write_watermarks(marks, meta)
+        self._offset_saved = meta[0] - meta[1]
+        self._skew_saved = meta[2:]
         self._wm_written = self._wm_durable = marks
 
     # -- the flusher's side (ferrymq.broker.flusher.Flushable) --------------------------------------
@@ -374,9 +444,10 @@ class Scheduler:
         (flusher thread); the write sequence now durable."""
         seq = self._write_seq
         marks = self._wm_pending
+        meta = self._clock_pending
         self.store.sync()
         if marks is not None and marks is not self._wm_written:
-            self.store.write_watermarks(marks)
+            self.store.write_watermarks(marks, meta)
             self._wm_written = marks
             self._wm_durable = marks
         return seq
@@ -434,26 +505,28 @@ class Scheduler:
                 return
         items = [(base_offset + d, due.at(append_time_ms)) for d, due in dues]
         try:
-            self._register(qs.topic_id, qs.queue, items)
+            self._register(qs.topic_id, qs.queue, items, self._skew(append_time_ms))
         except OSError as exc:
             key = (qs.topic_id, qs.queue)
             self._hold[key] = min(self._hold.get(key, base_offset), base_offset)
             log.error("%s: cannot index scheduled messages at offset %d (%s); they will be "
                       "indexed from the log at the next start", qs, base_offset, exc)
 
-    def _register(self, tid: int, q: int, items: list[tuple[int, int]]) -> None:
+    def _register(self, tid: int, q: int, items: list[tuple[int, int]], skew: int) -> None:
+        """Index ``(offset, due ms)`` items of one queue whose entries get ``skew``."""
         now = self.now_ms()
         width = self._width
         cur = int(now) - int(now) % width
-        by_bucket: dict[int, list[tuple[int, int, int, int, int]]] = {}
+        by_bucket: dict[int, list[tuple[int, int, int, int, int, int]]] = {}
         for off, due in items:
-            start = due - due % width
+            fire = due + skew
+            start = fire - fire % width
             if start < cur:
                 start = cur  # due already: keep the past buckets closed
             ents = by_bucket.get(start)
             if ents is None:
                 ents = by_bucket[start] = []
-            ents.append((SCHEDULED, due, tid, q, off))
+            ents.append((SCHEDULED, due, tid, q, off, skew))
         horizon = now + self._lookahead
         heap = self._heap
         for start, ents in by_bucket.items():
@@ -467,20 +540,23 @@ class Scheduler:
                 else:
                     heapq.heappush(self._far, start)
             entries = b.entries
-            for _k, due, _t, _q, off in ents:
-                b.add(tid, q, off, due)
+            for _k, due, _t, _q, off, _s in ents:
+                fire = due + skew
+                b.add(tid, q, off, fire)
                 if entries is not None:
-                    entries[(tid, q, off)] = due
-                    heapq.heappush(heap, (due, tid, q, off, start))
+                    entries[(tid, q, off)] = fire
+                    heapq.heappush(heap, (fire, tid, q, off, start, due))
         self._topic_pending[tid] = self._topic_pending.get(tid, 0) + len(items)
         self._arm()
 
-    def _load_entries(self, b: _Bucket, pending: dict[Position, int]) -> None:
-        b.entries = pending
+    def _load_entries(self, b: _Bucket, pending: dict[Position, tuple[int, int]]) -> None:
+        entries = b.entries = {}
         heap = self._heap
         start = b.start
-        for (tid, q, off), due in pending.items():
-            heap.append((due, tid, q, off, start))
+        for pos, (due, skew) in pending.items():
+            fire = due + skew
+            entries[pos] = fire
+            heap.append((fire, pos[0], pos[1], pos[2], start, due))
         heapq.heapify(heap)
 
     def _load_bucket(self, b: _Bucket) -> None:
@@ -540,12 +616,12 @@ class Scheduler:
         n = 0
         pop = heapq.heappop
         while heap and heap[0][0] <= now and n < MAX_FIRE_PER_ROUND:
-            due, tid, q, off, start = pop(heap)
+            fire, tid, q, off, start, due = pop(heap)
             b = buckets.get(start)
             if b is None or b.entries is None:
                 continue
             pos = (tid, q, off)
-            if b.entries.get(pos) != due:
+            if b.entries.get(pos) != fire:
                 continue  # cancelled
             del b.entries[pos]
             b.remove(tid, q)
@@ -685,9 +761,9 @@ class Scheduler:
 
     def _settle(self, tid: int, q: int, items: Iterable[Item], kind: int) -> None:
         """Write fired (or cancelled) entries for fired items; they leave the in-flight count."""
-        by_bucket: dict[int, list[tuple[int, int, int, int, int]]] = {}
+        by_bucket: dict[int, list[tuple[int, int, int, int, int, int]]] = {}
         for off, due, start in items:
-            by_bucket.setdefault(start, []).append((kind, due, tid, q, off))
+            by_bucket.setdefault(start, []).append((kind, due, tid, q, off, 0))
         for start, ents in by_bucket.items():
             b = self._buckets.get(start)
             if b is not None:
@@ -731,8 +807,19 @@ class Scheduler:
                 del self._buckets[start]
                 self.store.delete(start)
         marks = self._watermarks()
-        if marks != self._wm_written or self.store.has_unsynced:
-            self._wm_pending = marks
+        meta = self._clock_meta()
+        offset = meta[0] - meta[1]
+        clock_moved = (abs(offset - self._offset_saved) > CLOCK_SAVE_MS
+                       or meta[2:] != self._skew_saved)
+        if clock_moved:
+            if abs(offset - self._offset_saved) > JUMP_LOG_MS:
+                log.warning("scheduler: the wall clock jumped by %+d ms; delays keep counting in "
+                            "monotonic time", self._offset_saved - offset)
+            self._offset_saved = offset
+            self._skew_saved = meta[2:]
+        if clock_moved or marks != self._wm_written or self.store.has_unsynced:
+            self._clock_pending = meta
+            self._wm_pending = marks  # a new dict: the flusher writes the checkpoint
             self.flusher.mark_dirty(self)
         self._arm()
 
@@ -778,26 +865,32 @@ class Scheduler:
 
     def _find(self, pos: Position, due: int) -> tuple[_Bucket | None, int]:
         """The bucket whose file holds the scheduled entry, and its state there: 0 pending, 1
-        fired (or firing), 2 cancelled, -1 not found."""
-        start = self._bucket_start(due)
-        order = [start] + [s for s, b in self._buckets.items() if b.entries is not None
-                           and s != start]
-        for s in order:
-            b = self._buckets.get(s)
-            if b is None:
-                continue
-            if b.entries is not None and b.entries.get(pos) == due:
+        fired (or firing), 2 cancelled, -1 not found.
+
+        The entry is in the bucket of its fire time ``due + skew``; the skew is one of those
+        written (``_skew_lo`` .. ``_skew_hi``, a single bucket unless the wall clock jumped) or
+        it went to a later bucket, which is loaded (it was due already when indexed; then only
+        its pending state is found)."""
+        for b in self._buckets.values():
+            if b.entries is not None and pos in b.entries:
                 return b, 0
-            if b.entries is None or s == start:
-                state = -1
-                for kind, d, tid, q, off in self.store.read(s).entries:
-                    if (tid, q, off) != pos or d != due:
-                        continue
-                    state = 0 if kind == SCHEDULED else 1 if kind == FIRED else 2
-                if state >= 0:
-                    if state == 0 and b.entries is not None:
-                        state = 1  # loaded, not pending: fired, its entry not yet written
-                    return b, state
+        width = self._width
+        first = self._bucket_start(due + min(self._skew_lo, 0))
+        last = self._bucket_start(due + max(self._skew_hi, 0))
+        home = self._bucket_start(due)
+        starts = sorted((s for s in self._buckets if first <= s <= last),
+                        key=lambda s: abs(s - home) // width)
+        for s in starts:
+            b = self._buckets[s]
+            state = -1
+            for kind, d, tid, q, off, _skew in self.store.read(s).entries:
+                if (tid, q, off) != pos or d != due:
+                    continue
+                state = 0 if kind == SCHEDULED else 1 if kind == FIRED else 2
+            if state >= 0:
+                if state == 0 and b.entries is not None:
+                    state = 1  # loaded, not pending: fired, its entry not yet written
+                return b, state
         return None, -1
 
     def cancel(self, msg_id: str) -> int:
@@ -813,15 +906,13 @@ class Scheduler:
         except ValueError:
             raise InvalidRequestError(f"not a message id: {msg_id[:64]!r}") from None
         qs, due = self._original_due(tid, q, off)
-        if due <= self.now_ms():
-            raise NotScheduledError(f"message {msg_id} is already due (delivered or being "
-                                    "delivered)")
         pos = (tid, q, off)
         b, state = self._find(pos, due)
         if b is None or state != 0:
-            what = {1: "already delivered", 2: "already cancelled"}.get(state, "not scheduled")
+            what = {1: "already due (delivered or being delivered)",
+                    2: "already cancelled"}.get(state, "not scheduled")
             raise NotScheduledError(f"message {msg_id} is {what}")
-        self.store.append(b.start, encode_entries([(CANCELLED, due, tid, q, off)]))
+        self.store.append(b.start, encode_entries([(CANCELLED, due, tid, q, off, 0)]))
         self._write_seq += 1
         if b.entries is not None:
             del b.entries[pos]  # its heap item is skipped when popped
@@ -848,18 +939,19 @@ class Scheduler:
         return (PENDING, FIRED_STATE, CANCELLED_STATE)[state], due
 
     def topic_stats(self, topic_id: int) -> tuple[int, int]:
-        """``(pending scheduled messages, earliest due ms or -1)`` of a topic."""
+        """``(pending scheduled messages, earliest due ms or -1)`` of a topic: when the first of
+        them fires, in wall-clock ms as the wall clock runs now."""
         n = self._topic_pending.get(topic_id, 0)
         if n <= 0:
             return 0, -1
         for start in sorted(self._buckets):
             b = self._buckets[start]
             if b.entries is not None:
-                dues = [d for (t, _q, _o), d in b.entries.items() if t == topic_id]
+                fires = [f for (t, _q, _o), f in b.entries.items() if t == topic_id]
             else:
-                dues = [st[1] for (t, _q), st in b.stats.items() if t == topic_id and st[0] > 0]
-            if dues:
-                return n, min(dues)
+                fires = [st[1] for (t, _q), st in b.stats.items() if t == topic_id and st[0] > 0]
+            if fires:
+                return n, self.to_wall(min(fires))
         return n, -1
 
     def retention_floors(self) -> dict[tuple[int, int], int]:

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-from ferrymq._time import SYSTEM_CLOCK, Clock
+from ferrymq._time import SYSTEM_CLOCK, Clock, clock_from_env
 from ferrymq.broker.config import BrokerConfig
 from ferrymq.broker.connection import BrokerConnection
 from ferrymq.broker.delivery import DeliveryManager
@@ -278,7 +278,7 @@ async def serve(config: BrokerConfig, on_started: Callable[[BrokerServer], Any] 
     Raises:
         BaseException: whatever made the shutdown fail (so the process exits non-zero).
     """
-    server = BrokerServer(config)
+    server = BrokerServer(config, clock_from_env())
     await server.start()
     if on_started is not None:
         on_started(server)

@@ -20,19 +20,24 @@ Entry (32 bytes, little-endian); a file is entries back to back, written with ``
 
     off  size  field
     0    1     kind       u8   0 scheduled, 1 fired, 2 cancelled
-    1    3     reserved   0
-    4    8     due_ms     i64  wall-clock ms when the message is due
+    1    1     skew_hi    i8   skew (below): bits 32..39, signed
+    2    2     skew_mid   u16  bits 16..31
+    4    8     due_ms     i64  wall-clock ms when the message is due (append time + delay)
     12   4     topic_id   u32  the original's position: topic id,
     16   2     queue      u16  queue,
-    18   2     reserved   0
+    18   2     skew_lo    u16  bits 0..15
     20   8     offset     i64  and offset
     28   4     crc        u32  CRC32C of bytes [0, 28)
 
-A *fired* or *cancelled* entry settles the scheduled entry before it with the same position and
-due time. The pending messages of a bucket are its scheduled entries minus the settled ones. A
-file whose length is not a multiple of 32 has a torn tail (a crash in the middle of a write): the
-partial entry is ignored and cut before the next append. An entry whose CRC fails is skipped and
-counted (at the end of the file: torn; elsewhere: corruption, reported by the caller).
+The *skew* (a signed 40-bit ms count) maps the due time to the scheduler's own clock: the entry
+fires when that clock reaches ``due_ms + skew`` (see :mod:`ferrymq.broker.scheduler`); it is 0
+unless the wall clock jumped. Buckets group entries by that fire time. Files written before the
+skew existed have zeros there. A *fired* or *cancelled* entry settles the scheduled entry before
+it with the same position and due time. The pending messages of a bucket are its scheduled
+entries minus the settled ones. A file whose length is not a multiple of 32 has a torn tail (a
+crash in the middle of a write): the partial entry is ignored and cut before the next append. An
+entry whose CRC fails is skipped and counted (at the end of the file: torn; elsewhere:
+corruption, reported by the caller).
 
 Threads: appends, reads and deletes run on the broker's event-loop thread; :meth:`ScheduleStore.sync`
 runs on the flusher thread. File descriptors are only closed by ``sync`` (or by ``close`` once
@@ -48,7 +53,7 @@ import struct
 import threading
 from collections.abc import Iterable
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import msgpack
 
@@ -85,11 +90,13 @@ MAX_OPEN_BUCKETS = 64
 """Bucket files kept open for appends; the least recently written beyond this are closed (after
 their next fsync)."""
 
-_BODY = struct.Struct("<B3xqIH2xq")
-_ENTRY = struct.Struct("<B3xqIH2xqI")
+_BODY = struct.Struct("<BbHqIHHq")
+_ENTRY = struct.Struct("<BbHqIHHqI")
 ENTRY_SIZE = _ENTRY.size
 assert _BODY.size == 28
 assert ENTRY_SIZE == 32
+MAX_SKEW_MS = (1 << 39) - 1
+"""Largest skew an entry holds (about 17 years); larger ones are clamped."""
 
 Position = tuple[int, int, int]
 """(topic id, queue, offset) of a scheduled original."""
@@ -103,9 +110,10 @@ class Entry(NamedTuple):
     topic_id: int
     queue: int
     offset: int
+    skew_ms: int = 0
 
 
-RawEntry = tuple[int, int, int, int, int]
+RawEntry = tuple[int, int, int, int, int, int]
 """An :class:`Entry` as a plain tuple (what :func:`decode_entries` returns: cheaper)."""
 
 
@@ -117,12 +125,17 @@ class BucketScan(NamedTuple):
     torn_bytes: int  # bytes of the torn tail (a partial entry, or bad-CRC entries at the end)
 
 
-def encode_entries(entries: Iterable[tuple[int, int, int, int, int]]) -> bytes:
-    """Entries ``(kind, due_ms, topic_id, queue, offset)`` as file bytes, each with its CRC."""
+def encode_entries(entries: Iterable[tuple[int, int, int, int, int, int]]) -> bytes:
+    """Entries ``(kind, due_ms, topic_id, queue, offset, skew_ms)`` as file bytes, each with its
+    CRC (a skew beyond :data:`MAX_SKEW_MS` is clamped)."""
     out = bytearray()
     pack = _BODY.pack
-    for e in entries:
-        body = pack(*e)
+    for kind, due, tid, q, off, skew in entries:
+        if skew:
+            skew = max(-MAX_SKEW_MS, min(MAX_SKEW_MS, skew))
+            body = pack(kind, skew >> 32, (skew >> 16) & 0xFFFF, due, tid, q, skew & 0xFFFF, off)
+        else:
+            body = pack(kind, 0, 0, due, tid, q, 0, off)
         out += body
         out += crc32c(body).to_bytes(4, "little")
     return bytes(out)
@@ -130,7 +143,7 @@ def encode_entries(entries: Iterable[tuple[int, int, int, int, int]]) -> bytes:
 
 def decode_entries(data: bytes | bytearray | memoryview) -> BucketScan:
     """The valid entries of a bucket file's content, as ``(kind, due_ms, topic_id, queue,
-    offset)`` tuples."""
+    offset, skew_ms)`` tuples."""
     size = len(data)
     whole = size - size % ENTRY_SIZE
     raw = bytes(data[:whole])
@@ -141,27 +154,30 @@ def decode_entries(data: bytes | bytearray | memoryview) -> BucketScan:
     crc = crc32c
     p = 0
     for fields in _ENTRY.iter_unpack(raw):  # the hot loop of a start: keep it lean
-        if crc(raw[p : p + 28]) != fields[5] or fields[0] > CANCELLED:
+        kind, hi, mid, due, tid, q, lo, off, c = fields
+        if crc(raw[p : p + 28]) != c or kind > CANCELLED:
             bad_run += 1
         else:
             if bad_run:
                 corrupt += bad_run
                 bad_run = 0
-            append(fields[:5])
+            append((kind, due, tid, q, off, (hi << 32) | (mid << 16) | lo if hi or mid or lo else 0))
         p += ENTRY_SIZE
     return BucketScan(entries, corrupt, size - whole + bad_run * ENTRY_SIZE)
 
 
-def pending_entries(entries: Iterable[RawEntry]) -> dict[Position, int]:
-    """``position -> due_ms`` of the scheduled entries not settled by a later fired or
-    cancelled entry (same position and due time)."""
-    pending: dict[Position, int] = {}
-    for kind, due, tid, q, off in entries:
+def pending_entries(entries: Iterable[RawEntry]) -> dict[Position, tuple[int, int]]:
+    """``position -> (due_ms, skew_ms)`` of the scheduled entries not settled by a later fired
+    or cancelled entry (same position and due time)."""
+    pending: dict[Position, tuple[int, int]] = {}
+    for kind, due, tid, q, off, skew in entries:
         pos = (tid, q, off)
         if kind == SCHEDULED:
-            pending[pos] = due
-        elif pending.get(pos) == due:
-            del pending[pos]
+            pending[pos] = (due, skew)
+        else:
+            p = pending.get(pos)
+            if p is not None and p[0] == due:
+                del pending[pos]
     return pending
 
 
@@ -314,9 +330,7 @@ class ScheduleStore:
 
     # -- watermarks ----------------------------------------------------------------------------
 
-    def read_watermarks(self) -> dict[tuple[int, int], int] | None:
-        """``(topic id, queue) -> offset`` from the checkpoint; None when missing or unreadable
-        (then every log must be rescanned)."""
+    def _read_checkpoint(self) -> dict[str, Any] | None:
         path = self.directory / WATERMARKS_FILE
         try:
             raw = read_checkpoint(path)
@@ -327,19 +341,48 @@ class ScheduleStore:
             return None
         try:
             data = msgpack.unpackb(raw, raw=False)
-            return {(int(t), int(q)): int(o) for t, q, o in data["watermarks"]}
-        except (ValueError, KeyError, TypeError) as exc:
+        except ValueError as exc:
             _log.warning("ignoring %s (%s): every queue will be rescanned", path, exc)
             return None
+        return data if isinstance(data, dict) else None
 
-    def write_watermarks(self, marks: dict[tuple[int, int], int]) -> None:
-        """Atomically replace the watermark checkpoint.
+    def read_watermarks(self) -> dict[tuple[int, int], int] | None:
+        """``(topic id, queue) -> offset`` from the checkpoint; None when missing or unreadable
+        (then every log must be rescanned)."""
+        data = self._read_checkpoint()
+        if data is None:
+            return None
+        try:
+            return {(int(t), int(q)): int(o) for t, q, o in data["watermarks"]}
+        except (ValueError, KeyError, TypeError) as exc:
+            _log.warning("ignoring %s (%s): every queue will be rescanned",
+                         self.directory / WATERMARKS_FILE, exc)
+            return None
+
+    def read_clock(self) -> tuple[int, int, int, int] | None:
+        """``(scheduler clock ms, wall ms, lowest skew, highest skew)`` from the checkpoint
+        (see :meth:`write_watermarks`); None when missing."""
+        data = self._read_checkpoint()
+        if data is None:
+            return None
+        try:
+            s, w, lo, hi = data["clock"]
+            return int(s), int(w), int(lo), int(hi)
+        except (ValueError, KeyError, TypeError):
+            return None
+
+    def write_watermarks(self, marks: dict[tuple[int, int], int],
+                         clock: tuple[int, int, int, int] | None = None) -> None:
+        """Atomically replace the watermark checkpoint; ``clock`` is the scheduler's clock
+        reading ``(scheduler ms, wall ms)`` taken together, and the range of skews its entries
+        were written with (see :mod:`ferrymq.broker.scheduler`).
 
         Raises:
             OSError: the write failed (the previous checkpoint is untouched).
         """
-        payload = msgpack.packb(
-            {"version": 1, "watermarks": [[t, q, o] for (t, q), o in sorted(marks.items())]},
-            use_bin_type=True,
-        )
+        doc: dict[str, object] = {
+            "version": 1, "watermarks": [[t, q, o] for (t, q), o in sorted(marks.items())]}
+        if clock is not None:
+            doc["clock"] = list(clock)
+        payload = msgpack.packb(doc, use_bin_type=True)
         write_checkpoint(self.directory / WATERMARKS_FILE, payload)

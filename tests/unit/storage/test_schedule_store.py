@@ -12,6 +12,7 @@ from ferrymq.storage.schedule import (
     CANCELLED,
     ENTRY_SIZE,
     FIRED,
+    MAX_SKEW_MS,
     SCHEDULED,
     WATERMARKS_FILE,
     ScheduleStore,
@@ -20,9 +21,9 @@ from ferrymq.storage.schedule import (
     pending_entries,
 )
 
-E1 = (SCHEDULED, 1_700_000_000_000, 7, 3, 42)
-E2 = (SCHEDULED, 1_700_000_000_500, 7, 3, 43)
-E3 = (SCHEDULED, 1_700_000_001_000, 8, 0, 2**40)
+E1 = (SCHEDULED, 1_700_000_000_000, 7, 3, 42, 0)
+E2 = (SCHEDULED, 1_700_000_000_500, 7, 3, 43, -3_600_000)
+E3 = (SCHEDULED, 1_700_000_001_000, 8, 0, 2**40, MAX_SKEW_MS)
 
 
 def test_entries_round_trip_and_are_32_bytes() -> None:
@@ -36,18 +37,35 @@ def test_entries_round_trip_and_are_32_bytes() -> None:
 def test_pending_is_scheduled_minus_fired_minus_cancelled_by_position_and_due() -> None:
     entries = decode_entries(encode_entries([
         E1, E2, E3,
-        (FIRED, E1[1], 7, 3, 42),
-        (CANCELLED, E3[1], 8, 0, 2**40),
-        (FIRED, E2[1] + 1, 7, 3, 43),  # another due time: settles nothing
+        (FIRED, E1[1], 7, 3, 42, 0),
+        (CANCELLED, E3[1], 8, 0, 2**40, 0),
+        (FIRED, E2[1] + 1, 7, 3, 43, 0),  # another due time: settles nothing
     ])).entries
-    assert pending_entries(entries) == {(7, 3, 43): E2[1]}
+    assert pending_entries(entries) == {(7, 3, 43): (E2[1], E2[5])}
 
 
 def test_a_position_scheduled_again_after_its_mark_is_pending_again() -> None:
     # the log lost a torn tail and reused the offset for a new scheduled message
-    entries = decode_entries(encode_entries([E1, (FIRED, E1[1], 7, 3, 42),
-                                             (SCHEDULED, E1[1] + 9, 7, 3, 42)])).entries
-    assert pending_entries(entries) == {(7, 3, 42): E1[1] + 9}
+    entries = decode_entries(encode_entries([E1, (FIRED, E1[1], 7, 3, 42, 0),
+                                             (SCHEDULED, E1[1] + 9, 7, 3, 42, 0)])).entries
+    assert pending_entries(entries) == {(7, 3, 42): (E1[1] + 9, 0)}
+
+
+@pytest.mark.parametrize("skew", [1, -1, 65_535, 65_536, -65_537, 2**32 + 5, -(2**35), 10**15])
+def test_skews_round_trip_in_the_reserved_bytes_and_huge_ones_clamp(skew: int) -> None:
+    entry = (SCHEDULED, 1_700_000_000_000, 7, 3, 42, skew)
+    [got] = decode_entries(encode_entries([entry])).entries
+    assert got == entry[:5] + (max(-MAX_SKEW_MS, min(MAX_SKEW_MS, skew)),)
+
+
+def test_entries_written_without_a_skew_read_as_skew_zero() -> None:
+    # the layout before the skew: reserved bytes were zero
+    import struct
+
+    from ferrymq.protocol.records import crc32c
+    body = struct.pack("<B3xqIH2xq", SCHEDULED, 1_700_000_000_000, 7, 3, 42)
+    data = body + crc32c(body).to_bytes(4, "little")
+    assert decode_entries(data).entries == [(SCHEDULED, 1_700_000_000_000, 7, 3, 42, 0)]
 
 
 @pytest.mark.parametrize("cut", [1, 5, 28, 31])
@@ -115,7 +133,7 @@ def test_append_after_a_torn_tail_cuts_it_first(tmp_path: Path, garbage: bytes) 
 def test_many_buckets_open_at_once_stay_bounded(tmp_path: Path) -> None:
     store = ScheduleStore(tmp_path, max_open=4)
     for i in range(20):
-        store.append(i * 1000, encode_entries([(SCHEDULED, i * 1000, 1, 0, i)]))
+        store.append(i * 1000, encode_entries([(SCHEDULED, i * 1000, 1, 0, i, 0)]))
     assert len(store._fds) == 4
     store.sync()  # closes the descriptors given up
     store.close()
@@ -127,6 +145,10 @@ def test_watermarks_round_trip_and_damage_means_rescan(tmp_path: Path) -> None:
     assert store.read_watermarks() is None
     store.write_watermarks({(1, 0): 10, (2, 3): 0})
     assert store.read_watermarks() == {(1, 0): 10, (2, 3): 0}
+    assert store.read_clock() is None
+    store.write_watermarks({(1, 0): 11}, (5_000, 4_000, -7, 9))
+    assert store.read_watermarks() == {(1, 0): 11}
+    assert store.read_clock() == (5_000, 4_000, -7, 9)
     raw = bytearray((tmp_path / WATERMARKS_FILE).read_bytes())
     raw[-1] ^= 1
     (tmp_path / WATERMARKS_FILE).write_bytes(bytes(raw))
