@@ -55,7 +55,7 @@ def test_a_position_scheduled_again_after_its_mark_is_pending_again() -> None:
 def test_skews_round_trip_in_the_reserved_bytes_and_huge_ones_clamp(skew: int) -> None:
     entry = (SCHEDULED, 1_700_000_000_000, 7, 3, 42, skew)
     [got] = decode_entries(encode_entries([entry])).entries
-    assert got == entry[:5] + (max(-MAX_SKEW_MS, min(MAX_SKEW_MS, skew)),)
+    assert got == (*entry[:5], max(-MAX_SKEW_MS, min(MAX_SKEW_MS, skew)))
 
 
 def test_entries_written_without_a_skew_read_as_skew_zero() -> None:
