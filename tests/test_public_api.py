@@ -16,6 +16,7 @@ FERRYMQ_ALL = [
     "AsyncPullConsumer",
     "AsyncPushConsumer",
     "AsyncSimpleConsumer",
+    "AsyncTransactionProducer",
     "Broker",
     "ConsumeResult",
     "Durability",
@@ -28,6 +29,9 @@ FERRYMQ_ALL = [
     "ReceivedMessage",
     "SendResult",
     "SimpleConsumer",
+    "TransactionProducer",
+    "TransactionResult",
+    "TransactionState",
     "__version__",
 ]
 
@@ -71,12 +75,14 @@ ERRORS_ALL = [
     "StorageFailureError",
     "StorageFullError",
     "TopicAlreadyExistsError",
+    "TransactionResolvedError",
     "UnknownApiError",
     "UnknownGroupError",
     "UnknownMemberError",
     "UnknownProducerIdError",
     "UnknownQueueError",
     "UnknownTopicError",
+    "UnknownTransactionError",
     "UnsupportedVersionError",
     "error_for_code",
 ]

@@ -22,6 +22,7 @@ from ferrymq.client import (
     AsyncPullConsumer,
     AsyncPushConsumer,
     AsyncSimpleConsumer,
+    AsyncTransactionProducer,
     ConsumeResult,
     Durability,
     LeasedMessage,
@@ -32,6 +33,9 @@ from ferrymq.client import (
     ReceivedMessage,
     SendResult,
     SimpleConsumer,
+    TransactionProducer,
+    TransactionResult,
+    TransactionState,
 )
 from ferrymq.errors import FerryMQError
 
@@ -42,6 +46,7 @@ __all__ = [
     "AsyncPullConsumer",
     "AsyncPushConsumer",
     "AsyncSimpleConsumer",
+    "AsyncTransactionProducer",
     "Broker",
     "ConsumeResult",
     "Durability",
@@ -54,5 +59,8 @@ __all__ = [
     "ReceivedMessage",
     "SendResult",
     "SimpleConsumer",
+    "TransactionProducer",
+    "TransactionResult",
+    "TransactionState",
     "__version__",
 ]

@@ -68,12 +68,14 @@ __all__ = [
     "StorageFailureError",
     "StorageFullError",
     "TopicAlreadyExistsError",
+    "TransactionResolvedError",
     "UnknownApiError",
     "UnknownGroupError",
     "UnknownMemberError",
     "UnknownProducerIdError",
     "UnknownQueueError",
     "UnknownTopicError",
+    "UnknownTransactionError",
     "UnsupportedVersionError",
     "error_for_code",
 ]
@@ -321,6 +323,21 @@ class NotScheduledError(BrokerError):
     """Not a pending scheduled message: already delivered, cancelled, or not scheduled."""
 
     code = ErrorCode.NOT_SCHEDULED
+
+
+class UnknownTransactionError(BrokerError):
+    """No transaction has this id in this producer group (or retention removed it).
+
+    Not a half message's id, a transaction of another group, or one whose half message is gone.
+    """
+
+    code = ErrorCode.UNKNOWN_TRANSACTION
+
+
+class TransactionResolvedError(BrokerError):
+    """The transaction was already resolved the other way: an outcome never changes."""
+
+    code = ErrorCode.TRANSACTION_RESOLVED
 
 
 # --- client ---------------------------------------------------------------------------------

@@ -141,7 +141,7 @@ def test_describe_shows_blocked_keys_and_skip_moves_on(fast_broker: Broker) -> N
 def _id_of(addr: str, topic: str, offset: int) -> str:
     """The message id of ``topic``/0 at ``offset``."""
     with AdminClient(addr) as admin:
-        tid = next(tid for name, tid, _q, _c in admin.list_topics() if name == topic)
+        tid = next(t[1] for t in admin.list_topics() if t[0] == topic)
     return encode_msg_id(tid, 0, offset)
 
 

@@ -42,6 +42,7 @@ from ferrymq.client.message import Message, ReceivedMessage, SendResult
 from ferrymq.client.sync import AdminClient, Producer, PullConsumer
 from ferrymq.errors import FerryMQError, UnknownGroupError
 from ferrymq.protocol import messages as m
+from ferrymq.protocol.dedup import check_dedup_key
 
 DEFAULT_SERVER = "127.0.0.1:9876"
 DEFAULT_CONNECT_TIMEOUT_S = 5.0
@@ -307,6 +308,17 @@ def topic_delete(state: CliState, name: str, yes: bool) -> None:
 # -- produce -------------------------------------------------------------------------------------
 
 
+def _dedup_key_option(ctx: click.Context, param: click.Parameter,
+                      value: str | None) -> str | None:
+    """``--dedup-key``: checked like ``Message(dedup_key=...)`` (a usage error, exit 2)."""
+    if value is None:
+        return None
+    try:
+        return check_dedup_key(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
 def _stdin_batches(stream: IO[bytes], lines_per_batch: int) -> Iterator[list[bytes]]:
     """Lines of ``stream`` (without their line ending), grouped for ``send_batch``."""
     batch: list[bytes] = []
@@ -333,19 +345,25 @@ def _stdin_batches(stream: IO[bytes], lines_per_batch: int) -> Iterator[list[byt
                                      "in order.")
 @click.option("--property", "properties", type=KEY_VALUE, multiple=True,
               help="User property KEY=VALUE; repeatable.")
+@click.option("--dedup-key", callback=_dedup_key_option,
+              help="Dedup key of the message (one BODY only): a topic with a dedup window "
+                   "stores it once.")
 @pass_state
 def produce(state: CliState, topic_name: str, bodies: Sequence[str], tag: str | None,
             keys: Sequence[str], sharding_key: str | None,
-            properties: Sequence[tuple[str, str]]) -> None:
+            properties: Sequence[tuple[str, str]], dedup_key: str | None) -> None:
     """Send each BODY to TOPIC, or, without BODY, one message per line of stdin.
 
-    Prints the message id, queue and offset of every stored message.
+    Prints the message id, queue and offset of every stored message ("duplicate" after a
+    message the topic had already stored under the same --dedup-key).
     """
     props = dict(properties) or None
+    if dedup_key is not None and len(bodies) != 1:
+        raise click.UsageError("--dedup-key needs exactly one BODY")
 
     def make(body: bytes | str) -> Message:
         return Message(topic_name, body, tags=tag, keys=keys, sharding_key=sharding_key,
-                       properties=props)
+                       properties=props, dedup_key=dedup_key)
 
     printer = state.printer
     with Producer(state.server, connect_timeout_s=state.connect_timeout_s,

@@ -67,6 +67,7 @@ def send_result_to_dict(res: SendResult) -> dict[str, Any]:
         "queue": res.queue,
         "offset": res.offset,
         "durability": res.durability.value if res.durability is not None else None,
+        "duplicate": res.duplicate,
     }
 
 
@@ -90,6 +91,8 @@ def topic_to_dict(resp: m.DescribeTopicResponse) -> dict[str, Any]:
         ],
         "scheduled_pending": resp.scheduled_pending,
         "next_due_ms": resp.next_due_ms if resp.next_due_ms >= 0 else None,
+        "dedup_window_ms": resp.dedup_window_ms,
+        "dedup_keys": resp.dedup_keys,
     }
 
 
@@ -225,6 +228,10 @@ def _status_detail(state: str, member: str, until: int, reconsume: int, next_at:
         return f"in %DLQ%{group}{when}: {reason or '-'}"
     if state == "WAITING":
         return "not delivered yet"
+    if state == "PREPARED":  # a transaction's half message
+        return f"{reason}; next check-back at {format_ms(next_at)}"
+    if state in ("COMMITTED", "ROLLED_BACK"):
+        return f"{reason}{when}"
     if state == "CONSUMED":
         return reason or f"acknowledged{when or ' (time no longer kept)'}"
     return "-"
@@ -324,10 +331,10 @@ class Printer:
     def topics(self, topics: Sequence[m.TopicMeta]) -> None:
         """``topic list``."""
         if self.json_mode:
-            self.json({"topics": [{"name": n, "topic_id": i, "queues": q}
-                                  for n, i, q, _code in topics]})
+            self.json({"topics": [{"name": t[0], "topic_id": t[1], "queues": t[2]}
+                                  for t in topics]})
         else:
-            self.table(("TOPIC", "ID", "QUEUES"), [(n, i, q) for n, i, q, _code in topics])
+            self.table(("TOPIC", "ID", "QUEUES"), [t[:3] for t in topics])
 
     def topic(self, resp: m.DescribeTopicResponse) -> None:
         """``topic describe``."""
@@ -341,6 +348,9 @@ class Printer:
         if resp.scheduled_pending:
             self.line(f"scheduled: {resp.scheduled_pending} pending, next due "
                       f"{format_ms(resp.next_due_ms)} UTC")
+        if resp.dedup_window_ms:
+            self.line(f"dedup: window {resp.dedup_window_ms} ms, {resp.dedup_keys} keys "
+                      "remembered")
         self.table(
             ("QUEUE", "FIRST", "LAST", "END", "BYTES", "SEGMENTS", "LAST APPEND (UTC)"),
             [
@@ -457,7 +467,8 @@ class Printer:
             if self.json_mode:
                 self.json(send_result_to_dict(res))
             else:
-                self.line(f"{res.msg_id}\tqueue={res.queue}\toffset={res.offset}")
+                dup = "\tduplicate" if res.duplicate else ""
+                self.line(f"{res.msg_id}\tqueue={res.queue}\toffset={res.offset}{dup}")
 
     def received(self, msgs: Iterable[ReceivedMessage]) -> None:
         """``consume``: ``queue<TAB>offset<TAB>tag<TAB>body`` per message (or JSON lines).

@@ -14,7 +14,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from ferrymq.broker.dedup import DEFAULT_DEDUP_MAX_KEYS
 from ferrymq.errors import ConfigError, InvalidRequestError
+from ferrymq.protocol.dedup import MAX_DEDUP_WINDOW_MS
 
 FLUSH_MODES = ("sync", "async")
 
@@ -90,8 +92,15 @@ class BrokerConfig:
         "Orderly groups: most messages one queue holds back behind busy sharding keys; past it "
         "the queue waits until keys move on (bounds memory).",
     )
+    max_retry_loaded: int = _f(
+        10_000,
+        "Most retry letters of one delivery group held in memory: due letters read from the "
+        "retry queue ahead of receivers, not yet leased (letters not due yet are the "
+        "scheduler's, on disk). Past it the group's retry queue waits for receivers.",
+    )
     delivery_tick_ms: int = _f(
-        50, "How often leases and due retries are checked (redelivery precision)."
+        50, "How often leases, member sessions and orderly retries are checked (redelivery "
+        "precision of expired leases)."
     )
     shutdown_timeout_ms: int = _f(10_000, "Graceful shutdown: longest wait for requests in flight.")
     key_index_enabled: bool = _f(
@@ -132,6 +141,38 @@ class BrokerConfig:
         "located), up to this many bytes: messages of one batch that come due apart are copied "
         "without reading it again.",
     )
+    dedup_window_ms: int = _f(
+        0,
+        "Dedup window given to topics created without their own `dedup_window_ms` (0: none). "
+        "A message whose dedup key the topic stored within its window is acknowledged as a "
+        "duplicate and not stored again; a topic keeps the window it was created with. At most "
+        "86400000 (one day) and at most `retention_ms`. See docs/dedup.md.",
+    )
+    dedup_max_keys: int = _f(
+        DEFAULT_DEDUP_MAX_KEYS,
+        "Most dedup keys one topic's window holds in memory (~280 bytes each with short keys); a "
+        "send that would exceed it is refused with BUSY (retriable) until older keys expire.",
+    )
+    txn_check_after_ms: int = _f(
+        6_000,
+        "Transactions: a half message whose outcome is unknown is first checked back this long "
+        "after it was stored (RocketMQ: 6 s). Default for producer groups that do not set "
+        "`check_after`.",
+    )
+    txn_check_interval_ms: int = _f(
+        30_000, "Transactions: later check-backs of an unresolved half message come this far "
+        "apart (RocketMQ: 30 s). Default for groups that do not set `check_interval`.",
+    )
+    txn_max_checks: int = _f(
+        15, "Transactions: after this many check-backs without a definite answer the half "
+        "message is rolled back, with the reason recorded (RocketMQ: 15). Default for groups "
+        "that do not set `max_checks`.",
+    )
+    txn_max_pending: int = _f(
+        100_000, "Transactions: most half messages pending (neither committed nor rolled back) "
+        "at once, held in memory (~300 bytes each); a new half message beyond it is refused "
+        "with BUSY (retriable).",
+    )
     log_level: str = _f("INFO", "Logging level (DEBUG, INFO, WARNING, ERROR).")
 
     def validate(self) -> BrokerConfig:
@@ -153,9 +194,10 @@ class BrokerConfig:
             "max_session_timeout_ms", "shutdown_timeout_ms", "default_invisible_ms",
             "max_invisible_ms", "max_in_flight_per_member", "max_receive_messages",
             "delivery_journal_bytes", "delivery_ack_history", "delivery_tick_ms",
-            "max_orderly_held", "key_index_bytes_per_tick",
+            "max_orderly_held", "max_retry_loaded", "key_index_bytes_per_tick",
             "key_index_file_bytes", "max_find_results", "find_scan_bytes", "max_delay_ms",
-            "schedule_bucket_ms", "schedule_cache_bytes",
+            "schedule_bucket_ms", "schedule_cache_bytes", "dedup_max_keys",
+            "txn_check_after_ms", "txn_check_interval_ms", "txn_max_checks", "txn_max_pending",
         )
         for name in positive:
             if getattr(self, name) <= 0:
@@ -166,6 +208,12 @@ class BrokerConfig:
             raise ConfigError("max_fetch_bytes must be at least 64 KiB below max_frame_bytes")
         if self.schedule_lookahead_ms < 0:
             raise ConfigError(f"schedule_lookahead_ms must be >= 0, not {self.schedule_lookahead_ms}")
+        if not 0 <= self.dedup_window_ms <= MAX_DEDUP_WINDOW_MS:
+            raise ConfigError(f"dedup_window_ms must be 0..{MAX_DEDUP_WINDOW_MS} (one day), "
+                              f"not {self.dedup_window_ms}")
+        if 0 <= self.retention_ms < self.dedup_window_ms:
+            raise ConfigError(f"dedup_window_ms {self.dedup_window_ms} exceeds retention_ms "
+                              f"{self.retention_ms}")
         if self.default_queues > self.max_queues:
             raise ConfigError("default_queues must not exceed max_queues")
         if self.orderly_retry_ms < 0:

@@ -8,7 +8,8 @@ event loop runs it all; only fsyncs run on the flusher thread.
 
 Start: take an exclusive lock on the data directory (two brokers on one directory would corrupt
 it), note whether the previous run left the clean-shutdown marker (then recovery can trust the
-files) and remove it, open every log, start the flusher, listen.
+files) and remove it, open every log, rebuild the dedup windows from the logs' tails, start the
+flusher, listen.
 
 Stop (SIGTERM/SIGINT, or :meth:`stop`): stop accepting connections, refuse new produces with
 BROKER_SHUTTING_DOWN, let requests in flight finish (bounded by ``shutdown_timeout_ms``), answer
@@ -32,6 +33,7 @@ from typing import IO, Any
 from ferrymq._time import SYSTEM_CLOCK, Clock, clock_from_env
 from ferrymq.broker.config import BrokerConfig
 from ferrymq.broker.connection import BrokerConnection
+from ferrymq.broker.dedup import Deduplicator
 from ferrymq.broker.delivery import DeliveryManager
 from ferrymq.broker.flusher import Flusher
 from ferrymq.broker.groups import GroupCoordinator
@@ -40,6 +42,7 @@ from ferrymq.broker.keyindexer import KeyIndexer
 from ferrymq.broker.producer_ids import ProducerIdManager
 from ferrymq.broker.scheduler import Scheduler
 from ferrymq.broker.topics import TopicRegistry
+from ferrymq.broker.transactions import TransactionManager
 from ferrymq.errors import ConfigError
 from ferrymq.storage import LogConfig
 
@@ -67,6 +70,8 @@ class BrokerServer:
         self.delivery: DeliveryManager
         self.key_index: KeyIndexer
         self.scheduler: Scheduler
+        self.transactions: TransactionManager
+        self.dedup: Deduplicator
         self.groups = GroupCoordinator(self.data_dir)
         self.producer_ids = ProducerIdManager(self.data_dir)
         self._server: asyncio.Server | None = None
@@ -112,18 +117,25 @@ class BrokerServer:
         )
         t0 = loop.time()
         self.topics = TopicRegistry(self.data_dir, base, sync_visibility=self.sync_flush,
-                                    clean_shutdown=clean, max_queues=cfg.max_queues)
+                                    clean_shutdown=clean, max_queues=cfg.max_queues,
+                                    default_dedup_window_ms=cfg.dedup_window_ms)
         self.topics.open_all(self.clock.wall_ms())
+        self.dedup = Deduplicator(self.topics, max_keys=cfg.dedup_max_keys)
+        self.dedup.load(self.clock.wall_ms())
         self.groups.load()
         self.producer_ids.load()
         log.info("opened %d topics in %.3f s (%s)", len(self.topics.topics), loop.time() - t0,
                  "new data directory" if fresh else
                  "clean shutdown before" if clean else "recovered after an unclean stop")
         self.flusher = Flusher(loop, sync=self.sync_flush, interval_ms=cfg.flush_interval_ms)
-        self.delivery = DeliveryManager(cfg, self.topics, self.flusher, self.clock, self.data_dir)
-        self.delivery.load()
         self.scheduler = Scheduler(cfg, self.topics, self.flusher, self.clock, self.data_dir)
+        self.delivery = DeliveryManager(cfg, self.topics, self.flusher, self.clock, self.data_dir,
+                                        self.scheduler)  # retry letters are scheduled
+        self.delivery.load()
         self.scheduler.load()
+        self.transactions = TransactionManager(cfg, self.topics, self.flusher, self.scheduler,
+                                               self.clock, self.data_dir)
+        self.transactions.load()
         self.key_index = KeyIndexer(self.topics, cfg)
         self.flusher.start()
         try:
@@ -142,6 +154,7 @@ class BrokerServer:
         self._tasks.append(loop.create_task(self._housekeeping()))
         self._tasks.append(loop.create_task(self._delivery_ticks()))
         self.scheduler.start()
+        self.transactions.start()
         log.info("FerryMQ broker listening on %s:%d (data %s, flush %s)", self.address[0],
                  self.address[1], self.data_dir, cfg.flush)
 
@@ -165,6 +178,7 @@ class BrokerServer:
         if self._server is not None:
             self._server.close()
         self.scheduler.stop()
+        self.transactions.stop()  # answers waiting check polls
         for qs in self.topics.all_queues():  # answer long polls now
             for w in list(qs.waiters):
                 if not w.done():
@@ -183,6 +197,7 @@ class BrokerServer:
         await asyncio.sleep(0)  # run the flusher's last callbacks (they may journal moves)
         try:
             self.scheduler.close()
+            self.transactions.close()
             self.delivery.close()
         finally:
             self.topics.close()
@@ -236,13 +251,15 @@ class BrokerServer:
                 if now - self._last_retention >= cfg.retention_check_interval_ms / 1000:
                     self._last_retention = now
                     wall = self.clock.wall_ms()
-                    floors = self.scheduler.retention_floors()
+                    floors = {**self.scheduler.retention_floors(),
+                              **self.transactions.retention_floors()}
                     for qs in self.topics.all_queues():
                         n = qs.log.delete_old_segments(
                             wall, keep_from=floors.get((qs.topic_id, qs.queue)))
                         if n:
                             log.info("retention deleted %d segments of %s/%d", n, qs.topic,
                                      qs.queue)
+                self.dedup.expire(self.clock.wall_ms())
                 await self.key_index.tick()
             except Exception:
                 log.exception("housekeeping failed")

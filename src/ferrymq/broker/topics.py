@@ -35,13 +35,17 @@ from ferrymq.errors import (
     UnknownQueueError,
     UnknownTopicError,
 )
+from ferrymq.protocol.dedup import MAX_DEDUP_WINDOW_MS
 from ferrymq.storage import Log, LogConfig, read_checkpoint, write_checkpoint
 
 log = logging.getLogger("ferrymq.broker")
 
 TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 INTERNAL_TOPIC_NAME = re.compile(r"^%[A-Z]+%[A-Za-z0-9._-]{1,200}$")
-TOPIC_CONFIG_KEYS = ("retention_ms", "retention_bytes", "segment_bytes", "segment_ms")
+TOPIC_CONFIG_KEYS = ("retention_ms", "retention_bytes", "segment_bytes", "segment_ms",
+                     "dedup_window_ms")
+LOG_CONFIG_KEYS = frozenset(("retention_ms", "retention_bytes", "segment_bytes", "segment_ms"))
+"""The topic settings that are :class:`~ferrymq.storage.LogConfig` fields."""
 
 
 def check_topic_name(name: str, *, internal_ok: bool = False) -> None:
@@ -129,13 +133,19 @@ async def wait_for_wakeup(waiter_sets: list[set[asyncio.Future[None]]], timeout:
 
 @dataclass
 class Topic:
-    """A topic: name, id, queues and per-topic config overrides."""
+    """A topic: name, id, queues and per-topic config overrides.
+
+    ``dedup_window_ms`` (0: none) is fixed when the topic is created: from its config, or the
+    broker's ``dedup_window_ms`` then, which :meth:`TopicRegistry.create` writes into the config
+    (a topic keeps the window it was created with, as a NATS stream keeps its
+    ``duplicate_window``)."""
 
     name: str
     topic_id: int
     queues: list[QueueState]
     config: dict[str, str]
     created_ms: int
+    dedup_window_ms: int = 0
 
     @property
     def directory_name(self) -> str:
@@ -154,6 +164,7 @@ class TopicRegistry:
         sync_visibility: bool,
         clean_shutdown: bool,
         max_queues: int,
+        default_dedup_window_ms: int = 0,
     ) -> None:
         self._dir = data_dir
         self._meta_path = data_dir / "meta" / "topics"
@@ -162,6 +173,7 @@ class TopicRegistry:
         self._sync_visibility = sync_visibility
         self._clean = clean_shutdown
         self._max_queues = max_queues
+        self._default_dedup_window_ms = default_dedup_window_ms
         self.topics: dict[str, Topic] = {}
         self.by_id: dict[int, Topic] = {}
         self._next_id = 1
@@ -184,6 +196,8 @@ class TopicRegistry:
         cfg = self._base
         changes: dict[str, int | None] = {}
         for k, v in overrides.items():
+            if k not in LOG_CONFIG_KEYS:
+                continue
             n = int(v)
             changes[k] = None if n < 0 and k.startswith("retention") else n
         if changes:
@@ -203,7 +217,8 @@ class TopicRegistry:
             if getattr(report, "truncated_bytes", 0):
                 log.warning("recovered %s/%d: %s", name, q, report)
             states.append(QueueState(name, topic_id, q, lg, lg.end_offset))
-        topic = Topic(name, topic_id, states, dict(config), created_ms)
+        topic = Topic(name, topic_id, states, dict(config), created_ms,
+                      int(config.get("dedup_window_ms", "0")))
         self.topics[name] = topic
         self.by_id[topic_id] = topic
         return topic
@@ -250,12 +265,27 @@ class TopicRegistry:
                 int(v)
             except ValueError:
                 raise InvalidConfigError(f"topic setting {k} must be an integer") from None
+        if not internal_ok and "dedup_window_ms" not in config and self._default_dedup_window_ms:
+            config = {**config, "dedup_window_ms": str(self._default_dedup_window_ms)}
+        self._check_dedup_window(config)
         topic_id = self._next_id
         self._next_id += 1
         topic = self._open_topic(name, topic_id, queues, config, now_ms, now_ms)
         self._save()
         log.info("created topic %s (id %d, %d queues)", name, topic_id, queues)
         return topic
+
+    def _check_dedup_window(self, config: dict[str, str]) -> None:
+        window = int(config.get("dedup_window_ms", "0"))
+        if not 0 <= window <= MAX_DEDUP_WINDOW_MS:
+            raise InvalidConfigError(
+                f"dedup_window_ms must be 0..{MAX_DEDUP_WINDOW_MS} (MAX_DEDUP_WINDOW_MS, one "
+                f"day), not {window}")
+        retention = self._log_config(config).retention_ms
+        if window and retention is not None and window > retention:
+            raise InvalidConfigError(
+                f"dedup_window_ms {window} exceeds the topic's retention_ms {retention}: the "
+                "window must not outlive the messages it points at")
 
     def delete(self, name: str) -> None:
         """Delete a topic and its data.

@@ -8,6 +8,12 @@ from ferrymq.client.producer import AsyncProducer
 from ferrymq.client.push import AsyncPushConsumer, ConsumeResult, PushConsumer
 from ferrymq.client.simple import AsyncSimpleConsumer
 from ferrymq.client.sync import AdminClient, Producer, PullConsumer, SimpleConsumer
+from ferrymq.client.transaction import (
+    AsyncTransactionProducer,
+    TransactionProducer,
+    TransactionResult,
+    TransactionState,
+)
 
 __all__ = [
     "AdminClient",
@@ -16,6 +22,7 @@ __all__ = [
     "AsyncPullConsumer",
     "AsyncPushConsumer",
     "AsyncSimpleConsumer",
+    "AsyncTransactionProducer",
     "ConsumeResult",
     "Durability",
     "LeasedMessage",
@@ -26,4 +33,7 @@ __all__ = [
     "ReceivedMessage",
     "SendResult",
     "SimpleConsumer",
+    "TransactionProducer",
+    "TransactionResult",
+    "TransactionState",
 ]

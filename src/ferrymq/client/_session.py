@@ -74,6 +74,8 @@ class TopicInfo:
     name: str
     topic_id: int
     queues: int
+    dedup_window_ms: int = 0
+    """The topic's dedup window (0: none): dedup-keyed messages go in dedup batches only then."""
 
 
 class Session:
@@ -222,13 +224,13 @@ class Session:
         if info is not None and not refresh:
             return info
         resp = await self.request(m.MetadataRequest([name], auto_create), m.MetadataResponse)
-        for tname, tid, queues, code in resp.topics:
+        for tname, tid, queues, code, window in resp.topics:
             if tname != name:
                 continue
             if code:
                 what = ErrorCode(code).name if code in ErrorCode._value2member_map_ else str(code)
                 raise error_for_code(code, f"{what.lower().replace('_', ' ')}: {name!r}")
-            info = TopicInfo(tname, tid, queues)
+            info = TopicInfo(tname, tid, queues, window)
             self.topics[name] = info
             return info
         raise UnknownTopicError(f"unknown topic {name!r}")

@@ -140,7 +140,7 @@ class AsyncAdminClient:
     async def create_topic(self, name: str, queues: int = 4,
                            config: dict[str, str] | None = None) -> m.CreateTopicResponse:
         """Create a topic (config keys: retention_ms, retention_bytes, segment_bytes,
-        segment_ms)."""
+        segment_ms, dedup_window_ms)."""
         return await self._session.request(m.CreateTopicRequest(name, queues, config or {}),
                                            m.CreateTopicResponse, retry=False)
 
@@ -149,7 +149,7 @@ class AsyncAdminClient:
         await self._session.request(m.DeleteTopicRequest(name), m.Empty, retry=False)
 
     async def list_topics(self) -> list[m.TopicMeta]:
-        """(name, topic id, queues, error code) of every topic."""
+        """(name, topic id, queues, error code, dedup window ms) of every topic."""
         return (await self._session.request(m.MetadataRequest(None, False),
                                             m.MetadataResponse)).topics
 
@@ -248,7 +248,7 @@ class AsyncAdminClient:
             raise InvalidRequestError(
                 f"not a message id: {msg_id[:64]!r} (28 hex digits: topic id, queue, offset)"
             ) from None
-        name = next((t for t, tid, _q, _c in await self.list_topics() if tid == topic_id), None)
+        name = next((t[0] for t in await self.list_topics() if t[1] == topic_id), None)
         if name is None:
             raise UnknownTopicError(
                 f"message {msg_id}: no topic has id {topic_id} (was it deleted?)")

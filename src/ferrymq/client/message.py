@@ -9,6 +9,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import overload
 
+from ferrymq.protocol.dedup import DEDUP_KEY, check_dedup_key
 from ferrymq.protocol.records import (
     RecordInput,
     decode_properties,
@@ -48,6 +49,11 @@ class Message:
         deliver_at: deliver no earlier than this time (a ``datetime``; naive means local time).
             A time in the past: at once.
         delay_level: RocketMQ's delay level 1..18 (1s 5s 10s 30s 1m 2m ... 30m 1h 2h).
+        dedup_key: names the message for deduplication (NATS' ``Nats-Msg-Id``): when the topic
+            has a dedup window and stored a message with this key within it, this one is not
+            stored again and its send result says ``duplicate`` and points at the stored one.
+            1..255 bytes of UTF-8 (``MAX_DEDUP_KEY_BYTES``). Consumers see it as
+            ``ReceivedMessage.dedup_key`` (property ``%DEDUP``). See docs/dedup.md.
 
     At most one of ``delay``, ``deliver_at`` and ``delay_level``. A scheduled message is stored
     at once (the send result is its id, which ``Producer.cancel`` takes); consumers receive a copy
@@ -55,11 +61,13 @@ class Message:
     (the due time, wall ms). Limits and clock semantics: docs/scheduled.md.
 
     Raises:
-        ValueError: a negative delay, a delay level outside 1..18, or more than one of them.
-        TypeError: a delay or due time of the wrong type.
+        ValueError: a negative delay, a delay level outside 1..18, or more than one of them;
+            an empty dedup key or one longer than 255 bytes.
+        TypeError: a delay, due time or dedup key of the wrong type.
     """
 
-    __slots__ = ("_due", "body", "keys", "properties", "sharding_key", "tags", "topic")
+    __slots__ = ("_due", "body", "dedup_key", "keys", "properties", "sharding_key", "tags",
+                 "topic")
 
     def __init__(
         self,
@@ -73,6 +81,7 @@ class Message:
         delay: float | _dt.timedelta | None = None,
         deliver_at: _dt.datetime | None = None,
         delay_level: int | None = None,
+        dedup_key: str | None = None,
     ) -> None:
         self.topic = topic
         if isinstance(body, str):
@@ -90,6 +99,7 @@ class Message:
         self._due: Due | None = None
         if delay is not None or deliver_at is not None or delay_level is not None:
             self._due = _parse_due(delay, deliver_at, delay_level)
+        self.dedup_key = None if dedup_key is None else check_dedup_key(dedup_key)
 
     @property
     def delay_ms(self) -> int | None:
@@ -120,7 +130,8 @@ class Message:
         Raises:
             ValueError: a key contains NUL (keys are NUL-separated on the wire).
         """
-        if not (self.tags or self.keys or self.sharding_key or self.properties or self._due):
+        if not (self.tags or self.keys or self.sharding_key or self.properties or self._due
+                or self.dedup_key):
             return _new_tuple(RecordInput, (self.body, timestamp_ms, b"", b"", b"", b""))
         for k in self.keys:
             if "\x00" in k:
@@ -129,6 +140,8 @@ class Message:
         if self._due is not None and self.scheduled_delay_ms(timestamp_ms) is not None:
             name, value = due_property(self._due)
             props = {**(props or {}), name: value}
+        if self.dedup_key is not None:
+            props = {**(props or {}), DEDUP_KEY: self.dedup_key}
         return RecordInput(
             self.body,
             timestamp_ms,
@@ -192,17 +205,21 @@ class SendResult:
         topic, queue, offset: its place in the log.
         durability: how far it got when acknowledged.
         msg_id: its id (derived from topic id, queue and offset).
+        duplicate: True when the topic had already stored a message with the same dedup key
+            within its dedup window: this send stored nothing, and queue, offset and msg_id are
+            the stored message's (its queue may differ from the one this send picked).
     """
 
-    __slots__ = ("_topic_id", "durability", "offset", "queue", "topic")
+    __slots__ = ("_topic_id", "duplicate", "durability", "offset", "queue", "topic")
 
     def __init__(self, topic: str, queue: int, offset: int, durability: Durability,
-                 topic_id: int) -> None:
+                 topic_id: int, duplicate: bool = False) -> None:
         self.topic = topic
         self.queue = queue
         self.offset = offset
         self.durability = durability
         self._topic_id = topic_id
+        self.duplicate = duplicate
 
     @property
     def msg_id(self) -> str:
@@ -210,15 +227,17 @@ class SendResult:
         return encode_msg_id(self._topic_id, self.queue, self.offset)
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, SendResult) and (self.msg_id, self.durability) == (
-            other.msg_id, other.durability)
+        return isinstance(other, SendResult) and (
+            self.msg_id, self.durability, self.duplicate) == (
+            other.msg_id, other.durability, other.duplicate)
 
     def __hash__(self) -> int:
         return hash(self.msg_id)
 
     def __repr__(self) -> str:
+        dup = ", duplicate=True" if self.duplicate else ""
         return (f"SendResult(msg_id={self.msg_id!r}, topic={self.topic!r}, queue={self.queue}, "
-                f"offset={self.offset}, durability={self.durability})")
+                f"offset={self.offset}, durability={self.durability}{dup})")
 
 
 class BatchContext:
@@ -335,6 +354,14 @@ class ReceivedMessage:
         """User properties."""
         r = self._fields()
         return decode_properties(self._buf[r[3] : r[4]]) if r[4] > r[3] else {}
+
+    @property
+    def dedup_key(self) -> str | None:
+        """The dedup key it was sent with (property ``%DEDUP``), or None."""
+        r = self._fields()
+        if r[4] == r[3]:
+            return None
+        return decode_properties(self._buf[r[3] : r[4]]).get(DEDUP_KEY)
 
     @property
     def msg_id(self) -> str:

@@ -10,7 +10,11 @@ it is full, when ``linger_ms`` passed since its first message, or at once for a 
 
 Scheduled messages (``Message(delay=...)``, ``deliver_at=``, ``delay_level=``) travel in batches
 of their own (``ATTR_SCHEDULED``): a buffer never mixes them with plain messages, and a change of
-kind ships what was buffered before it at once.
+kind ships what was buffered before it at once. So do messages with a dedup key sent to a topic
+with a dedup window (``ATTR_DEDUP``; a topic without one just stores the key): the broker
+acknowledges a record whose key it stored within the window as a duplicate and stores only the
+new records of the batch, so such batches carry no producer id or sequence number (the keys make
+a retry harmless). ``duplicates`` in the answer map back to the messages by their index.
 
 Idempotence: the broker gives the producer an id; each batch carries the producer id, epoch and
 the queue's next sequence number, fixed when the batch is built. A batch that fails with a
@@ -55,6 +59,7 @@ from ferrymq.errors import (
 )
 from ferrymq.protocol import messages as m
 from ferrymq.protocol.records import (
+    ATTR_DEDUP,
     ATTR_SCHEDULED,
     NO_PRODUCER_EPOCH,
     NO_PRODUCER_ID,
@@ -83,7 +88,7 @@ class _Unit:
     future: asyncio.Future[Any] | None
     many: bool
     nbytes: int = 0  # bodies plus record prefixes, counted once in _add
-    scheduled: bool = False  # scheduled messages never share a batch with plain ones
+    attrs: int = 0  # ATTR_SCHEDULED / ATTR_DEDUP: a batch holds units of one kind only
 
 
 @dataclass(eq=False)
@@ -241,6 +246,9 @@ class AsyncProducer:
     async def send(self, msg: Message) -> SendResult:
         """Send one message and wait until the broker stored it.
 
+        A message with a dedup key that its topic stored within its dedup window is not stored
+        again: the result has ``duplicate=True`` and names the stored message.
+
         Raises:
             BrokerError subclass: refused (too large, unknown topic, fenced, ...).
             FerryMQTimeoutError: not stored within ``delivery_timeout_s``.
@@ -269,29 +277,31 @@ class AsyncProducer:
 
         Messages without a sharding key go to one queue per call (the next in round robin),
         like a RocketMQ batch, so a call becomes one record batch; messages with a sharding key
-        (or with a ``queue_selector``) go to their own queue.
+        (or with a ``queue_selector``) go to their own queue. Scheduled messages and messages
+        with a dedup key (for a topic with a dedup window) make batches of their own. A
+        duplicate's result has ``duplicate=True`` and names the stored message.
         """
         if not msgs:
             return []
         await self._wait_for_space()
         loop = asyncio.get_running_loop()
-        groups: dict[tuple[str, int, bool] | str, list[int]] = {}
+        groups: dict[tuple[str, int, int] | str, list[int]] = {}
         shared: dict[str, int] = {}  # keyless messages of one call share a queue per topic
         now = self._clock.wall_ms()
         for i, msg in enumerate(msgs):
             info = self._session.topics.get(msg.topic)
-            key: tuple[str, int, bool] | str
+            key: tuple[str, int, int] | str
             if info is None:
                 key = msg.topic
             else:
-                sched = msg._due is not None and msg.scheduled_delay_ms(now) is not None
+                kind = 0 if msg._due is None and msg.dedup_key is None else _kind(msg, info, now)
                 if msg.sharding_key is None and self._selector is None:
                     q = shared.get(msg.topic)
                     if q is None:
                         q = shared[msg.topic] = self._rr(info.name, info.queues)
-                    key = (msg.topic, q, sched)
+                    key = (msg.topic, q, kind)
                 else:
-                    key = (msg.topic, self._choose_queue(msg, info), sched)
+                    key = (msg.topic, self._choose_queue(msg, info), kind)
             groups.setdefault(key, []).append(i)
         results: list[SendResult | None] = [None] * len(msgs)
         futs: list[tuple[list[int], asyncio.Future[Any]]] = []
@@ -303,13 +313,13 @@ class AsyncProducer:
                     futs.append(([i], f))
                 continue
             f = loop.create_future()
-            unit = _Unit(len(idxs), f, True, scheduled=key[2])
+            unit = _Unit(len(idxs), f, True, attrs=key[2])
             buf = self._buffer(self._session.topics[key[0]], key[1])
             try:
                 recs = [msgs[i].to_record(now) for i in idxs]
                 for r in recs:
                     self._check_size(r)
-                if key[2]:
+                if key[2] & ATTR_SCHEDULED:
                     for i in idxs:
                         self._check_delay(msgs[i], now)
             except (ValueError, MessageTooLargeError, InvalidRequestError) as exc:
@@ -320,14 +330,14 @@ class AsyncProducer:
             futs.append((idxs, f))
         if len(futs) == 1 and len(futs[0][0]) == len(msgs):
             res = await futs[0][1]  # one run of one queue: results are made on access
-            return res if isinstance(res, SendResults) else [res]
+            return [res] if isinstance(res, SendResult) else res
         for idxs, f in futs:
             res = await f
-            if isinstance(res, SendResults):
+            if isinstance(res, SendResult):
+                results[idxs[0]] = res
+            else:
                 for i, one in zip(idxs, res, strict=True):
                     results[i] = one
-            else:
-                results[idxs[0]] = res
         return [r for r in results if r is not None]
 
     async def cancel(self, msg_id: str) -> None:
@@ -407,7 +417,8 @@ class AsyncProducer:
             now = self._clock.wall_ms()
             rec = msg.to_record(now)
             self._check_size(rec)
-            unit.scheduled = self._check_delay(msg, now)
+            self._check_delay(msg, now)
+            unit.attrs = _kind(msg, info, now)
         except (ValueError, TypeError, BrokerError) as exc:
             _settle(unit, exc=exc)
             return
@@ -433,8 +444,8 @@ class AsyncProducer:
         return b
 
     def _add(self, b: _QueueBuffer, recs: list[RecordInput], unit: _Unit, *, immediate: bool) -> None:
-        # a change between plain and scheduled closes the open batch: ship it now
-        kind_changed = bool(b.units) and b.units[-1].scheduled != unit.scheduled
+        # a change of kind (plain, scheduled, dedup) closes the open batch: ship it now
+        kind_changed = bool(b.units) and b.units[-1].attrs != unit.attrs
         if not b.records:
             b.first_at = asyncio.get_running_loop().time()
             if not immediate and self._linger_s > 0:
@@ -485,11 +496,11 @@ class AsyncProducer:
         units: list[_Unit] = []
         n = 0
         nbytes = 0
-        scheduled = b.units[0].scheduled
+        attrs = b.units[0].attrs
         for u in b.units:
             if units and (n + u.count > self._batch_max_records
                           or nbytes + u.nbytes > self._batch_max_bytes
-                          or u.scheduled != scheduled):
+                          or u.attrs != attrs):
                 break
             units.append(u)
             n += u.count
@@ -500,13 +511,16 @@ class AsyncProducer:
         b.nbytes -= nbytes
         self._buffered_bytes -= nbytes
         self._space.set()
-        seq = NO_SEQUENCE
-        if self._idempotent:
-            seq = b.next_seq
-            b.next_seq += len(records)
-        data = encode_batch(records, producer_id=self.producer_id,
-                            producer_epoch=self.producer_epoch, base_sequence=seq,
-                            attributes=ATTR_SCHEDULED if scheduled else 0)
+        if attrs & ATTR_DEDUP:  # the broker may store fewer records: no sequence numbers
+            data = encode_batch(records, attributes=attrs)
+        else:
+            seq = NO_SEQUENCE
+            if self._idempotent:
+                seq = b.next_seq
+                b.next_seq += len(records)
+            data = encode_batch(records, producer_id=self.producer_id,
+                                producer_epoch=self.producer_epoch, base_sequence=seq,
+                                attributes=attrs)
         b.in_flight = True
         if not b.records:
             b.ready = False
@@ -544,19 +558,23 @@ class AsyncProducer:
                     self._retry_or_fail(bt, exc)
                 return
             for bt, res in zip(batches, resp.results, strict=False):
-                _t, _q, code, msg, base, _last, _ts, durability, topic_id = res
+                _t, _q, code, msg, base, _last, _ts, durability, topic_id, dups = res
                 if code:
                     self._retry_or_fail(bt, error_for_code(code, msg))
                     continue
                 self._complete(bt, base, DURABILITY_BY_WIRE.get(durability, Durability.NONE),
-                               topic_id)
+                               topic_id, dups)
         finally:
             self._in_flight_requests -= 1
             self._wake.set()
 
-    def _complete(self, bt: _Batch, base: int, durability: Durability, topic_id: int) -> None:
+    def _complete(self, bt: _Batch, base: int, durability: Durability, topic_id: int,
+                  dups: list[m.Duplicate]) -> None:
         bt.buf.in_flight = False
         topic, queue = bt.buf.topic.name, bt.buf.queue
+        if dups:
+            _complete_with_duplicates(bt, base, durability, topic_id, dups)
+            return
         off = base
         for u in bt.units:
             if u.future is not None and not u.future.done():
@@ -602,6 +620,39 @@ class AsyncProducer:
             for _, u in pending:
                 _settle(u, exc=exc)
         self._unresolved.clear()
+
+
+def _kind(msg: Message, info: TopicInfo, now_ms: int) -> int:
+    """The batch attributes ``msg`` needs when sent now (its batch holds its kind only)."""
+    attrs = 0
+    if msg._due is not None and msg.scheduled_delay_ms(now_ms) is not None:
+        attrs |= ATTR_SCHEDULED
+    if msg.dedup_key is not None and info.dedup_window_ms:
+        attrs |= ATTR_DEDUP
+    return attrs
+
+
+def _complete_with_duplicates(bt: _Batch, base: int, durability: Durability, topic_id: int,
+                              dups: list[m.Duplicate]) -> None:
+    """Settle the units of a dedup batch the broker stored only in part: a record listed in
+    ``dups`` gets the stored original's place, the others the stored offsets in order."""
+    topic, queue = bt.buf.topic.name, bt.buf.queue
+    originals = {i: (q, off) for i, q, off in dups}
+    stored = base
+    i = 0
+    for u in bt.units:
+        out: list[SendResult] = []
+        for _ in range(u.count):
+            orig = originals.get(i)
+            if orig is None:
+                out.append(SendResult(topic, queue, stored, durability, topic_id))
+                stored += 1
+            else:
+                out.append(SendResult(topic, orig[0], orig[1], durability, topic_id,
+                                      duplicate=True))
+            i += 1
+        if u.future is not None and not u.future.done():
+            u.future.set_result(out if u.many else out[0])
 
 
 def _settle(unit: _Unit, *, exc: BaseException) -> None:

@@ -84,11 +84,12 @@ class Producer:
         return self._async.producer_id
 
     def send(self, msg: Message) -> SendResult:
-        """Send and wait until stored."""
+        """Send and wait until stored (or acknowledged as a duplicate of a stored message:
+        ``SendResult.duplicate``, see ``Message(dedup_key=...)``)."""
         return _run(self._async.send(msg))
 
     def send_batch(self, msgs: Sequence[Message]) -> Sequence[SendResult]:
-        """Send many, wait for all; results in input order."""
+        """Send many, wait for all; results in input order (duplicates marked)."""
         return _run(self._async.send_batch(msgs))
 
     def cancel(self, msg_id: str) -> None:

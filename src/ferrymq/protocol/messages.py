@@ -60,6 +60,9 @@ class ApiKey(enum.IntEnum):
     FIND_BY_KEY = 28
     CANCEL_SCHEDULED = 29
     SKIP_MESSAGE = 30
+    PREPARE_TRANSACTION = 40
+    END_TRANSACTION = 41
+    TXN_CHECK_POLL = 42
 
 
 class Durability(enum.IntEnum):
@@ -376,8 +379,8 @@ class PingRequest(Request):
     RESPONSE = Empty
 
 
-TopicMeta = tuple[str, int, int, int]
-"""(name, topic_id, queue count, error code)."""
+TopicMeta = tuple[str, int, int, int, int]
+"""(name, topic_id, queue count, error code, dedup window ms (0: none))."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -385,7 +388,7 @@ class MetadataResponse(Body):
     """Topics with their ids and queue counts."""
 
     topics: list[TopicMeta]
-    SCHEMA = (lst(tup(STR, INT, INT, INT)),)
+    SCHEMA = (lst(tup(STR, INT, INT, INT, INT)),)
 
 
 @dataclass(frozen=True, slots=True)
@@ -437,7 +440,8 @@ QueueInfo = tuple[int, int, int, int, int, int]
 @dataclass(frozen=True, slots=True)
 class DescribeTopicResponse(Body):
     """Per-queue offsets and sizes of a topic; how many scheduled messages of it are pending
-    and the earliest due time among them (wall ms, -1: none)."""
+    and the earliest due time among them (wall ms, -1: none); its dedup window (ms, 0: none) and
+    how many dedup keys the broker remembers for it now."""
 
     name: str
     topic_id: int
@@ -445,7 +449,9 @@ class DescribeTopicResponse(Body):
     config: dict[str, str]
     scheduled_pending: int = 0
     next_due_ms: int = -1
-    SCHEMA = (STR, INT, lst(tup(INT, INT, INT, INT, INT, INT)), STRMAP, INT, INT)
+    dedup_window_ms: int = 0
+    dedup_keys: int = 0
+    SCHEMA = (STR, INT, lst(tup(INT, INT, INT, INT, INT, INT)), STRMAP, INT, INT, INT, INT)
 
 
 @dataclass(frozen=True, slots=True)
@@ -477,9 +483,17 @@ class InitProducerRequest(Request):
     SCHEMA = (opt(STR),)
 
 
-ProduceResult = tuple[str, int, int, str, int, int, int, int, int]
+Duplicate = tuple[int, int, int]
+"""A record of a dedup batch that was not stored: (its index in the batch as sent, the queue and
+the offset of the message stored earlier with the same dedup key)."""
+
+ProduceResult = tuple[str, int, int, str, int, int, int, int, int, list[Duplicate]]
 """(topic, queue, error code, error message, base offset, last offset, append time ms,
-durability, topic id)."""
+durability, topic id, duplicates).
+
+``duplicates`` is empty except for dedup batches: the records listed there were not stored; the
+others were, in order, at ``base_offset..last_offset``. When every record was a duplicate,
+``base_offset``, ``last_offset`` and ``append_time_ms`` are -1."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -487,7 +501,7 @@ class ProduceResponse(Body):
     """One result per produce entry, in request order."""
 
     results: list[ProduceResult]
-    SCHEMA = (lst(tup(STR, INT, INT, STR, INT, INT, INT, INT, INT)),)
+    SCHEMA = (lst(tup(STR, INT, INT, STR, INT, INT, INT, INT, INT, lst(tup(INT, INT, INT)))),)
 
 
 ProduceEntry = tuple[str, int, bytes | bytearray | memoryview]
@@ -1063,6 +1077,100 @@ class CancelScheduledRequest(Request):
     SCHEMA = (STR,)
 
 
+class TransactionState(enum.IntEnum):
+    """A transaction's outcome as a producer reports it (END_TRANSACTION ``state``)."""
+
+    UNKNOWN = 0  # not decided yet: the broker asks the group's checker later
+    COMMIT = 1
+    ROLLBACK = 2
+
+
+@dataclass(frozen=True, slots=True)
+class PrepareTransactionResponse(Body):
+    """The stored half message: ``txn_id`` is its message id (in the internal ``%HALF%``
+    topic), the transaction id that END_TRANSACTION and ``message status`` take."""
+
+    txn_id: str
+    durability: int
+    SCHEMA = (STR, INT)
+
+
+@dataclass(frozen=True, slots=True)
+class PrepareTransactionRequest(Request):
+    """Store a half message: durable, invisible to consumers, bound for ``topic``/``queue``
+    once committed. ``batch`` holds exactly one record (a plain or scheduled batch); the check
+    settings (ms, ms, count; 0: the broker's defaults) are the producer group's."""
+
+    group: str
+    client_id: str
+    topic: str
+    queue: int
+    batch: bytes
+    check_after_ms: int
+    check_interval_ms: int
+    max_checks: int
+    API_KEY = ApiKey.PREPARE_TRANSACTION
+    RESPONSE = PrepareTransactionResponse
+    SCHEMA = (STR, STR, STR, INT, BYTES, INT, INT, INT)
+
+
+@dataclass(frozen=True, slots=True)
+class EndTransactionResponse(Body):
+    """The transaction's state after the request (PREPARED, COMMITTED, ROLLED_BACK) and, when
+    committed, where the committed copy is (``msg_id`` "" and -1s otherwise)."""
+
+    state: str
+    msg_id: str
+    topic: str
+    queue: int
+    offset: int
+    durability: int
+    SCHEMA = (STR, STR, STR, INT, INT, INT)
+
+
+@dataclass(frozen=True, slots=True)
+class EndTransactionRequest(Request):
+    """Commit, roll back, or report UNKNOWN (:class:`TransactionState`) for a half message.
+    Repeating the same outcome is harmless (the first result is answered again)."""
+
+    group: str
+    txn_id: str
+    state: int
+    from_check: bool
+    reason: str
+    API_KEY = ApiKey.END_TRANSACTION
+    RESPONSE = EndTransactionResponse
+    SCHEMA = (STR, STR, INT, BOOL, STR)
+
+
+TxnCheck = tuple[str, str, int, bytes, int]
+"""(transaction id, target topic, target queue, one-record batch (the message as it will be
+committed, ``%TXN_ID`` among its properties), check number (1 = first))."""
+
+
+@dataclass(frozen=True, slots=True)
+class TxnCheckPollResponse(Body):
+    """Half messages whose outcome the broker asks this producer to check."""
+
+    checks: list[TxnCheck]
+    SCHEMA = (lst(tup(STR, STR, INT, BYTES, INT)),)
+
+
+@dataclass(frozen=True, slots=True)
+class TxnCheckPollRequest(Request):
+    """Long poll (up to ``wait_ms``) for transaction checks of ``group``: the broker has no
+    server push, so a transactional producer keeps one of these outstanding and answers each
+    check with END_TRANSACTION (``from_check``)."""
+
+    group: str
+    client_id: str
+    wait_ms: int
+    max_checks: int
+    API_KEY = ApiKey.TXN_CHECK_POLL
+    RESPONSE = TxnCheckPollResponse
+    SCHEMA = (STR, STR, INT, INT)
+
+
 REQUESTS: dict[int, type[Request]] = {
     cls.API_KEY: cls
     for cls in (
@@ -1073,7 +1181,8 @@ REQUESTS: dict[int, type[Request]] = {
         ResetOffsetsRequest, ConsumerHeartbeatRequest, ReceiveRequest, AckRequest,
         NackRequest, ChangeInvisibleRequest, ConsumerLeaveRequest, DescribeDeliveryRequest,
         MessageStatusRequest, DlqAdminRequest, FindByKeyRequest, CancelScheduledRequest,
-        SkipMessageRequest,
+        SkipMessageRequest, PrepareTransactionRequest, EndTransactionRequest,
+        TxnCheckPollRequest,
     )
 }
 assert set(REQUESTS) == set(ApiKey), "every ApiKey needs a request type"

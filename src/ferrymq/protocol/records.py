@@ -13,7 +13,11 @@ Batch layout (little-endian, 64-byte header)::
     20   4     header_crc        u32  CRC32C of bytes [0, 20) then [24, 28)
     24   4     crc               u32  CRC32C of bytes [28, end): computed by the producer
     28   1     magic             u8   format version, 1
-    29   1     attributes        u8   bits 0-2 compression (0 = none); bit 3 has keys (some
+    29   1     attributes        u8   bits 0-1 compression (0 = none; format 1 accepts
+                                      only 0); bit 2 dedup (every record carries a dedup
+                                      key in a reserved property, see
+                                      ferrymq.protocol.dedup: the broker reads keys only
+                                      of such batches); bit 3 has keys (some
                                       record carries keys: the broker's key index reads
                                       only such batches); bit 4 transactional;
                                       bit 5 control batch; bit 6 filtered (set by the broker
@@ -74,7 +78,14 @@ _BASE_LEN = struct.Struct("<qi")
 _I = struct.Struct("<I")
 _STAMP = struct.Struct("<qiq")
 
-ATTR_COMPRESSION_MASK = 0x07
+ATTR_COMPRESSION_MASK = 0x03
+"""Bits 0-1: the compression codec (0 = none, the only one format 1 accepts; 1-3 reserved).
+Bit 2 was part of this field until dedup batches took it; a broker older than that refuses a
+dedup batch as compressed rather than storing it without deduplicating."""
+ATTR_DEDUP = 0x04
+"""A dedup batch: every record carries a dedup key (``%DEDUP``, :mod:`ferrymq.protocol.dedup`).
+The broker reads the keys only of such batches, and only for topics with a dedup window; the
+batch carries no producer sequence (the key is what makes a retry harmless)."""
 ATTR_HAS_KEYS = 0x08
 ATTR_TRANSACTIONAL = 0x10
 ATTR_CONTROL = 0x20
@@ -503,6 +514,45 @@ def filter_batch(
     _I.pack_into(out, 24, crc32c(memoryview(out)[28:]))
     seal_header_crc(out, 0)
     return bytes(out)
+
+
+def select_records(
+    buf: bytes | bytearray | memoryview, pos: int, h: BatchHeader, keep: Sequence[RawRecord]
+) -> bytearray:
+    """A new batch holding only ``keep`` (records of the batch at ``pos``, in order), renumbered.
+
+    Unlike :func:`filter_batch` the result is an ordinary batch: its records get offset deltas
+    ``0..len(keep)-1`` and ``record_count`` is ``len(keep)``, so it can be appended like one a
+    producer built. The header is otherwise kept (``first_timestamp`` too, so the records'
+    timestamp deltas stay valid even when the first record is not kept; ``max_timestamp`` is
+    that of the kept records), both CRCs are fresh. Used by
+    the broker to store the new records of a dedup batch without its duplicates.
+
+    Raises:
+        BatchTooLargeError: ``keep`` is empty (a batch needs a record).
+    """
+    if not keep:
+        raise BatchTooLargeError("a batch needs at least one record")
+    mv = memoryview(buf)
+    parts: list[bytes | memoryview] = [mv[pos : pos + HEADER_SIZE]]
+    max_ts = keep[0][1]
+    for rec in keep:
+        parts.append(mv[rec[2] - RECORD_PREFIX_SIZE : rec[7]])
+        if rec[1] > max_ts:
+            max_ts = rec[1]
+    out = bytearray().join(parts)
+    fields = list(HEADER.unpack_from(out, 0))
+    fields[1] = len(out) - LENGTH_PREFIX
+    fields[7] = len(keep)
+    fields[9] = max_ts
+    HEADER.pack_into(out, 0, *fields)
+    p = HEADER_SIZE
+    for i, rec in enumerate(keep):
+        _I.pack_into(out, p + 4, i)  # offset_delta
+        p += rec[7] - rec[2] + RECORD_PREFIX_SIZE
+    _I.pack_into(out, 24, crc32c(memoryview(out)[28:]))
+    seal_header_crc(out, 0)
+    return out
 
 
 def encode_skip_batch(header: bytes | bytearray | memoryview, first: int, last: int) -> bytes:

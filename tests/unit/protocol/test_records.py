@@ -264,7 +264,7 @@ def test_validate_record_count_below_one(count: int) -> None:
         check_stored_batch(buf)
 
 
-@pytest.mark.parametrize("codec", [1, 2, 7])
+@pytest.mark.parametrize("codec", [1, 2, 3, 7])
 def test_validate_compression_bits_rejected(codec: int) -> None:
     buf = encode_batch([RecordInput(b"x", 0)], attributes=codec)
     with pytest.raises(CorruptRecordError, match="compressed"):

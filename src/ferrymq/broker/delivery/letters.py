@@ -1,5 +1,9 @@
 """Reading and writing letters (see :mod:`ferrymq.protocol.letters` for what they are):
 records are read with their text fields raw, so a producer's odd bytes cannot stop a move.
+
+A retry letter with a delay is written as a *scheduled* batch (``ATTR_SCHEDULED``, its due time
+in ``%DELIVER_AT``): the broker's scheduler appends a visible copy to the retry queue when it is
+due (see ``docs/scheduled.md``, "For the broker's own writers").
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from ferrymq.protocol.records import (
     iter_batches,
     iter_raw_records,
 )
+from ferrymq.protocol.schedule import DELIVER_AT
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +40,8 @@ class StoredRecord:
     body: bytes
 
 
-def _stored(buf: memoryview, rec: RawRecord) -> StoredRecord:
+def stored_record(buf: memoryview, rec: RawRecord) -> StoredRecord:
+    """The record at ``rec`` (from :func:`~ferrymq.protocol.records.iter_raw_records`)."""
     off, ts, t0, t1, s1, k1, p1, rend = rec
     try:
         props = decode_properties(bytes(buf[k1:p1])) if p1 > k1 else {}
@@ -56,13 +62,17 @@ def iter_stored(data: bytes, start: int = 0) -> Iterator[StoredRecord]:
         try:
             for rec in iter_raw_records(mv, pos, h):
                 if rec[0] >= start:
-                    yield _stored(mv, rec)
+                    yield stored_record(mv, rec)
         except CorruptRecordError:
             return
 
 
-def make_letter(record: StoredRecord, letter: Letter) -> bytearray:
-    """A one-record batch holding ``record`` with the properties of ``letter``."""
+def make_letter(record: StoredRecord, letter: Letter, *, deliver_at: int | None = None) -> bytearray:
+    """A one-record batch holding ``record`` with the properties of ``letter``; with
+    ``deliver_at`` (wall ms) a scheduled batch, due then (the scheduler makes it visible)."""
+    props = letter_properties(record.properties, letter)
+    if deliver_at is not None:
+        props[DELIVER_AT] = str(max(deliver_at, 0))
     return encode_batch([
         RecordInput(
             body=record.body,
@@ -70,9 +80,9 @@ def make_letter(record: StoredRecord, letter: Letter) -> bytearray:
             tag=record.tag,
             sharding_key=record.sharding_key,
             keys=record.keys,
-            properties=encode_properties(letter_properties(record.properties, letter)),
+            properties=encode_properties(props),
         )
-    ])
+    ], attributes=ATTR_SCHEDULED if deliver_at is not None else 0)
 
 
 def read_letter(record: StoredRecord) -> Letter:

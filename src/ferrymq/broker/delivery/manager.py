@@ -18,6 +18,15 @@ due time from the retry ladder, or to ``%DLQ%<group>`` once it failed more than
 durable, so a crash in between delivers the message twice, never zero times. An expired lease
 or an evicted member's lease is a failure that is due at once (the lease was the wait).
 
+The retry ladder runs on the broker's scheduler (:mod:`ferrymq.broker.scheduler`): a letter
+with a delay is appended as a scheduled record and indexed there (on disk; only the near future
+in memory), and the scheduler appends its visible copy to the retry queue when it is due. A
+letter due at once is appended visible. The group's
+:class:`~ferrymq.broker.delivery.state.RetryCursor` scans the visible letters in offset order and
+keeps at most ``max_retry_loaded`` of them in memory ahead of receivers, so memory does not grow
+with the number of pending retries. A long-polling RECEIVE also waits on the retry queue's
+``QueueState`` and is woken when a letter (or a due letter's copy) becomes visible there.
+
 Every change is journaled (:mod:`~ferrymq.broker.delivery.store`) before it is acknowledged in
 sync flush mode; leases are journaled with their wall-clock deadline, so after a restart an
 acked message is never redelivered and a leased one stays invisible until its lease ends, and a
@@ -38,7 +47,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ferrymq._time import Clock
-from ferrymq.broker.delivery.letters import StoredRecord, iter_stored, make_letter, read_letter
+from ferrymq.broker.delivery.letters import (
+    StoredRecord,
+    iter_stored,
+    make_letter,
+    read_letter,
+    stored_record,
+)
 from ferrymq.broker.delivery.orderly import Failure, OrderlyCursor
 from ferrymq.broker.delivery.state import (
     AckRun,
@@ -49,6 +64,7 @@ from ferrymq.broker.delivery.state import (
     SourceCursor,
 )
 from ferrymq.broker.delivery.store import GroupStore
+from ferrymq.broker.scheduler import CANCELLED_STATE, NOT_SCHEDULED
 from ferrymq.errors import (
     BrokerError,
     CorruptRecordError,
@@ -71,11 +87,15 @@ from ferrymq.protocol.records import (
     iter_batches,
     iter_raw_records,
 )
+from ferrymq.protocol.schedule import SCHEDULED_ID
 from ferrymq.protocol.tags import parse_tag_expression
 
 if TYPE_CHECKING:
+    import asyncio
+
     from ferrymq.broker.config import BrokerConfig
     from ferrymq.broker.flusher import Flusher
+    from ferrymq.broker.scheduler import Scheduler
     from ferrymq.broker.topics import QueueState, TopicRegistry
     from ferrymq.storage.log import Log
 
@@ -100,6 +120,14 @@ ORDERLY_READ_GAP = 4096
 """Orderly RECEIVE reads ready heads closer than this many offsets in one sequential pass."""
 MAX_REDRIVE_BATCH = 10_000
 """Most dead letters one DLQ_ADMIN redrive moves (the CLI loops for more)."""
+MAX_RETRY_SCAN = 100_000
+"""MESSAGE_STATUS looks for a message's retry letter among the newest this many records of the
+group's retry queue (an older letter that is still pending is not found: see delivery.md)."""
+RETRY_READ_BYTES = 256 * 1024
+"""The retry cursor reads its queue in steps of this size."""
+RETRY_COUNT_BYTES = 64 * 1024 * 1024
+"""DESCRIBE_DELIVERY counts visible letters the retry cursor has not read yet, reading at most
+this many bytes of the retry queue per call (it goes on where it stopped next time)."""
 
 _OK = int(ErrorCode.NONE)
 _BAD_RECEIPT = int(ErrorCode.INVALID_RECEIPT)
@@ -158,12 +186,13 @@ class DeliveryManager:
 
     def __init__(
         self, config: BrokerConfig, topics: TopicRegistry, flusher: Flusher, clock: Clock,
-        data_dir: Path,
+        data_dir: Path, scheduler: Scheduler,
     ) -> None:
         self.config = config
         self.topics = topics
         self.flusher = flusher
         self.clock = clock
+        self.scheduler = scheduler  # runs the retry ladder (see the module docstring)
         self.sync = config.flush == "sync"
         self.dir = data_dir / "delivery"
         self.groups: dict[str, DeliveryGroup] = {}
@@ -205,8 +234,8 @@ class DeliveryManager:
         self.groups[g.name] = g
         self.stores[g.name] = store
         if records or snap:
-            log.info("delivery group %s: %d queues, %d leases, %d retry letters", g.name,
-                     len(g.sources), len(g.leases), g.retry.waiting + g.retry.in_flight)
+            log.info("delivery group %s: %d queues, %d leases, %d retry letters read", g.name,
+                     len(g.sources), len(g.leases), len(g.retry.ready) + g.retry.in_flight)
         return g
 
     def _restore_lease(
@@ -217,6 +246,7 @@ class DeliveryManager:
         if key[0] == g.retry_topic:
             for o in offsets:
                 g.retry.leased[o] = lease
+                g.retry.reload.discard(o)
                 lease.offsets.add(o)
         else:
             cur = g.sources.get(key)
@@ -249,9 +279,15 @@ class DeliveryManager:
                 self._restore_lease(g, (topic, queue), lease_id, member, deadline, reconsume,
                                     _expand(runs))
         g.acked = deque(AckRun(*r) for r in snap.get("acks", ()))
-        floor, nxt, done, leases = snap["retry"]
-        g.retry = RetryCursor(floor)
-        g.retry.next = nxt
+        retry = snap["retry"]
+        if len(retry) == 4:  # format 1: every letter was in memory; read them again from floor
+            floor, _nxt, done, leases = retry
+            g.retry = RetryCursor(floor)
+        else:
+            floor, nxt, ready, done, leases = retry
+            g.retry = RetryCursor(floor)
+            g.retry.next = g.retry.counted = nxt
+            g.retry.reload = set(_expand(ready))
         g.retry.done = set(_expand(done))
         for lease_id, member, deadline, reconsume, runs in leases:
             self._restore_lease(g, (g.retry_topic, 0), lease_id, member, deadline, reconsume,
@@ -307,14 +343,16 @@ class DeliveryManager:
     ) -> None:
         """Replay: ``offsets`` leave their leases (and are done when ``finished``)."""
         if key[0] == g.retry_topic:
+            rc = g.retry
             for o in offsets:
-                lease = g.retry.leased.pop(o, None)
+                lease = rc.leased.pop(o, None)
                 if lease is not None:
                     lease.offsets.discard(o)
                     g.drop_from_lease(lease)
-                if finished and o >= g.retry.floor:
-                    g.retry.done.add(o)
-            g.retry.advance_floor()
+                if finished:
+                    rc.reload.discard(o)
+                    if o >= rc.next:
+                        rc.done.add(o)
             return
         cur = g.sources.get(key)
         if cur is None:
@@ -340,35 +378,62 @@ class DeliveryManager:
                 cur.next = o + 1
 
     def _load_letters(self, g: DeliveryGroup) -> None:
-        """Rebuild the pending retry letters by reading the retry queue from its floor."""
+        """After loading: read the letters the cursor had read but not leased (the snapshot's
+        ready offsets) and those of restored leases. Nothing else: the cursor reads on from
+        ``next``, and pending letters are the scheduler's."""
         rc = g.retry
         qs = self._internal_queue(g.retry_topic, create=False)
         if qs is None:
+            rc.restore([], {})
+            rc.advance_floor()
             return
         lg = qs.log
-        pos = max(rc.floor, lg.start_offset)
-        rc.floor = max(rc.floor, lg.start_offset)
-        end = lg.end_offset
-        while pos < end:
-            data = lg.read(pos, 1 << 20)
-            if not data:
-                break
-            for r in iter_stored(data, pos):
-                pos = r.offset + 1
-                if r.offset in rc.done:
-                    continue
-                try:
-                    letter = read_letter(r)
-                except CorruptRecordError as exc:
-                    log.error("retry queue of %s: %s; skipped", g.name, exc)
-                    rc.done.add(r.offset)
-                    continue
-                rc.letters[r.offset] = letter
-                rc.by_msg_id[letter.msg_id] = r.offset
-                if r.offset not in rc.leased:
-                    heapq.heappush(rc.due, (self._to_mono(letter.due_wall), r.offset))
-        rc.next = max(rc.next, end)
+        if rc.next < lg.start_offset:  # retention deleted letters nobody got
+            rc.skip_to(lg.start_offset)
+        want = sorted(rc.reload | set(rc.leased))
+        records = self._read_records(lg, want)
+        wall = self.clock.wall_ms()
+        ready: list[tuple[int, Letter, int | None]] = []
+        leased: dict[int, Letter] = {}
+        for o in want:
+            r = records.get(o)
+            if r is None:  # deleted by retention
+                continue
+            try:
+                letter = read_letter(r)
+            except CorruptRecordError as exc:
+                log.error("retry queue of %s: %s; skipped", g.name, exc)
+                continue
+            if o in rc.leased:
+                leased[o] = letter
+            else:
+                ready.append((o, letter, self._held_until(r, letter, wall)))
+        rc.restore(ready, leased)
         rc.advance_floor()
+
+    def _read_records(self, lg: Log, offsets: list[int]) -> dict[int, StoredRecord]:
+        """The records at ``offsets`` (rising), near ones read in one pass."""
+        out: dict[int, StoredRecord] = {}
+        want = set(offsets)
+        i = 0
+        while i < len(offsets):
+            j = i
+            while j + 1 < len(offsets) and offsets[j + 1] - offsets[j] <= ORDERLY_READ_GAP:
+                j += 1
+            for mv, _p0, _h, recs in _batches_between(lg, offsets[i], offsets[j]):
+                for rec in recs:
+                    if rec[0] in want:
+                        out[rec[0]] = stored_record(mv, rec)
+            i = j + 1
+        return out
+
+    def _held_until(self, record: StoredRecord, letter: Letter, wall: int) -> int | None:
+        """A visible letter written by an older broker (before retries were scheduled) with a
+        due time still ahead: the monotonic time it may go. None for anything else (copies of
+        scheduled letters carry ``%SCHEDULED_ID`` and are due by definition)."""
+        if SCHEDULED_ID in record.properties or letter.due_wall <= wall:
+            return None
+        return self._to_mono(letter.due_wall)
 
     def snapshot(self, g: DeliveryGroup) -> dict[str, Any]:
         """The group's state as a snapshot map (see _apply_snapshot)."""
@@ -398,7 +463,7 @@ class DeliveryManager:
                     for off, f in c.failures.items()]] if isinstance(c, OrderlyCursor) else [])
                 for c in g.sources.values()
             ],
-            "retry": [rc.floor, rc.next, _runs(rc.done), leases(rc.leased)],
+            "retry": [rc.floor, rc.next, _runs(rc.ready), _runs(rc.done), leases(rc.leased)],
             "acks": [list(r) for r in g.acked],
         }
 
@@ -566,10 +631,8 @@ class DeliveryManager:
         if room <= 0 or budget <= 0:
             return out, pos
         filters = {t: parse_tag_expression(e) for t, e in subscriptions}
-        rc = g.retry
-        if rc.due and rc.due[0][0] <= now:
-            room, budget, pos = self._receive_letters(
-                g, member_id, filters, room, budget, now, deadline, deadline_wall, out)
+        room, budget, pos = self._receive_letters(g, member_id, filters, room, budget, deadline,
+                                                  deadline_wall, out)
         for topic, tags in filters.items():
             if room <= 0 or budget <= 0:
                 break
@@ -590,50 +653,172 @@ class DeliveryManager:
 
     def _receive_letters(
         self, g: DeliveryGroup, member_id: str, filters: dict[str, frozenset[str] | None],
-        room: int, budget: int, now: int, deadline: int, deadline_wall: int,
-        out: list[m.Delivery],
+        room: int, budget: int, deadline: int, deadline_wall: int, out: list[m.Delivery],
     ) -> tuple[int, int, int]:
+        """Lease visible retry letters of the subscribed topics, oldest first (each in its own
+        delivery: letters of one batch may differ in topic and attempt count)."""
         rc = g.retry
         qs = self._internal_queue(g.retry_topic, create=False)
         pos = -1
-        if qs is None:
-            rc.due.clear()
+        if qs is None or (not rc.ready and rc.next >= qs.visible_end):
             return room, budget, pos
-        skipped: list[tuple[int, int]] = []
-        while rc.due and rc.due[0][0] <= now and room > 0 and budget > 0:
-            item = heapq.heappop(rc.due)
-            off = item[1]
-            letter = rc.letters.get(off)
-            if letter is None or off in rc.leased:
-                continue  # finished or leased since it was queued
-            if letter.topic not in filters:
-                skipped.append(item)
-                continue
-            try:
-                data = qs.log.read(off, 1)
-            except BrokerError as exc:
-                log.error("retry queue of %s: cannot read offset %d: %s", g.name, off, exc)
-                rc.finish(off)
-                continue
-            first = next(iter_batches(data), None)
-            if first is None:
-                skipped.append(item)
+        held = rc.held
+        cands: list[int] = []
+        for off, letter in rc.ready.items():
+            if len(cands) >= room:
                 break
-            p0, h = first
-            batch = data[p0 : p0 + h.size]
+            if letter.topic in filters and off not in held:
+                cands.append(off)
+        if len(cands) < room:
+            cands.extend(self._scan_retry(g, qs, filters, room - len(cands)))
+        if not cands:
+            return room, budget, pos
+        lg = qs.log
+        taken: set[int] = set()
+        for offs, batch in self._read_offsets(lg, cands, budget, set(cands)):
+            off = offs[0]
+            if off not in rc.ready:
+                continue
+            letter = rc.ready[off]
             lease = Lease(self._lease_id(), member_id, (g.retry_topic, 0), deadline,
-                          letter.reconsume, {off})
-            rc.leased[off] = lease
+                          letter.reconsume)
+            rc.lease(off, lease)
             g.add_lease(lease, 1)
+            taken.add(off)
             out.append((g.retry_topic, 0, qs.topic_id, lease.lease_id, letter.reconsume, off, off,
                         batch))
             pos = self._journal(g, ["L", g.retry_topic, 0, lease.lease_id, member_id,
                                     deadline_wall, letter.reconsume, [[off, 1]]])
             room -= 1
             budget -= len(batch)
-        for item in skipped:
-            heapq.heappush(rc.due, item)
+        gone = [o for o in cands if o not in taken and o < lg.start_offset]
+        if gone:  # deleted by retention before anyone got them
+            for o in gone:
+                rc.finish(o)
+            pos = self._journal(g, ["A", g.retry_topic, 0, _runs(gone)])
+            rc.advance_floor()
         return room, budget, pos
+
+    def _scan_retry(
+        self, g: DeliveryGroup, qs: QueueState, filters: Container[str], want: int,
+    ) -> list[int]:
+        """Read visible letters from the retry cursor's scan position into ``ready`` until
+        ``want`` of them belong to a topic in ``filters`` or ``max_retry_loaded`` are ready;
+        return the offsets of those ``want``. Scheduled letters (not due yet) are skipped: the
+        scheduler appends their copies when they are due."""
+        rc = g.retry
+        lg = qs.log
+        if rc.next < lg.start_offset:  # retention deleted letters nobody got
+            rc.skip_to(lg.start_offset)
+        end = qs.visible_end
+        limit = self.config.max_retry_loaded
+        wall = self.clock.wall_ms()
+        found: list[int] = []
+        while rc.next < end and len(rc.ready) < limit and len(found) < want:
+            try:
+                data = lg.read(rc.next, RETRY_READ_BYTES, upto_offset=end)
+            except BrokerError as exc:
+                log.error("retry queue of %s: cannot read offset %d: %s", g.name, rc.next, exc)
+                break
+            if not data:
+                break
+            before = rc.next
+            mv = memoryview(data)
+            for p0, h in iter_batches(mv):
+                if h.last_offset < rc.next:
+                    continue
+                if h.attributes & ATTR_SCHEDULED:  # a letter not due yet: the scheduler's
+                    rc.passed(rc.next, h.last_offset, plain=False)
+                    continue
+                if len(rc.ready) >= limit or len(found) >= want:
+                    break
+                try:
+                    recs = list(iter_raw_records(mv, p0, h))
+                except CorruptRecordError as exc:
+                    log.error("retry queue of %s: %s; skipped", g.name, exc)
+                    rc.passed(rc.next, h.last_offset, plain=True)
+                    continue
+                for rec in recs:
+                    o = rec[0]
+                    if o < rc.next:
+                        continue
+                    if len(rc.ready) >= limit or len(found) >= want:
+                        break
+                    rc.passed(o, o, plain=True)
+                    if o in rc.done:  # finished before a restart
+                        rc.done.discard(o)
+                        continue
+                    if o in rc.leased:  # leased before a restart
+                        rc.track(o)
+                        continue
+                    r = stored_record(mv, rec)
+                    try:
+                        letter = read_letter(r)
+                    except CorruptRecordError as exc:
+                        log.error("retry queue of %s: %s; skipped", g.name, exc)
+                        continue
+                    until = self._held_until(r, letter, wall)
+                    rc.add(o, letter, until)
+                    if letter.topic in filters and until is None:
+                        found.append(o)
+            if rc.next == before:
+                break
+        rc.advance_floor()
+        return found
+
+    def _retry_waiting(self, g: DeliveryGroup) -> int:
+        """Retry letters waiting: pending in the scheduler, read by the cursor and not leased,
+        and visible ones the cursor has not read yet (counted incrementally, see
+        RETRY_COUNT_BYTES)."""
+        rc = g.retry
+        qs = self._internal_queue(g.retry_topic, create=False)
+        if qs is None:
+            return len(rc.ready)
+        lg = qs.log
+        if rc.next < lg.start_offset:
+            rc.skip_to(lg.start_offset)
+        if rc.counted < rc.next:
+            rc.counted, rc.ahead = rc.next, 0
+        pos = rc.counted
+        end = lg.end_offset
+        budget = RETRY_COUNT_BYTES
+        while pos < end and budget > 0:
+            try:
+                data = lg.read(pos, 1 << 20)
+            except BrokerError:
+                break
+            if not data:
+                break
+            budget -= len(data)
+            before = pos
+            for _p0, h in iter_batches(data):  # headers only
+                if h.last_offset < pos:
+                    continue
+                if not h.attributes & ATTR_SCHEDULED:
+                    rc.ahead += h.last_offset - max(h.base_offset, pos) + 1
+                pos = h.last_offset + 1
+            if pos == before:
+                break
+        rc.counted = pos
+        unread = rc.ahead - len(rc.done) - sum(1 for o in rc.leased if o >= rc.next)
+        scheduled, _ = self.scheduler.topic_stats(qs.topic_id)
+        return scheduled + len(rc.ready) + max(0, unread)
+
+    def wakeups(
+        self, g: DeliveryGroup, subscriptions: Iterable[tuple[str, str]]
+    ) -> list[set[asyncio.Future[None]]]:
+        """What a long-polling RECEIVE of ``g`` waits on: the group itself (leases handed
+        back, orderly keys ready), its retry queue (a letter, or the copy of a due scheduled
+        letter, became visible) and the subscribed queues."""
+        sets = [g.waiters]
+        rt = self.topics.topics.get(g.retry_topic)
+        if rt is not None:
+            sets.append(rt.queues[0].waiters)
+        for topic, _ in subscriptions:
+            t = self.topics.topics.get(topic)
+            if t is not None:
+                sets.extend(qs.waiters for qs in t.queues)
+        return sets
 
     def _receive_queue(
         self, g: DeliveryGroup, member_id: str, qs: QueueState, tags: frozenset[str] | None,
@@ -1087,6 +1272,15 @@ class DeliveryManager:
             t = self.topics.create(name, 1, {}, self.clock.wall_ms(), internal_ok=True)
         return t.queues[0]
 
+    def _retry_queue(self, g: DeliveryGroup) -> QueueState:
+        """The group's retry queue, created on first use."""
+        qs = self._internal_queue(g.retry_topic, create=False)
+        if qs is None:
+            qs = self._internal_queue(g.retry_topic, create=True)
+            assert qs is not None
+            g.wake()  # long polls that started before it existed wait on it from now on
+        return qs
+
     def _read_record(
         self, g: DeliveryGroup, key: tuple[str, int], offset: int
     ) -> StoredRecord | None:
@@ -1148,20 +1342,22 @@ class DeliveryManager:
             due_wall = wall + delay_ms
         letter = origin._replace(reconsume=reconsume, due_wall=due_wall, reason=reason,
                                  dead_wall=wall if dead else -1)
-        batch = make_letter(record, letter)
-        qs = self._internal_queue(target, create=True)
+        scheduled = not dead and due_wall > wall  # else visible at once
+        batch = make_letter(record, letter, deliver_at=due_wall if scheduled else None)
+        qs = self._retry_queue(g) if not dead else self._internal_queue(target, create=True)
         assert qs is not None
         try:
             res = qs.log.append(batch, now_ms=wall)
         except OSError as exc:  # keep the message where it is: redelivered after a restart
             log.error("delivery group %s: cannot write %s: %s", g.name, target, exc)
             return
+        if scheduled and not res.duplicate:  # the scheduler makes a copy visible when due
+            self.scheduler.on_append(qs, batch, res.base_offset, res.append_time_ms)
         self.flusher.mark_dirty(qs)
         if not self.sync:
             qs.advance(qs.log.end_offset)
         g.pending_moves += 1
         g.moving[origin.msg_id] = ("DEAD" if dead else "RETRYING", letter)
-        due_mono = self._now() + (due_wall - wall)
 
         def moved(exc: BaseException | None) -> None:
             g.pending_moves -= 1
@@ -1169,10 +1365,6 @@ class DeliveryManager:
             if exc is not None:
                 log.error("delivery group %s: move to %s failed: %s", g.name, target, exc)
                 return
-            if not dead:
-                g.retry.add(res.base_offset, letter, due_mono)
-                if due_mono <= self._now():
-                    g.wake()
             try:
                 self._journal(g, ["A", key[0], key[1], [[offset, 1]]])
             except BrokerError as e:
@@ -1187,7 +1379,8 @@ class DeliveryManager:
     # -- time passes ---------------------------------------------------------------------------
 
     def tick(self) -> None:
-        """Expire leases, evict silent members, wake receivers of due retries, compact."""
+        """Expire leases, evict silent members, wake receivers of due orderly retries, compact.
+        (Receivers of retry letters are woken by the retry queue: see :meth:`wakeups`.)"""
         now = self._now()
         for g in self.groups.values():
             for mid, mem in list(g.members.items()):
@@ -1208,11 +1401,16 @@ class DeliveryManager:
                 for off in sorted(lease.offsets):
                     self._fail(g, lease.key, off, lease, counts=True, delay_ms=0,
                                reason="lease expired before an ack")
-            if g.waiters and (
-                (g.retry.due and g.retry.due[0][0] <= now)
-                or (g.orderly and any(
-                    (d := c.next_due()) is not None and d <= now
-                    for c in g.sources.values() if isinstance(c, OrderlyCursor)))
+            held = g.retry.held
+            if held:  # letters of an older broker whose due time came
+                due = [o for o, until in held.items() if until <= now]
+                for off in due:
+                    del held[off]
+                if due:
+                    g.wake()
+            if g.waiters and g.orderly and any(
+                (d := c.next_due()) is not None and d <= now
+                for c in g.sources.values() if isinstance(c, OrderlyCursor)
             ):
                 g.wake()
         self.compact()
@@ -1266,7 +1464,7 @@ class DeliveryManager:
                 blocked.append((cur.topic, cur.queue, k, encode_msg_id(t.topic_id, cur.queue, off),
                                 f.reconsume, f.since_wall, nxt, f.reason))
         return m.DescribeDeliveryResponse(
-            g.name, members, queues, g.retry.waiting, g.retry.in_flight, dlq_size,
+            g.name, members, queues, self._retry_waiting(g), g.retry.in_flight, dlq_size,
             list(g.retry_delays_ms), g.max_reconsume, g.orderly, blocked,
         )
 
@@ -1320,18 +1518,6 @@ class DeliveryManager:
                 out.append((g.name, state, "", -1, letter.reconsume,
                             letter.due_wall if state == "RETRYING" else -1, letter.reason, -1))
                 continue
-            rc = g.retry
-            roff = rc.by_msg_id.get(msg_id)
-            if roff is not None:
-                letter = rc.letters[roff]
-                lease = rc.leased.get(roff)
-                if lease is not None:
-                    out.append((g.name, "DELIVERED", lease.member, self._to_wall(lease.deadline),
-                                letter.reconsume, -1, letter.reason, -1))
-                else:
-                    out.append((g.name, "RETRYING", "", -1, letter.reconsume, letter.due_wall,
-                                letter.reason, -1))
-                continue
             if cur is not None and offset in cur.leased:
                 lease = cur.leased[offset]
                 out.append((g.name, "DELIVERED", lease.member, self._to_wall(lease.deadline), 0,
@@ -1348,15 +1534,86 @@ class DeliveryManager:
             if cur is None or offset >= cur.next:
                 out.append((g.name, "WAITING", "", -1, 0, -1, "", -1))
                 continue
+            retrying, searched_all = self._retry_status(g, msg_id)
+            if retrying is not None:
+                out.append((g.name, *retrying))
+                continue
             dead = self._find_dead(g, msg_id)
             if dead is not None:
                 out.append((g.name, "DEAD", "", -1, dead.reconsume, -1, dead.reason,
                             dead.dead_wall))
-            else:
-                out.append((g.name, "CONSUMED", "", -1, 0, -1,
-                            self._filtered(g, t.name, queue, offset),
-                            g.acked_at(t.name, queue, offset)))
+                continue
+            at = g.acked_at(t.name, queue, offset)
+            note = self._filtered(g, t.name, queue, offset)
+            if at < 0 and not note and not searched_all:
+                note = (f"or still retrying: only the newest {MAX_RETRY_SCAN} records of the "
+                        "retry queue were searched")
+            out.append((g.name, "CONSUMED", "", -1, 0, -1, note, at))
         return m.MessageStatusResponse(t.name, queue, offset, out)
+
+    def _retry_status(
+        self, g: DeliveryGroup, msg_id: str
+    ) -> tuple[tuple[str, str, int, int, int, str, int] | None, bool]:
+        """The status of ``msg_id`` from its newest letter in the group's retry queue: RETRYING
+        (a scheduled letter pending in the scheduler, or a visible one not yet leased) or
+        DELIVERED (leased), or None when it has no unfinished letter; and whether the whole
+        retry queue was searched (only its newest MAX_RETRY_SCAN records are).
+
+        Nothing is kept in memory per pending retry: the letters are found by reading the retry
+        queue (a substring test of each chunk read skips the chunks without the id)."""
+        qs = self._internal_queue(g.retry_topic, create=False)
+        if qs is None:
+            return None, True
+        lg = qs.log
+        end = lg.end_offset
+        first = max(lg.start_offset, end - MAX_RETRY_SCAN)
+        needle = msg_id.encode()
+        found: tuple[int, bool, Letter] | None = None
+        pos = first
+        while pos < end:
+            try:
+                data = lg.read(pos, 1 << 20)
+            except BrokerError:
+                break
+            if not data:
+                break
+            before = pos
+            hit = needle in data
+            mv = memoryview(data)
+            for p0, h in iter_batches(mv):
+                if hit and h.last_offset >= pos:
+                    try:
+                        for rec in iter_raw_records(mv, p0, h):
+                            if rec[0] >= pos and needle in mv[rec[5]:rec[6]].tobytes():
+                                r = stored_record(mv, rec)
+                                if r.properties.get("%MSGID") == msg_id:
+                                    found = (r.offset, bool(h.attributes & ATTR_SCHEDULED),
+                                             read_letter(r))
+                    except CorruptRecordError:
+                        pass
+                pos = max(pos, h.last_offset + 1)
+            if pos == before:
+                break
+        searched_all = first <= lg.start_offset
+        if found is None:
+            return None, searched_all
+        off, scheduled, letter = found
+        if scheduled:  # not visible yet: the scheduler has it
+            state, due = self.scheduler.lookup(qs.topic_id, 0, off)
+            if state in (CANCELLED_STATE, NOT_SCHEDULED):
+                return None, searched_all
+            # PENDING; or FIRED/DONE without a copy after it (the copy could not be written:
+            # it fires again after a restart)
+            return ("RETRYING", "", -1, letter.reconsume, due, letter.reason, -1), searched_all
+        rc = g.retry
+        lease = rc.leased.get(off)
+        if lease is not None:
+            return ("DELIVERED", lease.member, self._to_wall(lease.deadline), letter.reconsume,
+                    -1, letter.reason, -1), searched_all
+        if rc.is_finished(off):
+            return None, searched_all
+        return ("RETRYING", "", -1, letter.reconsume, letter.due_wall, letter.reason, -1), \
+            searched_all
 
     def _filtered(self, g: DeliveryGroup, topic: str, queue: int, offset: int) -> str:
         """A note when the group skipped the message because of its tag, else ""."""
@@ -1408,11 +1665,9 @@ class DeliveryManager:
         stop = recs[-1].offset + 1 if recs else first
         if dry_run or not recs:
             return m.DlqAdminResponse(first, stop, len(recs)), -1
-        qs = self._internal_queue(g.retry_topic, create=True)
-        assert qs is not None
+        qs = self._retry_queue(g)
         wall = self.clock.wall_ms()
-        now = self._now()
-        letters: list[tuple[int, Letter]] = []
+        count = 0
         last_end = 0
         for r in recs:
             try:
@@ -1421,9 +1676,9 @@ class DeliveryManager:
                 continue
             letter = origin._replace(reconsume=0, due_wall=wall, reason="redriven from DLQ",
                                      dead_wall=-1)
-            res = qs.log.append(make_letter(r, letter), now_ms=wall)
+            res = qs.log.append(make_letter(r, letter), now_ms=wall)  # visible: due now
             last_end = res.last_offset + 1
-            letters.append((res.base_offset, letter))
+            count += 1
         self.flusher.mark_dirty(qs)
         if not self.sync:
             qs.advance(qs.log.end_offset)
@@ -1436,8 +1691,6 @@ class DeliveryManager:
             if exc is not None:
                 log.error("delivery group %s: redrive failed: %s", g.name, exc)
                 return
-            for off, letter in letters:
-                g.retry.add(off, letter, now)
             if self.sync:
                 self._journal(g, ["D", stop])
             g.wake()
@@ -1446,4 +1699,4 @@ class DeliveryManager:
             qs.flush_waiters.append((last_end, moved))
         else:
             moved(None)
-        return m.DlqAdminResponse(first, stop, len(letters)), pos
+        return m.DlqAdminResponse(first, stop, count), pos

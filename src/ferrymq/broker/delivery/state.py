@@ -8,9 +8,15 @@ FIFO: ``next`` is the first offset never delivered; offsets in ``[floor, next)``
 leased (in ``leased``) or finished (acked, or moved to the retry or dead-letter queue).
 ``floor`` is the lowest unfinished offset: everything below it is done for this group.
 
-The **retry cursor** covers the group's retry queue ``%RETRY%<group>``. Its records are due at
-different times, so it keeps the pending ones in a heap by due time, and ``done`` holds the
-finished offsets above ``floor``.
+The **retry cursor** covers the group's retry queue ``%RETRY%<group>``. A retry letter with a
+delay is stored there as a *scheduled* record: the broker's scheduler holds it (on disk, only the
+near future in memory) and appends a visible copy to the same queue when it is due. So the
+cursor only ever sees letters that are due, and scans them in offset order like a source
+cursor: ``next`` is the scan position, ``ready`` the letters read but not yet leased (at most
+``max_retry_loaded``: a group never holds more, however many retries are pending), ``leased``
+and ``letters`` the leased ones. Offsets in ``[floor, next)`` that are neither ready nor leased
+are finished (or scheduled originals, which the cursor skips). ``done`` holds finished offsets
+at or above ``next``: they only come from the journal after a restart (the scan skips them).
 """
 
 from __future__ import annotations
@@ -97,61 +103,108 @@ class SourceCursor:
 
 
 class RetryCursor:
-    """The group's retry queue: pending records by due time, leases, finished offsets."""
+    """The group's retry queue: a scan over its visible letters (see the module docstring)."""
 
-    __slots__ = ("by_msg_id", "done", "due", "floor", "leased", "letters", "next")
+    __slots__ = ("_order", "ahead", "counted", "done", "floor", "held", "leased", "letters",
+                 "next", "ready", "reload")
 
     def __init__(self, start: int) -> None:
         self.floor = start
-        self.next = start  # records below this were loaded into ``letters`` or are done
+        self.next = start  # scan position: records below were read (or skipped)
+        self.ready: dict[int, Letter] = {}  # read, not leased; rising offsets
         self.leased: dict[int, Lease] = {}
-        self.done: set[int] = set()
-        self.due: list[tuple[int, int]] = []  # (due monotonic ms, offset) of pending letters
-        self.letters: dict[int, Letter] = {}  # pending and leased letters
-        self.by_msg_id: dict[str, int] = {}
+        self.letters: dict[int, Letter] = {}  # the letters of leased offsets
+        self.done: set[int] = set()  # finished offsets at or above ``next`` (after a restart)
+        self.held: dict[int, int] = {}  # ready letters not due yet -> due (monotonic ms)
+        self.reload: set[int] = set()  # ready offsets of a snapshot, read again after loading
+        self.counted = start  # plain records in [next, counted) are counted in ``ahead``
+        self.ahead = 0
+        self._order: deque[int] = deque()  # read or leased offsets below next, rising
 
-    def add(self, offset: int, letter: Letter, due_mono: int) -> None:
-        """A new pending letter at ``offset``."""
+    def add(self, offset: int, letter: Letter, held_until: int | None = None) -> None:
+        """The scan read the letter at ``offset`` (at ``next``); it waits for a receiver (and,
+        with ``held_until``, for that monotonic time: a letter of an older broker)."""
+        self.ready[offset] = letter
+        if held_until is not None:
+            self.held[offset] = held_until
+        self._order.append(offset)
+
+    def passed(self, first: int, last: int, *, plain: bool) -> None:
+        """The scan moved past offsets ``first..last`` (at ``next``; ``plain``: records of a
+        non-scheduled batch, which ``ahead`` counted if they were below ``counted``)."""
+        self.next = last + 1
+        if last < self.counted:
+            if plain:
+                self.ahead -= last - first + 1
+        else:
+            self.counted = self.next
+            self.ahead = 0
+
+    def skip_to(self, offset: int) -> None:
+        """Nothing below ``offset`` is readable any more (retention)."""
+        if offset <= self.next:
+            return
+        self.next = offset
+        self.done = {o for o in self.done if o >= offset}
+        self.counted = offset  # counted again from there
+        self.ahead = 0
+
+    def track(self, offset: int) -> None:
+        """A leased offset the scan reached (restored from the journal before it was read)."""
+        self._order.append(offset)
+
+    def lease(self, offset: int, lease: Lease) -> Letter:
+        """Hand the ready letter at ``offset`` to ``lease``."""
+        letter = self.ready.pop(offset)
+        self.held.pop(offset, None)
         self.letters[offset] = letter
-        self.by_msg_id[letter.msg_id] = offset
-        heapq.heappush(self.due, (due_mono, offset))
-        if offset >= self.next:
-            self.next = offset + 1
-
-    def pending(self, offset: int) -> bool:
-        """Whether ``offset`` is a letter waiting to be delivered."""
-        return offset in self.letters and offset not in self.leased
+        self.leased[offset] = lease
+        lease.offsets.add(offset)
+        return letter
 
     def finish(self, offset: int) -> Lease | None:
         """The letter at ``offset`` is done; return the lease it had."""
         lease = self.leased.pop(offset, None)
         if lease is not None:
             lease.offsets.discard(offset)
-        letter = self.letters.pop(offset, None)
-        if letter is not None and self.by_msg_id.get(letter.msg_id) == offset:
-            del self.by_msg_id[letter.msg_id]
-        if offset >= self.floor:
+        self.letters.pop(offset, None)
+        self.ready.pop(offset, None)
+        self.held.pop(offset, None)
+        if offset >= self.next:
             self.done.add(offset)
         return lease
 
+    def restore(self, ready: Iterable[tuple[int, Letter, int | None]],
+                leased: dict[int, Letter]) -> None:
+        """After loading: the ready letters ``(offset, letter, held until)`` read again (rising)
+        and the letters of restored leases."""
+        for off, letter, until in ready:
+            self.ready[off] = letter
+            if until is not None:
+                self.held[off] = until
+        self.letters.update(leased)
+        self._order = deque(sorted(o for o in (*self.ready, *self.leased) if o < self.next))
+        self.reload.clear()
+
+    def is_finished(self, offset: int) -> bool:
+        """Whether the visible letter at ``offset`` is done (acked or moved on)."""
+        if offset in self.ready or offset in self.leased:
+            return False
+        return offset < self.next or offset in self.done
+
     def advance_floor(self) -> None:
         """Move ``floor`` past finished offsets."""
-        done = self.done
-        f = self.floor
-        while f < self.next and f in done:
-            done.remove(f)
-            f += 1
-        self.floor = f
+        order = self._order
+        ready = self.ready
+        leased = self.leased
+        while order and order[0] not in ready and order[0] not in leased:
+            order.popleft()
+        self.floor = order[0] if order else self.next
 
     @property
     def in_flight(self) -> int:
         """Letters leased now."""
         return len(self.leased)
-
-    @property
-    def waiting(self) -> int:
-        """Letters waiting for their due time or a receiver."""
-        return len(self.letters) - len(self.leased)
 
 
 @dataclass(eq=False)

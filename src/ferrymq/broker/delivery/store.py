@@ -32,7 +32,11 @@ from ferrymq.storage.journal import Journal
 log = logging.getLogger("ferrymq.broker")
 
 STATE_FILE = "state"
-SNAPSHOT_VERSION = 1
+SNAPSHOT_VERSION = 2
+"""Written by this broker. Version 2 keeps the retry cursor as a scan (floor, next, ready and
+done offsets, leases); version 1 (every pending letter was in memory: floor, next, done, leases)
+is still read: the cursor then reads the retry queue again from its floor."""
+READABLE_VERSIONS = (1, 2)
 
 Callback = Callable[[BaseException | None], None]
 
@@ -63,7 +67,7 @@ class GroupStore:
                 snap = msgpack.unpackb(raw, raw=False, strict_map_key=False)
             except Exception as exc:  # noqa: BLE001
                 raise CorruptRecordError(f"{directory / STATE_FILE}: {exc}") from None
-            if not isinstance(snap, dict) or snap.get("v") != SNAPSHOT_VERSION:
+            if not isinstance(snap, dict) or snap.get("v") not in READABLE_VERSIONS:
                 raise CorruptRecordError(f"{directory / STATE_FILE}: unknown snapshot format")
             gen = int(snap["gen"])
         for p in directory.glob("journal.*"):

@@ -19,6 +19,7 @@ from ferrymq.broker.handlers import (
     offsets,
     produce,
     schedule,
+    transactions,
 )
 from ferrymq.protocol.messages import ApiKey, Body
 
@@ -50,10 +51,13 @@ HANDLERS: dict[int, Handler] = {
     ApiKey.CHANGE_INVISIBLE: delivery.change_invisible,
     ApiKey.CONSUMER_LEAVE: delivery.consumer_leave,
     ApiKey.DESCRIBE_DELIVERY: delivery.describe_delivery,
-    ApiKey.MESSAGE_STATUS: delivery.message_status,
+    ApiKey.MESSAGE_STATUS: transactions.message_status,  # half messages, else delivery's
     ApiKey.DLQ_ADMIN: delivery.dlq_admin,
     ApiKey.SKIP_MESSAGE: delivery.skip_message,
     ApiKey.FIND_BY_KEY: keys.find_by_key,
     ApiKey.CANCEL_SCHEDULED: schedule.cancel_scheduled,
+    ApiKey.PREPARE_TRANSACTION: transactions.prepare_transaction,
+    ApiKey.END_TRANSACTION: transactions.end_transaction,
+    ApiKey.TXN_CHECK_POLL: transactions.txn_check_poll,
 }
 assert set(HANDLERS) == set(ApiKey)

@@ -32,8 +32,8 @@ def metadata(conn: BrokerConnection, req: m.MetadataRequest) -> m.MetadataRespon
     reg = srv.topics
     if req.topics is None:
         return m.MetadataResponse(
-            [(t.name, t.topic_id, len(t.queues), 0) for t in sorted(reg.topics.values(),
-                                                                   key=lambda t: t.name)]
+            [(t.name, t.topic_id, len(t.queues), 0, t.dedup_window_ms)
+             for t in sorted(reg.topics.values(), key=lambda t: t.name)]
         )
     out: list[m.TopicMeta] = []
     for name in req.topics:
@@ -42,12 +42,12 @@ def metadata(conn: BrokerConnection, req: m.MetadataRequest) -> m.MetadataRespon
             try:
                 t = reg.create(name, srv.config.default_queues, {}, srv.clock.wall_ms())
             except InvalidTopicNameError:
-                out.append((name, -1, 0, ErrorCode.INVALID_TOPIC_NAME))
+                out.append((name, -1, 0, ErrorCode.INVALID_TOPIC_NAME, 0))
                 continue
         if t is None:
-            out.append((name, -1, 0, ErrorCode.UNKNOWN_TOPIC))
+            out.append((name, -1, 0, ErrorCode.UNKNOWN_TOPIC, 0))
         else:
-            out.append((t.name, t.topic_id, len(t.queues), 0))
+            out.append((t.name, t.topic_id, len(t.queues), 0, t.dedup_window_ms))
     return m.MetadataResponse(out)
 
 
@@ -59,13 +59,16 @@ def create_topic(conn: BrokerConnection, req: m.CreateTopicRequest) -> m.CreateT
 
 def delete_topic(conn: BrokerConnection, req: m.DeleteTopicRequest) -> m.Empty:
     """Delete a topic, its data and the groups' offsets on it."""
+    topic_id = conn.server.topics.get(req.name).topic_id
     conn.server.topics.delete(req.name)
     conn.server.groups.forget_topic(req.name)
+    conn.server.dedup.forget(topic_id)
     return m.Empty()
 
 
 def describe_topic(conn: BrokerConnection, req: m.DescribeTopicRequest) -> m.DescribeTopicResponse:
-    """Per-queue offsets, sizes and segment counts; pending scheduled messages."""
+    """Per-queue offsets, sizes and segment counts; pending scheduled messages; the dedup
+    window and how many keys it holds."""
     t = conn.server.topics.topics.get(req.name)
     if t is None:
         raise UnknownTopicError(f"unknown topic {req.name[:249]!r}")
@@ -76,7 +79,8 @@ def describe_topic(conn: BrokerConnection, req: m.DescribeTopicRequest) -> m.Des
         queues.append((qs.queue, qs.log.start_offset, qs.visible_end, qs.log.size_bytes,
                        len(segs), last_append))
     pending, next_due = conn.server.scheduler.topic_stats(t.topic_id)
-    return m.DescribeTopicResponse(t.name, t.topic_id, queues, t.config, pending, next_due)
+    return m.DescribeTopicResponse(t.name, t.topic_id, queues, t.config, pending, next_due,
+                                   t.dedup_window_ms, conn.server.dedup.keys(t.topic_id))
 
 
 def init_producer(conn: BrokerConnection, req: m.InitProducerRequest) -> m.InitProducerResponse:

@@ -92,24 +92,22 @@ async def _long_poll(
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_s
     while True:
-        remaining = deadline - loop.time()
-        if remaining <= 0 or srv.shutting_down:
-            return m.ReceiveResponse(invisible, [])
+        # Receive, then register for wake-ups, in one step: what became visible after the
+        # handler's first receive and before this task ran (a flush, a retry letter's copy)
+        # woke nobody, so it is looked for here, not waited for.
         g = srv.delivery.group(req.group)
         if req.member_id not in g.members:
             raise UnknownMemberError(f"member {req.member_id[:100]!r} was evicted; heartbeat")
-        waiters = [g.waiters]
-        for topic, _ in subs:
-            t = srv.topics.topics.get(topic)
-            if t is not None:
-                waiters.extend(qs.waiters for qs in t.queues)
-        await wait_for_wakeup(waiters, remaining)
         g, _ = srv.delivery.member(req.group, req.member_id)
         out, pos = srv.delivery.receive(g, req.member_id, subs, req.max_messages, req.max_bytes,
                                         invisible)
         if out:
             resp = _after(srv, g.name, pos, m.ReceiveResponse(invisible, out))
             return await resp if isinstance(resp, asyncio.Future) else resp
+        remaining = deadline - loop.time()
+        if remaining <= 0 or srv.shutting_down:
+            return m.ReceiveResponse(invisible, [])
+        await wait_for_wakeup(srv.delivery.wakeups(g, subs), remaining)
 
 
 def ack(

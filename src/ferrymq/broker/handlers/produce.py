@@ -1,10 +1,14 @@
 """PRODUCE: check each batch, append it, acknowledge at the configured durability.
 
 The batch bytes are appended as they came (after the CRC check and stamping): no per-message
-work, except for scheduled batches (``ATTR_SCHEDULED``): their records' due times are checked
-before the append and indexed by the scheduler right after it
-(:mod:`ferrymq.broker.scheduler`). In sync flush mode the response waits until every entry's
-offsets are fsynced (group commit, see :mod:`ferrymq.broker.flusher`).
+work, except for two kinds of batches that say so in their attributes. Scheduled batches
+(``ATTR_SCHEDULED``): their records' due times are checked before the append and indexed by the
+scheduler right after it (:mod:`ferrymq.broker.scheduler`). Dedup batches (``ATTR_DEDUP``) into a
+topic with a dedup window: records whose key the topic stored within the window are answered as
+duplicates and left out, the others appended and their keys remembered
+(:mod:`ferrymq.broker.dedup`). In sync flush mode the response waits until every entry's offsets
+are fsynced (group commit, see :mod:`ferrymq.broker.flusher`), and for a duplicate until the
+message it duplicates is.
 """
 
 from __future__ import annotations
@@ -15,10 +19,11 @@ from typing import TYPE_CHECKING
 from ferrymq.errors import BrokerError, BrokerShuttingDownError, StorageFailureError
 from ferrymq.protocol import messages as m
 from ferrymq.protocol.messages import Durability
-from ferrymq.protocol.records import ATTR_SCHEDULED, validate_batch
+from ferrymq.protocol.records import ATTR_DEDUP, ATTR_SCHEDULED, validate_batch
 
 if TYPE_CHECKING:
     from ferrymq.broker.connection import BrokerConnection
+    from ferrymq.broker.server import BrokerServer
     from ferrymq.broker.topics import QueueState
 
 
@@ -42,17 +47,30 @@ def produce(
                 raise StorageFailureError(f"{topic}/{queue} had an fsync failure; restart needed")
             h = validate_batch(batch, max_message_bytes=cfg.max_message_bytes,
                                max_records=cfg.max_batch_records)
+            plan = srv.dedup.check(qs, batch, h, now_ms) if h.attributes & ATTR_DEDUP else None
+            if plan is not None:
+                if plan.batch is None or plan.header is None:  # all duplicates: nothing to store
+                    results.append((topic, queue, 0, "", -1, -1, -1, durability, qs.topic_id,
+                                    plan.duplicates))
+                    if sync:
+                        _wait_for_originals(srv, qs, plan.duplicates, results, waits)
+                    continue
+                batch, h = plan.batch, plan.header
             dues = srv.scheduler.check(batch, h, now_ms) if h.attributes & ATTR_SCHEDULED else None
             res = qs.log.append(batch, now_ms=now_ms)
         except BrokerError as exc:
-            results.append((topic, queue, exc.code, str(exc)[:1024], -1, -1, -1, 0, -1))
+            results.append((topic, queue, exc.code, str(exc)[:1024], -1, -1, -1, 0, -1, []))
             continue
         except OSError as exc:
             results.append((topic, queue, StorageFailureError.code, f"write failed: {exc}",
-                            -1, -1, -1, 0, -1))
+                            -1, -1, -1, 0, -1, []))
             continue
+        dups = [] if plan is None else srv.dedup.on_append(plan, qs, res.base_offset,
+                                                            res.append_time_ms)
         results.append((topic, queue, 0, "", res.base_offset, res.last_offset,
-                        res.append_time_ms, durability, qs.topic_id))
+                        res.append_time_ms, durability, qs.topic_id, dups))
+        if dups and sync:
+            _wait_for_originals(srv, qs, dups, results, waits)
         if not res.duplicate:
             if dues is not None:
                 srv.scheduler.on_append(qs, batch, res.base_offset, res.append_time_ms, dues)
@@ -70,7 +88,7 @@ def produce(
         if exc is not None:
             t, q = results[idx][0], results[idx][1]
             code = exc.code if isinstance(exc, BrokerError) else StorageFailureError.code
-            results[idx] = (t, q, code, str(exc)[:1024], -1, -1, -1, 0, -1)
+            results[idx] = (t, q, code, str(exc)[:1024], -1, -1, -1, 0, -1, [])
         remaining[0] -= 1
         if remaining[0] == 0 and not fut.done():
             fut.set_result(m.ProduceResponse(results))
@@ -85,3 +103,30 @@ def produce(
         else:
             fw.append(cb)
     return fut
+
+
+def _wait_for_originals(srv: BrokerServer, qs: QueueState, dups: list[m.Duplicate],
+                        results: list[m.ProduceResult],
+                        waits: list[tuple[QueueState, int, int]]) -> None:
+    """Sync flush mode: answer the last result only once the messages its duplicates point at
+    are fsynced too (an original may still wait for its fsync, sent by another request)."""
+    topic = srv.topics.by_id.get(qs.topic_id)
+    if topic is None:
+        return
+    idx = len(results) - 1
+    ends: dict[int, int] = {}
+    for _i, q, off in dups:
+        if off + 1 > ends.get(q, 0):
+            ends[q] = off + 1
+    for q, end in ends.items():
+        if not 0 <= q < len(topic.queues):
+            continue
+        oq = topic.queues[q]
+        if end <= oq.visible_end:
+            continue
+        if oq in srv.flusher.failed:  # the original will never be fsynced
+            t, tq = results[idx][0], results[idx][1]
+            results[idx] = (t, tq, StorageFailureError.code,
+                            f"the original in {oq} had an fsync failure", -1, -1, -1, 0, -1, [])
+            return
+        waits.append((oq, end, idx))

@@ -1,0 +1,207 @@
+"""Transactional (half) messages against a real broker: commit, rollback, check-back, status,
+delay, ordering and bad input (RELIABILITY.md T16 1-2)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from ferrymq import (
+    AdminClient,
+    Broker,
+    Message,
+    PullConsumer,
+    ReceivedMessage,
+    TransactionProducer,
+    TransactionState,
+)
+from ferrymq.client.transaction import transaction_id
+from ferrymq.errors import (
+    BusyError,
+    InvalidRequestError,
+    TransactionResolvedError,
+    UnknownTransactionError,
+)
+from tests.helpers import wait_for
+
+COMMIT, ROLLBACK, UNKNOWN = TransactionState.COMMIT, TransactionState.ROLLBACK, TransactionState.UNKNOWN
+
+
+def read_all(address: str, topic: str, timeout: float = 0.5) -> list[ReceivedMessage]:
+    """Every message of ``topic`` from the start (a fresh group), until quiet."""
+    out: list[ReceivedMessage] = []
+    with PullConsumer(address, f"chk-{time.monotonic_ns()}", auto_offset_reset="earliest") as c:
+        c.subscribe(topic)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            got = c.poll(timeout=0.1)
+            out.extend(got)
+            if got:
+                deadline = time.monotonic() + timeout
+    return out
+
+
+def never(_msg: ReceivedMessage) -> TransactionState:
+    raise AssertionError("no check expected")
+
+
+def test_commit_visible_only_after_commit(broker: Broker) -> None:
+    with AdminClient(broker.address) as a:
+        a.create_topic("orders", 2)
+    with TransactionProducer(broker.address, "pg", never) as p:
+        msg = Message("orders", b"o-1", tags="created", keys=["o-1"], sharding_key="cust-7",
+                      properties={"k": "v"})
+        with p.transaction(msg) as tx:
+            assert read_all(broker.address, "orders", 0.3) == []
+            st = AdminClient(broker.address).message_status(tx.txn_id)
+            assert st.statuses[0][1] == "PREPARED"
+        assert tx.result is not None and tx.result.committed
+        got = read_all(broker.address, "orders")
+        assert [g.body for g in got] == [b"o-1"]
+        g = got[0]
+        assert (g.tags, g.keys, g.sharding_key) == ("created", ("o-1",), "cust-7")
+        assert g.properties["k"] == "v"
+        assert transaction_id(g) == tx.txn_id
+        assert g.msg_id == tx.result.msg_id
+        with AdminClient(broker.address) as a:
+            st = a.message_status(tx.txn_id)
+        assert (st.topic, st.queue, st.offset) == ("orders", g.queue, g.offset)
+        assert st.statuses[0][:2] == ("pg", "COMMITTED")
+        # the same outcome again answers the first result; the other one is refused
+        again = p.commit(tx.txn_id)
+        assert again.msg_id == tx.result.msg_id
+        with pytest.raises(TransactionResolvedError):
+            p.rollback(tx.txn_id)
+    assert len(read_all(broker.address, "orders")) == 1
+
+
+def test_rollback_never_visible(broker: Broker) -> None:
+    with TransactionProducer(broker.address, "pg", never) as p:
+        with pytest.raises(RuntimeError), p.transaction(Message("t", b"x")) as tx:
+            raise RuntimeError("local transaction failed")
+        assert tx.result is not None and tx.result.state == "ROLLED_BACK"
+        r = p.send_in_transaction(Message("t", b"y"), lambda _m: ROLLBACK)
+        assert r.state == "ROLLED_BACK" and r.send_result is None
+        with pytest.raises(TransactionResolvedError):
+            p.commit(r.txn_id)
+    assert read_all(broker.address, "t") == []
+    with AdminClient(broker.address) as a:
+        st = a.message_status(tx.txn_id)
+    assert st.statuses[0][1] == "ROLLED_BACK"
+    assert "RuntimeError" in st.statuses[0][6]
+
+
+def test_unknown_then_check_back_commits(broker: Broker) -> None:
+    asked: list[str] = []
+
+    def checker(msg: ReceivedMessage) -> TransactionState:
+        asked.append(msg.properties["%TXN_ID"])
+        assert msg.body == b"pay" and msg.topic == "pay"
+        return COMMIT
+
+    with TransactionProducer(broker.address, "pg", checker, check_after=0.3,
+                             check_interval=0.3, poll_wait_s=0.5) as p:
+        r = p.send_in_transaction(Message("pay", b"pay"), lambda _m: UNKNOWN)
+        assert r.state == "PREPARED"
+        assert read_all(broker.address, "pay", 0.1) == []
+        wait_for(lambda: len(read_all(broker.address, "pay", 0.1)) == 1, timeout=10)
+    assert asked == [r.txn_id]
+    with AdminClient(broker.address) as a:
+        st = a.message_status(r.txn_id)
+    assert st.statuses[0][1] == "COMMITTED" and "check" in st.statuses[0][6]
+
+
+def test_max_checks_rolls_back_and_says_why(tmp_path: Path) -> None:
+    with Broker(tmp_path / "d", txn_check_after_ms=200, txn_check_interval_ms=200,
+                txn_max_checks=2) as b:
+        n = [0]
+
+        def checker(_m: ReceivedMessage) -> TransactionState:
+            n[0] += 1
+            return UNKNOWN
+
+        with TransactionProducer(b.address, "pg", checker, check_after=0.2, check_interval=0.2,
+                                 max_checks=2, poll_wait_s=0.3) as p:
+            txn = p.prepare(Message("t", b"x"))
+
+            def rolled_back() -> bool:
+                with AdminClient(b.address) as a:
+                    return a.message_status(txn).statuses[0][1] == "ROLLED_BACK"
+
+            wait_for(rolled_back, timeout=10)
+        assert n[0] == 2
+        with AdminClient(b.address) as a:
+            reason = a.message_status(txn).statuses[0][6]
+        assert "max_checks" in reason and "2 check-backs" in reason and "UNKNOWN" in reason
+        assert read_all(b.address, "t", 0.2) == []
+
+
+def test_delayed_transactional_message(broker: Broker) -> None:
+    with TransactionProducer(broker.address, "pg", never) as p:
+        r = p.send_in_transaction(Message("d", b"later", delay=1.0), lambda _m: COMMIT)
+        t0 = time.monotonic()
+        assert r.committed
+        assert read_all(broker.address, "d", 0.2) == []
+        wait_for(lambda: len(read_all(broker.address, "d", 0.1)) == 1, timeout=10)
+        assert time.monotonic() - t0 >= 0.7
+
+
+def test_sharding_key_order_of_committed_messages(broker: Broker) -> None:
+    with AdminClient(broker.address) as a:
+        a.create_topic("seq", 4)
+    with TransactionProducer(broker.address, "pg", never) as p:
+        for i in range(20):
+            key = f"k{i % 3}"
+            state = ROLLBACK if i % 5 == 4 else COMMIT
+            p.send_in_transaction(Message("seq", f"{key}:{i}".encode(), sharding_key=key),
+                                  lambda _m, s=state: s)
+    got = read_all(broker.address, "seq")
+    assert len(got) == 16
+    for k in ("k0", "k1", "k2"):
+        mine = [g for g in got if g.sharding_key == k]
+        assert len({g.queue for g in mine}) == 1
+        nums = [int(g.body.split(b":")[1]) for g in sorted(mine, key=lambda g: g.offset)]
+        assert nums == sorted(nums)
+
+
+def test_bad_input(tmp_path: Path) -> None:
+    with Broker(tmp_path / "d", txn_max_pending=2) as b:
+        with TransactionProducer(b.address, "pg", never) as p, \
+                TransactionProducer(b.address, "other", never) as q:
+            t1 = p.prepare(Message("t", b"1"))
+            with pytest.raises(UnknownTransactionError):
+                q.commit(t1)  # another group's transaction
+            with pytest.raises(UnknownTransactionError):
+                p.commit("0000000100000000000000000005")  # not a half message id
+            with pytest.raises(InvalidRequestError):
+                p.commit("nope")
+            p.prepare(Message("t", b"2"))
+            with pytest.raises(BusyError):
+                p.prepare(Message("t", b"3"))
+            p.rollback(t1)
+            p.prepare(Message("t", b"3"))  # room again
+        beyond = f"{t1[:8]}0000{'0' * 15}9"  # a half-topic id with no half message
+        with AdminClient(b.address) as a, pytest.raises(UnknownTransactionError):
+            a.message_status(beyond)
+
+
+def test_cli_message_status_of_a_transaction(broker: Broker) -> None:
+    from click.testing import CliRunner
+
+    from ferrymq.admin.cli import cli
+
+    def run(*args: str) -> str:
+        res = CliRunner().invoke(cli, ["--server", broker.address, *args])
+        assert res.exit_code == 0, res.output
+        return res.output
+
+    with TransactionProducer(broker.address, "pg", never, check_after=60) as p:
+        txn = p.prepare(Message("t", b"x"))
+        out = run("message", "status", txn)
+        assert "PREPARED" in out and "0 of 15 check-backs" in out and "next check-back" in out
+        p.rollback(txn, "customer cancelled")
+        out = run("message", "status", txn)
+        assert "ROLLED_BACK" in out and "customer cancelled" in out
+        assert '"ROLLED_BACK"' in run("message", "status", txn, "--json")
