@@ -28,7 +28,7 @@ The scheduler's clock: ``S = anchor + monotonic time elapsed``: it never follows
 jump while the broker runs, so a delay is measured in monotonic time. An entry stores the
 message's *due* time (append time + delay, or the ``deliver_at`` time: wall-clock ms that the
 log record determines, so entries are checked against their originals) and a *skew*: the
-scheduler's clock minus the append time when it was indexed. It fires when ``S`` reaches
+scheduler's clock minus the wall clock when it was indexed (see ``_skew``). It fires when ``S`` reaches
 ``due + skew`` (its *fire* time; buckets group entries by it). Without a clock jump ``S`` equals
 the wall clock and the skew is 0. After a jump of J, ``S`` differs from the wall clock by J for
 good and new entries carry skew J: every wait is still counted from the moment the message was
@@ -259,9 +259,15 @@ class Scheduler:
         return fire_ms if -SKEW_SNAP_MS <= offset <= SKEW_SNAP_MS else fire_ms - offset
 
     def _skew(self, append_time_ms: int) -> int:
-        """The skew of an entry indexed now for a message stored at ``append_time_ms``:
-        ``S - append time``, rounded up (never early), small ones snapped to 0."""
-        skew = math.ceil(self.now_ms()) - append_time_ms
+        """The skew of an entry indexed now for a message stored at ``append_time_ms``: ``S -
+        wall`` now (rounded up: never early), less how far the append time is ahead of the wall
+        clock (a queue's append times do not go back after a backward jump). Not ``S - append
+        time``: the wall clock has moved on while the request was handled, and that must not
+        make the message late. Small skews are snapped to 0."""
+        wall = self.clock.wall_ms()
+        skew = math.ceil(self.now_ms()) - wall
+        if append_time_ms > wall:
+            skew -= append_time_ms - wall
         if -SKEW_SNAP_MS <= skew <= SKEW_SNAP_MS:
             return 0
         if skew < self._skew_lo:

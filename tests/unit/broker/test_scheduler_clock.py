@@ -40,6 +40,7 @@ def test_skew_of_a_new_entry_is_clock_minus_append_time_and_small_ones_snap(tmp_
     s = make(clock, tmp_path)
     assert s._skew(clock.wall_ms()) == 0
     assert s._skew(clock.wall_ms() + 2) == 0  # rounding between the clocks
+    assert s._skew(clock.wall_ms() - 40) == 0  # stored 40 ms ago: the delay counts from then
     clock.wall_offset_ms += HOUR_MS
     assert s._skew(clock.wall_ms()) == -HOUR_MS  # its delay counts from now on this clock
     clock.wall_offset_ms -= 2 * HOUR_MS
