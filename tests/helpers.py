@@ -1,4 +1,4 @@
-"""Test helpers: a broker in a subprocess (for kill -9), free ports, waiting."""
+"""Test helpers: a broker in a subprocess (for kill -9), free ports, waiting, reading a topic."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from ferrymq import PullConsumer, ReceivedMessage
 
 LISTEN_RE = re.compile(r"listening on ([\d.]+):(\d+)")
 
@@ -98,3 +100,24 @@ class BrokerProcess:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(10)
+
+
+def read_topic(address: str, topic: str, expect: int = 0, *, timeout: float = 10.0,
+               quiet: float = 0.5) -> list[ReceivedMessage]:
+    """Every message of ``topic`` from the start, with a fresh group that commits nothing: wait
+    until at least ``expect`` arrived (at most ``timeout`` s), then until none came for
+    ``quiet`` s (to catch extra copies)."""
+    got: list[ReceivedMessage] = []
+    with PullConsumer(address, f"check-{time.monotonic_ns()}", auto_offset_reset="earliest",
+                      auto_commit=False) as c:
+        c.subscribe(topic)
+        deadline = time.monotonic() + timeout
+        while len(got) < expect and time.monotonic() < deadline:
+            got.extend(c.poll(timeout=0.2))
+        until = time.monotonic() + quiet
+        while time.monotonic() < until:
+            batch = c.poll(timeout=0.1)
+            if batch:
+                got.extend(batch)
+                until = time.monotonic() + quiet
+    return got

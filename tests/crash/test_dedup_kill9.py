@@ -5,32 +5,19 @@ every key again leaves each key stored exactly once."""
 from __future__ import annotations
 
 import threading
-import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from ferrymq import AdminClient, Message, Producer, PullConsumer, ReceivedMessage
+from ferrymq import AdminClient, Message, Producer
 from ferrymq.errors import FerryMQError
-from tests.helpers import BrokerProcess, wait_for
+from tests.helpers import BrokerProcess, read_topic, wait_for
 
 pytestmark = pytest.mark.crash
 
 KEYS = [f"order-{i}" for i in range(3000)]
 BATCH = 50
-
-
-def read_all(address: str, topic: str, expect: int, timeout: float = 20.0) -> list[ReceivedMessage]:
-    got: list[ReceivedMessage] = []
-    with PullConsumer(address, f"check-{time.monotonic_ns()}", auto_offset_reset="earliest",
-                      auto_commit=False) as c:
-        c.subscribe(topic)
-        deadline = time.monotonic() + timeout
-        while len(got) < expect and time.monotonic() < deadline:
-            got.extend(c.poll(timeout=0.2))
-        got.extend(c.poll(timeout=0.5))
-    return got
 
 
 @pytest.mark.parametrize("flush", ["sync", "async"])
@@ -76,7 +63,7 @@ def test_kill9_mid_produce_keeps_every_acknowledged_key(tmp_path: Path, flush: s
             if k in acked:
                 assert r.duplicate, k
                 assert r.msg_id == acked[k], k
-        got = read_all(bp.address, "orders", len(KEYS))
+        got = read_topic(bp.address, "orders", len(KEYS), timeout=20.0)
         counts = Counter(x.dedup_key for x in got)
         assert set(counts) == set(KEYS)
         assert max(counts.values()) == 1

@@ -16,12 +16,11 @@ import pytest
 from ferrymq import (
     AdminClient,
     Message,
-    PullConsumer,
     ReceivedMessage,
     TransactionProducer,
     TransactionState,
 )
-from tests.helpers import BrokerProcess, wait_for
+from tests.helpers import BrokerProcess, read_topic, wait_for
 
 pytestmark = pytest.mark.crash
 
@@ -39,19 +38,6 @@ PRODUCER = textwrap.dedent("""
 """)
 
 
-def read_all(address: str, topic: str, timeout: float = 0.5) -> list[ReceivedMessage]:
-    out: list[ReceivedMessage] = []
-    with PullConsumer(address, f"chk-{time.monotonic_ns()}", auto_offset_reset="earliest") as c:
-        c.subscribe(topic)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            got = c.poll(timeout=0.1)
-            out.extend(got)
-            if got:
-                deadline = time.monotonic() + timeout
-    return out
-
-
 def test_producer_kill9_after_half_is_resolved_by_another_producer(tmp_path: Path) -> None:
     with BrokerProcess(tmp_path / "data") as bp:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
@@ -60,7 +46,7 @@ def test_producer_kill9_after_half_is_resolved_by_another_producer(tmp_path: Pat
         assert proc.returncode == -9, proc.stderr.decode()
         ids = proc.stdout.decode().strip().split(",")
         assert len(ids) == 5
-        assert read_all(bp.address, "t", 0.2) == []
+        assert read_topic(bp.address, "t", quiet=0.2) == []
 
         def checker(msg: ReceivedMessage) -> TransactionState:  # commit even, roll back odd
             n = int(msg.body[1:])
@@ -68,7 +54,7 @@ def test_producer_kill9_after_half_is_resolved_by_another_producer(tmp_path: Pat
 
         t0 = time.monotonic()
         with TransactionProducer(bp.address, "pg", checker, poll_wait_s=0.5):
-            wait_for(lambda: len(read_all(bp.address, "t", 0.1)) == 3, timeout=15)
+            wait_for(lambda: len(read_topic(bp.address, "t", quiet=0.1)) == 3, timeout=15)
             with AdminClient(bp.address) as a:
                 states = [a.message_status(i).statuses[0][1] for i in ids]
                 wait_for(lambda: all(a.message_status(i).statuses[0][1] != "PREPARED"
@@ -76,7 +62,7 @@ def test_producer_kill9_after_half_is_resolved_by_another_producer(tmp_path: Pat
                 states = [a.message_status(i).statuses[0][1] for i in ids]
         assert time.monotonic() - t0 < 10  # within a few check intervals
         assert states == ["COMMITTED", "ROLLED_BACK"] * 2 + ["COMMITTED"]
-        assert sorted(g.body for g in read_all(bp.address, "t")) == [b"m0", b"m2", b"m4"]
+        assert sorted(g.body for g in read_topic(bp.address, "t")) == [b"m0", b"m2", b"m4"]
 
 
 @pytest.mark.parametrize("flush", ["sync", "async"])
@@ -94,7 +80,7 @@ def test_broker_kill9_between_half_and_commit(tmp_path: Path, flush: str) -> Non
                       for i in range(30)]
         bp.kill9()
         bp.start()
-        got = read_all(bp.address, "t")
+        got = read_topic(bp.address, "t")
         assert [g.body for g in got] == [b"before"]  # nothing early, nothing lost
         with AdminClient(bp.address) as a:
             assert all(a.message_status(h).statuses[0][1] == "PREPARED" for h in halves)
@@ -107,7 +93,7 @@ def test_broker_kill9_between_half_and_commit(tmp_path: Path, flush: str) -> Non
                 p.rollback(h)
         bp.kill9()  # outcomes survive too
         bp.start()
-        bodies = sorted(g.body for g in read_all(bp.address, "t"))
+        bodies = sorted(g.body for g in read_topic(bp.address, "t"))
         assert bodies == sorted([b"before"] + [f"h{i}".encode() for i in range(20)])
         with AdminClient(bp.address) as a:
             assert [a.message_status(h).statuses[0][1] for h in halves] == (

@@ -18,7 +18,6 @@ from ferrymq import (
     Broker,
     Message,
     Producer,
-    PullConsumer,
     ReceivedMessage,
 )
 from ferrymq.admin.cli import cli
@@ -35,6 +34,7 @@ from ferrymq.protocol.records import (
     encode_properties,
     iter_batches,
 )
+from tests.helpers import read_topic
 
 pytestmark = pytest.mark.integration
 
@@ -42,17 +42,9 @@ WINDOW = {"dedup_window_ms": "60000"}
 
 
 def read_all(address: str, topic: str, expect: int, timeout: float = 10.0) -> list[ReceivedMessage]:
-    """Every message of ``topic`` from the start: at least ``expect``, then a quiet moment to
-    catch any extra copy."""
-    got: list[ReceivedMessage] = []
-    with PullConsumer(address, f"check-{time.monotonic_ns()}", auto_offset_reset="earliest",
-                      auto_commit=False) as c:
-        c.subscribe(topic)
-        deadline = time.monotonic() + timeout
-        while len(got) < expect and time.monotonic() < deadline:
-            got.extend(c.poll(timeout=0.2))
-        got.extend(c.poll(timeout=0.3))
-    return sorted(got, key=lambda x: (x.queue, x.offset))
+    """Every message of ``topic`` from the start, in (queue, offset) order."""
+    return sorted(read_topic(address, topic, expect, timeout=timeout, quiet=0.3),
+                  key=lambda x: (x.queue, x.offset))
 
 
 def create(address: str, topic: str, queues: int = 3,

@@ -12,7 +12,6 @@ from ferrymq import (
     AdminClient,
     Broker,
     Message,
-    PullConsumer,
     ReceivedMessage,
     TransactionProducer,
     TransactionState,
@@ -24,23 +23,9 @@ from ferrymq.errors import (
     TransactionResolvedError,
     UnknownTransactionError,
 )
-from tests.helpers import wait_for
+from tests.helpers import read_topic, wait_for
 
 COMMIT, ROLLBACK, UNKNOWN = TransactionState.COMMIT, TransactionState.ROLLBACK, TransactionState.UNKNOWN
-
-
-def read_all(address: str, topic: str, timeout: float = 0.5) -> list[ReceivedMessage]:
-    """Every message of ``topic`` from the start (a fresh group), until quiet."""
-    out: list[ReceivedMessage] = []
-    with PullConsumer(address, f"chk-{time.monotonic_ns()}", auto_offset_reset="earliest") as c:
-        c.subscribe(topic)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            got = c.poll(timeout=0.1)
-            out.extend(got)
-            if got:
-                deadline = time.monotonic() + timeout
-    return out
 
 
 def never(_msg: ReceivedMessage) -> TransactionState:
@@ -54,11 +39,11 @@ def test_commit_visible_only_after_commit(broker: Broker) -> None:
         msg = Message("orders", b"o-1", tags="created", keys=["o-1"], sharding_key="cust-7",
                       properties={"k": "v"})
         with p.transaction(msg) as tx:
-            assert read_all(broker.address, "orders", 0.3) == []
+            assert read_topic(broker.address, "orders", quiet=0.3) == []
             st = AdminClient(broker.address).message_status(tx.txn_id)
             assert st.statuses[0][1] == "PREPARED"
         assert tx.result is not None and tx.result.committed
-        got = read_all(broker.address, "orders")
+        got = read_topic(broker.address, "orders")
         assert [g.body for g in got] == [b"o-1"]
         g = got[0]
         assert (g.tags, g.keys, g.sharding_key) == ("created", ("o-1",), "cust-7")
@@ -74,7 +59,7 @@ def test_commit_visible_only_after_commit(broker: Broker) -> None:
         assert again.msg_id == tx.result.msg_id
         with pytest.raises(TransactionResolvedError):
             p.rollback(tx.txn_id)
-    assert len(read_all(broker.address, "orders")) == 1
+    assert len(read_topic(broker.address, "orders")) == 1
 
 
 def test_rollback_never_visible(broker: Broker) -> None:
@@ -86,7 +71,7 @@ def test_rollback_never_visible(broker: Broker) -> None:
         assert r.state == "ROLLED_BACK" and r.send_result is None
         with pytest.raises(TransactionResolvedError):
             p.commit(r.txn_id)
-    assert read_all(broker.address, "t") == []
+    assert read_topic(broker.address, "t") == []
     with AdminClient(broker.address) as a:
         st = a.message_status(tx.txn_id)
     assert st.statuses[0][1] == "ROLLED_BACK"
@@ -105,8 +90,8 @@ def test_unknown_then_check_back_commits(broker: Broker) -> None:
                              check_interval=0.3, poll_wait_s=0.5) as p:
         r = p.send_in_transaction(Message("pay", b"pay"), lambda _m: UNKNOWN)
         assert r.state == "PREPARED"
-        assert read_all(broker.address, "pay", 0.1) == []
-        wait_for(lambda: len(read_all(broker.address, "pay", 0.1)) == 1, timeout=10)
+        assert read_topic(broker.address, "pay", quiet=0.1) == []
+        wait_for(lambda: len(read_topic(broker.address, "pay", quiet=0.1)) == 1, timeout=10)
     assert asked == [r.txn_id]
     with AdminClient(broker.address) as a:
         st = a.message_status(r.txn_id)
@@ -135,7 +120,7 @@ def test_max_checks_rolls_back_and_says_why(tmp_path: Path) -> None:
         with AdminClient(b.address) as a:
             reason = a.message_status(txn).statuses[0][6]
         assert "max_checks" in reason and "2 check-backs" in reason and "UNKNOWN" in reason
-        assert read_all(b.address, "t", 0.2) == []
+        assert read_topic(b.address, "t", quiet=0.2) == []
 
 
 def test_delayed_transactional_message(broker: Broker) -> None:
@@ -143,8 +128,8 @@ def test_delayed_transactional_message(broker: Broker) -> None:
         r = p.send_in_transaction(Message("d", b"later", delay=1.0), lambda _m: COMMIT)
         t0 = time.monotonic()
         assert r.committed
-        assert read_all(broker.address, "d", 0.2) == []
-        wait_for(lambda: len(read_all(broker.address, "d", 0.1)) == 1, timeout=10)
+        assert read_topic(broker.address, "d", quiet=0.2) == []
+        wait_for(lambda: len(read_topic(broker.address, "d", quiet=0.1)) == 1, timeout=10)
         assert time.monotonic() - t0 >= 0.7
 
 
@@ -157,7 +142,7 @@ def test_sharding_key_order_of_committed_messages(broker: Broker) -> None:
             state = ROLLBACK if i % 5 == 4 else COMMIT
             p.send_in_transaction(Message("seq", f"{key}:{i}".encode(), sharding_key=key),
                                   lambda _m, s=state: s)
-    got = read_all(broker.address, "seq")
+    got = read_topic(broker.address, "seq")
     assert len(got) == 16
     for k in ("k0", "k1", "k2"):
         mine = [g for g in got if g.sharding_key == k]
