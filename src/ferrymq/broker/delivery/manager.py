@@ -37,6 +37,7 @@ Everything here runs on the event-loop thread.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import logging
 import re
@@ -157,10 +158,15 @@ def _expand(runs: list[list[int]]) -> list[int]:
 
 
 def _batches_between(
-    lg: Log, first: int, last: int
+    lg: Log, first: int, last: int, chunk_filter: Callable[[bytes], bool] | None = None,
 ) -> Iterator[tuple[memoryview, int, BatchHeader, list[RawRecord]]]:
     """Each stored batch holding offsets ``first..last`` with its records in that range, read
-    sequentially (1 MiB at a time; stops early at a gap it cannot read past)."""
+    sequentially (1 MiB at a time; stops early at a gap it cannot read past). With
+    ``chunk_filter``, the batches of a chunk read are skipped unless it returns True for it.
+
+    Raises:
+        CorruptRecordError: a batch's records do not add up.
+    """
     pos = max(first, lg.start_offset)
     while pos <= last:
         try:
@@ -170,9 +176,10 @@ def _batches_between(
         if not data:
             return
         before = pos
+        wanted = chunk_filter is None or chunk_filter(data)
         mv = memoryview(data)
         for p0, h in iter_batches(mv):
-            if h.last_offset >= pos:
+            if wanted and h.last_offset >= pos:
                 yield mv, p0, h, [r for r in iter_raw_records(mv, p0, h) if pos <= r[0] <= last]
             pos = max(pos, h.last_offset + 1)
             if pos > last:
@@ -1569,31 +1576,18 @@ class DeliveryManager:
         first = max(lg.start_offset, end - MAX_RETRY_SCAN)
         needle = msg_id.encode()
         found: tuple[int, bool, Letter] | None = None
-        pos = first
-        while pos < end:
-            try:
-                data = lg.read(pos, 1 << 20)
-            except BrokerError:
-                break
-            if not data:
-                break
-            before = pos
-            hit = needle in data
-            mv = memoryview(data)
-            for p0, h in iter_batches(mv):
-                if hit and h.last_offset >= pos:
-                    try:
-                        for rec in iter_raw_records(mv, p0, h):
-                            if rec[0] >= pos and needle in mv[rec[5]:rec[6]].tobytes():
-                                r = stored_record(mv, rec)
-                                if r.properties.get("%MSGID") == msg_id:
-                                    found = (r.offset, bool(h.attributes & ATTR_SCHEDULED),
-                                             read_letter(r))
-                    except CorruptRecordError:
-                        pass
-                pos = max(pos, h.last_offset + 1)
-            if pos == before:
-                break
+        try:
+            for mv, _p0, h, recs in _batches_between(lg, first, end - 1,
+                                                     lambda data: needle in data):
+                for rec in recs:
+                    if needle in mv[rec[5]:rec[6]].tobytes():
+                        r = stored_record(mv, rec)
+                        if r.properties.get("%MSGID") == msg_id:
+                            with contextlib.suppress(CorruptRecordError):  # not a letter
+                                found = (r.offset, bool(h.attributes & ATTR_SCHEDULED),
+                                         read_letter(r))
+        except CorruptRecordError as exc:
+            log.error("retry queue of %s: %s; status search stopped there", g.name, exc)
         searched_all = first <= lg.start_offset
         if found is None:
             return None, searched_all
