@@ -32,11 +32,13 @@ __all__ = [
     "AccessDeniedError",
     "AuthenticationFailedError",
     "AuthenticationRequiredError",
+    "BatchAlreadyCommittedError",
     "BatchTooLargeError",
     "BrokerError",
     "BrokerShuttingDownError",
     "BusyError",
     "ClientError",
+    "ConcurrentTransactionsError",
     "ConfigError",
     "ConnectionClosedError",
     "CorruptRecordError",
@@ -53,6 +55,8 @@ __all__ = [
     "InvalidReceiptError",
     "InvalidRequestError",
     "InvalidTopicNameError",
+    "InvalidTxnStateError",
+    "InvalidTxnTimeoutError",
     "LocalProtocolError",
     "LogClosedError",
     "MessageTooLargeError",
@@ -64,11 +68,13 @@ __all__ = [
     "RebalanceInProgressError",
     "RemoteProtocolError",
     "RequestTimedOutError",
+    "StagedTxnExpiredError",
     "StorageError",
     "StorageFailureError",
     "StorageFullError",
     "TopicAlreadyExistsError",
     "TransactionResolvedError",
+    "TransactionTimedOutError",
     "UnknownApiError",
     "UnknownGroupError",
     "UnknownMemberError",
@@ -338,6 +344,47 @@ class TransactionResolvedError(BrokerError):
     """The transaction was already resolved the other way: an outcome never changes."""
 
     code = ErrorCode.TRANSACTION_RESOLVED
+
+
+class InvalidTxnStateError(BrokerError):
+    """The request does not fit the transactional id's state (no open transaction, already
+    committing, a transactional batch from a producer without a transactional id)."""
+
+    code = ErrorCode.INVALID_TXN_STATE
+
+
+class ConcurrentTransactionsError(BrokerError):
+    """The transactional id's previous transaction is still being completed; retry shortly."""
+
+    code = ErrorCode.CONCURRENT_TRANSACTIONS
+    retriable = True
+
+
+class TransactionTimedOutError(BrokerError):
+    """The broker aborted the transaction because it ran past its timeout; ``abort()`` it and
+    begin again."""
+
+    code = ErrorCode.TRANSACTION_TIMED_OUT
+
+
+class InvalidTxnTimeoutError(BrokerError):
+    """The transaction timeout asked for is above the broker's ``txn_max_timeout_ms``."""
+
+    code = ErrorCode.INVALID_TXN_TIMEOUT
+
+
+class BatchAlreadyCommittedError(BrokerError):
+    """A staged commit for a batch id at or below the sink's last committed one: the staged
+    transactions named were dropped (a replayed batch is written once)."""
+
+    code = ErrorCode.BATCH_ALREADY_COMMITTED
+
+
+class StagedTxnExpiredError(BrokerError):
+    """A staged transaction named in a staged commit is unknown, expired or not staged:
+    nothing was committed."""
+
+    code = ErrorCode.STAGED_TXN_EXPIRED
 
 
 # --- client ---------------------------------------------------------------------------------

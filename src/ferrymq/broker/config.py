@@ -173,6 +173,26 @@ class BrokerConfig:
         "at once, held in memory (~300 bytes each); a new half message beyond it is refused "
         "with BUSY (retriable).",
     )
+    txn_default_timeout_ms: int = _f(
+        60_000, "Exactly-once transactions: an open transaction of a transactional id that "
+        "did not ask for a timeout is aborted this long after it began (Kafka: 60 s).",
+    )
+    txn_max_timeout_ms: int = _f(
+        900_000, "Exactly-once transactions: the longest timeout a producer may ask for; "
+        "more is refused with INVALID_TXN_TIMEOUT (Kafka: 15 min).",
+    )
+    txn_staged_ttl_ms: int = _f(
+        3_600_000, "Exactly-once transactions: a staged transaction (Spark sink task) that is "
+        "not committed within this long is aborted and its rows dropped.",
+    )
+    txn_max_open: int = _f(
+        10_000, "Exactly-once transactions: most transactions open (begun or staged) at once, "
+        "held in memory; a new one beyond it is refused with BUSY (retriable).",
+    )
+    txn_id_expiration_ms: int = _f(
+        7 * 24 * 3_600_000, "Exactly-once transactions: a transactional id idle this long "
+        "with no open transaction is forgotten (Kafka: 7 days); its next use starts afresh.",
+    )
     log_level: str = _f("INFO", "Logging level (DEBUG, INFO, WARNING, ERROR).")
 
     def validate(self) -> BrokerConfig:
@@ -198,6 +218,8 @@ class BrokerConfig:
             "key_index_file_bytes", "max_find_results", "find_scan_bytes", "max_delay_ms",
             "schedule_bucket_ms", "schedule_cache_bytes", "dedup_max_keys",
             "txn_check_after_ms", "txn_check_interval_ms", "txn_max_checks", "txn_max_pending",
+            "txn_default_timeout_ms", "txn_max_timeout_ms", "txn_staged_ttl_ms", "txn_max_open",
+            "txn_id_expiration_ms",
         )
         for name in positive:
             if getattr(self, name) <= 0:
@@ -214,6 +236,8 @@ class BrokerConfig:
         if 0 <= self.retention_ms < self.dedup_window_ms:
             raise ConfigError(f"dedup_window_ms {self.dedup_window_ms} exceeds retention_ms "
                               f"{self.retention_ms}")
+        if self.txn_default_timeout_ms > self.txn_max_timeout_ms:
+            raise ConfigError("txn_default_timeout_ms must not exceed txn_max_timeout_ms")
         if self.default_queues > self.max_queues:
             raise ConfigError("default_queues must not exceed max_queues")
         if self.orderly_retry_ms < 0:
