@@ -20,7 +20,8 @@ Batch layout (little-endian, 64-byte header)::
                                       of such batches); bit 3 has keys (some
                                       record carries keys: the broker's key index reads
                                       only such batches); bit 4 transactional;
-                                      bit 5 control batch; bit 6 filtered (set by the broker
+                                      bit 5 control batch (a commit/abort marker, see
+                                      ferrymq.protocol.markers); bit 6 filtered (set by the broker
                                       on fetch: fewer records than record_count); bit 7
                                       scheduled (every record carries a due time in a
                                       reserved property, see ferrymq.protocol.schedule;
@@ -88,7 +89,10 @@ The broker reads the keys only of such batches, and only for topics with a dedup
 batch carries no producer sequence (the key is what makes a retry harmless)."""
 ATTR_HAS_KEYS = 0x08
 ATTR_TRANSACTIONAL = 0x10
+"""A data batch written inside a transaction (an idempotent batch of a transactional producer)."""
 ATTR_CONTROL = 0x20
+"""A control batch: a transaction's COMMIT/ABORT marker, written only by the broker
+(:mod:`ferrymq.protocol.markers`); always set together with :data:`ATTR_TRANSACTIONAL`."""
 ATTR_FILTERED = 0x40
 """Set by the broker on batches rebuilt by tag filtering: ``record_count`` still spans the
 original offsets (so the consumer knows where to continue) but fewer records are present."""
@@ -557,12 +561,13 @@ def select_records(
 
 def encode_skip_batch(header: bytes | bytearray | memoryview, first: int, last: int) -> bytes:
     """A header-only batch covering offsets ``first..last`` whose records were all filtered out
-    (from ``header``, the first of them): the consumer moves past them without records."""
+    (from ``header``, the first of them): the consumer moves past them without records. It is
+    never a transactional or control batch, whatever the first one was."""
     buf = bytearray(header[:HEADER_SIZE])
     fields = list(HEADER.unpack_from(buf, 0))
     fields[0] = first
     fields[1] = HEADER_SIZE - LENGTH_PREFIX
-    fields[6] |= ATTR_FILTERED
+    fields[6] = (fields[6] & ~(ATTR_TRANSACTIONAL | ATTR_CONTROL)) | ATTR_FILTERED
     fields[7] = last - first + 1
     HEADER.pack_into(buf, 0, *fields)
     _I.pack_into(buf, 24, crc32c(memoryview(buf)[28:]))

@@ -7,6 +7,8 @@ and the base offset of a segment is known without opening it::
     00000000000000000000.log        record batches, back to back (the source of truth)
     00000000000000000000.index      sparse offset index of that segment (a cache)
     00000000000000000000.timeindex  sparse time index of that segment (a cache)
+    00000000000000000000.txnindex   aborted transactions whose marker is in that segment;
+                                    exists iff the segment holds a control batch
     00000000000000004711.snapshot   producer state as of offset 4711 (a cache)
     recovery-point.checkpoint       offsets below this were fsynced (a cache)
 
@@ -31,6 +33,7 @@ __all__ = [
     "SNAPSHOT_SUFFIX",
     "TIMEINDEX_SUFFIX",
     "TMP_SUFFIX",
+    "TXNINDEX_SUFFIX",
     "atomic_write",
     "fsync_directory",
     "parse_base_offset",
@@ -42,11 +45,12 @@ LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
 TIMEINDEX_SUFFIX = ".timeindex"
 SNAPSHOT_SUFFIX = ".snapshot"
+TXNINDEX_SUFFIX = ".txnindex"
 TMP_SUFFIX = ".tmp"
 DELETED_SUFFIX = ".deleted"
 RECOVERY_POINT_FILE = "recovery-point.checkpoint"
 
-_OFFSET_SUFFIXES = (LOG_SUFFIX, INDEX_SUFFIX, TIMEINDEX_SUFFIX, SNAPSHOT_SUFFIX)
+_OFFSET_SUFFIXES = (LOG_SUFFIX, INDEX_SUFFIX, TIMEINDEX_SUFFIX, SNAPSHOT_SUFFIX, TXNINDEX_SUFFIX)
 
 
 def segment_file_name(base_offset: int, suffix: str) -> str:
@@ -63,7 +67,8 @@ def segment_file_name(base_offset: int, suffix: str) -> str:
 def parse_base_offset(name: str) -> int | None:
     """The base offset encoded in a file name such as ``00000000000000000042.log``.
 
-    Returns None when the name is not ``<20 digits><one of .log .index .timeindex .snapshot>``.
+    Returns None when the name is not
+    ``<20 digits><one of .log .index .timeindex .snapshot .txnindex>``.
     """
     for suffix in _OFFSET_SUFFIXES:
         if name.endswith(suffix):

@@ -23,6 +23,15 @@ completed flush; after :meth:`Log.open` it equals the end offset.
 Reads, retention and truncation must run on the writer thread; only :meth:`Log.flush` and
 :attr:`Log.durable_offset` are for other threads.
 
+Transactions (docs/design-read-process-write.md §4). A batch with attribute bit 4 or 5 takes a
+separate append path (one attribute test is all a plain batch pays). Control batches (commit
+and abort markers, built by the broker's coordinator with
+:func:`ferrymq.protocol.markers.encode_marker`) are appended like any batch; the first one in a
+segment creates its ``.txnindex`` (so :meth:`Log.has_control` knows), and an ABORT marker for a
+producer with an open transaction appends ``(producer_id, first_offset, marker_offset)`` to it.
+The producer state tracks the open transactions (:meth:`Log.ongoing_txns`);
+:meth:`Log.aborted_txns` reads the segments' entries, kept in memory.
+
 Recovery-point checkpoint payload: ``<qq`` (little-endian): the recovery point (offsets below
 it are fsynced) and the largest append time ever stamped (kept so that append times never go
 backwards even after retention removed every batch).
@@ -44,13 +53,27 @@ from ferrymq.errors import (
     LogClosedError,
     OffsetOutOfRangeError,
 )
-from ferrymq.protocol.records import HEADER_SIZE, decode_header, stamp_batch
+from ferrymq.protocol.markers import marker_of
+from ferrymq.protocol.records import (
+    ATTR_CONTROL,
+    ATTR_TRANSACTIONAL,
+    HEADER_SIZE,
+    BatchHeader,
+    decode_header,
+    stamp_batch,
+)
 from ferrymq.storage.checkpoint import read_checkpoint, write_checkpoint
 from ferrymq.storage.files import RECOVERY_POINT_FILE, fsync_directory
 from ferrymq.storage.index import MAX_RELATIVE_OFFSET
 from ferrymq.storage.producer_state import DEFAULT_PRODUCER_ID_EXPIRY_MS, ProducerStateManager
-from ferrymq.storage.recovery import RecoveryReport, fsync_segments, load_segments
+from ferrymq.storage.recovery import (
+    RecoveryReport,
+    fsync_segments,
+    load_segments,
+    rebuild_txn_indexes,
+)
 from ferrymq.storage.segment import Segment
+from ferrymq.storage.txnindex import AbortedTxn
 
 __all__ = [
     "DEFAULT_INDEX_INTERVAL_BYTES",
@@ -72,6 +95,7 @@ DEFAULT_SEGMENT_MS = 7 * 24 * 3600 * 1000  # a week: retention can free a quiet 
 DEFAULT_INDEX_INTERVAL_BYTES = 4096  # one 8-byte entry per 4 KiB of log: 0.2% overhead
 DEFAULT_RETENTION_MS = 7 * 24 * 3600 * 1000
 _RECOVERY_POINT = struct.Struct("<qq")
+_TXN_BITS = ATTR_TRANSACTIONAL | ATTR_CONTROL
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +175,7 @@ class Log:
         self._end_offset = segments[-1].next_offset
         self._durable_offset = self._end_offset
         self._closed = False
+        self._control_segments = [s for s in segments if s.has_control]
 
     # --- opening -----------------------------------------------------------------------------
 
@@ -188,6 +213,9 @@ class Log:
             producers = ProducerStateManager(directory, producer_id_expiry_ms=config.producer_id_expiry_ms)
             log = cls(directory, config, segments, producers, last_time, recovery_point)
             log._reload_producer_state()
+            if findings.txn_batches:
+                rebuild_txn_indexes(segments, findings, log._open_txns_at)
+                log._control_segments = [s for s in segments if s.has_control]
             producers.remove_expired(now_ms)
             if not clean_shutdown or recovery_point > log.end_offset:
                 log._write_recovery_point(log.end_offset)
@@ -218,6 +246,26 @@ class Log:
             for _pos, h in seg.iter_headers(max(start, seg.base_offset)):
                 if h.producer_id >= 0:
                     self._producers.update(h)
+
+    def _open_txns_at(self, offset: int) -> dict[int, int]:
+        """Open transactions (pid -> first offset) just before ``offset``: from the newest
+        snapshot at or below it plus a replay of the headers in between (from the log start
+        when there is no such snapshot)."""
+        snapshot, producers = self._producers.read_snapshot(offset)
+        state = ProducerStateManager(self.directory, producer_id_expiry_ms=self.config.producer_id_expiry_ms)
+        state.set_producers(producers)
+        start = max(snapshot, self.start_offset)
+        for seg in self._segments:
+            if seg.base_offset >= offset:
+                break
+            if seg.next_offset <= start:
+                continue
+            for _pos, h in seg.iter_headers(max(start, seg.base_offset)):
+                if h.base_offset >= offset:
+                    break
+                if h.producer_id >= 0:
+                    state.update(h)
+        return dict(state.ongoing)
 
     def _write_recovery_point(self, offset: int) -> None:
         write_checkpoint(
@@ -278,6 +326,8 @@ class Log:
         h = decode_header(batch)
         if h.size != len(batch):
             raise CorruptRecordError(f"buffer of {len(batch)} bytes holds a {h.size}-byte batch")
+        if h.attributes & _TXN_BITS:
+            return self._append_txn(batch, h, now_ms)
         dup = self._producers.check(h)
         if dup is not None:
             return AppendResult(dup.base_offset, dup.last_offset, dup.append_time_ms, True)
@@ -290,10 +340,46 @@ class Log:
         stamp_batch(head, 0, base, append_time)
         stamped = h._replace(base_offset=base, append_time_ms=append_time)
         active.append(batch, stamped, head)
-        self._producers.update(stamped)
+        self._producers.update_plain(stamped)
         self._last_append_time_ms = append_time
         with self._lock:
             self._end_offset = stamped.last_offset + 1
+        return AppendResult(base, stamped.last_offset, append_time, False)
+
+    def _append_txn(self, batch: bytes | bytearray | memoryview, h: BatchHeader, now_ms: int) -> AppendResult:
+        """:meth:`append` of a transactional data batch (bit 4) or a control batch (bit 5)."""
+        control = bool(h.attributes & ATTR_CONTROL)
+        commit = False
+        if control:
+            if h.producer_id < 0:
+                raise CorruptRecordError("a control batch needs a producer id")
+            commit = marker_of(batch, 0, h).commit
+        dup = self._producers.check(h)
+        if dup is not None:
+            return AppendResult(dup.base_offset, dup.last_offset, dup.append_time_ms, True)
+        active = self._segments[-1]
+        if self._should_roll(active, len(batch), h.record_count, now_ms):
+            active = self._roll()
+        base = self._end_offset
+        append_time = max(now_ms, self._last_append_time_ms)
+        head = bytearray(batch[:HEADER_SIZE])
+        stamp_batch(head, 0, base, append_time)
+        stamped = h._replace(base_offset=base, append_time_ms=append_time)
+        active.append(batch, stamped, head)
+        first = self._producers.ongoing.get(h.producer_id, -1)
+        self._producers.update_txn(stamped)
+        self._last_append_time_ms = append_time
+        with self._lock:
+            self._end_offset = stamped.last_offset + 1
+        if control:
+            # The marker is in the log: the state above is final. The index follows (one
+            # write(2)); its entry stays in memory even if that write fails.
+            if active.txnindex.mark():
+                with self._lock:
+                    self._directory_dirty = True
+                self._control_segments.append(active)
+            if not commit and first >= 0:
+                active.txnindex.append(AbortedTxn(h.producer_id, first, base))
         return AppendResult(base, stamped.last_offset, append_time, False)
 
     def _should_roll(self, active: Segment, batch_bytes: int, records: int, now_ms: int) -> bool:
@@ -308,7 +394,7 @@ class Log:
 
     def _roll(self) -> Segment:
         old = self._segments[-1]
-        self._producers.take_snapshot(self._end_offset)
+        self._producers.take_snapshot(self._end_offset, keep_at_or_below=self._recovery_base())
         new = Segment.create(
             self.directory, self._end_offset, index_interval_bytes=self.config.index_interval_bytes
         )
@@ -318,6 +404,12 @@ class Log:
             self._pending_sealed.append(old)
             self._directory_dirty = True
         return new
+
+    def _recovery_base(self) -> int:
+        """Base of the segment holding the recovery point: unclean recovery scans from there."""
+        segments = self._segments
+        i = bisect_right(segments, self._recovery_point, key=lambda s: s.base_offset) - 1
+        return segments[max(i, 0)].base_offset
 
     # --- reading -----------------------------------------------------------------------------
 
@@ -348,6 +440,43 @@ class Log:
         while offset >= segments[i].next_offset and i + 1 < len(segments):
             i += 1
         return segments[i].read_batches(offset, max_bytes, limit)
+
+    # --- transactions ------------------------------------------------------------------------
+
+    @property
+    def producer_state(self) -> ProducerStateManager:
+        """The idempotent/transactional producer state (read it; only :meth:`append` and
+        recovery change it)."""
+        return self._producers
+
+    def ongoing_txns(self) -> dict[int, int]:
+        """Open transactions on this queue: producer id -> first offset (a copy)."""
+        return dict(self._producers.ongoing)
+
+    def aborted_txns(self, start: int, upto: int) -> list[tuple[int, int]]:
+        """Aborted transactions overlapping ``[start, upto)``, as ``(producer_id, first_offset)``.
+
+        Those with ``first_offset < upto`` and ABORT marker at or after ``start``, from the
+        ``.txnindex`` of every segment from the one holding ``start`` to the end of the log (a
+        transaction may open in an earlier segment than its marker), in marker order. No file
+        I/O unless a segment with a control batch is met for the first time (its entries are
+        then loaded once); none at all when the log never held a control batch.
+        """
+        out: list[tuple[int, int]] = []
+        for seg in self._control_segments:
+            if seg.next_offset > start:
+                seg.txnindex.collect(start, upto, out)
+        return out
+
+    def has_control(self, start: int, upto: int) -> bool:
+        """Whether a segment overlapping ``[start, upto)`` holds a control batch.
+
+        Per-segment flag (its ``.txnindex`` exists): set when a marker is appended, by unclean
+        recovery scans, and read from the directory at open; it may stay True after a
+        truncation removed the markers. A segment that never held one says False.
+        """
+        segments = self._control_segments
+        return bool(segments) and any(s.base_offset < upto and s.next_offset > start for s in segments)
 
     def offset_for_time(self, ts_ms: int) -> int:
         """First offset whose batch was appended at or after ``ts_ms``, else the end offset."""
@@ -433,6 +562,8 @@ class Log:
             with self._lock:
                 self._segments = segments[doomed:]
                 self._pending_sealed = [s for s in self._pending_sealed if s not in victims]
+            if victims and self._control_segments:
+                self._control_segments = [s for s in self._control_segments if s not in victims]
             for seg in victims:
                 seg.delete()
             self._producers.remove_expired(now_ms)
@@ -477,6 +608,7 @@ class Log:
                 self._durable_offset = min(self._durable_offset, self._end_offset)
             for seg in dropped:
                 seg.delete()
+            self._control_segments = [s for s in self._control_segments if s not in dropped]
             self._write_recovery_point(min(self._recovery_point, self._end_offset))
             self._reload_producer_state()
 

@@ -23,19 +23,31 @@ A torn tail is truncated at the last valid batch, logged as a WARNING on ``ferry
 and described in the :class:`RecoveryReport`. Later segments that hold nothing valid (they
 should not exist) are deleted and counted. Stray ``.tmp`` files are deleted and ``.deleted``
 files finish being unlinked.
+
+*Aborted-transaction indexes.* Every segment scanned fully gets its ``.txnindex`` rebuilt from
+the scan (:func:`rebuild_txn_indexes`, called by ``Log.open`` once producer snapshots are at
+hand): the file exists iff the segment holds a control batch, with one entry per ABORT marker
+of a producer whose transaction was open. First offsets are tracked per producer id along the
+scanned segments (which are always the last ones of the log); for a producer whose
+transaction may have opened before the first scanned segment, the producer state as of that
+segment's base (snapshot plus header replay) supplies it.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ferrymq.errors import CorruptRecordError
+from ferrymq.protocol.markers import marker_of
 from ferrymq.protocol.records import (
+    ATTR_CONTROL,
     HEADER_SIZE,
     LENGTH_PREFIX,
     MAGIC,
+    BatchHeader,
     check_stored_batch,
     decode_header,
 )
@@ -45,11 +57,14 @@ from ferrymq.storage.files import (
     LOG_SUFFIX,
     TIMEINDEX_SUFFIX,
     TMP_SUFFIX,
+    TXNINDEX_SUFFIX,
+    fsync_directory,
     parse_base_offset,
 )
 from ferrymq.storage.segment import SCAN_CHUNK_BYTES, Segment, SegmentScan, header_crc_ok
+from ferrymq.storage.txnindex import AbortedTxn
 
-__all__ = ["RecoveryReport", "load_segments"]
+__all__ = ["RecoveryReport", "load_segments", "rebuild_txn_indexes"]
 
 _log = logging.getLogger("ferrymq.storage")
 _MAGIC_POSITION = 28  # byte offset of the magic field inside a batch header
@@ -95,11 +110,19 @@ class LoadFindings:
     lost_offsets: tuple[int, int] | None = None
     deleted_segments: int = 0
     scanned: list[Segment] = field(default_factory=list)
+    txn_batches: dict[int, tuple[tuple[int, BatchHeader], ...]] = field(default_factory=dict)
+    """Per fully scanned segment (by base offset): its bit-4/5 batches (``SegmentScan``)."""
 
 
 def clean_directory(directory: Path) -> list[int]:
     """Delete ``.tmp``/``.deleted`` leftovers and orphan indexes; return segment bases."""
+    return _clean_directory(directory)[0]
+
+
+def _clean_directory(directory: Path) -> tuple[list[int], set[int]]:
+    """:func:`clean_directory`, plus the bases of the segments that have a ``.txnindex``."""
     bases: set[int] = set()
+    txn_bases: set[int] = set()
     indexes: list[tuple[int, Path]] = []
     for path in directory.iterdir():
         name = path.name
@@ -111,12 +134,14 @@ def clean_directory(directory: Path) -> list[int]:
             continue
         if name.endswith(LOG_SUFFIX):
             bases.add(base)
-        elif name.endswith((INDEX_SUFFIX, TIMEINDEX_SUFFIX)):
+        elif name.endswith((INDEX_SUFFIX, TIMEINDEX_SUFFIX, TXNINDEX_SUFFIX)):
             indexes.append((base, path))
+            if name.endswith(TXNINDEX_SUFFIX):
+                txn_bases.add(base)
     for base, path in indexes:
         if base not in bases:
             path.unlink(missing_ok=True)
-    return sorted(bases)
+    return sorted(bases), txn_bases & bases
 
 
 def load_segments(
@@ -137,11 +162,14 @@ def load_segments(
         OSError: the directory cannot be read or repaired.
     """
     findings = LoadFindings()
-    bases = clean_directory(directory)
+    bases, txn_bases = _clean_directory(directory)
     if not bases:
         seg = Segment.create(directory, max(recovery_point, 0), index_interval_bytes=index_interval_bytes)
         return [seg], findings
-    segments = [Segment.open(directory, b, index_interval_bytes=index_interval_bytes) for b in bases]
+    segments = [
+        Segment.open(directory, b, index_interval_bytes=index_interval_bytes, has_txnindex=b in txn_bases)
+        for b in bases
+    ]
     try:
         _check_segments(segments, findings, clean_shutdown=clean_shutdown, recovery_point=recovery_point)
     except BaseException:
@@ -180,6 +208,7 @@ def _check_segments(
         findings.segments_scanned += 1
         findings.indexes_rebuilt += 1
         findings.scanned.append(seg)
+        findings.txn_batches[seg.base_offset] = scan.txn_batches
         if scan.error is None and (next_base is None or scan.next_offset == next_base):
             if not last:
                 seg.seal()
@@ -301,3 +330,74 @@ def fsync_segments(segments: list[Segment]) -> None:
     for seg in segments:
         if not seg.closed:
             seg.flush()
+
+
+def rebuild_txn_indexes(
+    segments: list[Segment],
+    findings: LoadFindings,
+    open_txns_at: Callable[[int], dict[int, int]],
+) -> int:
+    """Rebuild the ``.txnindex`` of every segment recovery scanned fully (see the module
+    docstring); return the number of aborted-transaction entries written.
+
+    Args:
+        segments: the log's segments after :func:`load_segments`.
+        findings: what :func:`load_segments` found (its ``txn_batches``).
+        open_txns_at: producer id -> first offset of the transactions open just before the
+            given offset (called at most once, with the first scanned segment's base, and
+            only when a marker's transaction may have opened before that segment).
+
+    Raises:
+        OSError: a file cannot be written or deleted.
+    """
+    rebuilt = [s for s in segments if not s.closed and s.base_offset in findings.txn_batches]
+    if not rebuilt:
+        return 0
+    first_base = rebuilt[0].base_offset
+    before: dict[int, int] | None = None
+    seen: set[int] = set()  # producers met in the scan so far
+    # pid -> (first offset seen in the scan, whether the transaction may have opened earlier)
+    open_first: dict[int, tuple[int, bool]] = {}
+    written = 0
+    unlinked = False
+    for seg in rebuilt:
+        entries: list[AbortedTxn] = []
+        has_control = False
+        for pos, h in findings.txn_batches[seg.base_offset]:
+            pid = h.producer_id
+            if pid < 0:
+                continue
+            if not h.attributes & ATTR_CONTROL:
+                if pid not in open_first:
+                    open_first[pid] = (h.base_offset, pid not in seen)
+                seen.add(pid)
+                continue
+            has_control = True
+            first, maybe_earlier = open_first.pop(pid, (-1, pid not in seen))
+            seen.add(pid)
+            if (first < 0 and not maybe_earlier) or _marker_commits(seg, pos, h):
+                continue
+            if maybe_earlier:
+                if before is None:
+                    before = open_txns_at(first_base)
+                first = before.get(pid, first)
+            if first >= 0:
+                entries.append(AbortedTxn(pid, first, h.base_offset))
+        if has_control or seg.txnindex.present:
+            unlinked |= not has_control
+            seg.txnindex.replace(entries, present=has_control)
+        written += len(entries)
+    if unlinked:
+        fsync_directory(rebuilt[0].directory)
+    return written
+
+
+def _marker_commits(seg: Segment, pos: int, h: BatchHeader) -> bool:
+    """Whether the control batch at ``pos`` is a COMMIT marker (an unreadable one is taken as
+    ABORT: its transaction's data then stays hidden rather than wrongly exposed)."""
+    try:
+        return marker_of(seg.read(pos, h.size), 0, h).commit
+    except CorruptRecordError as exc:
+        _log.warning("%s: control batch at offset %d is unreadable (%s): taken as ABORT",
+                     seg.log_path, h.base_offset, exc)
+        return False

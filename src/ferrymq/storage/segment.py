@@ -1,9 +1,11 @@
-"""One segment of a log: a ``.log`` file of record batches plus its two sparse indexes.
+"""One segment of a log: a ``.log`` file of record batches plus its indexes.
 
 Theory of operation: a segment covers a contiguous offset range starting at its base offset.
 Its ``.log`` file is nothing but record batches back to back, exactly as they travel on the
 wire (see :mod:`ferrymq.protocol.records`); each batch carries its own length and two CRCs, so
-the file alone is the truth and both indexes are rebuildable caches.
+the file alone is the truth and both sparse indexes are rebuildable caches. A segment that
+holds a transaction control batch also has a ``.txnindex`` (:mod:`ferrymq.storage.txnindex`):
+the aborted transactions whose ABORT marker it holds; its existence is :attr:`Segment.has_control`.
 
 Life cycle: *active* (the last segment of a log; appended to with ``os.write`` on an
 ``O_APPEND`` descriptor, no user-space buffering, so a batch is in the kernel once
@@ -16,7 +18,9 @@ need no lock against the appending thread.
 the last offset-index entry), checks each one (both CRCs when asked, the header CRC always),
 checks offsets are contiguous, rebuilds the indexes as it goes and stops at the first invalid
 batch. It reports where it stopped and leaves the decision (truncate a torn tail, or refuse
-mid-log corruption) to :mod:`ferrymq.storage.recovery`. The file is read in large chunks, never
+mid-log corruption) to :mod:`ferrymq.storage.recovery`; the scan also lists the transactional
+and control batches it met (``SegmentScan.txn_batches``), from which the log rebuilds the
+segment's ``.txnindex``. The file is read in large chunks, never
 whole, so recovering a 1 GiB segment needs ``SCAN_CHUNK_BYTES`` of memory, not 1 GiB.
 """
 
@@ -29,6 +33,8 @@ from pathlib import Path
 
 from ferrymq.errors import CorruptRecordError, LogClosedError
 from ferrymq.protocol.records import (
+    ATTR_CONTROL,
+    ATTR_TRANSACTIONAL,
     HEADER_SIZE,
     LENGTH_PREFIX,
     MAGIC,
@@ -43,16 +49,19 @@ from ferrymq.storage.files import (
     INDEX_SUFFIX,
     LOG_SUFFIX,
     TIMEINDEX_SUFFIX,
+    TXNINDEX_SUFFIX,
     segment_file_name,
 )
 from ferrymq.storage.index import MAX_RELATIVE_OFFSET, OffsetIndex
 from ferrymq.storage.timeindex import TimeIndex
+from ferrymq.storage.txnindex import TxnIndex
 
 __all__ = ["LOOKUP_CHUNK_BYTES", "MAX_POSITION", "SCAN_CHUNK_BYTES", "Segment", "SegmentScan"]
 
 SCAN_CHUNK_BYTES = 4 << 20  # recovery reads this much at a time: bounded memory, few syscalls
 LOOKUP_CHUNK_BYTES = 16 << 10  # a header walk after an index lookup covers ~one index interval
 MAX_POSITION = 0xFFFFFFFF  # positions are u32 in the offset index
+_TXN_BITS = ATTR_TRANSACTIONAL | ATTR_CONTROL
 
 
 def header_crc_ok(buf: bytes | bytearray | memoryview, pos: int, h: BatchHeader) -> bool:
@@ -71,6 +80,7 @@ class SegmentScan:
         next_offset: offset after the last valid batch.
         batches: valid batches walked by this scan.
         error: why the scan stopped before ``file_bytes`` (None: the whole file is valid).
+        txn_batches: ``(position, header)`` of the valid batches with bit 4 or 5 set, in order.
     """
 
     valid_bytes: int
@@ -78,6 +88,7 @@ class SegmentScan:
     next_offset: int
     batches: int
     error: str | None
+    txn_batches: tuple[tuple[int, BatchHeader], ...] = ()
 
 
 class _Window:
@@ -110,7 +121,10 @@ class Segment:
     writer thread; :meth:`flush` may run on another thread (it only fsyncs).
     """
 
-    def __init__(self, directory: Path, base_offset: int, *, index_interval_bytes: int, fd: int) -> None:
+    def __init__(
+        self, directory: Path, base_offset: int, *, index_interval_bytes: int, fd: int,
+        has_txnindex: bool = False,
+    ) -> None:
         """Wrap an open ``.log`` descriptor; use :meth:`create` or :meth:`open` instead."""
         self.directory = directory
         self.base_offset = base_offset
@@ -118,6 +132,8 @@ class Segment:
         self.log_path = directory / segment_file_name(base_offset, LOG_SUFFIX)
         self.index_path = directory / segment_file_name(base_offset, INDEX_SUFFIX)
         self.timeindex_path = directory / segment_file_name(base_offset, TIMEINDEX_SUFFIX)
+        self.txnindex_path = directory / segment_file_name(base_offset, TXNINDEX_SUFFIX)
+        self.txnindex = TxnIndex(self.txnindex_path, base_offset, present=has_txnindex)
         self._fd: int | None = fd
         self._size_bytes = os.fstat(fd).st_size
         self.next_offset = base_offset
@@ -136,6 +152,7 @@ class Segment:
         path = directory / segment_file_name(base_offset, LOG_SUFFIX)
         # O_TRUNC, not O_EXCL: a file at the end offset can only be debris of a failed roll.
         fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC, 0o644)
+        (directory / segment_file_name(base_offset, TXNINDEX_SUFFIX)).unlink(missing_ok=True)
         seg = cls(directory, base_offset, index_interval_bytes=index_interval_bytes, fd=fd)
         seg._index = OffsetIndex(seg.index_path, base_offset)
         seg._timeindex = TimeIndex(seg.timeindex_path, base_offset)
@@ -144,11 +161,23 @@ class Segment:
         return seg
 
     @classmethod
-    def open(cls, directory: Path, base_offset: int, *, index_interval_bytes: int) -> Segment:
-        """Open an existing segment without reading it; then recover or load it."""
+    def open(
+        cls, directory: Path, base_offset: int, *, index_interval_bytes: int,
+        has_txnindex: bool | None = None,
+    ) -> Segment:
+        """Open an existing segment without reading it; then recover or load it.
+
+        ``has_txnindex``: whether its ``.txnindex`` exists, when the caller listed the
+        directory (None: look).
+        """
         path = directory / segment_file_name(base_offset, LOG_SUFFIX)
+        if has_txnindex is None:
+            has_txnindex = (directory / segment_file_name(base_offset, TXNINDEX_SUFFIX)).exists()
         fd = os.open(path, os.O_RDWR | os.O_APPEND)
-        return cls(directory, base_offset, index_interval_bytes=index_interval_bytes, fd=fd)
+        return cls(
+            directory, base_offset, index_interval_bytes=index_interval_bytes, fd=fd,
+            has_txnindex=has_txnindex,
+        )
 
     def load_sealed(self, next_offset: int) -> bool:
         """Trust a sealed segment ending before ``next_offset``: load its time index.
@@ -208,6 +237,13 @@ class Segment:
         if fd is None:
             raise LogClosedError(f"segment {self.log_path} is closed")
         return fd
+
+    @property
+    def has_control(self) -> bool:
+        """Whether the segment holds a control batch (its ``.txnindex`` exists): set on append,
+        by recovery scans, and read from the directory for segments loaded unscanned. It may
+        stay True after a truncation removed the control batches (conservative)."""
+        return self.txnindex.present
 
     @property
     def first_append_time_ms(self) -> int | None:
@@ -325,6 +361,7 @@ class Segment:
             self._index.fsync()
         if self._timeindex is not None:
             self._timeindex.fsync()
+        self.txnindex.fsync()
 
     def close_index_files(self) -> None:
         """Close the index append descriptors (after a flush of a sealed segment)."""
@@ -332,6 +369,7 @@ class Segment:
             self._index.close()
         if self._timeindex is not None:
             self._timeindex.close()
+        self.txnindex.close()
 
     def truncate_to(self, position: int) -> None:
         """Cut the log file at ``position`` (a batch boundary) and fix indexes and bookkeeping."""
@@ -343,6 +381,7 @@ class Segment:
         self.index.truncate_to_position(position)
         self._scan(resume=True, check_crc=False)
         self.timeindex.truncate_to_offset(self.next_offset)
+        self.txnindex.truncate_to(self.next_offset)
 
     def write_index_files(self) -> None:
         """Atomically rewrite both index files from memory (reopening them if open)."""
@@ -416,6 +455,7 @@ class Segment:
         window = _Window(fd, size, SCAN_CHUNK_BYTES)
         batches = 0
         error: str | None = None
+        txn_batches: list[tuple[int, BatchHeader]] = []
         while pos < size:
             buf, i = window.get(pos, HEADER_SIZE)
             batch_bytes = batch_size_at(buf, i)
@@ -443,6 +483,8 @@ class Segment:
                 error = "batch beyond the index range of its segment"
                 break
             self._note_batch(pos, h)
+            if h.attributes & _TXN_BITS:
+                txn_batches.append((pos, h))
             batches += 1
             expected = h.last_offset + 1
             pos += batch_bytes
@@ -451,7 +493,7 @@ class Segment:
             # Nothing after the last index entry: fall back to the time index.
             last_t = self.timeindex.last_entry
             self.max_append_time_ms = last_t[0] if last_t is not None else None
-        return SegmentScan(pos, size, expected, batches, error)
+        return SegmentScan(pos, size, expected, batches, error, tuple(txn_batches))
 
     def iter_headers(self, from_offset: int) -> Iterator[tuple[int, BatchHeader]]:
         """Yield ``(position, header)`` of each batch from the one holding ``from_offset``."""
@@ -549,7 +591,7 @@ class Segment:
         """Close, rename each file to ``.deleted``, then unlink them."""
         self.close()
         doomed = []
-        for path in (self.log_path, self.index_path, self.timeindex_path):
+        for path in (self.log_path, self.index_path, self.timeindex_path, self.txnindex_path):
             target = path.with_name(path.name + DELETED_SUFFIX)
             try:
                 os.replace(path, target)
