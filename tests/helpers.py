@@ -103,13 +103,13 @@ class BrokerProcess:
 
 
 def read_topic(address: str, topic: str, expect: int = 0, *, timeout: float = 10.0,
-               quiet: float = 0.5) -> list[ReceivedMessage]:
+               quiet: float = 0.5, isolation: str = "read_committed") -> list[ReceivedMessage]:
     """Every message of ``topic`` from the start, with a fresh group that commits nothing: wait
     until at least ``expect`` arrived (at most ``timeout`` s), then until none came for
     ``quiet`` s (to catch extra copies)."""
     got: list[ReceivedMessage] = []
     with PullConsumer(address, f"check-{time.monotonic_ns()}", auto_offset_reset="earliest",
-                      auto_commit=False) as c:
+                      auto_commit=False, isolation=isolation) as c:
         c.subscribe(topic)
         deadline = time.monotonic() + timeout
         while len(got) < expect and time.monotonic() < deadline:

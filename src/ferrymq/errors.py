@@ -12,7 +12,8 @@
     ├── ClientError                   raised on the client side
     │   ├── ConnectionClosedError     (also a ConnectionError)
     │   ├── FerryMQTimeoutError       (also a TimeoutError)
-    │   └── ConfigError               (also a ValueError)
+    │   ├── ConfigError               (also a ValueError)
+    │   └── TransactionStateError     a transactional producer call out of order
     └── StorageError                  raised by the log library
         ├── CorruptRecordError        (also BrokerError CORRUPT_MESSAGE)
         ├── LogClosedError
@@ -74,6 +75,7 @@ __all__ = [
     "StorageFullError",
     "TopicAlreadyExistsError",
     "TransactionResolvedError",
+    "TransactionStateError",
     "TransactionTimedOutError",
     "UnknownApiError",
     "UnknownGroupError",
@@ -404,6 +406,12 @@ class FerryMQTimeoutError(ClientError, TimeoutError):
 
 class ConfigError(ClientError, ValueError):
     """A client or broker configuration value is not valid."""
+
+
+class TransactionStateError(ClientError):
+    """A transactional producer call out of order: a send outside ``begin()``/``commit()``,
+    ``commit()`` with no transaction begun, or ``commit()`` after a send of the transaction
+    failed (``abort()`` it)."""
 
 
 # --- storage --------------------------------------------------------------------------------

@@ -12,6 +12,11 @@ Errors: every :class:`~ferrymq.errors.FerryMQError` that escapes a command is tu
 :class:`CommandError` (exit 1) by :class:`FerryGroup`, which prints ``error: <message>`` on one
 line of stderr; ``--debug`` adds the traceback. Bad arguments are click usage errors (exit 2).
 
+Security: ``--user``/``--password`` (or ``FERRYMQ_USER``/``FERRYMQ_PASSWORD``; prefer the
+environment, a command line is visible to other local users) and ``--tls``/``--tls-ca``/
+``--tls-cert``/``--tls-key`` apply to every command that talks to a broker; ``ferrymq user``
+edits a broker's users file (see docs/security.md).
+
 ``consume`` never interrupts a client call: SIGINT/SIGTERM only set a flag that the poll loop
 checks between short polls, so the consumer's position always matches what was printed and the
 commit on exit is exact.
@@ -23,7 +28,9 @@ import contextlib
 import datetime as _dt
 import logging
 import os
+import secrets
 import signal
+import ssl
 import sys
 import threading
 import time
@@ -38,10 +45,13 @@ import click
 from ferrymq.admin.bench import bench
 from ferrymq.admin.cli_delivery import dlq, message
 from ferrymq.admin.output import Printer
+from ferrymq.broker.auth import User, read_users_file, update_users_file
+from ferrymq.client._transport import client_tls_context
 from ferrymq.client.message import Message, ReceivedMessage, SendResult
 from ferrymq.client.sync import AdminClient, Producer, PullConsumer
 from ferrymq.errors import FerryMQError, UnknownGroupError
 from ferrymq.protocol import messages as m
+from ferrymq.protocol.auth import SALT_BYTES, ScramCredential, check_user_name
 from ferrymq.protocol.dedup import check_dedup_key
 
 DEFAULT_SERVER = "127.0.0.1:9876"
@@ -171,11 +181,18 @@ class CliState:
     json: bool
     debug: bool
     connect_timeout_s: float
+    auth: tuple[str, str] | None = None
+    tls: ssl.SSLContext | None = None
 
     @property
     def printer(self) -> Printer:
         """A printer for this invocation's output mode."""
         return Printer(self.json)
+
+    @property
+    def client_options(self) -> dict[str, Any]:
+        """``auth=`` and ``tls=`` for every client this invocation creates."""
+        return {"auth": self.auth, "tls": self.tls}
 
     @contextlib.contextmanager
     def admin(self) -> Iterator[AdminClient]:
@@ -184,7 +201,8 @@ class CliState:
         Raises:
             ConnectionClosedError: no broker answered within ``--connect-timeout``.
         """
-        with AdminClient(self.server, reconnect_timeout_s=self.connect_timeout_s) as client:
+        with AdminClient(self.server, reconnect_timeout_s=self.connect_timeout_s,
+                         **self.client_options) as client:
             # Connect first: requests retry a lost connection for request_timeout_s (30 s),
             # the handshake gives up after reconnect_timeout_s.
             client.hello()
@@ -203,15 +221,47 @@ pass_state = click.make_pass_decorator(CliState)
               default=DEFAULT_CONNECT_TIMEOUT_S, show_default=True,
               envvar="FERRYMQ_CONNECT_TIMEOUT",
               help="How long to keep trying to reach the broker (env FERRYMQ_CONNECT_TIMEOUT).")
+@click.option("--user", envvar="FERRYMQ_USER", metavar="NAME",
+              help="Authenticate as this user (env FERRYMQ_USER).")
+@click.option("--password", envvar="FERRYMQ_PASSWORD", metavar="SECRET",
+              help="The user's secret (prefer env FERRYMQ_PASSWORD: arguments are visible to "
+                   "other local users; prompted for when --user is given on a terminal).")
+@click.option("--tls", "tls_on", is_flag=True, envvar="FERRYMQ_TLS",
+              help="Connect with TLS, verifying the broker with the system's CAs (env FERRYMQ_TLS).")
+@click.option("--tls-ca", type=click.Path(dir_okay=False), envvar="FERRYMQ_TLS_CA", metavar="FILE",
+              help="Connect with TLS, verifying the broker with this CA bundle (implies --tls).")
+@click.option("--tls-cert", type=click.Path(dir_okay=False), envvar="FERRYMQ_TLS_CERT",
+              metavar="FILE", help="Client certificate (PEM) to present (with --tls-key).")
+@click.option("--tls-key", type=click.Path(dir_okay=False), envvar="FERRYMQ_TLS_KEY",
+              metavar="FILE", help="Private key of --tls-cert.")
 @click.version_option(package_name="ferrymq", prog_name="ferrymq")
 @click.pass_context
 def cli(ctx: click.Context, server: str, json_mode: bool, debug: bool,
-        connect_timeout: float) -> None:
+        connect_timeout: float, user: str | None, password: str | None, tls_on: bool,
+        tls_ca: str | None, tls_cert: str | None, tls_key: str | None) -> None:
     """FerryMQ: run a broker, manage topics and consumer groups, produce and consume."""
     if debug:
         logging.basicConfig(level=logging.DEBUG, stream=sys.stderr,
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    ctx.obj = CliState(server, json_mode, debug, connect_timeout)
+    auth: tuple[str, str] | None = None
+    if user:
+        if password is None and sys.stdin.isatty() and ctx.invoked_subcommand not in (
+                "broker", "user"):
+            password = click.prompt(f"password for {user}", hide_input=True, err=True)
+        if not password:
+            raise click.UsageError("--user needs a password (--password or FERRYMQ_PASSWORD)")
+        auth = (user, password)
+    elif password:
+        raise click.UsageError("--password needs --user")
+    if (tls_cert and not tls_key) or (tls_key and not tls_cert):
+        raise click.UsageError("--tls-cert and --tls-key go together")
+    tls = None
+    if tls_on or tls_ca or tls_cert:
+        try:
+            tls = client_tls_context(tls_ca or True, cert_file=tls_cert, key_file=tls_key)
+        except FerryMQError as exc:
+            raise click.UsageError(str(exc)) from None
+    ctx.obj = CliState(server, json_mode, debug, connect_timeout, auth, tls)
 
 
 # -- broker --------------------------------------------------------------------------------------
@@ -228,8 +278,22 @@ def cli(ctx: click.Context, server: str, json_mode: bool, debug: bool,
 @click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
                                                case_sensitive=False),
               help="Broker log level (default INFO).")
+@click.option("--users-file", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Turn authentication on with this users file (see `ferrymq user add`).")
+@click.option("--insecure", is_flag=True, default=None,
+              help="Allow a non-loopback --host without authentication.")
+@click.option("--tls-cert-file", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Serve TLS with this certificate chain (PEM).")
+@click.option("--tls-key-file", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Private key (PEM) of --tls-cert-file.")
+@click.option("--tls-ca-file", type=click.Path(dir_okay=False), metavar="FILE",
+              help="CA bundle to verify client certificates with.")
+@click.option("--tls-client-auth", type=click.Choice(["none", "optional", "required"]),
+              help="Client certificates: none (default), optional or required.")
 def broker(host: str | None, port: int | None, data_dir: str | None, config_file: str | None,
-           flush: str | None, log_level: str | None) -> None:
+           flush: str | None, log_level: str | None, users_file: str | None,
+           insecure: bool | None, tls_cert_file: str | None, tls_key_file: str | None,
+           tls_ca_file: str | None, tls_client_auth: str | None) -> None:
     """Run a broker in the foreground until SIGTERM or Ctrl-C (graceful shutdown, exit 0).
 
     Settings come from, lowest to highest priority: defaults, --config FILE, FERRYMQ_<SETTING>
@@ -239,7 +303,10 @@ def broker(host: str | None, port: int | None, data_dir: str | None, config_file
     from ferrymq.broker.server import run
 
     overrides = {"host": host, "port": port, "data_dir": data_dir, "flush": flush,
-                 "log_level": log_level.upper() if log_level else None}
+                 "log_level": log_level.upper() if log_level else None,
+                 "users_file": users_file, "insecure": insecure or None,
+                 "tls_cert_file": tls_cert_file, "tls_key_file": tls_key_file,
+                 "tls_ca_file": tls_ca_file, "tls_client_auth": tls_client_auth}
     config = load(config_file, os.environ, overrides)
     run(config)
 
@@ -368,7 +435,7 @@ def produce(state: CliState, topic_name: str, bodies: Sequence[str], tag: str | 
     printer = state.printer
     with Producer(state.server, connect_timeout_s=state.connect_timeout_s,
                   delivery_timeout_s=max(PRODUCE_DELIVERY_TIMEOUT_S, state.connect_timeout_s),
-                  ) as producer:
+                  **state.client_options) as producer:
         if bodies:
             results: list[SendResult] = list(producer.send_batch([make(b) for b in bodies]))
             printer.sent(results)
@@ -429,7 +496,7 @@ def consume(state: CliState, topic_name: str, group: str, tags: str, start: Posi
     received = 0
     with _StopFlag() as stop, PullConsumer(
         state.server, group=group, auto_offset_reset="latest",
-        reconnect_timeout_s=max(state.connect_timeout_s, 1.0),
+        reconnect_timeout_s=max(state.connect_timeout_s, 1.0), **state.client_options,
     ) as consumer:
         consumer.subscribe(topic_name, tags)
         if start is not None:
@@ -544,6 +611,113 @@ def group_reset_offset(state: CliState, name: str, topic_name: str, target: Posi
         else:
             offsets = admin.reset_offsets(name, topic_name, to=target.kind)
     state.printer.offsets_reset(name, topic_name, offsets)
+
+
+# -- users ---------------------------------------------------------------------------------------
+
+USERS_FILE_OPTION = click.option(
+    "--users-file", type=click.Path(dir_okay=False), envvar="FERRYMQ_USERS_FILE", required=True,
+    metavar="FILE", help="The broker's users file (env FERRYMQ_USERS_FILE); the broker reloads "
+                         "it when it changes.")
+
+
+@cli.group()
+def user() -> None:
+    """Add, remove and list the users of a broker's users file (authentication and ACLs)."""
+
+
+def _read_secret(password_stdin: bool, generate: bool, name: str) -> tuple[str, bool]:
+    if password_stdin:
+        secret = sys.stdin.readline().rstrip("\r\n")
+        if not secret:
+            raise click.UsageError("--password-stdin: empty secret")
+        return secret, False
+    if generate:
+        return secrets.token_urlsafe(24), True
+    if not sys.stdin.isatty():
+        raise click.UsageError("no terminal to prompt on: use --password-stdin or --generate")
+    secret = click.prompt(f"secret for {name}", hide_input=True, confirmation_prompt=True,
+                          err=True)
+    return str(secret), False
+
+
+@user.command("add")
+@click.argument("name")
+@USERS_FILE_OPTION
+@click.option("--password-stdin", is_flag=True, help="Read the secret from the first line of "
+                                                     "stdin.")
+@click.option("--generate", is_flag=True, help="Generate a random secret and print it once.")
+@click.option("--admin", is_flag=True, help="May do everything (topics, users, offset resets, "
+                                            "dead letters).")
+@click.option("--produce", multiple=True, metavar="PATTERN",
+              help="Topics the user may produce to (* and ? patterns); repeatable.")
+@click.option("--consume", multiple=True, metavar="PATTERN",
+              help="Topics the user may consume from; repeatable.")
+@click.option("--group", "groups", multiple=True, metavar="PATTERN",
+              help="Consumer/delivery/producer groups and transactional ids the user may use; "
+                   "repeatable.")
+@click.option("--produce-bytes-per-s", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Produce quota in bytes per second (0: none).")
+@click.option("--replace", is_flag=True, help="Replace the user if it exists.")
+@pass_state
+def user_add(state: CliState, name: str, users_file: str, password_stdin: bool, generate: bool,
+             admin: bool, produce: Sequence[str], consume: Sequence[str],
+             groups: Sequence[str], produce_bytes_per_s: int, replace: bool) -> None:
+    """Add user NAME with a secret (prompted for, --password-stdin or --generate) and rights.
+
+    Only a salted SCRAM-SHA-256 form of the secret is written. Without any right the user may
+    only connect (default deny).
+    """
+    try:
+        check_user_name(name)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="NAME") from None
+    if password_stdin and generate:
+        raise click.UsageError("--password-stdin and --generate exclude each other")
+    if name in read_users_file(users_file) and not replace:
+        raise CommandError(f"user {name!r} exists in {users_file} (use --replace)")
+    secret, generated = _read_secret(password_stdin, generate, name)
+    cred = ScramCredential.derive(secret, secrets.token_bytes(SALT_BYTES))
+    update_users_file(users_file, {name: User(name, cred, admin, tuple(produce), tuple(consume),
+                                              tuple(groups), produce_bytes_per_s)})
+    if state.printer.json_mode:
+        state.printer.json({"user": name, "users_file": users_file,
+                            **({"secret": secret} if generated else {})})
+        return
+    state.printer.line(f"user {name} written to {users_file}")
+    if generated:
+        state.printer.line(f"secret: {secret}  (shown once; it is not stored)")
+
+
+@user.command("remove")
+@click.argument("name")
+@USERS_FILE_OPTION
+@pass_state
+def user_remove(state: CliState, name: str, users_file: str) -> None:
+    """Remove user NAME (its open connections lose every right at once)."""
+    if name not in read_users_file(users_file):
+        raise CommandError(f"no user {name!r} in {users_file}")
+    update_users_file(users_file, {name: None})
+    state.printer.line(f"user {name} removed from {users_file}")
+
+
+@user.command("list")
+@USERS_FILE_OPTION
+@pass_state
+def user_list(state: CliState, users_file: str) -> None:
+    """List the users of a users file with their rights (never secrets)."""
+    users = read_users_file(users_file).values()
+    state.printer.users([(u.name, u.admin, u.produce, u.consume, u.groups,
+                          u.produce_bytes_per_s) for u in users])
+
+
+@cli.command()
+@pass_state
+def whoami(state: CliState) -> None:
+    """Show the user the broker authenticated this client as, and its rights."""
+    with state.admin() as admin:
+        resp: m.WhoAmIResponse = admin.whoami()
+    state.printer.whoami(resp)
 
 
 cli.add_command(message)

@@ -609,6 +609,34 @@ class Printer:
         where = f" (DLQ offsets {first}..{end - 1})" if end > first else ""
         self.line(f"{would if dry_run else done} {count} dead letters of group {group}{where}")
 
+    # -- users ---------------------------------------------------------------------------------
+
+    def users(self, users: Sequence[tuple[str, bool, Sequence[str], Sequence[str],
+                                          Sequence[str], int]]) -> None:
+        """``user list``: name, admin, patterns, quota (no secrets)."""
+        rows = [(n, a, list(p), list(c), list(g), q) for n, a, p, c, g, q in users]
+        if self.json_mode:
+            self.json([{"user": n, "admin": a, "produce": p, "consume": c, "groups": g,
+                        "produce_bytes_per_s": q} for n, a, p, c, g, q in rows])
+            return
+        self.table(["USER", "ADMIN", "PRODUCE", "CONSUME", "GROUPS", "QUOTA B/S"],
+                   [(n, "yes" if a else "no", ",".join(p) or "-", ",".join(c) or "-",
+                     ",".join(g) or "-", q or "-") for n, a, p, c, g, q in rows])
+
+    def whoami(self, resp: m.WhoAmIResponse) -> None:
+        """``whoami``: the principal and its rights."""
+        if self.json_mode:
+            self.json({"user": resp.user or None, "admin": resp.admin, "produce": resp.produce,
+                       "consume": resp.consume, "groups": resp.groups})
+            return
+        if not resp.user:
+            self.line("anonymous (the broker has authentication off: every right)")
+            return
+        self.line(f"user:    {resp.user}{'  (admin)' if resp.admin else ''}")
+        self.line(f"produce: {', '.join(resp.produce) or '-'}")
+        self.line(f"consume: {', '.join(resp.consume) or '-'}")
+        self.line(f"groups:  {', '.join(resp.groups) or '-'}")
+
 
 def _props(props: dict[str, str]) -> str:
     return " ".join(f"{k}={v}" for k, v in sorted(props.items())) or "-"

@@ -8,6 +8,7 @@ once; nothing below it reads the environment. Every field documents its unit and
 
 from __future__ import annotations
 
+import ipaddress
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -19,6 +20,17 @@ from ferrymq.errors import ConfigError, InvalidRequestError
 from ferrymq.protocol.dedup import MAX_DEDUP_WINDOW_MS
 
 FLUSH_MODES = ("sync", "async")
+TLS_CLIENT_AUTH = ("none", "optional", "required")
+
+
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` and loopback IP addresses (127.0.0.0/8, ::1)."""
+    if host.lower() in ("localhost", "localhost.localdomain"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def _f(default: Any, doc: str) -> Any:
@@ -193,6 +205,42 @@ class BrokerConfig:
         7 * 24 * 3_600_000, "Exactly-once transactions: a transactional id idle this long "
         "with no open transaction is forgotten (Kafka: 7 days); its next use starts afresh.",
     )
+    users_file: str = _f(
+        "",
+        "Security: TOML file of users (SCRAM-SHA-256 keys and ACLs, written by `ferrymq user "
+        "add`); empty: authentication off. Reloaded when it changes. See docs/security.md.",
+    )
+    insecure: bool = _f(
+        False, "Security: allow listening on a non-loopback address without authentication."
+    )
+    auth_timeout_ms: int = _f(
+        10_000, "Security: a connection not authenticated this long after it opened is closed "
+        "(also bounds the TLS handshake)."
+    )
+    auth_failure_delay_ms: int = _f(
+        500, "Security: a failed authentication is answered this late (at least 100), then the "
+        "connection is closed."
+    )
+    max_pre_auth_frame_bytes: int = _f(
+        4096, "Security: largest frame accepted before authentication (at most 4096)."
+    )
+    max_connections_per_ip: int = _f(
+        1000, "Connections from one IP address beyond this are refused (BUSY, then closed)."
+    )
+    max_write_queue_bytes: int = _f(
+        64 * 1024 * 1024,
+        "Unsent response bytes per connection beyond which the client is cut off as too slow "
+        "(reading pauses earlier, at max_write_buffer_bytes).",
+    )
+    write_stall_timeout_ms: int = _f(
+        60_000, "A client that reads none of its responses for this long is cut off."
+    )
+    tls_cert_file: str = _f("", "TLS: certificate chain (PEM) of the listener; empty: plain TCP.")
+    tls_key_file: str = _f("", "TLS: private key (PEM) of tls_cert_file.")
+    tls_ca_file: str = _f("", "TLS: CA bundle (PEM) to verify client certificates with.")
+    tls_client_auth: str = _f(
+        "none", "TLS: client certificates: none, optional (verified if sent) or required."
+    )
     log_level: str = _f("INFO", "Logging level (DEBUG, INFO, WARNING, ERROR).")
 
     def validate(self) -> BrokerConfig:
@@ -219,7 +267,8 @@ class BrokerConfig:
             "schedule_bucket_ms", "schedule_cache_bytes", "dedup_max_keys",
             "txn_check_after_ms", "txn_check_interval_ms", "txn_max_checks", "txn_max_pending",
             "txn_default_timeout_ms", "txn_max_timeout_ms", "txn_staged_ttl_ms", "txn_max_open",
-            "txn_id_expiration_ms",
+            "txn_id_expiration_ms", "auth_timeout_ms", "max_connections_per_ip",
+            "max_write_queue_bytes", "write_stall_timeout_ms",
         )
         for name in positive:
             if getattr(self, name) <= 0:
@@ -242,9 +291,33 @@ class BrokerConfig:
             raise ConfigError("default_queues must not exceed max_queues")
         if self.orderly_retry_ms < 0:
             raise ConfigError(f"orderly_retry_ms must be >= 0, not {self.orderly_retry_ms}")
+        self._validate_security()
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
             raise ConfigError(f"unknown log_level {self.log_level!r}")
         return self
+
+    def _validate_security(self) -> None:
+        if not 100 <= self.auth_failure_delay_ms <= 60_000:
+            raise ConfigError(f"auth_failure_delay_ms must be 100..60000, not "
+                              f"{self.auth_failure_delay_ms}")
+        if not 256 <= self.max_pre_auth_frame_bytes <= 4096:
+            raise ConfigError(f"max_pre_auth_frame_bytes must be 256..4096, not "
+                              f"{self.max_pre_auth_frame_bytes}")
+        if self.max_write_queue_bytes < self.max_write_buffer_bytes + self.max_frame_bytes:
+            raise ConfigError("max_write_queue_bytes must be at least max_write_buffer_bytes + "
+                              "max_frame_bytes")
+        if self.tls_client_auth not in TLS_CLIENT_AUTH:
+            raise ConfigError(f"tls_client_auth must be one of {TLS_CLIENT_AUTH}, not "
+                              f"{self.tls_client_auth!r}")
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise ConfigError("tls_cert_file and tls_key_file go together")
+        if self.tls_client_auth != "none" and not (self.tls_cert_file and self.tls_ca_file):
+            raise ConfigError("tls_client_auth needs tls_cert_file, tls_key_file and tls_ca_file")
+        if not self.users_file and not self.insecure and not is_loopback(self.host):
+            raise ConfigError(
+                f"refusing to listen on {self.host!r} without authentication: anyone who can "
+                "reach it could read and write every topic. Set users_file (see `ferrymq user "
+                "add`), listen on 127.0.0.1, or pass --insecure to accept the risk.")
 
     def session_timeout_ms(self, requested_ms: int) -> int:
         """A member's session timeout: ``requested_ms``, or the default when 0.

@@ -15,6 +15,22 @@ and the broker's memory stays bounded.
 A frame that cannot be decoded (too large, bad header) ends the connection: the stream cannot be
 trusted after it. A well-framed request with a bad body gets an INVALID_REQUEST response and the
 connection lives on. Nothing a peer sends can raise out of this class.
+
+Security (docs/security.md). A new connection is admitted by :class:`~ferrymq.broker.limits.
+ConnectionLimits` (total and per IP) or answered with one BUSY frame and closed. With
+authentication on, a connection starts *unauthenticated*: frames are limited to
+``max_pre_auth_frame_bytes``, only HELLO, AUTH_START and AUTH_FINISH are dispatched, anything
+else is answered with AUTHENTICATION_REQUIRED and the connection closed (so requests pipelined
+ahead of the handshake never reach a handler), and a connection still unauthenticated after
+``auth_timeout_ms`` is closed (slow-loris). An error answer to AUTH_START/AUTH_FINISH before
+authentication closes the connection too. Once authenticated, every request is checked by
+:func:`ferrymq.broker.acl.authorize` before its handler runs.
+
+Slow readers. Reading pauses at ``max_write_buffer_bytes`` of unsent responses; responses that
+are already in flight (long polls, fsync waits) still complete, so a response that would take
+the queue past ``max_write_queue_bytes``, or a client that has read nothing for
+``write_stall_timeout_ms`` (checked by the server's housekeeping), is cut off with a logged
+reason instead of being buffered without bound.
 """
 
 from __future__ import annotations
@@ -27,15 +43,21 @@ import socket
 import time
 from typing import TYPE_CHECKING, Any, cast
 
+from ferrymq.broker.acl import authorize
 from ferrymq.errors import BrokerError, FrameSizeError, RemoteProtocolError
 from ferrymq.protocol.codes import ErrorCode
 from ferrymq.protocol.frames import Frame, FrameDecoder, encode_response, encode_response_parts
-from ferrymq.protocol.messages import REQUESTS, Body
+from ferrymq.protocol.messages import REQUESTS, ApiKey, Body
 
 if TYPE_CHECKING:
     from ferrymq.broker.server import BrokerServer
+    from ferrymq.protocol.auth import ScramServer
 
 log = logging.getLogger("ferrymq.broker")
+
+PRE_AUTH_APIS = frozenset((ApiKey.HELLO, ApiKey.AUTH_START, ApiKey.AUTH_FINISH))
+"""The only requests dispatched before a connection has authenticated."""
+_AUTH_APIS = frozenset((ApiKey.AUTH_START, ApiKey.AUTH_FINISH))
 
 
 class BrokerConnection(asyncio.Protocol):
@@ -44,14 +66,29 @@ class BrokerConnection(asyncio.Protocol):
     def __init__(self, server: BrokerServer) -> None:
         self.server = server
         self.transport: asyncio.Transport | None = None
-        self.decoder = FrameDecoder(server.config.max_frame_bytes)
+        cfg = server.config
+        self.authenticated = server.auth is None
+        """False until AUTH_FINISH succeeds (True at once when authentication is off)."""
+        self.principal: str | None = None
+        """The authenticated user's name (None when authentication is off)."""
+        self.scram: ScramServer | None = None
+        """The handshake in progress (between AUTH_START and AUTH_FINISH)."""
+        self.decoder = FrameDecoder(cfg.max_frame_bytes if self.authenticated
+                                    else cfg.max_pre_auth_frame_bytes)
         self.peer = "?"
+        self.ip = "?"
         self.client_id = ""
         self.in_flight = 0
         self.last_activity = time.monotonic()
+        self.write_paused_since: float | None = None
+        """Monotonic time the transport's buffer went above its high-water mark (None: below)."""
         self.closed = False
+        self._admitted = False
         self._read_paused = False
         self._write_paused = False
+        self._stopped_reading = False
+        self._throttled = False
+        self._auth_timer: asyncio.TimerHandle | None = None
         self.pending: set[asyncio.Future[Any]] = set()
 
     # -- asyncio.Protocol ------------------------------------------------------------------
@@ -61,12 +98,20 @@ class BrokerConnection(asyncio.Protocol):
         transport = self.transport
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
-        if not self.server.register(self):
-            log.warning("refusing connection from %s: max_connections reached", self.peer)
-            transport.abort()
+        self.ip = str(peer[0]) if isinstance(peer, tuple) else self.peer
+        refused = self.server.register(self)
+        if refused is not None:
+            log.warning("refusing connection from %s: %s", self.peer, refused)
+            transport.write(encode_response(0, 0, 0, ErrorCode.BUSY, refused.encode()[:1024]))
+            transport.close()
             self.closed = True
             return
-        transport.set_write_buffer_limits(high=self.server.config.max_write_buffer_bytes)
+        self._admitted = True
+        cfg = self.server.config
+        transport.set_write_buffer_limits(high=cfg.max_write_buffer_bytes)
+        if not self.authenticated:
+            self._auth_timer = asyncio.get_running_loop().call_later(
+                cfg.auth_timeout_ms / 1000, self._auth_timed_out)
         sock = transport.get_extra_info("socket")
         if sock is not None:  # the kernel notices peers that vanished without a FIN
             with contextlib.suppress(OSError):
@@ -75,17 +120,23 @@ class BrokerConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        self.server.unregister(self)
+        if self._auth_timer is not None:
+            self._auth_timer.cancel()
+        if self._admitted:
+            self._admitted = False
+            self.server.unregister(self)
         for fut in list(self.pending):
             fut.cancel()
         self.pending.clear()
 
     def pause_writing(self) -> None:
         self._write_paused = True
+        self.write_paused_since = time.monotonic()
         self._update_reading()
 
     def resume_writing(self) -> None:
         self._write_paused = False
+        self.write_paused_since = None
         self._update_reading()
 
     def data_received(self, data: bytes) -> None:
@@ -96,7 +147,7 @@ class BrokerConnection(asyncio.Protocol):
             self._fail_stream(exc)
             return
         for frame in frames:
-            if self.closed:
+            if self.closed or self._stopped_reading:
                 return
             self._dispatch(frame)
         if self.decoder.error is not None:
@@ -109,6 +160,62 @@ class BrokerConnection(asyncio.Protocol):
 
     # -- requests ----------------------------------------------------------------------------
 
+    # -- authentication and limits -----------------------------------------------------------
+
+    def authenticated_as(self, user: str) -> None:
+        """The handshake succeeded: lift the pre-auth limits."""
+        self.authenticated = True
+        self.principal = user
+        self.decoder.max_frame_bytes = self.server.config.max_frame_bytes
+        if self._auth_timer is not None:
+            self._auth_timer.cancel()
+            self._auth_timer = None
+
+    def _auth_timed_out(self) -> None:
+        self._auth_timer = None
+        if not self.authenticated and not self.closed:
+            self.fail(ErrorCode.AUTHENTICATION_REQUIRED,
+                      f"not authenticated within auth_timeout_ms="
+                      f"{self.server.config.auth_timeout_ms}")
+
+    def stop_reading(self) -> None:
+        """Read nothing more from this client (a failed handshake is being answered)."""
+        self._stopped_reading = True
+        self._update_reading()
+
+    def cut_off(self, reason: str) -> None:
+        """Close at once, dropping unsent responses (a client too slow to read them)."""
+        if self.closed:
+            return
+        log.warning("cutting off %s: %s", self.peer, reason)
+        self.closed = True
+        if self.transport is not None:
+            self.transport.abort()
+
+    def _throttle(self, delay_s: float) -> None:
+        if delay_s <= 0 or self._throttled:
+            return
+        self._throttled = True
+        self._update_reading()
+
+        def resume() -> None:
+            self._throttled = False
+            self._update_reading()
+
+        asyncio.get_running_loop().call_later(delay_s, resume)
+
+    def _room_for(self, size: int) -> bool:
+        """False (and the client cut off) when ``size`` more bytes would pass the write cap."""
+        if self.transport is None:
+            return False
+        queued = self.transport.get_write_buffer_size()
+        cap = self.server.config.max_write_queue_bytes
+        if queued + size > cap:
+            self.cut_off(f"slow reader: {queued} response bytes unsent, another {size} would "
+                         f"pass max_write_queue_bytes={cap}")
+            return False
+        return True
+
     def fail(self, code: ErrorCode, message: str) -> None:
         """Send a connection-level error (correlation id 0) and close."""
         log.info("closing connection %s: %s", self.peer, message)
@@ -120,6 +227,12 @@ class BrokerConnection(asyncio.Protocol):
     def _dispatch(self, frame: Frame) -> None:
         if frame.is_response:
             self.fail(ErrorCode.INVALID_REQUEST, "clients may not send response frames")
+            return
+        if not self.authenticated and frame.api_key not in PRE_AUTH_APIS:
+            self._reply(frame, ErrorCode.AUTHENTICATION_REQUIRED,
+                        b"authenticate first (AUTH_START, AUTH_FINISH): this broker needs "
+                        b"credentials (auth=(user, secret))")
+            self.fail_quietly(f"request {frame.api_key} before authentication")
             return
         cls = REQUESTS.get(frame.api_key)
         if cls is None:
@@ -141,6 +254,11 @@ class BrokerConnection(asyncio.Protocol):
             return
         handler = self.server.handlers[frame.api_key]
         try:
+            if self.principal is not None:
+                authorize(self.server, self.principal, self.peer, frame.api_key, req)
+                if frame.api_key == ApiKey.PRODUCE:
+                    self._throttle(self.server.produce_throttle(self.principal,
+                                                                len(frame.payload)))
             result = handler(self, req)
         except BrokerError as exc:
             self._reply(frame, exc.code, str(exc).encode()[:4096])
@@ -176,22 +294,37 @@ class BrokerConnection(asyncio.Protocol):
     def _reply_body(self, frame: Frame, body: Body) -> None:
         if frame.oneway or self.closed or self.transport is None:
             return
-        self.transport.writelines(encode_response_parts(
+        parts = encode_response_parts(
             frame.api_key, frame.api_version, frame.correlation_id, ErrorCode.NONE,
-            body.encode_parts()))
+            body.encode_parts())
+        if self._room_for(sum(len(p) for p in parts)):
+            self.transport.writelines(parts)
 
     def _reply(self, frame: Frame, code: int, body: bytes) -> None:
-        if frame.oneway or self.closed or self.transport is None:
+        if self.closed or self.transport is None:
             return
-        self.transport.write(
-            encode_response(frame.api_key, frame.api_version, frame.correlation_id, code, body)
-        )
+        if not frame.oneway and self._room_for(len(body) + 14):
+            self.transport.write(
+                encode_response(frame.api_key, frame.api_version, frame.correlation_id, code,
+                                body))
+        if code and frame.api_key in _AUTH_APIS and not self.authenticated:
+            self.fail_quietly("authentication failed")  # a failed handshake ends the connection
+
+    def fail_quietly(self, reason: str) -> None:
+        """Close after what was written (no connection-level error frame)."""
+        if self.closed:
+            return
+        log.info("closing connection %s: %s", self.peer, reason)
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
 
     def _update_reading(self) -> None:
         if self.transport is None or self.closed:
             return
         limit = self.server.config.max_in_flight_per_connection
-        should_pause = self._write_paused or self.in_flight >= limit
+        should_pause = (self._write_paused or self.in_flight >= limit or self._stopped_reading
+                        or self._throttled)
         if should_pause and not self._read_paused:
             self._read_paused = True
             self.transport.pause_reading()

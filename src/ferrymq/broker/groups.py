@@ -248,6 +248,13 @@ class GroupCoordinator:
             g.offsets[(topic, queue)] = offset
         self._save(g)
 
+    def apply_txn_offsets(self, name: str, offsets: dict[tuple[str, int], int]) -> None:
+        """Store offsets a committed transaction carried (durably, before returning).
+        Idempotent: recovery may apply the same offsets again."""
+        g = self._get_or_create(name)
+        g.offsets.update(offsets)
+        self._save(g)
+
     def committed(self, name: str) -> dict[tuple[str, int], int]:
         """A group's committed offsets (empty if unknown)."""
         g = self.groups.get(name)

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ferrymq._time import SYSTEM_CLOCK, Clock, clock_from_env
+from ferrymq.broker.auth import Authenticator, UserStore
 from ferrymq.broker.config import BrokerConfig
 from ferrymq.broker.connection import BrokerConnection
 from ferrymq.broker.dedup import Deduplicator
@@ -39,10 +40,13 @@ from ferrymq.broker.flusher import Flusher
 from ferrymq.broker.groups import GroupCoordinator
 from ferrymq.broker.handlers import HANDLERS, Handler
 from ferrymq.broker.keyindexer import KeyIndexer
+from ferrymq.broker.limits import ByteRateQuota, ConnectionLimits
 from ferrymq.broker.producer_ids import ProducerIdManager
 from ferrymq.broker.scheduler import Scheduler
+from ferrymq.broker.tls import server_context
 from ferrymq.broker.topics import TopicRegistry
 from ferrymq.broker.transactions import TransactionManager
+from ferrymq.broker.txn_coordinator import TxnCoordinator
 from ferrymq.errors import ConfigError
 from ferrymq.storage import LogConfig
 
@@ -63,6 +67,12 @@ class BrokerServer:
         self.handlers: dict[int, Handler] = dict(HANDLERS)
         self.data_dir = Path(config.data_dir)
         self.connections: set[BrokerConnection] = set()
+        self.auth = (Authenticator(UserStore.open(config.users_file), config.auth_failure_delay_ms)
+                     if config.users_file else None)
+        """Authentication (None: off, every connection has every right)."""
+        self.ssl_context = server_context(config)
+        self.limits = ConnectionLimits(config.max_connections, config.max_connections_per_ip)
+        self.quota = ByteRateQuota(clock.monotonic)
         self.shutting_down = False
         self.address: tuple[str, int] = (config.host, config.port)
         self.topics: TopicRegistry
@@ -71,6 +81,7 @@ class BrokerServer:
         self.key_index: KeyIndexer
         self.scheduler: Scheduler
         self.transactions: TransactionManager
+        self.txn: TxnCoordinator
         self.dedup: Deduplicator
         self.groups = GroupCoordinator(self.data_dir)
         self.producer_ids = ProducerIdManager(self.data_dir)
@@ -136,12 +147,16 @@ class BrokerServer:
         self.transactions = TransactionManager(cfg, self.topics, self.flusher, self.scheduler,
                                                self.clock, self.data_dir)
         self.transactions.load()
+        self.txn = TxnCoordinator(cfg, self.topics, self.flusher, self.groups, self.producer_ids,
+                                  self.clock, self.data_dir)
+        self.txn.load()  # finishes interrupted commits before anyone can read
         self.key_index = KeyIndexer(self.topics, cfg)
         self.flusher.start()
         try:
             self._server = await loop.create_server(
                 lambda: BrokerConnection(self), cfg.host, cfg.port, reuse_address=True,
-                backlog=1024,
+                backlog=1024, ssl=self.ssl_context,
+                ssl_handshake_timeout=cfg.auth_timeout_ms / 1000 if self.ssl_context else None,
             )
         except OSError as exc:
             self.flusher.stop()
@@ -157,6 +172,9 @@ class BrokerServer:
         self.transactions.start()
         log.info("FerryMQ broker listening on %s:%d (data %s, flush %s)", self.address[0],
                  self.address[1], self.data_dir, cfg.flush)
+        log.info("security: %s, %s", "TLS" if self.ssl_context else "plain TCP (no TLS)",
+                 f"authentication on ({len(self.auth.store.users)} users)" if self.auth
+                 else "authentication OFF (every client may do everything)")
 
     async def stop(self) -> None:
         """Shut down gracefully (idempotent)."""
@@ -198,6 +216,7 @@ class BrokerServer:
         try:
             self.scheduler.close()
             self.transactions.close()
+            self.txn.close()
             self.delivery.close()
         finally:
             self.topics.close()
@@ -213,16 +232,28 @@ class BrokerServer:
 
     # -- connections -------------------------------------------------------------------------
 
-    def register(self, conn: BrokerConnection) -> bool:
-        """Admit a new connection unless at ``max_connections`` or shutting down."""
-        if self.shutting_down or len(self.connections) >= self.config.max_connections:
-            return False
-        self.connections.add(conn)
-        return True
+    def register(self, conn: BrokerConnection) -> str | None:
+        """Admit a new connection; the reason it is refused (shutting down, over
+        ``max_connections`` or ``max_connections_per_ip``), or None."""
+        if self.shutting_down:
+            return "broker is shutting down"
+        refused = self.limits.admit(conn.ip)
+        if refused is None:
+            self.connections.add(conn)
+        return refused
 
     def unregister(self, conn: BrokerConnection) -> None:
-        """Forget a closed connection."""
+        """Forget a closed connection (one that :meth:`register` admitted)."""
         self.connections.discard(conn)
+        self.limits.release(conn.ip)
+
+    def produce_throttle(self, user: str, nbytes: int) -> float:
+        """Seconds to stop reading from ``user``'s connection after a produce of ``nbytes``
+        (its ``produce_bytes_per_s`` quota; 0 when within it or unlimited)."""
+        u = self.auth.store.get(user) if self.auth is not None else None
+        if u is None or u.produce_bytes_per_s <= 0:
+            return 0.0
+        return self.quota.spend(user, u.produce_bytes_per_s, nbytes)
 
     # -- housekeeping ------------------------------------------------------------------------
 
@@ -244,15 +275,22 @@ class BrokerServer:
                 self.groups.expire(self.now_monotonic_ms(), counts)
                 now = self.clock.monotonic()
                 idle_s = cfg.idle_timeout_ms / 1000
+                stall_s = cfg.write_stall_timeout_ms / 1000
                 for c in list(self.connections):
                     if now - c.last_activity > idle_s and not c.pending and c.transport:
                         log.info("closing idle connection %s", c.peer)
                         c.transport.close()
+                    elif c.write_paused_since is not None and now - c.write_paused_since > stall_s:
+                        c.cut_off(f"stalled reader: no response bytes taken for "
+                                  f"write_stall_timeout_ms={cfg.write_stall_timeout_ms}")
+                if self.auth is not None:
+                    self.auth.store.reload_if_changed()
                 if now - self._last_retention >= cfg.retention_check_interval_ms / 1000:
                     self._last_retention = now
                     wall = self.clock.wall_ms()
                     floors = {**self.scheduler.retention_floors(),
-                              **self.transactions.retention_floors()}
+                              **self.transactions.retention_floors(),
+                              **self.txn.retention_floors()}
                     for qs in self.topics.all_queues():
                         n = qs.log.delete_old_segments(
                             wall, keep_from=floors.get((qs.topic_id, qs.queue)))
@@ -260,6 +298,7 @@ class BrokerServer:
                             log.info("retention deleted %d segments of %s/%d", n, qs.topic,
                                      qs.queue)
                 self.dedup.expire(self.clock.wall_ms())
+                self.txn.tick()
                 await self.key_index.tick()
             except Exception:
                 log.exception("housekeeping failed")

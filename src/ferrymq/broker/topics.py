@@ -71,6 +71,24 @@ class QueueState:
     flush_waiters: deque[tuple[int, Callable[[BaseException | None], None]]] = field(
         default_factory=deque
     )
+    open_txns: dict[int, int] = field(default_factory=dict)
+    """Producer id -> first offset of its open transaction here (owned by the coordinator)."""
+
+    @property
+    def lso(self) -> int:
+        """The last stable offset: read_committed readers stop here (below the first offset of
+        the oldest open transaction, and never past the visible end)."""
+        if not self.open_txns:
+            return self.visible_end
+        return min(self.visible_end, min(self.open_txns.values()))
+
+    def release_txn(self, pid: int) -> None:
+        """``pid``'s transaction here ended: the LSO may move, so wake long polls."""
+        if self.open_txns.pop(pid, None) is not None and self.waiters:
+            for w in self.waiters:
+                if not w.done():
+                    w.set_result(None)
+            self.waiters.clear()
 
     def advance(self, end: int) -> None:
         """Make offsets below ``end`` visible and wake long-polling fetches."""

@@ -10,6 +10,14 @@ reconnects by their callers through :meth:`Session.request`; the producer and co
 
 A keepalive task pings an idle connection every ``keepalive_s``; a ping without an answer within
 ``request_timeout_s`` closes the connection so that the next request reconnects.
+
+Security: with ``auth=(user, secret)`` every new connection authenticates right after HELLO
+(SCRAM-SHA-256 style, :mod:`ferrymq.protocol.auth`: the secret never crosses the wire, and the
+broker's signature is checked, so a broker that does not know the user's keys is refused). An
+authentication failure is not retried: it raises
+:class:`~ferrymq.errors.AuthenticationFailedError` at once. ``tls=`` (see
+:data:`~ferrymq.client._transport.TLSOption`) wraps every connection in TLS; a failed TLS
+handshake (wrong port, untrusted certificate) is not retried either.
 """
 
 from __future__ import annotations
@@ -17,27 +25,57 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
+import ssl
 from dataclasses import dataclass
 from typing import TypeVar
 
 from ferrymq._version import __version__
-from ferrymq.client._transport import Transport
+from ferrymq.client._transport import TLSOption as TLSOption
+from ferrymq.client._transport import Transport, client_tls_context
 from ferrymq.client.retry import Backoff
 from ferrymq.errors import (
+    AuthenticationFailedError,
     BrokerError,
     ConfigError,
     ConnectionClosedError,
     FerryMQTimeoutError,
+    RemoteProtocolError,
     UnknownTopicError,
     error_for_code,
 )
 from ferrymq.protocol import messages as m
+from ferrymq.protocol.auth import MECHANISM, NONCE_BYTES, ScramClient, check_user_name
 from ferrymq.protocol.codes import ErrorCode
 
 log = logging.getLogger("ferrymq.client")
 B = TypeVar("B", bound=m.Body)
 
 DEFAULT_PORT = 9876
+
+Auth = tuple[str, str]
+"""``(user, secret)`` -- the seeds' (app key, app secret)."""
+
+
+def check_auth(auth: object) -> Auth | None:
+    """Validate the clients' ``auth=`` option.
+
+    Raises:
+        ConfigError: not a (user, secret) pair of strings, a bad user name or an empty secret.
+    """
+    if auth is None:
+        return None
+    if (not isinstance(auth, tuple | list) or len(auth) != 2
+            or not all(isinstance(x, str) for x in auth)):
+        raise ConfigError("auth= must be a (user, secret) pair of strings")
+    user, secret = auth
+    try:
+        check_user_name(user)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if not secret:
+        raise ConfigError("auth=: the secret must not be empty")
+    return user, secret
 
 
 def parse_servers(servers: str | list[str] | tuple[str, ...]) -> list[tuple[str, int]]:
@@ -91,8 +129,14 @@ class Session:
         reconnect_timeout_s: float = 60.0,
         keepalive_s: float = 30.0,
         backoff: Backoff | None = None,
+        auth: Auth | None = None,
+        tls: TLSOption = None,
     ) -> None:
         self.addresses = parse_servers(servers)
+        self._auth = check_auth(auth)
+        self._tls: ssl.SSLContext | None = client_tls_context(tls)
+        self.user: str | None = None
+        """The user this session authenticated as (None without ``auth=``)."""
         self.client_id = client_id
         self.connect_timeout_s = connect_timeout_s
         self.request_timeout_s = request_timeout_s
@@ -135,14 +179,27 @@ class Session:
         last: BaseException | None = None
         while not self._closed:
             host, port = self.addresses[self._next_addr % len(self.addresses)]
+            opened = False
             try:
-                conn = await Transport.connect(host, port, self.connect_timeout_s)
-                hello = await conn.request(
-                    m.HelloRequest(self.client_id, __version__), m.HelloResponse,
-                    self.connect_timeout_s,
-                )
+                conn = await Transport.connect(host, port, self.connect_timeout_s, self._tls)
+                opened = True
+                try:
+                    hello = await conn.request(
+                        m.HelloRequest(self.client_id, __version__), m.HelloResponse,
+                        self.connect_timeout_s,
+                    )
+                    if self._auth is not None:
+                        await self._authenticate(conn)
+                except BaseException:
+                    conn.close()
+                    raise
             except (ConnectionClosedError, FerryMQTimeoutError) as exc:
+                if isinstance(exc.__cause__, ssl.SSLError):
+                    raise  # a TLS mismatch or an untrusted certificate: retrying cannot help
                 last = exc
+                if opened and self._tls is None and isinstance(exc, ConnectionClosedError):
+                    last = ConnectionClosedError(
+                        f"{exc} during the handshake (if the broker's port is TLS, pass tls=)")
                 self._next_addr += 1
                 attempt += 1
                 if loop.time() >= deadline:
@@ -158,6 +215,24 @@ class Session:
                 self._keepalive = loop.create_task(self._keepalive_loop())
             return conn
         raise ConnectionClosedError(f"no broker reachable at {self.addresses}: {last}")
+
+    async def _authenticate(self, conn: Transport) -> None:
+        assert self._auth is not None
+        user, secret = self._auth
+        scram = ScramClient(user, secret, secrets.token_bytes(NONCE_BYTES))
+        timeout = self.connect_timeout_s
+        start = await conn.request(m.AuthStartRequest(MECHANISM, user, scram.client_nonce),
+                                   m.AuthStartResponse, timeout)
+        try:
+            proof = scram.proof(start.salt, start.iterations, start.server_nonce)
+        except RemoteProtocolError as exc:
+            raise AuthenticationFailedError(f"the broker's challenge is not valid: {exc}") from None
+        done = await conn.request(m.AuthFinishRequest(proof), m.AuthFinishResponse, timeout)
+        if not scram.server_signature_ok(done.server_signature):
+            raise AuthenticationFailedError(
+                "the broker could not prove it knows this user's keys (a different broker, or "
+                "someone in between): not using this connection")
+        self.user = done.user
 
     async def _keepalive_loop(self) -> None:
         while not self._closed:

@@ -7,6 +7,10 @@ request gets a correlation id and a future; the response resolves it (or raises 
 error as its exception class). Many requests are in flight at once. When the connection drops,
 every pending future fails with :class:`~ferrymq.errors.ConnectionClosedError`; reconnecting is
 the session's job (:mod:`ferrymq.client._session`), not this class's.
+
+TLS: :func:`client_tls_context` turns the clients' ``tls=`` option into an ``ssl.SSLContext``
+(``True``: the system's CAs; a path: that CA bundle; a context: as given). The broker's
+certificate is always verified, host name included.
 """
 
 from __future__ import annotations
@@ -14,9 +18,11 @@ from __future__ import annotations
 import asyncio
 import itertools
 import socket
+import ssl
 from typing import TypeVar, cast
 
 from ferrymq.errors import (
+    ConfigError,
     ConnectionClosedError,
     FerryMQTimeoutError,
     RemoteProtocolError,
@@ -29,6 +35,41 @@ B = TypeVar("B", bound=Body)
 
 CLIENT_MAX_FRAME_BYTES = 64 * 1024 * 1024
 """Largest response a client accepts (the broker caps fetches far below this)."""
+
+TLSOption = bool | str | ssl.SSLContext | None
+"""The clients' ``tls=``: None/False plain TCP; True verify with the system's CAs; a path to a
+CA bundle (PEM) to verify with; or a ready ``ssl.SSLContext`` (client certificates, pinning)."""
+
+
+def client_tls_context(tls: TLSOption = True, *, cert_file: str | None = None,
+                       key_file: str | None = None) -> ssl.SSLContext | None:
+    """Build the client's TLS context from a ``tls=`` option.
+
+    Args:
+        tls: see :data:`TLSOption`.
+        cert_file: a client certificate (PEM) to present (with ``key_file``).
+        key_file: its private key.
+
+    Raises:
+        ConfigError: a file cannot be loaded, or ``tls`` is of the wrong type.
+    """
+    if isinstance(tls, ssl.SSLContext):
+        return tls
+    if tls is None or tls is False:
+        if cert_file:
+            raise ConfigError("a TLS client certificate needs tls=")
+        return None
+    if not isinstance(tls, bool | str):
+        raise ConfigError(f"tls= must be a bool, a CA file path or an ssl.SSLContext, "
+                          f"not {type(tls).__name__}")
+    try:
+        ctx = ssl.create_default_context(cafile=None if tls is True else tls)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        if cert_file:
+            ctx.load_cert_chain(cert_file, key_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"cannot load TLS files: {exc}") from None
+    return ctx
 
 
 class Transport(asyncio.Protocol):
@@ -45,17 +86,26 @@ class Transport(asyncio.Protocol):
         self._paused = False
 
     @classmethod
-    async def connect(cls, host: str, port: int, timeout_s: float) -> Transport:
-        """Open a connection.
+    async def connect(cls, host: str, port: int, timeout_s: float,
+                      tls: ssl.SSLContext | None = None) -> Transport:
+        """Open a connection (TLS when ``tls`` is given).
 
         Raises:
-            ConnectionClosedError: refused, unreachable or timed out.
+            ConnectionClosedError: refused, unreachable or timed out; for a failed TLS
+                handshake its ``__cause__`` is the ``ssl.SSLError``.
         """
         loop = asyncio.get_running_loop()
         try:
             _, proto = await asyncio.wait_for(
-                loop.create_connection(cls, host, port), timeout_s
+                loop.create_connection(
+                    cls, host, port, ssl=tls, server_hostname=host if tls else None,
+                    ssl_handshake_timeout=timeout_s if tls else None),
+                timeout_s,
             )
+        except ssl.SSLError as exc:
+            raise ConnectionClosedError(
+                f"TLS handshake with {host}:{port} failed: {exc.reason or exc} (is the broker's "
+                f"port TLS, and is its certificate trusted for {host!r}?)") from exc
         except (OSError, TimeoutError) as exc:
             raise ConnectionClosedError(f"cannot connect to {host}:{port}: {exc}") from exc
         return proto

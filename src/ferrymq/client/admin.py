@@ -3,10 +3,10 @@ id or key. The CLI is a thin layer over it."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
-from ferrymq.client._session import Session
+from ferrymq.client._session import Auth, Session, TLSOption
 from ferrymq.client.message import BatchContext, ReceivedMessage
 from ferrymq.errors import (
     CorruptRecordError,
@@ -115,10 +115,13 @@ class AsyncAdminClient:
     def __init__(
         self, servers: str | list[str] = "127.0.0.1:9876", *, request_timeout_s: float = 30.0,
         reconnect_timeout_s: float = 10.0,
+        auth: Auth | None = None,
+        tls: TLSOption = None,
     ) -> None:
         self._session = Session(servers, client_id="ferrymq-admin",
                                 request_timeout_s=request_timeout_s,
-                                reconnect_timeout_s=reconnect_timeout_s)
+                                reconnect_timeout_s=reconnect_timeout_s,
+                                auth=auth, tls=tls)
 
     async def __aenter__(self) -> AsyncAdminClient:
         await self._session.connection()
@@ -136,6 +139,11 @@ class AsyncAdminClient:
         await self._session.connection()
         assert self._session.hello is not None
         return self._session.hello
+
+    async def whoami(self) -> m.WhoAmIResponse:
+        """The user this client authenticated as and its rights (``""`` and admin when the
+        broker has authentication off)."""
+        return await self._session.request(m.WhoAmIRequest(), m.WhoAmIResponse)
 
     async def create_topic(self, name: str, queues: int = 4,
                            config: dict[str, str] | None = None) -> m.CreateTopicResponse:
@@ -413,3 +421,38 @@ class AsyncAdminClient:
         """
         return await self._session.request(m.FindByKeyRequest(topic, key, limit),
                                            m.FindByKeyResponse)
+
+    # -- exactly-once transactions ---------------------------------------------------------------
+
+    async def commit_staged(self, sink_id: str, batch_id: int,
+                            handles: Sequence[tuple[str, int, int]]) -> int:
+        """Commit the staged transactions of one sink batch at once (the Spark sink driver's
+        commit): ``handles`` are the tasks' :class:`~ferrymq.client.producer.StagedHandle`.
+        Returns the sink's last committed batch id. Not retried blindly: a retry after a lost
+        answer gets BATCH_ALREADY_COMMITTED, which means the first call committed.
+
+        Raises:
+            BatchAlreadyCommittedError: ``batch_id`` is at or below the sink's last committed
+                batch: nothing was written again (the staged rows were dropped).
+            StagedTxnExpiredError: a handle is no longer staged: nothing was committed.
+        """
+        resp = await self._session.request(
+            m.CommitStagedRequest(sink_id, batch_id, [(h[0], h[1], h[2]) for h in handles]),
+            m.CommitStagedResponse, retry=False)
+        return resp.committed_batch_id
+
+    async def abort_staged(self, sink_id: str, batch_id: int,
+                           handles: Sequence[tuple[str, int, int]] = ()) -> int:
+        """Abort staged transactions of one sink batch (all of them when ``handles`` is
+        empty); returns how many were aborted."""
+        resp = await self._session.request(
+            m.AbortStagedRequest(sink_id, batch_id, [(h[0], h[1], h[2]) for h in handles]),
+            m.AbortStagedResponse)
+        return resp.aborted
+
+    async def describe_transactions(self, transactional_id: str = "",
+                                    sink_id: str = "") -> m.DescribeTxnsResponse:
+        """Transactional ids (state, producer id and epoch, queues and groups of the open
+        transaction) and sink fences (last committed batch id per sink)."""
+        return await self._session.request(m.DescribeTxnsRequest(transactional_id, sink_id),
+                                           m.DescribeTxnsResponse)

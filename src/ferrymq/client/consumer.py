@@ -26,10 +26,10 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from ferrymq.client._session import Session
+from ferrymq.client._session import Auth, Session, TLSOption
 from ferrymq.client.message import BatchContext, ReceivedMessage
 from ferrymq.errors import (
     BrokerError,
@@ -46,8 +46,16 @@ from ferrymq.errors import (
 )
 from ferrymq.protocol import messages as m
 from ferrymq.protocol.codes import ErrorCode
-from ferrymq.protocol.messages import OffsetSpec
-from ferrymq.protocol.records import ATTR_SCHEDULED, check_stored_batch, iter_batches, walk_records
+from ferrymq.protocol.markers import ReadCommittedFilter
+from ferrymq.protocol.messages import Isolation, OffsetSpec
+from ferrymq.protocol.records import (
+    ATTR_CONTROL,
+    ATTR_SCHEDULED,
+    ATTR_TRANSACTIONAL,
+    check_stored_batch,
+    iter_batches,
+    walk_records,
+)
 from ferrymq.protocol.tags import parse_tag_expression
 
 log = logging.getLogger("ferrymq.client")
@@ -58,6 +66,9 @@ _COMMIT_RETRY = frozenset({ErrorCode.BROKER_SHUTTING_DOWN, ErrorCode.STORAGE_ERR
                            ErrorCode.REQUEST_TIMED_OUT, ErrorCode.BUSY})
 DEFAULT_FETCH_MAX_BYTES = 4 * 1024 * 1024
 MAX_POLL_WAIT_S = 30.0
+
+
+_TXN_BITS = ATTR_TRANSACTIONAL | ATTR_CONTROL
 
 
 @dataclass(eq=False)
@@ -85,6 +96,9 @@ class AsyncPullConsumer:
         session_timeout_s: the broker drops a member silent this long.
         heartbeat_interval_s: how often a member heartbeats.
         request_timeout_s: deadline of one request.
+        isolation: "read_committed" (default): only messages of committed transactions, up to
+            the last stable offset; "read_uncommitted": everything written, aborted
+            transactions too (never the transaction markers).
     """
 
     def __init__(
@@ -102,14 +116,23 @@ class AsyncPullConsumer:
         heartbeat_interval_s: float = 3.0,
         request_timeout_s: float = 30.0,
         reconnect_timeout_s: float = 60.0,
+        isolation: str = "read_committed",
+        auth: Auth | None = None,
+        tls: TLSOption = None,
     ) -> None:
         if auto_offset_reset not in ("latest", "earliest"):
             raise ConfigError("auto_offset_reset must be 'latest' or 'earliest'")
+        if isolation not in ("read_committed", "read_uncommitted"):
+            raise ConfigError("isolation must be 'read_committed' or 'read_uncommitted', not "
+                              f"{isolation!r}")
+        self._isolation = (Isolation.READ_COMMITTED if isolation == "read_committed"
+                           else Isolation.READ_UNCOMMITTED)
         if fetch_max_bytes <= 0 or queue_fetch_max_bytes <= 0:
             raise ConfigError("fetch sizes must be > 0")
         self.group = group
         self._session = Session(servers, client_id=client_id, request_timeout_s=request_timeout_s,
-                                reconnect_timeout_s=reconnect_timeout_s)
+                                reconnect_timeout_s=reconnect_timeout_s,
+                                auth=auth, tls=tls)
         self._client_id = client_id
         self._auto_commit = auto_commit
         self._auto_commit_interval_s = auto_commit_interval_s
@@ -250,10 +273,20 @@ class AsyncPullConsumer:
             return
         committed = {}
         if self.group:
-            resp = await self._session.request(
-                m.FetchOffsetsRequest(self.group, sorted({t for t, _ in missing})),
-                m.FetchOffsetsResponse,
-            )
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + self._session.request_timeout_s
+            while True:
+                resp = await self._session.request(
+                    m.FetchOffsetsRequest(self.group, sorted({t for t, _ in missing})),
+                    m.FetchOffsetsResponse,
+                )
+                # offsets sent in a transaction still open may be about to move: wait for it
+                unstable = set(resp.unstable).intersection(missing)
+                if not unstable or loop.time() >= deadline:
+                    break
+                log.info("group %s: offsets of %s pending in a transaction; waiting",
+                         self.group, sorted(unstable))
+                await asyncio.sleep(0.1)
             committed = {(t, q): o for t, q, o in resp.offsets}
         unresolved = []
         for tq in missing:
@@ -268,7 +301,8 @@ class AsyncPullConsumer:
 
     async def _reset_to(self, queues: list[TopicQueue], spec: int) -> None:
         resp = await self._session.request(
-            m.ListOffsetsRequest([(t, q, spec) for t, q in queues]), m.ListOffsetsResponse
+            m.ListOffsetsRequest([(t, q, spec) for t, q in queues], self._isolation),
+            m.ListOffsetsResponse
         )
         for t, q, code, off in resp.results:
             if code:
@@ -442,7 +476,8 @@ class AsyncPullConsumer:
             epochs[(topic, queue)] = st.epoch
         if not entries:
             return
-        req = m.FetchRequest(int(wait_s * 1000), 1, self._fetch_max_bytes, entries)
+        req = m.FetchRequest(int(wait_s * 1000), 1, self._fetch_max_bytes, entries,
+                             self._isolation)
         try:
             resp = await self._session.request(req, m.FetchResponse,
                                                timeout_s=wait_s + self._session.request_timeout_s)
@@ -450,6 +485,7 @@ class AsyncPullConsumer:
             await asyncio.sleep(self._session.backoff.delay(1))
             raise
         reset: list[TopicQueue] = []
+        aborted = {(t, q): ab for t, q, _lso, ab in resp.txn if ab}
         for topic, queue, code, msg, hw, _start, topic_id, data in resp.results:
             qst = self._queues.get((topic, queue))
             if qst is None or epochs.get((topic, queue)) != qst.epoch:
@@ -466,13 +502,18 @@ class AsyncPullConsumer:
             qst.topic_id = topic_id
             qst.high_watermark = hw
             if data:
-                self._decode(topic, queue, qst, data if isinstance(data, bytes) else bytes(data))
+                self._decode(topic, queue, qst, data if isinstance(data, bytes) else bytes(data),
+                             aborted.get((topic, queue), ()))
         if reset:
             await self._reset_to(reset, self._reset)
 
-    def _decode(self, topic: str, queue: int, st: _QueueState, data: bytes) -> None:
+    def _decode(self, topic: str, queue: int, st: _QueueState, data: bytes,
+                aborted: Iterable[tuple[int, int]] = ()) -> None:
         """Turn fetched batches into messages: per record one ``unpack_from`` and one object;
-        every other field is decoded when the application reads it."""
+        every other field is decoded when the application reads it. Transaction markers, and
+        with read_committed the batches of ``aborted`` transactions, are skipped."""
+        rc = (ReadCommittedFilter(aborted) if self._isolation == Isolation.READ_COMMITTED
+              else None)
         mv = memoryview(data)  # for CRC checks; messages slice the bytes object itself
         start = st.fetch_position or 0
         topic_id = st.topic_id
@@ -483,8 +524,14 @@ class AsyncPullConsumer:
             last = h.last_offset
             if last < start:
                 continue
-            if h.attributes & ATTR_SCHEDULED:  # a scheduled original: its copy comes when due
+            attrs = h.attributes
+            if attrs & ATTR_SCHEDULED:  # a scheduled original: its copy comes when due
                 nxt = last + 1
+                continue
+            if attrs & _TXN_BITS and (
+                    not rc.keep(h.producer_id, h.base_offset, attrs) if rc is not None
+                    else attrs & ATTR_CONTROL):
+                nxt = last + 1  # a transaction marker, or aborted data
                 continue
             ctx = BatchContext(topic, queue, topic_id, h.append_time_ms, h.first_timestamp)
             chunk = walk_records(data, pos, h, start, ReceivedMessage, ctx)

@@ -23,6 +23,14 @@ so the broker stores it once (it answers a duplicate with the first result). One
 is in flight at a time, so retries never reorder a queue, and messages of one sharding key keep
 their send order. Retries stop at ``delivery_timeout_s``; then the messages fail with the last
 error.
+
+Transactions (``transactional_id=``, docs/exactly-once.md): ``start()`` sends INIT_TXN, which
+fences older producers of the same id. Between ``begin()`` and ``commit()``/``abort()`` every
+batch carries ``ATTR_TRANSACTIONAL``; the broker keeps the messages invisible to read_committed
+consumers until the commit. ``commit()`` first flushes: if any send of the transaction failed,
+it raises and the transaction must be aborted. ``send_offsets()`` adds consumer offsets that
+commit with the messages. ``stage()`` ends a Spark sink task's transaction without committing
+it (see :meth:`ferrymq.client.admin.AsyncAdminClient.commit_staged`).
 """
 
 from __future__ import annotations
@@ -32,10 +40,10 @@ import contextlib
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from ferrymq._time import SYSTEM_CLOCK, Clock
-from ferrymq.client._session import Session, TopicInfo
+from ferrymq.client._session import Auth, Session, TLSOption, TopicInfo
 from ferrymq.client.message import (
     DURABILITY_BY_WIRE,
     Durability,
@@ -53,6 +61,9 @@ from ferrymq.errors import (
     FerryMQTimeoutError,
     InvalidRequestError,
     MessageTooLargeError,
+    ProducerFencedError,
+    TransactionStateError,
+    TransactionTimedOutError,
     UnknownQueueError,
     UnknownTopicError,
     error_for_code,
@@ -61,6 +72,7 @@ from ferrymq.protocol import messages as m
 from ferrymq.protocol.records import (
     ATTR_DEDUP,
     ATTR_SCHEDULED,
+    ATTR_TRANSACTIONAL,
     NO_PRODUCER_EPOCH,
     NO_PRODUCER_ID,
     NO_SEQUENCE,
@@ -78,6 +90,18 @@ DEFAULT_BATCH_MAX_RECORDS = 16_384
 DEFAULT_MAX_BUFFER_BYTES = 64 * 1024 * 1024
 """Bytes of messages waiting in the producer before ``send`` waits (back-pressure)."""
 REQUEST_OVERHEAD_BYTES = 64 * 1024
+
+
+class StagedHandle(NamedTuple):
+    """A staged transaction (a Spark sink task's output), committed by the driver with
+    :meth:`ferrymq.client.admin.AsyncAdminClient.commit_staged`. Picklable."""
+
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+
+
+_READY, _IN_TXN, _FATAL = "ready", "in transaction", "fatal"
 
 
 @dataclass(eq=False, slots=True)
@@ -133,6 +157,10 @@ class AsyncProducer:
         queue_selector: ``selector(message, queue_count) -> queue`` overriding the default.
         auto_create_topics: ask the broker to create unknown topics.
         clock: injected clock (born timestamps).
+        transactional_id: makes this a transactional producer (exactly-once); one live
+            producer per id: starting a new one fences the old.
+        txn_timeout_s: the broker aborts a transaction open longer than this (None: the
+            broker's ``txn_default_timeout_ms``).
     """
 
     def __init__(
@@ -151,21 +179,36 @@ class AsyncProducer:
         queue_selector: QueueSelector | None = None,
         auto_create_topics: bool = True,
         clock: Clock = SYSTEM_CLOCK,
+        transactional_id: str | None = None,
+        txn_timeout_s: float | None = None,
+        auth: Auth | None = None,
+        tls: TLSOption = None,
     ) -> None:
+        if transactional_id is not None and not transactional_id:
+            raise ConfigError("transactional_id must not be empty")
+        if txn_timeout_s is not None and txn_timeout_s <= 0:
+            raise ConfigError("txn_timeout_s must be > 0")
         if linger_ms < 0 or batch_max_bytes <= 0 or batch_max_records <= 0:
             raise ConfigError("linger_ms must be >= 0; batch limits must be > 0")
         if delivery_timeout_s <= 0 or request_timeout_s <= 0:
             raise ConfigError("timeouts must be > 0")
         self._session = Session(servers, client_id=client_id, request_timeout_s=request_timeout_s,
                                 connect_timeout_s=connect_timeout_s,
-                                reconnect_timeout_s=delivery_timeout_s)
+                                reconnect_timeout_s=delivery_timeout_s,
+                                auth=auth, tls=tls)
         self._linger_s = linger_ms / 1000
         self._batch_max_bytes = batch_max_bytes
         self._batch_max_records = batch_max_records
         self._max_buffer_bytes = max_buffer_bytes
         self._delivery_timeout_s = delivery_timeout_s
         self._request_timeout_s = request_timeout_s
-        self._idempotent = idempotent
+        self._idempotent = idempotent or transactional_id is not None
+        self._tid = transactional_id
+        self._txn_timeout_ms = 0 if txn_timeout_s is None else int(txn_timeout_s * 1000)
+        self._txn_state = _READY
+        self._txn_error: BaseException | None = None
+        self._txn_reinit = False  # the broker aborted on timeout, or a send failed: new epoch
+        self._txn_sent = False
         self._selector = queue_selector
         self._auto_create = auto_create_topics
         self._clock = clock
@@ -198,11 +241,171 @@ class AsyncProducer:
             self._max_delay_ms = hello.max_delay_ms or DEFAULT_MAX_DELAY_MS
             self._max_request_bytes = hello.max_frame_bytes - REQUEST_OVERHEAD_BYTES
             self._batch_max_bytes = min(self._batch_max_bytes, self._max_request_bytes)
-        if self._idempotent:
+        if self._tid is not None:
+            await self._init_txn(-1, -1)
+        elif self._idempotent:
             resp = await self._session.request(m.InitProducerRequest(None), m.InitProducerResponse)
             self.producer_id, self.producer_epoch = resp.producer_id, resp.producer_epoch
         self._sender = asyncio.get_running_loop().create_task(self._send_loop())
         return self
+
+    # -- transactions --------------------------------------------------------------------------
+
+    async def _init_txn(self, expected_pid: int, expected_epoch: int) -> None:
+        assert self._tid is not None
+        resp = await self._session.request(
+            m.InitTxnRequest(self._tid, self._txn_timeout_ms, expected_pid, expected_epoch),
+            m.InitTxnResponse)
+        self.producer_id, self.producer_epoch = resp.producer_id, resp.producer_epoch
+        for b in self._buffers.values():  # a new epoch starts every queue at sequence 0
+            b.next_seq = 0
+        self._txn_reinit = False
+
+    def _need_txn(self, what: str) -> None:
+        if self._tid is None:
+            raise TransactionStateError(f"{what} needs a transactional producer "
+                                        "(transactional_id=...)")
+        if self._txn_state == _FATAL:
+            raise TransactionStateError(f"{what}: this producer was fenced; create a new one")
+
+    async def begin(self) -> None:
+        """Begin a transaction: sends from now on commit or abort together.
+
+        Raises:
+            TransactionStateError: not transactional, already in a transaction, or fenced.
+            ProducerFencedError: the broker aborted the last transaction on timeout and another
+                producer took the transactional id since.
+        """
+        self._need_txn("begin()")
+        if self._txn_state == _IN_TXN:
+            raise TransactionStateError("a transaction is already open: commit() or abort()")
+        if self._txn_reinit:
+            await self._fenced_guard(self._init_txn(self.producer_id, self.producer_epoch))
+        self._txn_state = _IN_TXN
+        self._txn_error = None
+        self._txn_sent = False
+
+    async def send_offsets(self, group: str, offsets: dict[tuple[str, int], int], *,
+                           consumer: Any = None) -> None:
+        """Commit a consumer group's offsets with this transaction (``offsets``: the next
+        offset to consume per (topic, queue), as ``consumer.position()`` gives). With
+        ``consumer=`` (a group member), the broker also checks it still owns those queues.
+
+        Raises:
+            TransactionStateError: no transaction open.
+            IllegalGenerationError / UnknownMemberError: the consumer lost its queues.
+        """
+        self._need_txn("send_offsets()")
+        if self._txn_state != _IN_TXN:
+            raise TransactionStateError("send_offsets() outside a transaction: begin() first")
+        member, generation = "", -1
+        if consumer is not None:
+            inner = getattr(consumer, "_async", consumer)
+            member, generation = inner._member_id, inner._generation
+        req = m.TxnOffsetCommitRequest(
+            self._tid or "", self.producer_id, self.producer_epoch, group, member, generation,
+            sorted((t, q, o) for (t, q), o in offsets.items()))
+        resp = await self._fenced_guard(self._session.request(req, m.CommitOffsetsResponse))
+        for t, q, code in resp.results:
+            if code:
+                raise error_for_code(code, f"offset of {t}/{q} for group {group!r}")
+        self._txn_sent = True
+
+    async def commit(self) -> None:
+        """Flush and commit the transaction: its messages (and offsets) become visible
+        together. Returns once the commit is durable.
+
+        Raises:
+            TransactionStateError: no transaction open.
+            BrokerError subclass: a send of the transaction failed (the transaction is still
+                open: ``abort()`` it), or the commit was refused.
+            TransactionTimedOutError: the broker aborted it on timeout: ``abort()``, begin
+                again.
+            ProducerFencedError: a newer producer took the transactional id (fatal).
+        """
+        self._need_txn("commit()")
+        if self._txn_state != _IN_TXN:
+            raise TransactionStateError("commit() with no transaction open: begin() first")
+        await self.flush()
+        if self._txn_error is not None:
+            raise self._txn_error
+        await self._end(m.EndTxnAction.COMMIT)
+        self._txn_state = _READY
+
+    async def abort(self) -> None:
+        """Abort the transaction: none of its messages or offsets become visible. Messages not
+        yet sent are dropped (their sends fail); sends in flight are waited for."""
+        self._need_txn("abort()")
+        if self._txn_state != _IN_TXN:
+            raise TransactionStateError("abort() with no transaction open")
+        for b in self._buffers.values():
+            if b.records and not b.in_flight:
+                for u in b.units:
+                    _settle(u, exc=TransactionStateError("the transaction was aborted"))
+                self._buffered_bytes -= b.nbytes
+                b.records.clear()
+                b.units.clear()
+                b.nbytes = 0
+                b.ready = False
+        with contextlib.suppress(FerryMQError):
+            await self.flush()
+        if self._txn_error is not None:
+            self._txn_reinit = True  # sequences may be out of step: start a new epoch
+        try:
+            await self._end(m.EndTxnAction.ABORT)
+        except TransactionTimedOutError:
+            self._txn_reinit = True  # already aborted by the broker
+        self._txn_state = _READY
+
+    async def stage(self, sink_id: str, batch_id: int, *,
+                    ttl_s: float | None = None) -> StagedHandle:
+        """Flush and *stage* the transaction (a Spark sink task): it stays invisible until one
+        ``commit_staged(sink_id, batch_id, handles)`` commits all of the batch's staged
+        transactions at once; it is aborted after ``ttl_s`` (None: the broker's
+        ``txn_staged_ttl_ms``) if nobody does.
+
+        Raises:
+            as :meth:`commit`.
+        """
+        self._need_txn("stage()")
+        if self._txn_state != _IN_TXN:
+            raise TransactionStateError("stage() with no transaction open: begin() first")
+        await self.flush()
+        if self._txn_error is not None:
+            raise self._txn_error
+        ttl_ms = 0 if ttl_s is None else max(1, int(ttl_s * 1000))
+        await self._end(m.EndTxnAction.STAGE, sink_id, batch_id, ttl_ms)
+        self._txn_state = _READY
+        return StagedHandle(self._tid or "", self.producer_id, self.producer_epoch)
+
+    async def _end(self, action: m.EndTxnAction, sink_id: str = "", batch_id: int = -1,
+                   ttl_ms: int = 0) -> None:
+        req = m.EndTxnRequest(self._tid or "", self.producer_id, self.producer_epoch,
+                              int(action), sink_id, batch_id, ttl_ms)
+        await self._fenced_guard(self._session.request(req, m.EndTxnResponse))
+
+    async def _fenced_guard(self, coro: Any) -> Any:
+        try:
+            return await coro
+        except ProducerFencedError:
+            self._txn_state = _FATAL
+            raise
+        except TransactionTimedOutError:
+            self._txn_reinit = True
+            raise
+
+    def _txn_check(self, msg: Message) -> None:
+        """Raises unless ``msg`` may be sent now (transactional producers only)."""
+        if self._txn_state != _IN_TXN:
+            if self._txn_state == _FATAL:
+                raise TransactionStateError("this producer was fenced; create a new one")
+            raise TransactionStateError("a transactional producer sends only between begin() "
+                                        "and commit()/abort()")
+        if msg.dedup_key is not None:
+            raise ValueError("dedup keys cannot be used inside a transaction (the transaction "
+                             "itself makes the send exactly-once)")
+        if msg._due is not None:
+            raise ValueError("delayed messages cannot be sent inside a transaction yet")
 
     async def __aenter__(self) -> AsyncProducer:
         return await self.start()
@@ -283,6 +486,10 @@ class AsyncProducer:
         """
         if not msgs:
             return []
+        if self._tid is not None:
+            for msg in msgs:
+                self._txn_check(msg)
+            self._txn_sent = True
         await self._wait_for_space()
         loop = asyncio.get_running_loop()
         groups: dict[tuple[str, int, int] | str, list[int]] = {}
@@ -401,6 +608,13 @@ class AsyncProducer:
         if self._closed:
             _settle(unit, exc=ClientError("producer is closed"))
             return
+        if self._tid is not None:
+            try:
+                self._txn_check(msg)
+            except (ClientError, ValueError) as exc:
+                _settle(unit, exc=exc)
+                return
+            self._txn_sent = True
         info = self._session.topics.get(msg.topic)
         if info is None:
             pending = self._unresolved.get(msg.topic)
@@ -518,6 +732,8 @@ class AsyncProducer:
             if self._idempotent:
                 seq = b.next_seq
                 b.next_seq += len(records)
+            if self._tid is not None:
+                attrs |= ATTR_TRANSACTIONAL
             data = encode_batch(records, producer_id=self.producer_id,
                                 producer_epoch=self.producer_epoch, base_sequence=seq,
                                 attributes=attrs)
@@ -603,6 +819,10 @@ class AsyncProducer:
         bt.buf.in_flight = False
         if retriable:
             exc = FerryMQTimeoutError(f"not delivered within delivery_timeout_s: {exc}")
+        if self._tid is not None and self._txn_error is None:
+            self._txn_error = exc  # the transaction cannot commit now
+            if isinstance(exc, ProducerFencedError):
+                self._txn_state = _FATAL
         for u in bt.units:
             _settle(u, exc=exc)
 

@@ -56,7 +56,7 @@ from types import TracebackType
 from typing import Any, TypeVar, overload
 
 from ferrymq.client._delivery import DeliveryCore, LeasedMessage
-from ferrymq.client._session import Session
+from ferrymq.client._session import Auth, Session, TLSOption
 from ferrymq.client.retry import Backoff
 from ferrymq.errors import BrokerError, ConfigError, FerryMQError
 
@@ -253,6 +253,8 @@ class AsyncPushConsumer:
         client_id: str = "ferrymq-push-consumer",
         request_timeout: float = 30.0,
         reconnect_timeout: float = 60.0,
+        auth: Auth | None = None,
+        tls: TLSOption = None,
     ) -> None:
         if mode not in ("clustering", "broadcasting"):
             raise ConfigError(f"mode must be 'clustering' or 'broadcasting', not {mode!r}")
@@ -277,7 +279,8 @@ class AsyncPushConsumer:
         self.prefetch_bytes = prefetch_bytes
         self.invisible_duration = float(invisible_duration)
         self._session = Session(servers, client_id=client_id, request_timeout_s=request_timeout,
-                                reconnect_timeout_s=reconnect_timeout)
+                                reconnect_timeout_s=reconnect_timeout,
+                                auth=auth, tls=tls)
         self._core = DeliveryCore(self._session, self.delivery_group,
                                   session_timeout_s=session_timeout, retry_delays=retry_delays,
                                   max_reconsume=max_reconsume, start_from=start_from,

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ferrymq.client._delivery import DeliveryCore, LeasedMessage, raise_first
-from ferrymq.client._session import Session
+from ferrymq.client._session import Auth, Session, TLSOption
 from ferrymq.errors import ConfigError
 
 
@@ -56,6 +56,8 @@ class AsyncSimpleConsumer:
         orderly: bool = False,
         request_timeout: float = 30.0,
         reconnect_timeout: float = 60.0,
+        auth: Auth | None = None,
+        tls: TLSOption = None,
     ) -> None:
         if invisible_duration <= 0 or await_duration < 0:
             raise ConfigError("invisible_duration must be > 0 and await_duration >= 0")
@@ -63,7 +65,8 @@ class AsyncSimpleConsumer:
         self.invisible_duration = invisible_duration
         self.await_duration = await_duration
         self._session = Session(servers, client_id=client_id, request_timeout_s=request_timeout,
-                                reconnect_timeout_s=reconnect_timeout)
+                                reconnect_timeout_s=reconnect_timeout,
+                                auth=auth, tls=tls)
         self._core = DeliveryCore(self._session, group, session_timeout_s=session_timeout,
                                   retry_delays=retry_delays, max_reconsume=max_reconsume,
                                   start_from=start_from, orderly=orderly)

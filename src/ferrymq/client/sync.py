@@ -20,7 +20,7 @@ from ferrymq.client._delivery import LeasedMessage
 from ferrymq.client.admin import AsyncAdminClient, DeadLetter
 from ferrymq.client.consumer import AsyncPullConsumer, TopicQueue
 from ferrymq.client.message import Message, ReceivedMessage, SendResult
-from ferrymq.client.producer import AsyncProducer
+from ferrymq.client.producer import AsyncProducer, StagedHandle
 from ferrymq.client.simple import AsyncSimpleConsumer
 from ferrymq.errors import ClientError
 from ferrymq.protocol import messages as m
@@ -91,6 +91,32 @@ class Producer:
     def send_batch(self, msgs: Sequence[Message]) -> Sequence[SendResult]:
         """Send many, wait for all; results in input order (duplicates marked)."""
         return _run(self._async.send_batch(msgs))
+
+    # transactions (transactional_id=...): see AsyncProducer
+
+    def begin(self) -> None:
+        """Begin a transaction (see :meth:`~ferrymq.client.producer.AsyncProducer.begin`)."""
+        _run(self._async.begin())
+
+    def send_offsets(self, group: str, offsets: dict[tuple[str, int], int], *,
+                     consumer: Any = None) -> None:
+        """Commit ``group``'s offsets with the transaction (see
+        :meth:`~ferrymq.client.producer.AsyncProducer.send_offsets`)."""
+        _run(self._async.send_offsets(group, offsets, consumer=consumer))
+
+    def commit(self) -> None:
+        """Flush and commit the transaction (see
+        :meth:`~ferrymq.client.producer.AsyncProducer.commit`)."""
+        _run(self._async.commit())
+
+    def abort(self) -> None:
+        """Abort the transaction (see :meth:`~ferrymq.client.producer.AsyncProducer.abort`)."""
+        _run(self._async.abort())
+
+    def stage(self, sink_id: str, batch_id: int, *, ttl_s: float | None = None) -> StagedHandle:
+        """Stage the transaction for a sink batch (see
+        :meth:`~ferrymq.client.producer.AsyncProducer.stage`)."""
+        return _run(self._async.stage(sink_id, batch_id, ttl_s=ttl_s))
 
     def cancel(self, msg_id: str) -> None:
         """Cancel a scheduled message that is not yet due (see

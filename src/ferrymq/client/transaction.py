@@ -29,7 +29,7 @@ from types import TracebackType
 from typing import Any
 
 from ferrymq._time import SYSTEM_CLOCK, Clock
-from ferrymq.client._session import Session
+from ferrymq.client._session import Auth, Session, TLSOption
 from ferrymq.client.message import (
     DURABILITY_BY_WIRE,
     BatchContext,
@@ -140,6 +140,8 @@ class AsyncTransactionProducer:
         auto_create_topics: bool = True,
         poll_wait_s: float = 5.0,
         clock: Clock = SYSTEM_CLOCK,
+        auth: Auth | None = None,
+        tls: TLSOption = None,
     ) -> None:
         if not group:
             raise ConfigError("a transactional producer needs a group")
@@ -153,7 +155,8 @@ class AsyncTransactionProducer:
         self._check_interval_ms = max(1, round(check_interval * 1000))
         self._max_checks = max_checks
         self._session = Session(servers, client_id=client_id, request_timeout_s=request_timeout_s,
-                                connect_timeout_s=connect_timeout_s)
+                                connect_timeout_s=connect_timeout_s,
+                                auth=auth, tls=tls)
         self._request_timeout_s = request_timeout_s
         self._selector = queue_selector
         self._auto_create = auto_create_topics

@@ -134,6 +134,17 @@ class FrameDecoder:
         those frames, then treat the stream as dead."""
 
     @property
+    def max_frame_bytes(self) -> int:
+        """The current frame size limit."""
+        return self._max
+
+    @max_frame_bytes.setter
+    def max_frame_bytes(self, value: int) -> None:
+        """Change the limit for frames whose header has not been read yet (the broker raises it
+        once a connection has authenticated)."""
+        self._max = value
+
+    @property
     def buffered(self) -> int:
         """Bytes held while waiting for the rest of a frame."""
         return self._have

@@ -4,7 +4,8 @@ Every body is a msgpack array of the message's fields in declaration order (reco
 travel as msgpack ``bin``, so a batch is copied once and never re-encoded). Each type declares a
 schema; :func:`decode_request` / :func:`decode_response` check every field against it, so a
 handler only ever sees well-typed values. Unknown trailing fields are ignored (a newer peer may
-append fields in a later version); missing fields are an error.
+append fields in a later version); missing fields are an error, except trailing fields that
+declare a default (fields added after release: an older peer's message gets the default).
 
 Versions: every API is at version 1. A request with a version outside
 ``[MIN_VERSION, MAX_VERSION]`` of its type is answered with ``UNSUPPORTED_VERSION``.
@@ -13,7 +14,7 @@ Versions: every API is at version 1. A request with a version outside
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, ClassVar, TypeVar
 
 import msgpack
@@ -60,9 +61,18 @@ class ApiKey(enum.IntEnum):
     FIND_BY_KEY = 28
     CANCEL_SCHEDULED = 29
     SKIP_MESSAGE = 30
+    AUTH_START = 31
+    AUTH_FINISH = 32
+    WHOAMI = 33
     PREPARE_TRANSACTION = 40
     END_TRANSACTION = 41
     TXN_CHECK_POLL = 42
+    INIT_TXN = 43
+    END_TXN = 44
+    TXN_OFFSET_COMMIT = 45
+    COMMIT_STAGED = 46
+    ABORT_STAGED = 47
+    DESCRIBE_TXNS = 48
 
 
 class Durability(enum.IntEnum):
@@ -312,13 +322,25 @@ def _decode_generic(cls: type[M], data: bytes | memoryview) -> M:
     except Exception as exc:  # noqa: BLE001 - msgpack raises many unrelated types
         raise RemoteProtocolError(f"{cls.__name__}: undecodable body ({exc})") from None
     schema = cls.SCHEMA
-    if type(raw) is not list or len(raw) < len(schema):
+    if type(raw) is not list or (len(raw) < len(schema) and len(raw) < _required_fields(cls)):
         raise RemoteProtocolError(f"{cls.__name__}: expected {len(schema)} fields")
     try:
         values = [s.check(v) for s, v in zip(schema, raw, strict=False)]
     except RemoteProtocolError as exc:
         raise RemoteProtocolError(f"{cls.__name__}: {exc}") from None
     return cls(*values)
+
+
+_REQUIRED: dict[type[Any], int] = {}
+
+
+def _required_fields(cls: type[Any]) -> int:
+    """How many leading fields a message of ``cls`` must carry: those without a default."""
+    n = _REQUIRED.get(cls)
+    if n is None:
+        n = sum(1 for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING)
+        _REQUIRED[cls] = n
+    return n
 
 
 def astuple_shallow(obj: Body) -> list[Any]:
@@ -558,16 +580,27 @@ FetchResult = tuple[str, int, int, str, int, int, int, bytes | memoryview]
 record batches)."""
 
 
+FetchTxnInfo = tuple[str, int, int, list[tuple[int, int]]]
+"""(topic, queue, last stable offset, aborted transactions in the answered range as
+(producer id, first offset)): read_committed answers only, for queues that have any."""
+
+
 @dataclass(frozen=True, slots=True)
 class FetchResponse(Body):
-    """Record batches per fetched queue."""
+    """Record batches per fetched queue; for a read_committed fetch, ``txn`` lists the aborted
+    transactions a reader must skip (see :class:`ferrymq.protocol.markers.ReadCommittedFilter`)
+    and each queue's last stable offset."""
 
     results: list[FetchResult]
-    SCHEMA = (lst(tup(STR, INT, INT, STR, INT, INT, INT, BYTES)),)
+    txn: list[FetchTxnInfo] = field(default_factory=list)
+    SCHEMA = (lst(tup(STR, INT, INT, STR, INT, INT, INT, BYTES)),
+              lst(tup(STR, INT, INT, lst(tup(INT, INT)))))
 
     def encode_parts(self) -> list[bytes | bytearray | memoryview]:
         """Headers and record data as separate buffers (no copy of the data)."""
-        return _rows_with_data(b"\x91", self.results)
+        parts = _rows_with_data(b"\x92", self.results)
+        parts.append(msgpack.packb(self.txn))
+        return parts
 
 
 FetchEntry = tuple[str, int, int, int, str]
@@ -576,15 +609,20 @@ FetchEntry = tuple[str, int, int, int, str]
 
 @dataclass(frozen=True, slots=True)
 class FetchRequest(Request):
-    """Read from queues; wait up to ``max_wait_ms`` for ``min_bytes`` (long polling)."""
+    """Read from queues; wait up to ``max_wait_ms`` for ``min_bytes`` (long polling).
+
+    ``isolation``: :class:`Isolation`. ``LEGACY`` (what a client that does not send the field
+    gets) reads like READ_UNCOMMITTED with transaction control batches left out by the broker.
+    """
 
     max_wait_ms: int
     min_bytes: int
     max_bytes: int
     entries: list[FetchEntry]
+    isolation: int = -1
     API_KEY = ApiKey.FETCH
     RESPONSE = FetchResponse
-    SCHEMA = (INT, INT, INT, lst(tup(STR, INT, INT, INT, STR)))
+    SCHEMA = (INT, INT, INT, lst(tup(STR, INT, INT, INT, STR)), INT)
 
 
 OffsetResult = tuple[str, int, int, int]
@@ -601,12 +639,15 @@ class ListOffsetsResponse(Body):
 
 @dataclass(frozen=True, slots=True)
 class ListOffsetsRequest(Request):
-    """Find offsets: ``spec`` is LATEST (-1), EARLIEST (-2) or a timestamp in ms."""
+    """Find offsets: ``spec`` is LATEST (-1), EARLIEST (-2) or a timestamp in ms. With
+    ``isolation`` READ_COMMITTED, LATEST and timestamp answers are capped at the last stable
+    offset (the first offset of the oldest open transaction)."""
 
     entries: list[tuple[str, int, int]]
+    isolation: int = 0
     API_KEY = ApiKey.LIST_OFFSETS
     RESPONSE = ListOffsetsResponse
-    SCHEMA = (lst(tup(STR, INT, INT)),)
+    SCHEMA = (lst(tup(STR, INT, INT)), INT)
 
 
 @dataclass(frozen=True, slots=True)
@@ -632,10 +673,13 @@ class CommitOffsetsRequest(Request):
 
 @dataclass(frozen=True, slots=True)
 class FetchOffsetsResponse(Body):
-    """(topic, queue, committed offset) for every committed queue asked for."""
+    """(topic, queue, committed offset) for every committed queue asked for; ``unstable``
+    lists queues with offsets sent in a transaction that is not yet resolved (a consumer
+    waits for them before it starts from the committed offset)."""
 
     offsets: list[tuple[str, int, int]]
-    SCHEMA = (lst(tup(STR, INT, INT)),)
+    unstable: list[tuple[str, int]] = field(default_factory=list)
+    SCHEMA = (lst(tup(STR, INT, INT)), lst(tup(STR, INT)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -1171,6 +1215,243 @@ class TxnCheckPollRequest(Request):
     SCHEMA = (STR, STR, INT, INT)
 
 
+# --- exactly-once transactions (read-process-write; docs/exactly-once.md) ----------------------
+
+
+class Isolation(enum.IntEnum):
+    """What a fetch returns of transactional data."""
+
+    LEGACY = -1
+    READ_UNCOMMITTED = 0
+    READ_COMMITTED = 1
+
+
+class EndTxnAction(enum.IntEnum):
+    """END_TXN's ``action``."""
+
+    COMMIT = 1
+    ABORT = 2
+    STAGE = 3
+
+
+class TxnState(enum.IntEnum):
+    """A transactional id's coordinator state (``docs/exactly-once.md``)."""
+
+    EMPTY = 0
+    ONGOING = 1
+    PREPARE_COMMIT = 2
+    PREPARE_ABORT = 3
+    COMPLETE_COMMIT = 4
+    COMPLETE_ABORT = 5
+    STAGED = 6
+
+
+@dataclass(frozen=True, slots=True)
+class InitTxnResponse(Body):
+    """The producer id and epoch to use from now on, and the timeout granted."""
+
+    producer_id: int
+    producer_epoch: int
+    txn_timeout_ms: int
+    SCHEMA = (INT, INT, INT)
+
+
+@dataclass(frozen=True, slots=True)
+class InitTxnRequest(Request):
+    """Start (or restart) a transactional producer: aborts the id's open transaction, bumps the
+    epoch (fencing older instances) and answers once that is durable. ``expected_*`` (-1: none)
+    resume a producer whose transaction the broker timed out."""
+
+    transactional_id: str
+    txn_timeout_ms: int
+    expected_producer_id: int
+    expected_epoch: int
+    API_KEY = ApiKey.INIT_TXN
+    RESPONSE = InitTxnResponse
+    SCHEMA = (STR, INT, INT, INT)
+
+
+@dataclass(frozen=True, slots=True)
+class EndTxnResponse(Body):
+    """The transaction's state after the call (:class:`TxnState`) and how durable it is."""
+
+    state: int
+    durability: int
+    SCHEMA = (INT, INT)
+
+
+@dataclass(frozen=True, slots=True)
+class EndTxnRequest(Request):
+    """Commit, abort or stage (:class:`EndTxnAction`) the open transaction. Stage needs a
+    ``sink_id`` and ``batch_id``; ``staged_ttl_ms`` 0 takes the broker's default."""
+
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    action: int
+    sink_id: str
+    batch_id: int
+    staged_ttl_ms: int
+    API_KEY = ApiKey.END_TXN
+    RESPONSE = EndTxnResponse
+    SCHEMA = (STR, INT, INT, INT, STR, INT, INT)
+
+
+@dataclass(frozen=True, slots=True)
+class TxnOffsetCommitRequest(Request):
+    """Consumer offsets that become the group's committed offsets when the transaction
+    commits (and are dropped if it aborts). ``generation`` -1: not fenced by membership."""
+
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    group: str
+    member_id: str
+    generation: int
+    entries: list[tuple[str, int, int]]
+    API_KEY = ApiKey.TXN_OFFSET_COMMIT
+    RESPONSE = CommitOffsetsResponse
+    SCHEMA = (STR, INT, INT, STR, STR, INT, lst(tup(STR, INT, INT)))
+
+
+StagedMember = tuple[str, int, int]
+"""(transactional id, producer id, producer epoch) of a staged transaction."""
+
+
+@dataclass(frozen=True, slots=True)
+class CommitStagedResponse(Body):
+    """The batch's outcome (:class:`TxnState` COMPLETE_COMMIT) and the sink's last batch id."""
+
+    state: int
+    committed_batch_id: int
+    SCHEMA = (INT, INT)
+
+
+@dataclass(frozen=True, slots=True)
+class CommitStagedRequest(Request):
+    """Commit every staged transaction of one sink batch at once, fenced by
+    (``sink_id``, ``batch_id``): a batch id at or below the sink's last is refused with
+    BATCH_ALREADY_COMMITTED and the staged rows dropped."""
+
+    sink_id: str
+    batch_id: int
+    members: list[StagedMember]
+    API_KEY = ApiKey.COMMIT_STAGED
+    RESPONSE = CommitStagedResponse
+    SCHEMA = (STR, INT, lst(tup(STR, INT, INT)))
+
+
+@dataclass(frozen=True, slots=True)
+class AbortStagedResponse(Body):
+    """How many staged transactions were aborted."""
+
+    aborted: int
+    SCHEMA = (INT,)
+
+
+@dataclass(frozen=True, slots=True)
+class AbortStagedRequest(Request):
+    """Abort staged transactions of one sink batch (``members`` empty: all of them)."""
+
+    sink_id: str
+    batch_id: int
+    members: list[StagedMember]
+    API_KEY = ApiKey.ABORT_STAGED
+    RESPONSE = AbortStagedResponse
+    SCHEMA = (STR, INT, lst(tup(STR, INT, INT)))
+
+
+TxnDescription = tuple[str, int, int, int, int, int, list[tuple[str, int]], list[str], str, int]
+"""(transactional id, producer id, epoch, state (:class:`TxnState`), started ms (0: none),
+timeout ms, queues, groups, sink id, batch id)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DescribeTxnsResponse(Body):
+    """Transactional ids and sink fences (sink id, last committed batch id, at ms)."""
+
+    txns: list[TxnDescription]
+    sinks: list[tuple[str, int, int]]
+    SCHEMA = (lst(tup(STR, INT, INT, INT, INT, INT, lst(tup(STR, INT)), lst(STR), STR, INT)),
+              lst(tup(STR, INT, INT)))
+
+
+@dataclass(frozen=True, slots=True)
+class DescribeTxnsRequest(Request):
+    """Describe transactional ids (``transactional_id`` "": all) and sinks (``sink_id``)."""
+
+    transactional_id: str
+    sink_id: str
+    API_KEY = ApiKey.DESCRIBE_TXNS
+    RESPONSE = DescribeTxnsResponse
+    SCHEMA = (STR, STR)
+
+
+# --- authentication (SCRAM-SHA-256 style; see protocol/auth.py and docs/security.md) ----------
+
+
+@dataclass(frozen=True, slots=True)
+class AuthStartResponse(Body):
+    """The broker's challenge: the user's salt and PBKDF2 rounds, and a fresh server nonce."""
+
+    salt: bytes
+    iterations: int
+    server_nonce: bytes
+    SCHEMA = (BYTES, INT, BYTES)
+
+
+@dataclass(frozen=True, slots=True)
+class AuthStartRequest(Request):
+    """First step of authentication: mechanism (``SCRAM-SHA-256``), user name, client nonce."""
+
+    mechanism: str
+    user: str
+    client_nonce: bytes
+    API_KEY = ApiKey.AUTH_START
+    RESPONSE = AuthStartResponse
+    SCHEMA = (STR, STR, BYTES)
+
+
+@dataclass(frozen=True, slots=True)
+class AuthFinishResponse(Body):
+    """Authenticated: the broker's signature (the client checks it) and who the client is now."""
+
+    server_signature: bytes
+    user: str
+    admin: bool
+    SCHEMA = (BYTES, STR, BOOL)
+
+
+@dataclass(frozen=True, slots=True)
+class AuthFinishRequest(Request):
+    """Second step: the client proof (``ClientKey XOR HMAC(StoredKey, AuthMessage)``)."""
+
+    client_proof: bytes
+    API_KEY = ApiKey.AUTH_FINISH
+    RESPONSE = AuthFinishResponse
+    SCHEMA = (BYTES,)
+
+
+@dataclass(frozen=True, slots=True)
+class WhoAmIResponse(Body):
+    """The connection's principal and rights ("" and admin when authentication is off)."""
+
+    user: str
+    admin: bool
+    produce: list[str]
+    consume: list[str]
+    groups: list[str]
+    SCHEMA = (STR, BOOL, lst(STR), lst(STR), lst(STR))
+
+
+@dataclass(frozen=True, slots=True)
+class WhoAmIRequest(Request):
+    """Who this connection is authenticated as, with the user's ACL patterns."""
+
+    API_KEY = ApiKey.WHOAMI
+    RESPONSE = WhoAmIResponse
+
+
 REQUESTS: dict[int, type[Request]] = {
     cls.API_KEY: cls
     for cls in (
@@ -1182,7 +1463,9 @@ REQUESTS: dict[int, type[Request]] = {
         NackRequest, ChangeInvisibleRequest, ConsumerLeaveRequest, DescribeDeliveryRequest,
         MessageStatusRequest, DlqAdminRequest, FindByKeyRequest, CancelScheduledRequest,
         SkipMessageRequest, PrepareTransactionRequest, EndTransactionRequest,
-        TxnCheckPollRequest,
+        TxnCheckPollRequest, InitTxnRequest, EndTxnRequest, TxnOffsetCommitRequest,
+        CommitStagedRequest, AbortStagedRequest, DescribeTxnsRequest,
+        AuthStartRequest, AuthFinishRequest, WhoAmIRequest,
     )
 }
 assert set(REQUESTS) == set(ApiKey), "every ApiKey needs a request type"

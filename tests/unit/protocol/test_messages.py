@@ -42,6 +42,8 @@ SAMPLES: list[m.Body] = [
                        ("d", 1, 0, "", -1, -1, -1, 2, 2, [(0, 3, 41)])]),
     m.FetchRequest(500, 1, 1 << 20, [("orders", 0, 0, 1 << 20, "*"), ("o", 1, 7, 10, "a || b")]),
     m.FetchResponse([("orders", 0, 0, "", 10, 0, 1, BATCH), ("o", 1, 11, "oops", -1, -1, -1, b"")]),
+    m.FetchResponse([("orders", 0, 0, "", 10, 0, 1, BATCH)], [("orders", 0, 8, [(7, 3)])]),
+    m.FetchOffsetsResponse([("orders", 0, 10)], [("orders", 1)]),
     m.ListOffsetsRequest([("orders", 0, -1), ("orders", 1, -2), ("orders", 2, 1700000000000)]),
     m.ListOffsetsResponse([("orders", 0, 0, 42)]),
     m.CommitOffsetsRequest("g", "m-1", -1, [("orders", 0, 10)]),
@@ -98,6 +100,24 @@ SAMPLES: list[m.Body] = [
     m.TxnCheckPollResponse([("0000000100000000000000000005", "orders", 1, b"batch", 1)]),
     m.FindByKeyResponse("orders", 1, [(0, 5, "0000000100000000000000000005", 1700000000000,
                                        ["o-1"])], 0),
+    m.InitTxnRequest("app-1", 60000, -1, -1),
+    m.InitTxnResponse(7, 2, 60000),
+    m.EndTxnRequest("app-1", 7, 2, 1, "", -1, 0),
+    m.EndTxnResponse(4, 2),
+    m.TxnOffsetCommitRequest("app-1", 7, 2, "g", "m-1", 3, [("in", 0, 42)]),
+    m.CommitStagedRequest("sink-1", 9, [("sink-1:9:0:0", 7, 0)]),
+    m.CommitStagedResponse(4, 9),
+    m.AbortStagedRequest("sink-1", 9, []),
+    m.AbortStagedResponse(2),
+    m.DescribeTxnsRequest("", "sink-1"),
+    m.DescribeTxnsResponse([("app-1", 7, 2, 1, 1700000000000, 60000, [("out", 0)], ["g"],
+                             "", -1)], [("sink-1", 9, 1700000000000)]),
+    m.AuthStartRequest("SCRAM-SHA-256", "alice", b"n" * 24),
+    m.AuthStartResponse(b"s" * 16, 4096, b"r" * 24),
+    m.AuthFinishRequest(b"p" * 32),
+    m.AuthFinishResponse(b"v" * 32, "alice", False),
+    m.WhoAmIRequest(),
+    m.WhoAmIResponse("alice", False, ["orders*"], ["orders*"], ["billing-*"]),
 ]
 
 BODY_TYPES = sorted(
@@ -209,3 +229,16 @@ def test_every_truncation_raises_protocol_error(body: m.Body) -> None:
     for n in range(len(raw)):
         with pytest.raises(RemoteProtocolError):
             type(body).decode(raw[:n])
+
+
+def test_fields_added_later_default_when_an_older_peer_leaves_them_out() -> None:
+    import msgpack
+
+    old = msgpack.packb([500, 1, 1024, [["t", 0, 0, 1024, "*"]]])  # FETCH before isolation
+    req = m.FetchRequest.decode(old)
+    assert req.isolation == m.Isolation.LEGACY
+    resp = m.FetchResponse.decode(msgpack.packb([[["t", 0, 0, "", 1, 0, 1, b""]]]))
+    assert resp.txn == []
+    assert m.ListOffsetsRequest.decode(msgpack.packb([[["t", 0, -1]]])).isolation == 0
+    with pytest.raises(RemoteProtocolError):  # a field without a default is still required
+        m.FetchRequest.decode(msgpack.packb([500, 1, 1024]))

@@ -78,8 +78,11 @@ from ferrymq.errors import (
 from ferrymq.protocol import messages as m
 from ferrymq.protocol.codes import ErrorCode
 from ferrymq.protocol.letters import MAX_REASON_CHARS, Letter
+from ferrymq.protocol.markers import ReadCommittedFilter
 from ferrymq.protocol.records import (
+    ATTR_CONTROL,
     ATTR_SCHEDULED,
+    ATTR_TRANSACTIONAL,
     BatchHeader,
     RawRecord,
     decode_msg_id,
@@ -839,10 +842,11 @@ class DeliveryManager:
             self._journal(g, ["N", qs.topic, qs.queue, cur.next])
         if cur.next < lg.start_offset:  # retention deleted what this group never got
             cur.skip_to(lg.start_offset)
-        end = qs.visible_end
+        end = qs.lso  # transactions: nothing past the first open one (read_committed)
         if cur.next >= end:
             return 0, 0, -1
         start = cur.next
+        txf = _txn_filter(lg, start, end)
         parts: list[bytes | memoryview] = []
         offsets: list[int] = []
         new_next = start
@@ -861,7 +865,8 @@ class DeliveryManager:
                     break
                 first = max(h.base_offset, new_next)
                 last = h.last_offset
-                if h.attributes & ATTR_SCHEDULED:  # the scheduler appends a copy when due
+                # the scheduler appends a copy when due; markers and aborted data are skipped
+                if h.attributes & _SKIP_BITS and _skipped(h, txf):
                     new_next = max(new_next, last + 1)
                     gaps = True
                     continue
@@ -949,9 +954,10 @@ class DeliveryManager:
                         gone.append(off)
                     else:  # past the byte budget
                         cur.unready([off])
-        end = qs.visible_end
+        end = qs.lso
         limit = self.config.max_orderly_held
         start = cur.next
+        txf = _txn_filter(lg, start, end)
         chunk = min(budget, RECEIVE_FIRST_READ_BYTES)
         fresh = taken.setdefault(0, [])
         stop = False
@@ -963,7 +969,7 @@ class DeliveryManager:
             before = cur.next
             mv = memoryview(data)
             for p0, h in iter_batches(mv):
-                if h.attributes & ATTR_SCHEDULED:  # the scheduler appends a copy when due
+                if h.attributes & _SKIP_BITS and _skipped(h, txf):  # scheduled, marker, aborted
                     if h.last_offset >= cur.next:
                         gone.extend(range(max(h.base_offset, cur.next), h.last_offset + 1))
                         cur.next = h.last_offset + 1
@@ -1067,8 +1073,8 @@ class DeliveryManager:
         if g.start_from == m.OffsetSpec.EARLIEST:
             return qs.log.start_offset
         if g.start_from == m.OffsetSpec.LATEST:
-            return qs.visible_end
-        return min(qs.log.offset_for_time(g.start_from), qs.visible_end)
+            return qs.lso
+        return min(qs.log.offset_for_time(g.start_from), qs.lso)
 
     def _lease_id(self) -> int:
         i = self._next_lease
@@ -1694,3 +1700,22 @@ class DeliveryManager:
         else:
             moved(None)
         return m.DlqAdminResponse(first, stop, count), pos
+
+
+_SKIP_BITS = ATTR_SCHEDULED | ATTR_TRANSACTIONAL | ATTR_CONTROL
+
+
+def _txn_filter(lg: Log, start: int, end: int) -> ReadCommittedFilter | None:
+    """The read_committed filter for a read of ``[start, end)`` (None: no aborted data)."""
+    aborted = lg.aborted_txns(start, end)
+    return ReadCommittedFilter(aborted) if aborted else None
+
+
+def _skipped(h: BatchHeader, txf: ReadCommittedFilter | None) -> bool:
+    """Whether delivery leaves this batch out: a scheduled original (its copy comes when due),
+    a transaction marker, or data of an aborted transaction. Call in offset order."""
+    if h.attributes & ATTR_SCHEDULED:
+        return True
+    if txf is not None:
+        return not txf.keep(h.producer_id, h.base_offset, h.attributes)
+    return bool(h.attributes & ATTR_CONTROL)

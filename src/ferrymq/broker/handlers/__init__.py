@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from ferrymq.broker import auth
 from ferrymq.broker.handlers import (
     admin,
     delivery,
@@ -20,6 +21,7 @@ from ferrymq.broker.handlers import (
     produce,
     schedule,
     transactions,
+    txn,
 )
 from ferrymq.protocol.messages import ApiKey, Body
 
@@ -59,5 +61,14 @@ HANDLERS: dict[int, Handler] = {
     ApiKey.PREPARE_TRANSACTION: transactions.prepare_transaction,
     ApiKey.END_TRANSACTION: transactions.end_transaction,
     ApiKey.TXN_CHECK_POLL: transactions.txn_check_poll,
+    ApiKey.INIT_TXN: txn.init_txn,
+    ApiKey.END_TXN: txn.end_txn,
+    ApiKey.TXN_OFFSET_COMMIT: txn.txn_offset_commit,
+    ApiKey.COMMIT_STAGED: txn.commit_staged,
+    ApiKey.ABORT_STAGED: txn.abort_staged,
+    ApiKey.DESCRIBE_TXNS: txn.describe_txns,
+    ApiKey.AUTH_START: auth.auth_start,
+    ApiKey.AUTH_FINISH: auth.auth_finish,
+    ApiKey.WHOAMI: auth.whoami,
 }
 assert set(HANDLERS) == set(ApiKey)

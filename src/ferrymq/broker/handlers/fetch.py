@@ -16,6 +16,14 @@ Scheduled originals (batches with ``ATTR_SCHEDULED``) are left out of filtered r
 them becomes part of such a header-only batch). An unfiltered read is sent as it was read, with
 no walk over its batches: the protocol says readers skip scheduled batches (every client does;
 consumers get the scheduler's copy when the message is due).
+
+Transactions (:mod:`ferrymq.broker.txn_coordinator`): a READ_COMMITTED fetch reads only up to
+the queue's last stable offset (LSO) and its answer lists the aborted transactions in the range
+read, which the client skips (:class:`~ferrymq.protocol.markers.ReadCommittedFilter`); the
+unfiltered read stays one ``Log.read``. The broker filters transactional data itself only where
+it already walks batches: tag-filtered reads (control and aborted batches join the skip runs),
+and LEGACY fetches (clients that do not send an isolation and do not know control batches),
+which get control batches stripped, and only from segments that ever held one.
 """
 
 from __future__ import annotations
@@ -26,9 +34,13 @@ from typing import TYPE_CHECKING
 from ferrymq.broker.topics import wait_for_wakeup
 from ferrymq.errors import BrokerError, OffsetOutOfRangeError
 from ferrymq.protocol import messages as m
+from ferrymq.protocol.markers import ReadCommittedFilter
+from ferrymq.protocol.messages import Isolation
 from ferrymq.protocol.records import (
+    ATTR_CONTROL,
     ATTR_SCHEDULED,
     HEADER_SIZE,
+    RawRecord,
     encode_skip_batch,
     filter_batch,
     iter_batches,
@@ -51,9 +63,9 @@ def fetch(
     srv = conn.server
     max_wait_ms = min(max(req.max_wait_ms, 0), srv.config.max_fetch_wait_ms)
     filters = [parse_tag_expression(e[4]) for e in req.entries]
-    results, total, queues = _read_all(conn, req, filters)
+    results, total, queues, txn = _read_all(conn, req, filters)
     if total >= max(req.min_bytes, 1) or max_wait_ms == 0 or not queues:
-        return m.FetchResponse(results)
+        return m.FetchResponse(results, txn)
     return asyncio.ensure_future(_long_poll(conn, req, filters, queues, max_wait_ms / 1000.0))
 
 
@@ -72,59 +84,73 @@ async def _long_poll(
             break
         if not await wait_for_wakeup([qs.waiters for qs in queues], remaining):
             break
-        results, total, queues = _read_all(conn, req, filters)
+        results, total, queues, txn = _read_all(conn, req, filters)
         if total >= max(req.min_bytes, 1):
-            return m.FetchResponse(results)
-    results, _, _ = _read_all(conn, req, filters)
-    return m.FetchResponse(results)
+            return m.FetchResponse(results, txn)
+    results, _, _, txn = _read_all(conn, req, filters)
+    return m.FetchResponse(results, txn)
 
 
 def _read_all(
     conn: BrokerConnection, req: m.FetchRequest, filters: list[frozenset[str] | None]
-) -> tuple[list[m.FetchResult], int, list[QueueState]]:
+) -> tuple[list[m.FetchResult], int, list[QueueState], list[m.FetchTxnInfo]]:
     srv = conn.server
     budget = min(req.max_bytes, srv.config.max_fetch_bytes)
     results: list[m.FetchResult] = []
     waitable: list[QueueState] = []
+    txn: list[m.FetchTxnInfo] = []
+    committed = req.isolation == Isolation.READ_COMMITTED
+    legacy = req.isolation == Isolation.LEGACY
     total = 0
     for (topic, queue, offset, max_bytes, _expr), tags in zip(req.entries, filters, strict=True):
         try:
             qs = srv.topics.queue(topic, queue)
             lg = qs.log
-            end = qs.visible_end
-            if offset < lg.start_offset or offset > end:
+            visible = qs.visible_end
+            if offset < lg.start_offset or offset > visible:
                 raise OffsetOutOfRangeError(
-                    f"offset {offset} is outside {lg.start_offset}..{end} of {topic}/{queue}"
+                    f"offset {offset} is outside {lg.start_offset}..{visible} of {topic}/{queue}"
                 )
+            end = qs.lso if committed and qs.open_txns else visible
             data = b""
+            aborted: list[tuple[int, int]] = []
             if budget > 0 and offset < end:
                 limit = max(1, min(max_bytes, budget))
-                if tags is None:
+                if tags is None and not (legacy and lg.has_control(offset, end)):
                     data = lg.read(offset, limit, upto_offset=end)
+                    if committed:
+                        aborted = lg.aborted_txns(offset, end)
                 else:
-                    data = _read_filtered(qs, offset, limit, end, tags)
-            elif offset == end:
+                    rc = (ReadCommittedFilter(lg.aborted_txns(offset, end)) if committed
+                          else None)
+                    data = _read_filtered(qs, offset, limit, end, tags, rc)
+            elif offset >= end:
                 waitable.append(qs)
         except BrokerError as exc:
             results.append((topic, queue, exc.code, str(exc)[:1024], -1, -1, -1, b""))
             continue
         budget -= len(data)
         total += len(data)
-        results.append((topic, queue, 0, "", qs.visible_end, lg.start_offset, qs.topic_id, data))
-    return results, total, waitable
+        results.append((topic, queue, 0, "", end if committed else visible, lg.start_offset,
+                        qs.topic_id, data))
+        if aborted or end < visible:
+            txn.append((topic, queue, end, aborted))
+    return results, total, waitable, txn
 
 
 def _read_filtered(
-    qs: QueueState, offset: int, limit: int, end: int, tags: frozenset[str]
+    qs: QueueState, offset: int, limit: int, end: int, tags: frozenset[str] | None,
+    rc: ReadCommittedFilter | None = None,
 ) -> bytes:
-    """Read from ``offset`` keeping only records whose tag is in ``tags``."""
+    """Read from ``offset`` keeping only records whose tag is in ``tags`` (None: every
+    record), and leaving out control batches and, with ``rc``, aborted transactional ones."""
     out: list[bytes] = []
     out_bytes = 0
     scanned = 0
     skip_start = -1  # first offset of a run of batches with no match
     skip_end = -1
     skip_header: bytes = b""
-    wanted = {t.encode() for t in tags}
+    wanted = None if tags is None else {t.encode() for t in tags}
     pos_offset = offset
     while pos_offset < end and out_bytes < limit and scanned < MAX_FILTER_SCAN_BYTES:
         chunk = qs.log.read(pos_offset, min(limit, 1024 * 1024), upto_offset=end)
@@ -135,19 +161,27 @@ def _read_filtered(
         advanced = False
         for pos, h in iter_batches(mv):
             advanced = True
-            keep = []
-            if not h.attributes & ATTR_SCHEDULED:
+            keep: list[RawRecord] = []
+            whole = False
+            if rc is not None:
+                skip = not rc.keep(h.producer_id, h.base_offset, h.attributes)
+            else:
+                skip = bool(h.attributes & ATTR_CONTROL)
+            if skip or h.attributes & ATTR_SCHEDULED:
+                pass
+            elif wanted is None:
+                whole = True
+            else:
                 for rec in iter_raw_records(mv, pos, h):
                     t0, t1 = rec[2], rec[3]
                     if t1 > t0 and rec[0] >= offset and bytes(mv[t0:t1]) in wanted:
                         keep.append(rec)
-            if keep:
+            if whole or keep:
                 if skip_start >= 0:
                     out.append(encode_skip_batch(skip_header, skip_start, skip_end))
                     skip_start = -1
-                fb = filter_batch(mv, pos, h, keep) if len(keep) < h.record_count else bytes(
-                    mv[pos : pos + h.size]
-                )
+                fb = (filter_batch(mv, pos, h, keep) if keep and len(keep) < h.record_count
+                      else bytes(mv[pos : pos + h.size]))
                 out.append(fb)
                 out_bytes += len(fb)
             else:

@@ -6,30 +6,34 @@ from typing import TYPE_CHECKING
 
 from ferrymq.errors import BrokerError, InvalidOffsetError, InvalidRequestError
 from ferrymq.protocol import messages as m
-from ferrymq.protocol.messages import OffsetSpec
+from ferrymq.protocol.messages import Isolation, OffsetSpec
 
 if TYPE_CHECKING:
     from ferrymq.broker.connection import BrokerConnection
     from ferrymq.broker.topics import QueueState
 
 
-def resolve_spec(qs: QueueState, spec: int) -> int:
-    """Offset for LATEST (-1), EARLIEST (-2) or a timestamp (ms, >= 0)."""
+def resolve_spec(qs: QueueState, spec: int, *, committed: bool = False) -> int:
+    """Offset for LATEST (-1), EARLIEST (-2) or a timestamp (ms, >= 0); ``committed``: capped
+    at the last stable offset (read_committed)."""
+    end = qs.lso if committed else qs.visible_end
     if spec == OffsetSpec.LATEST:
-        return qs.visible_end
+        return end
     if spec == OffsetSpec.EARLIEST:
         return qs.log.start_offset
     if spec < 0:
         raise InvalidRequestError(f"bad offset spec {spec}")
-    return min(qs.log.offset_for_time(spec), qs.visible_end)
+    return min(qs.log.offset_for_time(spec), end)
 
 
 def list_offsets(conn: BrokerConnection, req: m.ListOffsetsRequest) -> m.ListOffsetsResponse:
     """Find offsets by position or time."""
     out: list[m.OffsetResult] = []
+    committed = req.isolation == Isolation.READ_COMMITTED
     for topic, queue, spec in req.entries:
         try:
-            out.append((topic, queue, 0, resolve_spec(conn.server.topics.queue(topic, queue), spec)))
+            qs = conn.server.topics.queue(topic, queue)
+            out.append((topic, queue, 0, resolve_spec(qs, spec, committed=committed)))
         except BrokerError as exc:
             out.append((topic, queue, exc.code, -1))
     return m.ListOffsetsResponse(out)
@@ -53,6 +57,7 @@ def commit_offsets(
         valid.append((topic, queue, offset))
         out.append((topic, queue, 0))
     if valid:
+        conn.server.txn.check_plain_commit(req.group, valid)
         conn.server.groups.commit(req.group, req.member_id, req.generation, valid)
     return m.CommitOffsetsResponse(out)
 
@@ -62,7 +67,8 @@ def fetch_offsets(conn: BrokerConnection, req: m.FetchOffsetsRequest) -> m.Fetch
     committed = conn.server.groups.committed(req.group)
     wanted = None if req.topics is None else set(req.topics)
     return m.FetchOffsetsResponse(
-        sorted((t, q, o) for (t, q), o in committed.items() if wanted is None or t in wanted)
+        sorted((t, q, o) for (t, q), o in committed.items() if wanted is None or t in wanted),
+        [(t, q) for t, q in conn.server.txn.unstable(req.group) if wanted is None or t in wanted],
     )
 
 

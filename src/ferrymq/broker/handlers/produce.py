@@ -6,9 +6,11 @@ work, except for two kinds of batches that say so in their attributes. Scheduled
 scheduler right after it (:mod:`ferrymq.broker.scheduler`). Dedup batches (``ATTR_DEDUP``) into a
 topic with a dedup window: records whose key the topic stored within the window are answered as
 duplicates and left out, the others appended and their keys remembered
-(:mod:`ferrymq.broker.dedup`). In sync flush mode the response waits until every entry's offsets
-are fsynced (group commit, see :mod:`ferrymq.broker.flusher`), and for a duplicate until the
-message it duplicates is.
+(:mod:`ferrymq.broker.dedup`). Transactional batches (``ATTR_TRANSACTIONAL``) are admitted by
+the transaction coordinator, which registers the queue with the producer's open transaction
+first (:mod:`ferrymq.broker.txn_coordinator`). In sync flush mode the response waits until
+every entry's offsets are fsynced (group commit, see :mod:`ferrymq.broker.flusher`), and for a
+duplicate until the message it duplicates is.
 """
 
 from __future__ import annotations
@@ -16,10 +18,21 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
-from ferrymq.errors import BrokerError, BrokerShuttingDownError, StorageFailureError
+from ferrymq.errors import (
+    BrokerError,
+    BrokerShuttingDownError,
+    InvalidRequestError,
+    StorageFailureError,
+)
 from ferrymq.protocol import messages as m
 from ferrymq.protocol.messages import Durability
-from ferrymq.protocol.records import ATTR_DEDUP, ATTR_SCHEDULED, validate_batch
+from ferrymq.protocol.records import (
+    ATTR_CONTROL,
+    ATTR_DEDUP,
+    ATTR_SCHEDULED,
+    ATTR_TRANSACTIONAL,
+    validate_batch,
+)
 
 if TYPE_CHECKING:
     from ferrymq.broker.connection import BrokerConnection
@@ -47,6 +60,13 @@ def produce(
                 raise StorageFailureError(f"{topic}/{queue} had an fsync failure; restart needed")
             h = validate_batch(batch, max_message_bytes=cfg.max_message_bytes,
                                max_records=cfg.max_batch_records)
+            txn_end = -1
+            if h.attributes & (ATTR_TRANSACTIONAL | ATTR_CONTROL):
+                if h.attributes & (ATTR_CONTROL | ATTR_DEDUP | ATTR_SCHEDULED):
+                    raise InvalidRequestError("a transactional batch cannot be a control, dedup "
+                                              "or scheduled batch (only the broker writes "
+                                              "markers)")
+                txn_end = srv.txn.check_produce(qs, h)
             plan = srv.dedup.check(qs, batch, h, now_ms) if h.attributes & ATTR_DEDUP else None
             if plan is not None:
                 if plan.batch is None or plan.header is None:  # all duplicates: nothing to store
@@ -69,6 +89,11 @@ def produce(
                                                             res.append_time_ms)
         results.append((topic, queue, 0, "", res.base_offset, res.last_offset,
                         res.append_time_ms, durability, qs.topic_id, dups))
+        if h.attributes & ATTR_TRANSACTIONAL:
+            if not res.duplicate:
+                srv.txn.on_append(qs, h.producer_id, res.base_offset)
+            if sync and txn_end >= 0:  # the queue's registration must be durable too
+                waits.append((srv.txn.state_queue, txn_end, len(results) - 1))
         if dups and sync:
             _wait_for_originals(srv, qs, dups, results, waits)
         if not res.duplicate:

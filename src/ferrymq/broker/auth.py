@@ -1,0 +1,405 @@
+"""Users, their stored credentials and rights, and the broker side of the SCRAM handshake.
+
+Theory of operation
+-------------------
+Authentication is on when the broker config names a ``users_file``. The file is TOML, written
+by ``ferrymq user add`` (never holds a secret, only SCRAM keys)::
+
+    [users.alice]
+    scram = "SCRAM-SHA-256:4096:<salt>:<stored key>:<server key>"
+    admin = false
+    produce = ["orders", "orders.*"]     # topic name patterns (fnmatch: * and ?)
+    consume = ["orders*"]
+    groups = ["billing-*"]               # consumer, delivery and producer groups, txn ids
+    produce_bytes_per_s = 0              # 0: no quota
+
+:class:`UserStore` loads it at start (a bad file stops the broker with a clear error) and
+reloads it when its modification time changes (checked by the broker's housekeeping), so
+``ferrymq user add`` / ``remove`` take effect without a restart. A reload that fails keeps the
+users that were loaded and logs why. Rights are looked up by name on every request, so a
+revoked right or a removed user takes effect at once on open connections too.
+
+The handshake itself (the maths) is :mod:`ferrymq.protocol.auth`; :class:`Authenticator` holds
+the per-process decoy secret and the failure delay, and the handlers below drive a
+connection's state: ``AUTH_START`` once, then ``AUTH_FINISH`` once. Any failure is answered
+after ``auth_failure_delay_ms`` with AUTHENTICATION_FAILED and the connection is closed
+(:mod:`ferrymq.broker.connection` closes after an error answer to an AUTH_* request). The log
+line names the user (``%r``, so control characters cannot forge lines) and the peer, never the
+proof or the secret.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import logging
+import os
+import secrets
+import tomllib
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ferrymq.errors import AuthenticationFailedError, ConfigError
+from ferrymq.protocol import messages as m
+from ferrymq.protocol.auth import (
+    MECHANISM,
+    NONCE_BYTES,
+    ScramCredential,
+    ScramServer,
+    check_nonce,
+    check_user_name,
+    decoy_credential,
+)
+
+if TYPE_CHECKING:
+    from ferrymq.broker.connection import BrokerConnection
+
+log = logging.getLogger("ferrymq.broker.auth")
+
+MAX_USERS = 100_000
+"""Most users one file may hold (the file is read into memory)."""
+MAX_USERS_FILE_BYTES = 64 * 1024 * 1024
+"""A users file larger than this is refused before it is read."""
+MAX_PATTERNS = 1000
+"""Most patterns in one right of one user."""
+
+
+@dataclass(frozen=True, slots=True)
+class User:
+    """One user: credential and rights."""
+
+    name: str
+    credential: ScramCredential
+    admin: bool = False
+    produce: tuple[str, ...] = ()
+    consume: tuple[str, ...] = ()
+    groups: tuple[str, ...] = ()
+    produce_bytes_per_s: int = 0
+
+
+def _patterns(name: str, key: str, value: object) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(p, str) and p for p in value):
+        raise ConfigError(f"user {name!r}: {key} must be a list of non-empty strings")
+    if len(value) > MAX_PATTERNS:
+        raise ConfigError(f"user {name!r}: more than {MAX_PATTERNS} {key} patterns")
+    return tuple(value)
+
+
+def parse_users(text: str, source: str = "users file") -> dict[str, User]:
+    """Parse a users file.
+
+    Raises:
+        ConfigError: not TOML, or an entry that is not valid (naming it).
+    """
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+    table = data.get("users", {})
+    if not isinstance(table, dict):
+        raise ConfigError(f"{source}: [users] must be a table")
+    if len(table) > MAX_USERS:
+        raise ConfigError(f"{source}: more than {MAX_USERS} users")
+    users: dict[str, User] = {}
+    known = {"scram", "admin", "produce", "consume", "groups", "produce_bytes_per_s"}
+    for name, entry in table.items():
+        try:
+            check_user_name(name)
+        except ValueError as exc:
+            raise ConfigError(f"{source}: {exc}") from None
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{source}: users.{name} must be a table")
+        unknown = set(entry) - known
+        if unknown:
+            raise ConfigError(f"{source}: user {name!r}: unknown keys {sorted(unknown)}")
+        try:
+            cred = ScramCredential.decode(str(entry.get("scram", "")))
+        except ValueError as exc:
+            raise ConfigError(f"{source}: user {name!r}: {exc}") from None
+        admin = entry.get("admin", False)
+        rate = entry.get("produce_bytes_per_s", 0)
+        if not isinstance(admin, bool):
+            raise ConfigError(f"{source}: user {name!r}: admin must be true or false")
+        if not isinstance(rate, int) or isinstance(rate, bool) or rate < 0:
+            raise ConfigError(f"{source}: user {name!r}: produce_bytes_per_s must be an int >= 0")
+        users[name] = User(
+            name, cred, admin,
+            _patterns(name, "produce", entry.get("produce", [])),
+            _patterns(name, "consume", entry.get("consume", [])),
+            _patterns(name, "groups", entry.get("groups", [])),
+            rate,
+        )
+    return users
+
+
+def _toml_str(s: str) -> str:
+    out = ['"']
+    for ch in s:
+        if ch in ('"', "\\"):
+            out.append("\\" + ch)
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(ch)
+    out.append('"')
+    return "".join(out)
+
+
+def _toml_list(items: Iterable[str]) -> str:
+    return "[" + ", ".join(_toml_str(i) for i in items) + "]"
+
+
+def render_users(users: Iterable[User]) -> str:
+    """The users file text for ``users`` (sorted by name)."""
+    lines = ["# FerryMQ users (written by `ferrymq user add`). Secrets are not stored: only",
+             "# SCRAM-SHA-256 keys derived from them. Patterns use * and ? (fnmatch).", ""]
+    for u in sorted(users, key=lambda u: u.name):
+        lines += [
+            f"[users.{_toml_str(u.name)}]",
+            f"scram = {_toml_str(u.credential.encode())}",
+            f"admin = {'true' if u.admin else 'false'}",
+            f"produce = {_toml_list(u.produce)}",
+            f"consume = {_toml_list(u.consume)}",
+            f"groups = {_toml_list(u.groups)}",
+            f"produce_bytes_per_s = {u.produce_bytes_per_s}",
+            "",
+        ]
+    return "\n".join(lines)
+
+
+def read_users_file(path: str | Path) -> dict[str, User]:
+    """Read and parse a users file (a missing file is an empty one).
+
+    Raises:
+        ConfigError: unreadable, too large or invalid.
+    """
+    p = Path(path)
+    try:
+        size = p.stat().st_size
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        raise ConfigError(f"cannot read users file {p}: {exc.strerror}") from None
+    if size > MAX_USERS_FILE_BYTES:
+        raise ConfigError(f"users file {p} is larger than {MAX_USERS_FILE_BYTES} bytes")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read users file {p}: {exc}") from None
+    return parse_users(text, str(p))
+
+
+def update_users_file(path: str | Path, change: dict[str, User | None]) -> dict[str, User]:
+    """Apply ``change`` (name -> new entry, or None to remove) to the file atomically.
+
+    The file is locked while it is read, changed and replaced (tmp, fsync, rename, fsync dir),
+    and created with mode 0600 when new.
+
+    Raises:
+        ConfigError: the file is invalid or cannot be written.
+    """
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    lock_path = p.with_name(p.name + ".lock")
+    with open(lock_path, "a") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        users = read_users_file(p)
+        for name, user in change.items():
+            if user is None:
+                users.pop(name, None)
+            else:
+                users[name] = user
+        tmp = p.with_name(p.name + ".tmp")
+        mode = p.stat().st_mode & 0o777 if p.exists() else 0o600
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+        try:
+            os.write(fd, render_users(users.values()).encode("utf-8"))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, p)
+        dfd = os.open(p.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    return users
+
+
+@dataclass(slots=True)
+class UserStore:
+    """The broker's users, reloaded when the file changes."""
+
+    path: Path
+    users: dict[str, User] = field(default_factory=dict)
+    _stamp: tuple[int, int] | None = None
+
+    @classmethod
+    def open(cls, path: str | Path) -> UserStore:
+        """Load the file (it must exist: a typo would otherwise lock everybody out silently).
+
+        Raises:
+            ConfigError: missing, unreadable or invalid.
+        """
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"users_file {p} does not exist (create it with "
+                              f"`ferrymq user add NAME --users-file {p}`)")
+        store = cls(p)
+        store.users = read_users_file(p)
+        store._stamp = store._file_stamp()
+        return store
+
+    def _file_stamp(self) -> tuple[int, int] | None:
+        try:
+            st = self.path.stat()
+        except OSError:
+            return None
+        return st.st_mtime_ns, st.st_size
+
+    def reload_if_changed(self) -> bool:
+        """Reload when the file's mtime or size changed; True when new users were loaded."""
+        stamp = self._file_stamp()
+        if stamp == self._stamp:
+            return False
+        self._stamp = stamp
+        try:
+            users = read_users_file(self.path)
+        except ConfigError as exc:
+            log.error("users file not reloaded, keeping %d users: %s", len(self.users), exc)
+            return False
+        self.users = users
+        log.info("users file %s reloaded: %d users", self.path, len(users))
+        return True
+
+    def get(self, name: str) -> User | None:
+        """The user called ``name``, if any."""
+        return self.users.get(name)
+
+
+class Authenticator:
+    """The broker's side of authentication: users, decoy secret, failure delay."""
+
+    def __init__(self, store: UserStore, failure_delay_ms: int) -> None:
+        self.store = store
+        self.failure_delay_s = failure_delay_ms / 1000
+        self._process_secret = secrets.token_bytes(32)
+        self.failures = 0
+        self.successes = 0
+
+    def start(self, conn: BrokerConnection, req: m.AuthStartRequest) -> m.AuthStartResponse:
+        """Answer AUTH_START with a challenge (also for unknown users).
+
+        Raises:
+            AuthenticationFailedError: a second AUTH_START, an unknown mechanism, a bad nonce
+                or user name (answered after the failure delay; the connection closes).
+        """
+        if conn.authenticated or conn.scram is not None:
+            raise AuthenticationFailedError("authentication already started on this connection")
+        if req.mechanism != MECHANISM:
+            raise AuthenticationFailedError(f"unsupported mechanism {req.mechanism[:40]!r} "
+                                            f"(supported: {MECHANISM})")
+        try:
+            check_user_name(req.user)
+            check_nonce(req.client_nonce, "client nonce")
+        except ValueError as exc:
+            raise AuthenticationFailedError(str(exc)) from None
+        user = self.store.get(req.user)
+        conn.scram = ScramServer(
+            req.user, user.credential if user is not None else None, req.client_nonce,
+            secrets.token_bytes(NONCE_BYTES), decoy_credential(req.user, self._process_secret),
+        )
+        salt, iterations, nonce = conn.scram.challenge()
+        return m.AuthStartResponse(salt, iterations, nonce)
+
+    def finish(self, conn: BrokerConnection, req: m.AuthFinishRequest) -> m.AuthFinishResponse:
+        """Check the proof; on success the connection is authenticated as the user.
+
+        Raises:
+            AuthenticationFailedError: no AUTH_START before, or a wrong proof (wrong secret,
+                unknown user, a proof replayed from another connection).
+        """
+        scram = conn.scram
+        if conn.authenticated or scram is None:
+            raise AuthenticationFailedError("AUTH_FINISH without AUTH_START")
+        conn.scram = None  # one attempt per connection
+        signature = scram.verify(req.client_proof)
+        user = self.store.get(scram.user)
+        if signature is None or user is None:
+            raise AuthenticationFailedError("authentication failed: unknown user or wrong secret")
+        conn.authenticated_as(user.name)
+        self.successes += 1
+        log.info("%s authenticated as %r", conn.peer, user.name)
+        return m.AuthFinishResponse(signature, user.name, user.admin)
+
+    def failed(self, conn: BrokerConnection, user: str, reason: str) -> None:
+        """Log a failed attempt (without any secret material)."""
+        self.failures += 1
+        log.warning("authentication failed from %s (user %r): %s", conn.peer, user[:128], reason)
+
+
+# -- handlers (registered in ferrymq.broker.handlers) -------------------------------------------
+
+
+def _delayed_failure(conn: BrokerConnection, exc: AuthenticationFailedError,
+                     user: str) -> asyncio.Future[m.Body]:
+    auth = conn.server.auth
+    assert auth is not None
+    auth.failed(conn, user, str(exc))
+    conn.stop_reading()
+    fut: asyncio.Future[m.Body] = asyncio.get_running_loop().create_future()
+
+    def fail() -> None:
+        if not fut.done():
+            fut.set_exception(exc)
+
+    asyncio.get_running_loop().call_later(auth.failure_delay_s, fail)
+    return fut
+
+
+def _not_enabled() -> AuthenticationFailedError:
+    return AuthenticationFailedError(
+        "authentication is off on this broker (no users_file); connect without auth=")
+
+
+def auth_start(conn: BrokerConnection, req: m.AuthStartRequest
+               ) -> m.AuthStartResponse | asyncio.Future[m.Body]:
+    """AUTH_START: the challenge, or a delayed AUTHENTICATION_FAILED."""
+    auth = conn.server.auth
+    if auth is None:
+        raise _not_enabled()
+    if conn.authenticated:
+        raise AuthenticationFailedError("this connection is authenticated already")
+    try:
+        return auth.start(conn, req)
+    except AuthenticationFailedError as exc:
+        return _delayed_failure(conn, exc, req.user)
+
+
+def auth_finish(conn: BrokerConnection, req: m.AuthFinishRequest
+                ) -> m.AuthFinishResponse | asyncio.Future[m.Body]:
+    """AUTH_FINISH: the server signature, or a delayed AUTHENTICATION_FAILED."""
+    auth = conn.server.auth
+    if auth is None:
+        raise _not_enabled()
+    if conn.authenticated:
+        raise AuthenticationFailedError("this connection is authenticated already")
+    user = conn.scram.user if conn.scram is not None else ""
+    try:
+        return auth.finish(conn, req)
+    except AuthenticationFailedError as exc:
+        return _delayed_failure(conn, exc, user)
+
+
+def whoami(conn: BrokerConnection, req: m.WhoAmIRequest) -> m.WhoAmIResponse:
+    """WHOAMI: the principal and its rights (everything when authentication is off)."""
+    if conn.principal is None:
+        return m.WhoAmIResponse("", True, ["*"], ["*"], ["*"])
+    auth = conn.server.auth
+    user = auth.store.get(conn.principal) if auth is not None else None
+    if user is None:
+        return m.WhoAmIResponse(conn.principal, False, [], [], [])
+    return m.WhoAmIResponse(user.name, user.admin, list(user.produce), list(user.consume),
+                            list(user.groups))

@@ -1,0 +1,151 @@
+"""The ACL matrix: users x resources x operations against a real broker and its users file.
+
+The expected outcome of every cell is written out by hand below (not computed by the code under
+test): a denied cell must raise AccessDeniedError and leave the broker's state unchanged, an
+allowed cell must succeed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+import ferrymq
+from ferrymq.errors import AccessDeniedError, TopicAlreadyExistsError
+from ferrymq.protocol import messages as m
+from tests.security_helpers import make_user, write_users
+
+pytestmark = pytest.mark.integration
+
+SECRET = "matrix-secret"
+USERS = {
+    "root": make_user("root", SECRET, admin=True),
+    "prod": make_user("prod", SECRET, produce=("orders*",)),
+    "cons": make_user("cons", SECRET, consume=("orders*",), groups=("team-*",)),
+    "both": make_user("both", SECRET, produce=("orders",), consume=("orders", "audit"),
+                      groups=("team-a",)),
+    "none": make_user("none", SECRET),
+}
+TOPICS = ("orders", "orders.eu", "audit")
+GROUPS = ("team-a", "team-b")
+
+# Who may do what, by hand. produce/consume: topic; group: group; admin ops: no resource.
+PRODUCE = {("root", t) for t in TOPICS} | {("prod", "orders"), ("prod", "orders.eu"),
+                                           ("both", "orders")}
+CONSUME = {("root", t) for t in TOPICS} | {("cons", "orders"), ("cons", "orders.eu"),
+                                           ("both", "orders"), ("both", "audit")}
+GROUP = {("root", g) for g in GROUPS} | {("cons", "team-a"), ("cons", "team-b"),
+                                         ("both", "team-a")}
+ADMIN = {"root"}
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ferrymq.Broker]:
+    d = tmp_path_factory.mktemp("acl")
+    users = write_users(d / "users.toml", *USERS.values())
+    with ferrymq.Broker(d / "data", users_file=str(users), flush="async",
+                        auth_failure_delay_ms=100) as b:
+        with ferrymq.AdminClient(b.address, auth=("root", SECRET)) as admin:
+            for t in TOPICS:
+                admin.create_topic(t, queues=1)
+        with ferrymq.Producer(b.address, auth=("root", SECRET)) as p:
+            for t in TOPICS:
+                p.send(ferrymq.Message(t, b"seed"))
+        yield b
+
+
+def state(address: str) -> tuple[object, ...]:
+    with ferrymq.AdminClient(address, auth=("root", SECRET)) as admin:
+        topics = sorted(admin.list_topics())
+        ends = [(t[0], admin.describe_topic(t[0]).queues[0][2]) for t in topics]
+        groups = sorted(admin.list_groups())
+        offsets = []
+        for g in GROUPS:
+            try:
+                offsets.append((g, admin.describe_group(g).offsets))
+            except ferrymq.errors.UnknownGroupError:
+                offsets.append((g, None))
+    return tuple(topics), tuple(ends), tuple(groups), tuple(offsets)
+
+
+def run_cell(broker: ferrymq.Broker, allowed: bool, action: Callable[[], object]) -> None:
+    before = None if allowed else state(broker.address)
+    if allowed:
+        action()
+        return
+    with pytest.raises(AccessDeniedError):
+        action()
+    assert state(broker.address) == before, "a denied request changed the broker's state"
+
+
+@pytest.mark.parametrize(("user", "topic"), list(itertools.product(USERS, TOPICS)))
+def test_produce(broker: ferrymq.Broker, user: str, topic: str) -> None:
+    def action() -> None:
+        with ferrymq.Producer(broker.address, auth=(user, SECRET)) as p:
+            p.send(ferrymq.Message(topic, f"by {user}".encode()))
+    run_cell(broker, (user, topic) in PRODUCE, action)
+
+
+@pytest.mark.parametrize(("user", "topic", "group"),
+                         list(itertools.product(USERS, TOPICS, GROUPS)))
+def test_consume_and_commit(broker: ferrymq.Broker, user: str, topic: str, group: str) -> None:
+    def action() -> None:
+        with ferrymq.PullConsumer(broker.address, group=group, auth=(user, SECRET),
+                                  auto_offset_reset="earliest", auto_commit=False) as c:
+            c.assign([(topic, 0)])
+            c.seek(topic, 0, 0)
+            got: list[ferrymq.ReceivedMessage] = []
+            deadline = time.monotonic() + 5
+            while not got and time.monotonic() < deadline:
+                got = c.poll(timeout=0.3)
+            assert got, "nothing consumed"
+            c.commit()
+    run_cell(broker, (user, topic) in CONSUME and (user, group) in GROUP, action)
+
+
+@pytest.mark.parametrize("user", list(USERS))
+@pytest.mark.parametrize("op", ["create_topic", "delete_topic", "reset_offsets", "dlq_purge",
+                                "list_groups", "list_topics"])
+def test_admin_operations(broker: ferrymq.Broker, user: str, op: str) -> None:
+    def action() -> None:
+        with ferrymq.AdminClient(broker.address, auth=(user, SECRET)) as admin:
+            if op == "create_topic":
+                admin.create_topic(f"tmp-{user}", queues=1)
+            elif op == "delete_topic":
+                admin.delete_topic(f"tmp-{user}")
+            elif op == "reset_offsets":
+                admin.reset_offsets("team-a", "orders", to="latest")
+            elif op == "dlq_purge":
+                with contextlib.suppress(ferrymq.errors.UnknownGroupError):  # authorised
+                    admin.dlq_purge("team-a")
+            else:
+                getattr(admin, op)()
+    if user in ADMIN and op == "delete_topic":
+        with ferrymq.AdminClient(broker.address, auth=("root", SECRET)) as admin, \
+                contextlib.suppress(TopicAlreadyExistsError):
+            admin.create_topic(f"tmp-{user}", queues=1)
+    run_cell(broker, user in ADMIN, action)
+
+
+@pytest.mark.parametrize(("user", "topic"), list(itertools.product(USERS, TOPICS)))
+def test_describe_topic(broker: ferrymq.Broker, user: str, topic: str) -> None:
+    def action() -> None:
+        with ferrymq.AdminClient(broker.address, auth=(user, SECRET)) as admin:
+            admin.describe_topic(topic)
+    run_cell(broker, (user, topic) in PRODUCE | CONSUME, action)
+
+
+def test_whoami_reports_the_rights() -> None:
+    """The table above and the users file agree (the matrix tests the file it claims to)."""
+    assert {(u.name, p) for u in USERS.values() for p in u.produce} == {
+        ("prod", "orders*"), ("both", "orders")}
+    assert all(not u.admin for n, u in USERS.items() if n != "root")
+
+
+def test_every_api_has_a_rule() -> None:
+    from ferrymq.broker.acl import NEEDS
+    assert set(NEEDS) == set(m.ApiKey), set(m.ApiKey) - set(NEEDS)
