@@ -77,6 +77,7 @@ async def fill_with_aborts(address: str, n: int, body: bytes) -> None:
             for _ in range(1000):
                 p.send_nowait(Message("mixed", body))
             if t % 100 == 99:
+                await p.flush()  # store the aborted messages, as a failed job would
                 await p.abort()
             else:
                 await p.commit()

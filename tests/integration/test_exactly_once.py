@@ -318,3 +318,20 @@ def test_delivery_groups_read_committed_only(broker: Broker, orderly: bool) -> N
             assert [g.body for g in late] == [b"open"]
         finally:
             c.close()
+
+
+def test_empty_transactions_end_either_way(broker: Broker) -> None:
+    """begin() is local: a transaction that sent nothing commits or aborts without error, right
+    after a committed one too (the broker has nothing open at that epoch)."""
+    with Producer(broker.address, transactional_id="empty") as p:
+        p.begin()
+        p.send(Message("t", b"kept"))
+        p.commit()
+        p.begin()
+        p.abort()
+        p.begin()
+        p.commit()
+        p.begin()
+        p.send_async(Message("t", b"dropped before it was sent"))
+        p.abort()
+    assert bodies(read_topic(broker.address, "t", 1)) == [b"kept"]

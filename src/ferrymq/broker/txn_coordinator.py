@@ -591,15 +591,12 @@ class TxnCoordinator:
         if action == m.EndTxnAction.STAGE:
             return await self._stage(meta, req, durability)
         commit = action == m.EndTxnAction.COMMIT
-        if meta.state in (TxnState.EMPTY, TxnState.COMPLETE_COMMIT, TxnState.COMPLETE_ABORT):
-            # nothing open: a commit or abort of nothing (or a retry of one whose answer was
-            # lost) succeeds; asking for the opposite of what happened does not
-            if meta.state == TxnState.COMPLETE_COMMIT and not commit:
-                raise InvalidTxnStateError(f"transaction of {meta.tid!r} already committed")
-            if meta.state == TxnState.COMPLETE_ABORT and commit:
-                raise InvalidTxnStateError(f"transaction of {meta.tid!r} was aborted")
-            return m.EndTxnResponse(int(meta.state) if meta.state != TxnState.EMPTY else
-                                    int(TxnState.COMPLETE_COMMIT if commit
+        if meta.state in DONE_STATES:
+            # nothing open at this epoch: the transaction sent nothing (begin() is local), or
+            # this is a retry whose first answer was lost; either way the outcome asked for
+            # holds (a transaction the broker aborted on its own moved the epoch on, so its
+            # producer gets TRANSACTION_TIMED_OUT or PRODUCER_FENCED above, never this)
+            return m.EndTxnResponse(int(TxnState.COMPLETE_COMMIT if commit
                                         else TxnState.COMPLETE_ABORT), durability)
         if meta.state == TxnState.STAGED and commit:
             raise InvalidTxnStateError(f"transaction of {meta.tid!r} is staged: commit it with "
