@@ -331,20 +331,27 @@ class Log:
         dup = self._producers.check(h)
         if dup is not None:
             return AppendResult(dup.base_offset, dup.last_offset, dup.append_time_ms, True)
+        active, stamped = self._write(batch, h, now_ms)
+        self._producers.update_plain(stamped)
+        self._last_append_time_ms = stamped.append_time_ms
+        with self._lock:
+            self._end_offset = stamped.last_offset + 1
+        return AppendResult(stamped.base_offset, stamped.last_offset, stamped.append_time_ms,
+                            False)
+
+    def _write(self, batch: bytes | bytearray | memoryview, h: BatchHeader,
+               now_ms: int) -> tuple[Segment, BatchHeader]:
+        """Stamp ``batch`` with the next offset and the append time and write it to the active
+        segment (rolled first if due); the segment and the stamped header."""
         active = self._segments[-1]
         if self._should_roll(active, len(batch), h.record_count, now_ms):
             active = self._roll()
-        base = self._end_offset
         append_time = max(now_ms, self._last_append_time_ms)
         head = bytearray(batch[:HEADER_SIZE])
-        stamp_batch(head, 0, base, append_time)
-        stamped = h._replace(base_offset=base, append_time_ms=append_time)
+        stamp_batch(head, 0, self._end_offset, append_time)
+        stamped = h._replace(base_offset=self._end_offset, append_time_ms=append_time)
         active.append(batch, stamped, head)
-        self._producers.update_plain(stamped)
-        self._last_append_time_ms = append_time
-        with self._lock:
-            self._end_offset = stamped.last_offset + 1
-        return AppendResult(base, stamped.last_offset, append_time, False)
+        return active, stamped
 
     def _append_txn(self, batch: bytes | bytearray | memoryview, h: BatchHeader, now_ms: int) -> AppendResult:
         """:meth:`append` of a transactional data batch (bit 4) or a control batch (bit 5)."""
@@ -357,15 +364,8 @@ class Log:
         dup = self._producers.check(h)
         if dup is not None:
             return AppendResult(dup.base_offset, dup.last_offset, dup.append_time_ms, True)
-        active = self._segments[-1]
-        if self._should_roll(active, len(batch), h.record_count, now_ms):
-            active = self._roll()
-        base = self._end_offset
-        append_time = max(now_ms, self._last_append_time_ms)
-        head = bytearray(batch[:HEADER_SIZE])
-        stamp_batch(head, 0, base, append_time)
-        stamped = h._replace(base_offset=base, append_time_ms=append_time)
-        active.append(batch, stamped, head)
+        active, stamped = self._write(batch, h, now_ms)
+        base, append_time = stamped.base_offset, stamped.append_time_ms
         first = self._producers.ongoing.get(h.producer_id, -1)
         self._producers.update_txn(stamped)
         self._last_append_time_ms = append_time
