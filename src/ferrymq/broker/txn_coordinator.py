@@ -180,19 +180,24 @@ class TxnCoordinator:
     def _write(self, rec: dict[str, Any], key: str) -> int:
         """Append one record to the state log; the end offset to wait for."""
         qs = self.state_queue
-        if qs in self.flusher.failed:
-            raise StorageFailureError(f"{qs} had an fsync failure; restart needed")
         now = self.clock.wall_ms()
         body = bytes(msgpack.packb(rec, use_bin_type=True))
         batch = encode_batch([RecordInput(body, now, rec["t"].encode(), b"", key.encode())])
+        end = self._append(qs, batch, now, "the transaction log")
+        self._dirty = True
+        return end
+
+    def _append(self, qs: QueueState, batch: bytes | bytearray, now: int, what: str) -> int:
+        """Append a batch the coordinator built; the end offset to wait for."""
+        if qs in self.flusher.failed:
+            raise StorageFailureError(f"{qs} had an fsync failure; restart needed")
         try:
             res = qs.log.append(batch, now_ms=now)
         except OSError as exc:
-            raise StorageFailureError(f"cannot write the transaction log: {exc}") from None
+            raise StorageFailureError(f"cannot write {what}: {exc}") from None
         self.flusher.mark_dirty(qs)
         if not self.sync:
             qs.advance(qs.log.end_offset)
-        self._dirty = True
         return res.last_offset + 1
 
     def _save(self, meta: TxnMeta) -> int:
@@ -352,16 +357,7 @@ class TxnCoordinator:
                        coord: int, now: int) -> int:
         batch = encode_marker(producer_id=pid, producer_epoch=epoch, commit=commit,
                               transactional_id=tid, coordinator_offset=coord, timestamp_ms=now)
-        if qs in self.flusher.failed:
-            raise StorageFailureError(f"{qs} had an fsync failure; restart needed")
-        try:
-            res = qs.log.append(batch, now_ms=now)
-        except OSError as exc:
-            raise StorageFailureError(f"cannot write a transaction marker: {exc}") from None
-        self.flusher.mark_dirty(qs)
-        if not self.sync:
-            qs.advance(qs.log.end_offset)
-        return res.last_offset + 1
+        return self._append(qs, batch, now, "a transaction marker")
 
     def _apply_offsets(self, meta: TxnMeta) -> None:
         for group, offs in meta.offsets.items():
