@@ -1,6 +1,7 @@
 # FerryMQ: two commands to start.
 #   make run    create .venv, install FerryMQ, start a broker on 127.0.0.1:9876 (data: ./ferrymq-data)
 #   make test   install the test dependencies and run the whole suite (lint, types, tests)
+#   make pipeline  the PySpark example pipeline (examples/pipeline) on an embedded broker
 PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
@@ -9,7 +10,7 @@ PORT   ?= 9876
 DATA   ?= ./ferrymq-data
 FLUSH  ?= sync
 
-.PHONY: run test venv install install-test lint typecheck pytest soak bench clean
+.PHONY: run test venv install install-test lint typecheck pytest soak bench pipeline clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +44,14 @@ test: lint typecheck pytest
 
 soak: install-test
 	$(BIN)/pytest -m soak $(PYTEST_ARGS)
+
+$(VENV)/.installed-spark: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[spark]'
+	touch $@
+
+# the example data pipeline end to end on an embedded broker (needs java on PATH)
+pipeline: $(VENV)/.installed-spark
+	SPARK_LOCAL_IP=127.0.0.1 $(BIN)/python examples/pipeline/run.py
 
 bench: $(VENV)/.installed
 	$(BIN)/ferrymq bench produce
