@@ -331,7 +331,7 @@ class Log:
         dup = self._producers.check(h)
         if dup is not None:
             return AppendResult(dup.base_offset, dup.last_offset, dup.append_time_ms, True)
-        active, stamped = self._write(batch, h, now_ms)
+        _active, stamped = self._write(batch, h, now_ms)
         self._producers.update_plain(stamped)
         self._last_append_time_ms = stamped.append_time_ms
         with self._lock:
