@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -47,6 +46,7 @@ import msgpack
 from ferrymq._faults import crash_point
 from ferrymq._time import Clock
 from ferrymq.broker.groups import check_group_name
+from ferrymq.broker.handlers.offsets import check_offsets
 from ferrymq.broker.transactions import _wait_durable
 from ferrymq.errors import (
     BatchAlreadyCommittedError,
@@ -528,23 +528,9 @@ class TxnCoordinator:
                 raise IllegalGenerationError(
                     f"offsets for generation {req.generation}, group {req.group!r} is at "
                     f"{g.generation}")
-        out: list[tuple[str, int, int]] = []
-        valid: list[tuple[str, int, int]] = []
-        for topic, queue, offset in req.entries:
-            try:
-                qs = self.topics.queue(topic, queue)
-                if offset < 0 or offset > qs.log.end_offset:
-                    raise InvalidRequestError(f"offset {offset} is outside {topic}/{queue}")
-                owner = self.pending_offsets.get((req.group, topic, queue))
-                if owner is not None and owner != meta.tid:
-                    raise ConcurrentTransactionsError(
-                        f"{req.group} {topic}/{queue} has offsets pending in transaction of "
-                        f"{owner!r}")
-            except BrokerError as exc:
-                out.append((topic, queue, exc.code))
-                continue
-            valid.append((topic, queue, offset))
-            out.append((topic, queue, 0))
+        valid, out = check_offsets(
+            self.topics, req.entries,
+            lambda t, q: self.check_pending(req.group, t, q, meta.tid))
         if valid:
             self._begin_if_needed(meta)
             offs = meta.offsets.setdefault(req.group, {})
@@ -558,19 +544,17 @@ class TxnCoordinator:
         """Queues of ``group`` with offsets pending in an open transaction."""
         return sorted((t, q) for (g, t, q) in self.pending_offsets if g == group)
 
-    def check_plain_commit(self, group: str, entries: Iterable[tuple[str, int, int]]) -> None:
-        """A plain COMMIT_OFFSETS may not race a transaction's pending offsets.
+    def check_pending(self, group: str, topic: str, queue: int, tid: str = "") -> None:
+        """Offsets of ``group`` on a queue may not be committed while a transaction other than
+        ``tid``'s ("": any) holds offsets for it.
 
         Raises:
             ConcurrentTransactionsError.
         """
-        if not self.pending_offsets:
-            return
-        for t, q, _o in entries:
-            owner = self.pending_offsets.get((group, t, q))
-            if owner is not None:
-                raise ConcurrentTransactionsError(
-                    f"{group} {t}/{q} has offsets pending in the transaction of {owner!r}")
+        owner = self.pending_offsets.get((group, topic, queue)) if self.pending_offsets else None
+        if owner is not None and owner != tid:
+            raise ConcurrentTransactionsError(
+                f"{group} {topic}/{queue} has offsets pending in the transaction of {owner!r}")
 
     # -- END_TXN -----------------------------------------------------------------------------
 

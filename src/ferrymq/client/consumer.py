@@ -26,7 +26,7 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ferrymq.client._session import Auth, Session, TLSOption
@@ -508,12 +508,11 @@ class AsyncPullConsumer:
             await self._reset_to(reset, self._reset)
 
     def _decode(self, topic: str, queue: int, st: _QueueState, data: bytes,
-                aborted: Iterable[tuple[int, int]] = ()) -> None:
+                aborted: Sequence[tuple[int, int]] = ()) -> None:
         """Turn fetched batches into messages: per record one ``unpack_from`` and one object;
         every other field is decoded when the application reads it. Transaction markers, and
         with read_committed the batches of ``aborted`` transactions, are skipped."""
-        rc = (ReadCommittedFilter(aborted) if self._isolation == Isolation.READ_COMMITTED
-              else None)
+        rc = ReadCommittedFilter(aborted) if aborted else None  # none: skip markers only
         mv = memoryview(data)  # for CRC checks; messages slice the bytes object itself
         start = st.fetch_position or 0
         topic_id = st.topic_id

@@ -208,7 +208,6 @@ class AsyncProducer:
         self._txn_state = _READY
         self._txn_error: BaseException | None = None
         self._txn_reinit = False  # the broker aborted on timeout, or a send failed: new epoch
-        self._txn_sent = False
         self._selector = queue_selector
         self._auto_create = auto_create_topics
         self._clock = clock
@@ -283,7 +282,6 @@ class AsyncProducer:
             await self._fenced_guard(self._init_txn(self.producer_id, self.producer_epoch))
         self._txn_state = _IN_TXN
         self._txn_error = None
-        self._txn_sent = False
 
     async def send_offsets(self, group: str, offsets: dict[tuple[str, int], int], *,
                            consumer: Any = None) -> None:
@@ -309,7 +307,6 @@ class AsyncProducer:
         for t, q, code in resp.results:
             if code:
                 raise error_for_code(code, f"offset of {t}/{q} for group {group!r}")
-        self._txn_sent = True
 
     async def commit(self) -> None:
         """Flush and commit the transaction: its messages (and offsets) become visible
@@ -323,12 +320,7 @@ class AsyncProducer:
                 again.
             ProducerFencedError: a newer producer took the transactional id (fatal).
         """
-        self._need_txn("commit()")
-        if self._txn_state != _IN_TXN:
-            raise TransactionStateError("commit() with no transaction open: begin() first")
-        await self.flush()
-        if self._txn_error is not None:
-            raise self._txn_error
+        await self._flush_txn("commit()")
         await self._end(m.EndTxnAction.COMMIT)
         self._txn_state = _READY
 
@@ -367,16 +359,21 @@ class AsyncProducer:
         Raises:
             as :meth:`commit`.
         """
-        self._need_txn("stage()")
-        if self._txn_state != _IN_TXN:
-            raise TransactionStateError("stage() with no transaction open: begin() first")
-        await self.flush()
-        if self._txn_error is not None:
-            raise self._txn_error
+        await self._flush_txn("stage()")
         ttl_ms = 0 if ttl_s is None else max(1, int(ttl_s * 1000))
         await self._end(m.EndTxnAction.STAGE, sink_id, batch_id, ttl_ms)
         self._txn_state = _READY
         return StagedHandle(self._tid or "", self.producer_id, self.producer_epoch)
+
+    async def _flush_txn(self, what: str) -> None:
+        """Before commit/stage: the transaction is open, every send of it is answered, and
+        none failed (else that error is raised: the transaction must be aborted)."""
+        self._need_txn(what)
+        if self._txn_state != _IN_TXN:
+            raise TransactionStateError(f"{what} with no transaction open: begin() first")
+        await self.flush()
+        if self._txn_error is not None:
+            raise self._txn_error
 
     async def _end(self, action: m.EndTxnAction, sink_id: str = "", batch_id: int = -1,
                    ttl_ms: int = 0) -> None:
@@ -489,7 +486,6 @@ class AsyncProducer:
         if self._tid is not None:
             for msg in msgs:
                 self._txn_check(msg)
-            self._txn_sent = True
         await self._wait_for_space()
         loop = asyncio.get_running_loop()
         groups: dict[tuple[str, int, int] | str, list[int]] = {}
@@ -614,7 +610,6 @@ class AsyncProducer:
             except (ClientError, ValueError) as exc:
                 _settle(unit, exc=exc)
                 return
-            self._txn_sent = True
         info = self._session.topics.get(msg.topic)
         if info is None:
             pending = self._unresolved.get(msg.topic)

@@ -121,8 +121,8 @@ def _read_all(
                     if committed:
                         aborted = lg.aborted_txns(offset, end)
                 else:
-                    rc = (ReadCommittedFilter(lg.aborted_txns(offset, end)) if committed
-                          else None)
+                    aborted_here = lg.aborted_txns(offset, end) if committed else []
+                    rc = ReadCommittedFilter(aborted_here) if aborted_here else None
                     data = _read_filtered(qs, offset, limit, end, tags, rc)
             elif offset >= end:
                 waitable.append(qs)

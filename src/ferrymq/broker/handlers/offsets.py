@@ -9,8 +9,10 @@ from ferrymq.protocol import messages as m
 from ferrymq.protocol.messages import Isolation, OffsetSpec
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ferrymq.broker.connection import BrokerConnection
-    from ferrymq.broker.topics import QueueState
+    from ferrymq.broker.topics import QueueState, TopicRegistry
 
 
 def resolve_spec(qs: QueueState, spec: int, *, committed: bool = False) -> int:
@@ -39,25 +41,40 @@ def list_offsets(conn: BrokerConnection, req: m.ListOffsetsRequest) -> m.ListOff
     return m.ListOffsetsResponse(out)
 
 
-def commit_offsets(
-    conn: BrokerConnection, req: m.CommitOffsetsRequest
-) -> m.CommitOffsetsResponse:
-    """Store a group's offsets durably (fenced by generation for group members)."""
-    topics = conn.server.topics
+def check_offsets(
+    topics: TopicRegistry, entries: list[tuple[str, int, int]],
+    also: Callable[[str, int], None] | None = None,
+) -> tuple[list[tuple[str, int, int]], list[tuple[str, int, int]]]:
+    """Check offsets to commit one by one: the queue exists, the offset is in 0..end, and
+    ``also(topic, queue)`` does not raise. Returns (the valid entries, (topic, queue, code) per
+    entry in request order)."""
     valid: list[tuple[str, int, int]] = []
     out: list[tuple[str, int, int]] = []
-    for topic, queue, offset in req.entries:
+    for topic, queue, offset in entries:
         try:
             qs = topics.queue(topic, queue)
             if offset < 0 or offset > qs.log.end_offset:
-                raise InvalidOffsetError(f"offset {offset} is past the end of {topic}/{queue}")
+                raise InvalidOffsetError(f"offset {offset} is outside 0..{qs.log.end_offset} "
+                                         f"of {topic}/{queue}")
+            if also is not None:
+                also(topic, queue)
         except BrokerError as exc:
             out.append((topic, queue, exc.code))
             continue
         valid.append((topic, queue, offset))
         out.append((topic, queue, 0))
+    return valid, out
+
+
+def commit_offsets(
+    conn: BrokerConnection, req: m.CommitOffsetsRequest
+) -> m.CommitOffsetsResponse:
+    """Store a group's offsets durably (fenced by generation for group members); a queue whose
+    offsets are pending in an open transaction is refused (CONCURRENT_TRANSACTIONS)."""
+    txn = conn.server.txn
+    valid, out = check_offsets(conn.server.topics, req.entries,
+                               lambda t, q: txn.check_pending(req.group, t, q))
     if valid:
-        conn.server.txn.check_plain_commit(req.group, valid)
         conn.server.groups.commit(req.group, req.member_id, req.generation, valid)
     return m.CommitOffsetsResponse(out)
 
