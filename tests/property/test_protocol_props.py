@@ -14,7 +14,14 @@ from hypothesis import strategies as st
 from ferrymq.errors import CorruptRecordError, FerryMQError, ProtocolError
 from ferrymq.protocol import messages as m
 from ferrymq.protocol import records as r
-from ferrymq.protocol.frames import FLAG_ONEWAY, FLAG_RESPONSE, Frame, FrameDecoder, encode_frame
+from ferrymq.protocol.frames import (
+    FLAG_ONEWAY,
+    FLAG_RESPONSE,
+    SCRATCH_BYTES,
+    Frame,
+    FrameDecoder,
+    encode_frame,
+)
 
 FAST = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 MEDIUM = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -173,6 +180,42 @@ def test_frame_decoder_any_chunking(fs: list[Frame], cuts: list[int]) -> None:
         out += dec.feed(data[prev:p])
         prev = p
     assert out == one_shot
+    assert dec.buffered == 0
+
+
+_PATTERN = bytes(range(256)) * 512  # 128 KiB to cut payloads from
+
+
+@FAST
+@given(
+    sizes=st.lists(st.integers(0, 100_000) | st.integers(0, 40), min_size=1, max_size=6),
+    reads=st.lists(st.integers(1, 200_000), min_size=1, max_size=40),
+    scratch=st.sampled_from([13, 100, 4096, SCRATCH_BYTES]),
+    preallocate=st.booleans(),
+)
+def test_frame_decoder_buffered_protocol(sizes: list[int], reads: list[int], scratch: int,
+                                         preallocate: bool) -> None:
+    """Reads landing in get_buffer() (asyncio.BufferedProtocol), of any size the kernel may
+    choose, give the same frames as the bytes that were sent, small and large, with and
+    without preallocated frame buffers."""
+    fs = [Frame(i % 7, 1, 0, i, _PATTERN[i : i + n]) for i, n in enumerate(sizes)]
+    data = b"".join(
+        encode_frame(f.api_key, f.api_version, f.flags, f.correlation_id, bytes(f.payload))
+        for f in fs
+    )
+    dec = FrameDecoder(1 << 20, memoryview(bytearray(scratch)), preallocate=preallocate)
+    out: list[Frame] = []
+    pos = i = 0
+    while pos < len(data):
+        buf = dec.get_buffer(-1)
+        assert len(buf) > 0
+        k = min(len(buf), reads[i % len(reads)], len(data) - pos)
+        i += 1
+        buf[:k] = data[pos : pos + k]
+        pos += k
+        got = dec.buffer_updated(k)
+        out += got
+    assert out == fs
     assert dec.buffered == 0
 
 

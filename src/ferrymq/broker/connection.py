@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-:class:`BrokerConnection` is an ``asyncio.Protocol``; the sans-IO :class:`FrameDecoder` turns the
+:class:`BrokerConnection` is an ``asyncio.BufferedProtocol``; the sans-IO :class:`FrameDecoder` turns the
 byte stream into frames. Each request is dispatched at once (no task per request): a handler
 returns either a response body or a future of one (a produce waiting for its fsync, a fetch
 waiting for data). Responses are written as they complete, matched by correlation id.
@@ -43,6 +43,7 @@ import socket
 import time
 from typing import TYPE_CHECKING, Any, cast
 
+from ferrymq._buffers import thread_scratch
 from ferrymq.broker.acl import authorize
 from ferrymq.errors import BrokerError, FrameSizeError, RemoteProtocolError
 from ferrymq.protocol.codes import ErrorCode
@@ -60,7 +61,7 @@ PRE_AUTH_APIS = frozenset((ApiKey.HELLO, ApiKey.AUTH_START, ApiKey.AUTH_FINISH))
 _AUTH_APIS = frozenset((ApiKey.AUTH_START, ApiKey.AUTH_FINISH))
 
 
-class BrokerConnection(asyncio.Protocol):
+class BrokerConnection(asyncio.BufferedProtocol):
     """Protocol instance for one accepted socket."""
 
     def __init__(self, server: BrokerServer) -> None:
@@ -74,7 +75,7 @@ class BrokerConnection(asyncio.Protocol):
         self.scram: ScramServer | None = None
         """The handshake in progress (between AUTH_START and AUTH_FINISH)."""
         self.decoder = FrameDecoder(cfg.max_frame_bytes if self.authenticated
-                                    else cfg.max_pre_auth_frame_bytes)
+                                    else cfg.max_pre_auth_frame_bytes, thread_scratch())
         self.peer = "?"
         self.ip = "?"
         self.client_id = ""
@@ -139,13 +140,29 @@ class BrokerConnection(asyncio.Protocol):
         self.write_paused_since = None
         self._update_reading()
 
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.decoder.get_buffer(sizehint)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.last_activity = time.monotonic()
+        try:
+            frames = self.decoder.buffer_updated(nbytes)
+        except RemoteProtocolError as exc:
+            self._fail_stream(exc)
+            return
+        self._handle(frames)
+
     def data_received(self, data: bytes) -> None:
+        """Bytes read by someone else (tests, transports that do not buffer)."""
         self.last_activity = time.monotonic()
         try:
             frames = self.decoder.feed(data)
         except RemoteProtocolError as exc:
             self._fail_stream(exc)
             return
+        self._handle(frames)
+
+    def _handle(self, frames: list[Frame]) -> None:
         for frame in frames:
             if self.closed or self._stopped_reading:
                 return

@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-:class:`Transport` is an ``asyncio.Protocol`` around the sans-IO :class:`FrameDecoder`. Each
+:class:`Transport` is an ``asyncio.BufferedProtocol`` around the sans-IO :class:`FrameDecoder`. Each
 request gets a correlation id and a future; the response resolves it (or raises the broker's
 error as its exception class). Many requests are in flight at once. When the connection drops,
 every pending future fails with :class:`~ferrymq.errors.ConnectionClosedError`; reconnecting is
@@ -21,6 +21,7 @@ import socket
 import ssl
 from typing import TypeVar, cast
 
+from ferrymq._buffers import thread_scratch
 from ferrymq.errors import (
     ConfigError,
     ConnectionClosedError,
@@ -28,7 +29,13 @@ from ferrymq.errors import (
     RemoteProtocolError,
     error_for_code,
 )
-from ferrymq.protocol.frames import FLAG_ONEWAY, FrameDecoder, encode_frame_parts, split_response
+from ferrymq.protocol.frames import (
+    FLAG_ONEWAY,
+    Frame,
+    FrameDecoder,
+    encode_frame_parts,
+    split_response,
+)
 from ferrymq.protocol.messages import Body, Request
 
 B = TypeVar("B", bound=Body)
@@ -72,12 +79,12 @@ def client_tls_context(tls: TLSOption = True, *, cert_file: str | None = None,
     return ctx
 
 
-class Transport(asyncio.Protocol):
+class Transport(asyncio.BufferedProtocol):
     """A connected socket to one broker."""
 
     def __init__(self) -> None:
         self._transport: asyncio.Transport | None = None
-        self._decoder = FrameDecoder(CLIENT_MAX_FRAME_BYTES)
+        self._decoder = FrameDecoder(CLIENT_MAX_FRAME_BYTES, thread_scratch(), preallocate=True)
         self._pending: dict[int, tuple[asyncio.Future[bytes | memoryview], type[Request]]] = {}
         self._ids = itertools.count(1)
         self.closed = asyncio.Event()
@@ -119,12 +126,27 @@ class Transport(asyncio.Protocol):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
 
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._decoder.get_buffer(sizehint)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        try:
+            frames = self._decoder.buffer_updated(nbytes)
+        except RemoteProtocolError as exc:
+            self._fail(exc)
+            return
+        self._handle(frames)
+
     def data_received(self, data: bytes) -> None:
+        """Bytes read by someone else (transports that do not buffer)."""
         try:
             frames = self._decoder.feed(data)
         except RemoteProtocolError as exc:
             self._fail(exc)
             return
+        self._handle(frames)
+
+    def _handle(self, frames: list[Frame]) -> None:
         for f in frames:
             entry = self._pending.pop(f.correlation_id, None)
             if entry is None:

@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ferrymq.client._session import Auth, Session, TLSOption
-from ferrymq.client.message import BatchContext, ReceivedMessage
+from ferrymq.client.message import BatchContext, ReceivedMessage, received_messages
 from ferrymq.errors import (
     BrokerError,
     ClientError,
@@ -54,7 +54,6 @@ from ferrymq.protocol.records import (
     ATTR_TRANSACTIONAL,
     check_stored_batch,
     iter_batches,
-    walk_records,
 )
 from ferrymq.protocol.tags import parse_tag_expression
 
@@ -458,10 +457,12 @@ class AsyncPullConsumer:
                     # offsets between the last message and the fetch position were filtered
                     # out by tag on the broker: they count as consumed
                     st.position = max(st.position, st.fetch_position)
-        if not buf and (self._fetch is None or self._fetch.done()) and self._queues:
+        if (self._fetch is None or self._fetch.done()) and self._queues and (
+                not buf or sum(len(c) for c in buf) - self._head < n):
+            # fewer than one more poll's worth is buffered: prefetch while the application works
             if self._fetch is not None:
                 self._fetch_result()
-            if self._fetch is None:  # prefetch while the application works
+            if self._fetch is None:
                 self._fetch = asyncio.get_running_loop().create_task(self._do_fetch(0.0))
         return out
 
@@ -533,7 +534,7 @@ class AsyncPullConsumer:
                 nxt = last + 1  # a transaction marker, or aborted data
                 continue
             ctx = BatchContext(topic, queue, topic_id, h.append_time_ms, h.first_timestamp)
-            chunk = walk_records(data, pos, h, start, ReceivedMessage, ctx)
+            chunk = received_messages(data, pos, h, start, ctx)
             if chunk is None:
                 # CRC-valid but malformed inside: a producer bug. Hand out what came before,
                 # raise once (poll), and continue after it so the queue is not blocked.

@@ -6,11 +6,16 @@ from __future__ import annotations
 import datetime as _dt
 import enum
 import math
+import struct
 from collections.abc import Iterable, Mapping, Sequence
 from typing import overload
 
 from ferrymq.protocol.dedup import DEDUP_KEY, check_dedup_key
 from ferrymq.protocol.records import (
+    HEADER_SIZE,
+    LENGTH_PREFIX,
+    RECORD_PREFIX_SIZE,
+    BatchHeader,
     RecordInput,
     decode_properties,
     encode_msg_id,
@@ -286,20 +291,22 @@ class SendResults(Sequence["SendResult"]):
 
 
 class ReceivedMessage:
-    """A consumed message. Fields are decoded on first access from the fetched batch, so a
-    message costs one small object until the application reads it.
+    """A consumed message. The body is sliced out when the message is built; every other field
+    is decoded on first access from the fetched batch.
 
     Attributes:
         offset: its offset in its queue.
+        body: the payload.
     """
 
-    __slots__ = ("_buf", "_ctx", "_pos", "offset")
+    __slots__ = ("_buf", "_ctx", "_pos", "body", "offset")
 
     def __init__(self, ctx: BatchContext, buf: bytes, pos: int, offset: int) -> None:
         self._ctx = ctx
         self._buf = buf
         self._pos = pos
         self.offset = offset
+        self.body: bytes = record_body(buf, pos)
 
     @property
     def topic(self) -> str:
@@ -318,11 +325,6 @@ class ReceivedMessage:
 
     def _fields(self) -> tuple[int, int, int, int, int, int]:
         return record_fields(self._buf, self._pos)
-
-    @property
-    def body(self) -> bytes:
-        """The payload."""
-        return record_body(self._buf, self._pos)
 
     @property
     def born_ms(self) -> int:
@@ -381,3 +383,47 @@ class ReceivedMessage:
     def __repr__(self) -> str:
         return (f"ReceivedMessage(topic={self.topic!r}, queue={self.queue}, "
                 f"offset={self.offset}, body={self.body[:32]!r})")
+
+
+_RECORD_LENGTHS = struct.Struct("<II5xBHHI")  # length, offset delta, tag/sk/keys/props lengths
+_unpack_record = _RECORD_LENGTHS.unpack_from
+_new_received = ReceivedMessage.__new__
+
+
+def received_messages(
+    buf: bytes, pos: int, h: BatchHeader, start: int, ctx: BatchContext,
+) -> list[ReceivedMessage] | None:
+    """The messages of the batch at ``pos`` whose offset is at least ``start``; None when the
+    record lengths do not add up to the batch (CRC-valid but malformed inside).
+
+    The consumers' hot path: one ``unpack_from``, one slice and one object per record, built
+    without a Python-level ``__init__`` call.
+    """
+    out: list[ReceivedMessage] = []
+    app = out.append
+    unpack = _unpack_record
+    new = _new_received
+    cls = ReceivedMessage
+    base = h.base_offset
+    p = pos + HEADER_SIZE
+    end = pos + LENGTH_PREFIX + h.batch_length
+    try:
+        while p < end:
+            n, delta, tl, skl, kl, pl = unpack(buf, p)
+            rend = p + 4 + n
+            bstart = p + RECORD_PREFIX_SIZE + tl + skl + kl + pl
+            if bstart > rend:
+                return None
+            off = base + delta
+            if off >= start:
+                msg = new(cls)
+                msg._ctx = ctx
+                msg._buf = buf
+                msg._pos = p
+                msg.offset = off
+                msg.body = buf[bstart:rend]
+                app(msg)
+            p = rend
+    except struct.error:
+        return None
+    return out if p == end else None

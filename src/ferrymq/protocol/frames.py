@@ -17,6 +17,9 @@ may come back in any order and are matched by correlation id.
 :class:`FrameDecoder` is incremental: feed it any chunking of the byte stream (one byte at a
 time works) and it yields whole frames. It checks the declared length against
 ``max_frame_bytes`` *before* buffering the payload, so a hostile length cannot make it allocate.
+It also serves ``asyncio.BufferedProtocol``: :meth:`FrameDecoder.get_buffer` hands out the memory
+the next read lands in, so a large frame is received in place, in one buffer of its own size,
+with no copy in user space.
 """
 
 from __future__ import annotations
@@ -110,28 +113,49 @@ def split_response(payload: bytes | memoryview) -> tuple[int, bytes | memoryview
     return _U16.unpack_from(payload)[0], payload[2:]
 
 
+SCRATCH_BYTES = 128 * 1024
+"""Size of the scratch buffer reads land in while no large frame is in progress."""
+
+BIG_FRAME_BYTES = 32 * 1024
+"""With ``preallocate``, frames larger than this that do not arrive in one read get a buffer of
+their own size, which the rest of the frame is read into directly."""
+
+
 class FrameDecoder:
     """Incremental frame decoder over a byte stream (sans-IO).
 
-    Chunks are kept in a list and joined once per completed frame, so a large frame arriving in
-    many reads is copied once, not once per read; a frame's payload is a view into the joined
-    bytes, so a megabyte produce request or fetch response is not copied again.
+    Two ways in: :meth:`feed` takes bytes already read; :meth:`get_buffer` and
+    :meth:`buffer_updated` follow ``asyncio.BufferedProtocol``, so reads land in the decoder's
+    memory. Reads go to a scratch buffer; a frame that is complete in it is copied out, and
+    the rest of a frame that is not is appended to a buffer of its own as it arrives (one copy,
+    where reading into fresh bytes and joining them took two). A payload is a view of that
+    buffer, never copied again.
 
     Args:
         max_frame_bytes: frames whose declared length exceeds this raise at once, before any
             payload is buffered.
+        scratch: the buffer reads land in; the IO layer may share one among all the decoders of
+            one event loop (nothing refers to it once :meth:`buffer_updated` returns), so an idle
+            connection holds no buffer. Default: one of :data:`SCRATCH_BYTES` of its own.
+        preallocate: for a peer whose declared lengths are trusted (a client reading its
+            broker): a large frame gets a buffer of its declared size as soon as its header is
+            read, and the rest of it is read straight into that buffer (no copy at all). A
+            broker leaves this off, so memory grows only with the bytes a peer really sent.
     """
 
-    __slots__ = ("_chunks", "_have", "_max", "_need", "error")
+    __slots__ = ("_big", "_big_have", "_max", "_part", "_prealloc", "_scratch", "error")
 
-    def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
-        self._chunks: list[bytes | memoryview] = []
-        self._have = 0  # bytes held in _chunks
-        self._need = HEADER_SIZE  # bytes needed before parsing can make progress
+    def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+                 scratch: memoryview | None = None, *, preallocate: bool = False) -> None:
+        self._scratch = scratch if scratch is not None else memoryview(bytearray(SCRATCH_BYTES))
+        self._prealloc = preallocate
+        self._part = bytearray()  # the start of a small frame (or of a header) awaiting the rest
+        self._big: bytearray | None = None  # a large frame being read in place
+        self._big_have = 0
         self._max = max_frame_bytes
         self.error: RemoteProtocolError | None = None
-        """Set when a bad header followed frames returned by the same ``feed`` call: handle
-        those frames, then treat the stream as dead."""
+        """Set when a bad header followed frames returned by the same call: handle those
+        frames, then treat the stream as dead."""
 
     @property
     def max_frame_bytes(self) -> int:
@@ -147,7 +171,13 @@ class FrameDecoder:
     @property
     def buffered(self) -> int:
         """Bytes held while waiting for the rest of a frame."""
-        return self._have
+        return self._big_have if self._big is not None else len(self._part)
+
+    def get_buffer(self, sizehint: int = -1) -> memoryview:
+        """Where the next read should land (``asyncio.BufferedProtocol.get_buffer``)."""
+        if self._big is not None:
+            return memoryview(self._big)[self._big_have :]
+        return self._scratch
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[Frame]:
         """Add bytes from the stream and return every frame they complete.
@@ -162,45 +192,125 @@ class FrameDecoder:
         """
         if self.error is not None:
             raise self.error
-        if data:
-            self._chunks.append(bytes(data))
-            self._have += len(data)
-        if self._have < self._need:
-            return []
-        chunks = self._chunks
-        first = chunks[0]
-        buf = first if len(chunks) == 1 and isinstance(first, bytes) else b"".join(chunks)
-        n = len(buf)
-        view = memoryview(buf)
+        src = memoryview(data).cast("B") if not isinstance(data, bytes) else memoryview(data)
         frames: list[Frame] = []
-        pos = 0
-        unpack = HEADER.unpack_from
-        need = HEADER_SIZE
-        while n - pos >= HEADER_SIZE:
-            length, api_key, version, flags, corr = unpack(buf, pos)
-            problem: RemoteProtocolError | None = None
-            if length > self._max - 4:
-                problem = FrameSizeError(
-                    f"frame of {length + 4} bytes exceeds max_frame_bytes={self._max}")
-            elif length < _AFTER_LENGTH:
-                problem = RemoteProtocolError(f"frame length {length} is shorter than its header")
-            elif flags & ~_KNOWN_FLAGS:
-                problem = RemoteProtocolError(f"unknown frame flags {flags:#x}")
-            if problem is not None:
-                self.error = problem
-                self._chunks = []
-                self._have = 0
+        i = 0
+        n = len(src)
+        while True:
+            buf = self.get_buffer()
+            k = min(len(buf), n - i)
+            buf[:k] = src[i : i + k]
+            i += k
+            try:
+                frames += self.buffer_updated(k)
+            except RemoteProtocolError:
                 if frames:
                     return frames
-                raise problem
+                raise
+            if self.error is not None or i >= n:
+                return frames
+
+    def buffer_updated(self, nbytes: int) -> list[Frame]:
+        """``nbytes`` were read into the buffer :meth:`get_buffer` returned: the frames they
+        complete (``asyncio.BufferedProtocol.buffer_updated``). Errors as in :meth:`feed`."""
+        if self.error is not None:
+            raise self.error
+        big = self._big
+        if big is not None:
+            self._big_have += nbytes
+            if self._big_have < len(big):
+                return []
+            self._big = None
+            self._big_have = 0
+            return [_frame_of(big)]
+        frames: list[Frame] = []
+        view = self._scratch
+        pos = 0
+        part = self._part
+        if part:  # finish the frame (or header) begun by earlier reads
+            pos = self._complete_part(view, nbytes, frames)
+            if pos < 0:
+                return frames
+        unpack = HEADER.unpack_from
+        while nbytes - pos >= HEADER_SIZE:
+            length, api_key, version, flags, corr = unpack(view, pos)
+            problem = self._check(length, flags)
+            if problem is not None:
+                return self._fail(problem, frames)
             end = pos + 4 + length
-            if end > n:
-                need = end - pos
-                break
-            frames.append(Frame(api_key, version, flags, corr, view[pos + HEADER_SIZE : end]))
-            pos = end
-        rest = view[pos:] if pos else buf  # a view: the next join copies it once
-        self._chunks = [rest] if len(rest) else []
-        self._have = len(rest)
-        self._need = need
+            if end <= nbytes:
+                frames.append(Frame(api_key, version, flags, corr,
+                                    bytes(view[pos + HEADER_SIZE : end])))
+                pos = end
+                continue
+            if self._prealloc and 4 + length > BIG_FRAME_BYTES:
+                big = bytearray(4 + length)
+                have = nbytes - pos
+                big[:have] = view[pos:nbytes]
+                self._big = big
+                self._big_have = have
+                return frames
+            break
+        if pos < nbytes:
+            self._part = bytearray(view[pos:nbytes])
         return frames
+
+    def _complete_part(self, view: memoryview, nbytes: int, frames: list[Frame]) -> int:
+        """Feed the start of a new read to the partial frame; where parsing of the read
+        continues, or -1 when the read is used up (or the stream failed)."""
+        part = self._part
+        pos = 0
+        if len(part) < HEADER_SIZE:
+            take = min(HEADER_SIZE - len(part), nbytes)
+            part += view[:take]
+            pos = take
+            if len(part) < HEADER_SIZE:
+                return -1
+        length, _key, _version, flags, _corr = HEADER.unpack_from(part)
+        problem = self._check(length, flags)
+        if problem is not None:
+            self._fail(problem, frames)
+            return -1
+        need: int = 4 + length - len(part)
+        if self._prealloc and need > nbytes - pos and 4 + length > BIG_FRAME_BYTES:
+            big = bytearray(4 + length)
+            big[: len(part)] = part
+            have = len(part) + nbytes - pos
+            big[len(part) : have] = view[pos:nbytes]
+            self._part = bytearray()
+            self._big = big
+            self._big_have = have
+            return -1
+        take = min(need, nbytes - pos)
+        part += view[pos : pos + take]
+        pos += take
+        if take < need:
+            return -1
+        self._part = bytearray()
+        frames.append(_frame_of(part))
+        return pos
+
+    def _check(self, length: int, flags: int) -> RemoteProtocolError | None:
+        if length > self._max - 4:
+            return FrameSizeError(
+                f"frame of {length + 4} bytes exceeds max_frame_bytes={self._max}")
+        if length < _AFTER_LENGTH:
+            return RemoteProtocolError(f"frame length {length} is shorter than its header")
+        if flags & ~_KNOWN_FLAGS:
+            return RemoteProtocolError(f"unknown frame flags {flags:#x}")
+        return None
+
+    def _fail(self, problem: RemoteProtocolError, frames: list[Frame]) -> list[Frame]:
+        self.error = problem
+        self._part = bytearray()
+        self._big = None
+        self._big_have = 0
+        if frames:
+            return frames
+        raise problem
+
+
+def _frame_of(buf: bytearray) -> Frame:
+    """A frame held whole in its own buffer (header included); the payload is a view of it."""
+    _length, api_key, version, flags, corr = HEADER.unpack_from(buf)
+    return Frame(api_key, version, flags, corr, memoryview(buf)[HEADER_SIZE:])

@@ -427,6 +427,13 @@ class Log:
             OffsetOutOfRangeError: ``offset`` is below the start or above the end.
             LogClosedError: the log is closed.
         """
+        data = self.read_view(offset, max_bytes, upto_offset=upto_offset)
+        return data if isinstance(data, bytes) else bytes(data)
+
+    def read_view(self, offset: int, max_bytes: int, *,
+                  upto_offset: int | None = None) -> bytes | memoryview:
+        """:meth:`read` without the copy that cuts a partial last batch off: the fetch path
+        sends the view as is."""
         self._check_open()
         segments = self._segments
         end = self._end_offset
@@ -439,7 +446,7 @@ class Log:
         i = bisect_right(segments, offset, key=lambda s: s.base_offset) - 1
         while offset >= segments[i].next_offset and i + 1 < len(segments):
             i += 1
-        return segments[i].read_batches(offset, max_bytes, limit)
+        return segments[i].read_batches_view(offset, max_bytes, limit)
 
     # --- transactions ------------------------------------------------------------------------
 

@@ -555,6 +555,13 @@ class Segment:
         The first batch is returned even when larger than ``max_bytes`` (KIP-74); no batch
         whose last offset is >= ``upto_offset`` is returned.
         """
+        data = self.read_batches_view(offset, max_bytes, upto_offset)
+        return data if isinstance(data, bytes) else bytes(data)
+
+    def read_batches_view(self, offset: int, max_bytes: int,
+                          upto_offset: int) -> bytes | memoryview:
+        """:meth:`read_batches` without copying: a read that cut a batch at its end is returned
+        as a view of the whole batches (the fetch path sends it as is)."""
         found = self.find_batch(offset)
         if found is None:
             return b""
@@ -571,7 +578,7 @@ class Segment:
             if end > n or nh.last_offset >= upto_offset:
                 break
             p = end
-        return data if p == n else data[:p]
+        return data if p == n else memoryview(data)[:p]
 
     def position_of_offset(self, offset: int) -> int:
         """Position of the batch containing ``offset``, or the file size past the end."""

@@ -112,12 +112,12 @@ def _read_all(
                     f"offset {offset} is outside {lg.start_offset}..{visible} of {topic}/{queue}"
                 )
             end = qs.lso if committed and qs.open_txns else visible
-            data = b""
+            data: bytes | memoryview = b""
             aborted: list[tuple[int, int]] = []
             if budget > 0 and offset < end:
                 limit = max(1, min(max_bytes, budget))
                 if tags is None and not (legacy and lg.has_control(offset, end)):
-                    data = lg.read(offset, limit, upto_offset=end)
+                    data = lg.read_view(offset, limit, upto_offset=end)
                     if committed:
                         aborted = lg.aborted_txns(offset, end)
                 else:
