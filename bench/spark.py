@@ -1,13 +1,16 @@
 """PySpark data source throughput: FerryMQ source and sink against Spark's own Parquet reader.
 
     .venv/bin/python bench/spark.py [--rows 2000000] [--size 100] [--queues 2] [--runs 3]
-                                    [--flush async] [--json bench/results/spark-....jsonl]
+                                    [--flush async] [--mode transactional]
+                                    [--json bench/results/spark-....jsonl]
 
 Starts a broker in its own process (``ferrymq broker``), then a local[2] SparkSession, and
 measures, each ``--runs`` times (JVM start and the first warm-up job excluded):
 
 * **sink**: ``spark.range(N)`` projected to 100-byte string values ->
-  ``write.format("ferrymq")`` (Arrow writer, idempotent producer), rows/s; the same DataFrame
+  ``write.format("ferrymq")`` (Arrow writer; ``--mode`` is its ``deliveryMode``: the default
+  ``transactional`` stages each task's rows and commits them in one driver call,
+  ``idempotent``, ``atLeastOnce``), rows/s; the same DataFrame
   into Spark's ``noop`` sink gives the cost of generating the rows alone;
 * **source**: ``read.format("ferrymq")`` of the N rows -> ``noop`` sink (every row crosses from
   the Python worker to the JVM as Arrow), rows/s;
@@ -59,6 +62,8 @@ def main() -> None:
     ap.add_argument("--queues", type=int, default=2)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--flush", choices=["async", "sync"], default="async")
+    ap.add_argument("--mode", choices=["transactional", "idempotent", "atLeastOnce"],
+                    default="transactional", help="the sink's deliveryMode")
     ap.add_argument("--json", type=Path, default=None, help="append results here (JSON lines)")
     args = ap.parse_args()
 
@@ -103,8 +108,8 @@ def _run(args: argparse.Namespace, servers: str, work: Path) -> None:
     gen = spark.range(0, n, 1, 2).selectExpr(f"rpad(CAST(id AS STRING), {size}, 'x') AS value")
 
     def sink_into(topic: str) -> None:
-        gen.write.format("ferrymq").option("servers", servers).option("topic", topic).mode(
-            "append").save()
+        gen.write.format("ferrymq").option("servers", servers).option("topic", topic).option(
+            "deliveryMode", args.mode).mode("append").save()
 
     def source_of(topic: str) -> Any:
         return spark.read.format("ferrymq").option("servers", servers).option(
@@ -135,7 +140,7 @@ def _run(args: argparse.Namespace, servers: str, work: Path) -> None:
             "overwrite").save())
         row = {
             "bench": "spark", "run": r + 1, "rows": n, "value_bytes": size, "queues": args.queues,
-            "flush": args.flush, "master": "local[2]",
+            "flush": args.flush, "delivery_mode": args.mode, "master": "local[2]",
             "generate_noop_rows_per_s": round(n / gen_s),
             "sink_rows_per_s": round(n / sink_s),
             "source_rows_per_s": round(n / source_s),
@@ -155,7 +160,8 @@ def _run(args: argparse.Namespace, servers: str, work: Path) -> None:
         vals = [row[key] for row in results]
         return f"{statistics.median(vals):,.0f} ({', '.join(f'{v / 1e6:.2f}M' for v in vals)})"
 
-    print(f"\n{n:,} rows of {size} B, {args.queues} queues, local[2], flush {args.flush}; "
+    print(f"\n{n:,} rows of {size} B, {args.queues} queues, local[2], flush {args.flush}, "
+          f"sink deliveryMode {args.mode}; "
           "median rows/s (all runs)")
     print(f"  ferrymq source -> noop : {med('source_rows_per_s')}")
     print(f"  parquet        -> noop : {med('parquet_rows_per_s')}")

@@ -14,7 +14,8 @@ import pytest
 from ferrymq import Broker
 from tests.spark.helpers import spark_session
 
-_JVM_MODULES = ["test_read.py", "test_sink.py", "test_exactly_once.py"]
+_JVM_MODULES = ["test_read.py", "test_sink.py", "test_exactly_once.py", "test_sink_recovery.py",
+                "test_security.py"]
 if not all(importlib.util.find_spec(m) for m in ("pyspark", "pyarrow", "numpy")):
     collect_ignore_glob = ["test_*.py"]  # pip install -e '.[test]' brings them
 elif shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
@@ -24,13 +25,25 @@ elif shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
 @pytest.fixture(scope="module")
 def spark(request: pytest.FixtureRequest) -> Iterator[Any]:
     """One SparkSession per test module."""
-    session = spark_session(request.module.__name__)
+    session = spark_session(request.module.__name__,
+                            getattr(request.module, "SPARK_MASTER", "local[2]"))
     try:
         yield session
     finally:
         for q in session.streams.active:
             q.stop()
         session.stop()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _close_wire_connections() -> Iterator[None]:
+    """The connector's per-process connection cache, emptied after each module (the tests call
+    task and driver code in this process)."""
+    yield
+    from ferrymq.spark import _wire
+
+    for config in list(_wire._CACHE):
+        _wire.forget(config)
 
 
 @pytest.fixture(scope="module")

@@ -17,13 +17,13 @@ SPARK_ENV = {
 }
 
 
-def spark_session(app: str) -> Any:
-    """A local[2] SparkSession on loopback, quiet."""
+def spark_session(app: str, master: str = "local[2]") -> Any:
+    """A local[2] SparkSession on loopback, quiet (``local[2,F]``: tasks get F attempts)."""
     os.environ.update(SPARK_ENV)
     from pyspark.sql import SparkSession
 
     spark = (
-        SparkSession.builder.master("local[2]").appName(app)
+        SparkSession.builder.master(master).appName(app)
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.ui.enabled", "false")

@@ -153,3 +153,39 @@ def test_stream_latest_start_then_new_data_and_commit_to_group(spark: Any, modul
     with AdminClient(module_broker.address) as admin:
         offsets = admin.describe_group("live-monitor").offsets
     assert sum(o[2] for o in offsets) >= 20  # monitoring commits trail by up to one batch
+
+
+def test_subscribe_pattern_picks_up_a_topic_created_while_running(
+        spark: Any, module_broker: Broker, tmp_path: Path) -> None:
+    """No restart needed: every trigger lists the topics again, and a new matching topic is
+    read from its first offset (docs/spark.md, subscribePattern)."""
+    addr = module_broker.address
+    create_topic(addr, "pat-a", 2)
+    produce(addr, "pat-a", [f"a{i}".encode() for i in range(40)])
+    df = (spark.readStream.format("ferrymq").option("servers", addr)
+          .option("subscribePattern", "pat-.*").option("startingOffsets", "earliest").load())
+    q = (df.selectExpr("topic", "CAST(value AS STRING) AS v").writeStream.format("memory")
+         .queryName("pat_out").option("checkpointLocation", checkpoint(tmp_path))
+         .trigger(processingTime="200 milliseconds").start())
+
+    def count() -> int:
+        return int(spark.sql("SELECT count(*) AS n FROM pat_out").collect()[0].n)
+
+    try:
+        deadline = time.monotonic() + 120
+        while count() < 40 and time.monotonic() < deadline:
+            time.sleep(0.3)
+        assert count() == 40
+        create_topic(addr, "pat-b", 3)  # created while the query runs, data written at once
+        produce(addr, "pat-b", [f"b{i}".encode() for i in range(30)])
+        create_topic(addr, "other", 1)  # does not match
+        produce(addr, "other", [b"no"] * 5)
+        while count() < 70 and time.monotonic() < deadline:
+            time.sleep(0.3)
+        time.sleep(1.0)
+    finally:
+        q.stop()
+    rows = spark.sql("SELECT topic, v FROM pat_out").collect()
+    assert sorted(r.v for r in rows) == sorted([f"a{i}" for i in range(40)]
+                                               + [f"b{i}" for i in range(30)])
+    assert {r.topic for r in rows} == {"pat-a", "pat-b"}

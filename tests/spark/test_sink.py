@@ -47,9 +47,6 @@ def test_batch_write_then_read_back(spark: Any, module_broker: Broker) -> None:
 
 def test_sink_errors(spark: Any, module_broker: Broker) -> None:
     df = spark.sql("SELECT 'x' AS value")
-    with pytest.raises(Exception, match="not available yet"):
-        df.write.format("ferrymq").option("servers", module_broker.address).option(
-            "topic", "w1").option("deliveryMode", "transactional").mode("append").save()
     with pytest.raises(Exception, match="deliveryMode"):
         df.write.format("ferrymq").option("topic", "w1").option("deliveryMode", "twice").mode(
             "append").save()
@@ -81,10 +78,10 @@ def _forget_last_commit(chk: str) -> int:
     return last
 
 
-@pytest.mark.parametrize("mode", ["idempotent", "atLeastOnce"])
+@pytest.mark.parametrize("mode", ["transactional", "idempotent", "atLeastOnce"])
 def test_replayed_micro_batch(spark: Any, module_broker: Broker, tmp_path: Path, mode: str) -> None:
     addr = module_broker.address
-    if mode == "idempotent":
+    if mode == "transactional":  # the first of the three
         create_topic(addr, "in", 3)
         produce(addr, "in", [f"m{i}".encode() for i in range(1000)], sharding_key=None)
     create_topic(addr, f"out-{mode}", 3)
@@ -95,14 +92,15 @@ def test_replayed_micro_batch(spark: Any, module_broker: Broker, tmp_path: Path,
     got = Counter(m.body for m in read_topic(addr, f"out-{mode}", expect=1000))
     assert set(got) == {f"m{i}".encode() for i in range(1000)}
     dups = sum(n - 1 for n in got.values())
-    if mode == "idempotent":
-        assert dups == 0  # the replay found its batch recorded on the broker: nothing written
+    if mode != "atLeastOnce":
+        assert dups == 0  # the replay found its batch committed on the broker: nothing written
     else:
         assert dups > 0  # at-least-once: the replay wrote its rows again (what the fence stops)
 
 
 def test_abort_after_commit_undoes_nothing(module_broker: Broker) -> None:
-    """Spark may call abort() for a micro-batch whose commit in fact reached the broker."""
+    """Spark may call abort() for a micro-batch whose commit in fact reached the broker
+    (idempotent mode; the transactional one: test_sink_staged.py)."""
     import pyarrow as pa
     from pyspark.sql.types import BinaryType, StructField, StructType
 
@@ -110,7 +108,8 @@ def test_abort_after_commit_undoes_nothing(module_broker: Broker) -> None:
 
     addr = module_broker.address
     create_topic(addr, "ab", 2)
-    options = {"servers": addr, "topic": "ab", "checkpointlocation": "/chk/ab"}
+    options = {"servers": addr, "topic": "ab", "checkpointlocation": "/chk/ab",
+               "deliverymode": "idempotent"}
     schema = StructType([StructField("value", BinaryType())])
     task_side = FerryMQStreamWriter(options, schema)
     msg = task_side.write(iter([pa.record_batch([pa.array([b"a", b"b", b"c"])], names=["value"])]))

@@ -54,13 +54,54 @@ def test_source_option_defaults_and_values() -> None:
 
 
 def test_sink_options() -> None:
-    assert SinkOptions.parse({}).delivery_mode == "idempotent"
+    assert SinkOptions.parse({}).delivery_mode == "transactional"
     assert SinkOptions.parse({"deliverymode": "atleastonce"}).delivery_mode == "atLeastOnce"
+    assert SinkOptions.parse({"deliverymode": "Idempotent"}).delivery_mode == "idempotent"
     assert SinkOptions.parse({"checkpointlocation": "/c"}).sink_id == "/c"
-    with pytest.raises(ConfigError, match="not available yet"):
-        SinkOptions.parse({"deliverymode": "transactional"})
+    o = SinkOptions.parse({"transactiontimeout": "20s", "stagedttl": "10m"})
+    assert (o.transaction_timeout_ms, o.staged_ttl_ms) == (20_000, 600_000)
+    assert SinkOptions.parse({}).transaction_timeout_ms is None
     with pytest.raises(ConfigError, match="option 'deliveryMode'"):
         SinkOptions.parse({"deliverymode": "exactly"})
+    with pytest.raises(ConfigError, match="option 'stagedTtl'"):
+        SinkOptions.parse({"stagedttl": "forever"})
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"auth.user": "app"}, "'auth.user' and 'auth.secret' go together"),
+    ({"auth.secret": "s"}, "'auth.user' and 'auth.secret' go together"),
+    ({"auth.user": "bad name", "auth.secret": "s"}, "option 'auth.user'"),
+    ({"tls": "false", "tls.cafile": "/ca.pem"}, "need tls=true"),
+    ({"tls": "sometimes"}, "option 'tls'"),
+    ({"tls.certfile": "/c.pem"}, "'tls.certfile' and 'tls.keyfile' go together"),
+])
+def test_malformed_security_options(options: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        SinkOptions.parse(options)
+    with pytest.raises(ConfigError, match=message):
+        SourceOptions.parse({"subscribe": "a", **options}, streaming=True)
+
+
+def test_security_options() -> None:
+    wire = SourceOptions.parse({"subscribe": "a", "servers": "h:1", "auth.user": "app",
+                                "auth.secret": " s3cret ", "tls.cafile": "/ca.pem"},
+                               streaming=True).wire
+    assert (wire.servers, wire.user, wire.secret, wire.tls, wire.tls_cafile) == (
+        "h:1", "app", " s3cret ", True, "/ca.pem")
+    assert "s3cret" not in repr(wire) and str(wire) == "h:1"
+    plain = SinkOptions.parse({}).wire
+    assert not plain.tls and plain.user is None and plain.tls_context() is None
+
+
+def test_broker_names_of_sinks_fit_the_broker() -> None:
+    from ferrymq.protocol.messages import MAX_NAME_CHARS
+    from ferrymq.spark.sink import broker_sink_id, transactional_id
+
+    assert broker_sink_id("/chk/q1") == "/chk/q1"
+    long = "/very/long/" + "x" * 400
+    short = broker_sink_id(long)
+    assert short == broker_sink_id(long) and short != broker_sink_id(long + "y")
+    assert len(transactional_id(short, 65535, 99)) <= MAX_NAME_CHARS
 
 
 def test_offsets_json_is_deterministic_and_carries_the_batch_start() -> None:

@@ -12,23 +12,40 @@ correlation id, :meth:`BlockingConnection.receive` waits for that answer. An exe
 queue range sends the next FETCH before it turns the current answer into Arrow, so the broker
 works while the task decodes.
 
-Connections are cached per process and server list (:func:`connection`): a Python worker that
-runs many tasks reuses its socket. A request that fails on a dead connection is retried once on
-a fresh one (every request sent through :meth:`BlockingConnection.request` is safe to repeat).
+Connections are cached per process and :class:`WireConfig` (:func:`connection`): a Python worker
+that runs many tasks reuses its socket. A request that fails on a dead connection is retried once
+on a fresh one (every request sent through :meth:`BlockingConnection.request` is safe to repeat).
+
+Security (``docs/security.md``): with ``tls`` the socket is wrapped in TLS (the broker's
+certificate and host name are always verified, as in the asyncio client); with a user the
+connection authenticates right after HELLO with the same SCRAM-SHA-256 exchange as
+:class:`ferrymq.client._session.Session` (:class:`ferrymq.protocol.auth.ScramClient`: the secret
+never crosses the wire, and the broker must prove it knows the user's keys). A failed login or
+TLS handshake is never retried: it cannot get better.
 """
 
 from __future__ import annotations
 
 import itertools
+import secrets
 import socket
+import ssl
 import time
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from ferrymq._version import __version__
 from ferrymq.client._session import parse_servers
-from ferrymq.client._transport import decode_response
-from ferrymq.errors import BrokerError, ConnectionClosedError, FerryMQTimeoutError
+from ferrymq.client._transport import client_tls_context, decode_response
+from ferrymq.errors import (
+    AuthenticationFailedError,
+    BrokerError,
+    ConnectionClosedError,
+    FerryMQTimeoutError,
+    RemoteProtocolError,
+)
 from ferrymq.protocol import messages as m
+from ferrymq.protocol.auth import MECHANISM, NONCE_BYTES, ScramClient
 from ferrymq.protocol.frames import HEADER, HEADER_SIZE, encode_frame_parts
 
 B = TypeVar("B", bound=m.Body)
@@ -39,14 +56,52 @@ MAX_RESPONSE_BYTES = 64 * 1024 * 1024
 """Largest answer accepted (the broker caps fetches at ``max_frame_bytes``, 8 MiB by default)."""
 
 
+@dataclass(frozen=True)
+class WireConfig:
+    """Where the brokers are and how to talk to them: what every Spark worker needs to connect
+    (picklable, hashable: it keys the connection cache). Built from the data source's options by
+    :mod:`ferrymq.spark.options`; ``str()`` gives the server list (for messages)."""
+
+    servers: str
+    user: str | None = None
+    secret: str | None = field(default=None, repr=False)
+    """Kept out of ``repr`` (and so out of logs and Spark's plans)."""
+    tls: bool = False
+    tls_cafile: str | None = None
+    """CA bundle (PEM) to verify the broker with; None: the system's CAs."""
+    tls_certfile: str | None = None
+    tls_keyfile: str | None = None
+    """A client certificate and its key (brokers with ``tls_client_auth``)."""
+
+    def __str__(self) -> str:
+        return self.servers
+
+    def tls_context(self) -> ssl.SSLContext | None:
+        """The client TLS context (None: plain TCP).
+
+        Raises:
+            ConfigError: a TLS file cannot be loaded.
+        """
+        if not self.tls:
+            return None
+        return client_tls_context(self.tls_cafile or True, cert_file=self.tls_certfile,
+                                  key_file=self.tls_keyfile)
+
+
+def _config(target: WireConfig | str) -> WireConfig:
+    return target if isinstance(target, WireConfig) else WireConfig(target)
+
+
 class BlockingConnection:
     """One blocking socket to a broker (the first of ``servers`` that answers)."""
 
-    def __init__(self, servers: str, *, client_id: str = "ferrymq-spark",
+    def __init__(self, target: WireConfig | str, *, client_id: str = "ferrymq-spark",
                  connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
                  request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S) -> None:
-        self.servers = servers
-        self.addresses = parse_servers(servers)
+        self.config = _config(target)
+        self.servers = self.config.servers
+        self.addresses = parse_servers(self.servers)
+        self._tls = self.config.tls_context()
         self.client_id = client_id
         self.connect_timeout_s = connect_timeout_s
         self.request_timeout_s = request_timeout_s
@@ -61,7 +116,9 @@ class BlockingConnection:
         """Connect and handshake with the first broker that answers.
 
         Raises:
-            ConnectionClosedError: no broker answered.
+            ConnectionClosedError: no broker answered, or a TLS handshake failed (its
+                ``__cause__`` is the ``ssl.SSLError``; not retried).
+            AuthenticationFailedError: the broker refused the user (not retried).
         """
         if self._sock is not None:
             return self
@@ -73,19 +130,66 @@ class BlockingConnection:
                 errors.append(f"{host}:{port}: {exc}")
                 continue
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self._tls is not None:
+                sock = self._tls_handshake(sock, host, port)
             sock.settimeout(self.request_timeout_s)
             self._sock = sock
             try:
                 self.hello = self._request_once(m.HelloRequest(self.client_id, __version__),
                                                 m.HelloResponse)
+                if self.config.user is not None:
+                    self._authenticate()
             except (ConnectionClosedError, FerryMQTimeoutError) as exc:
                 self.close()
-                errors.append(f"{host}:{port}: {exc}")
+                hint = "" if self._tls is not None else " (if the broker's port is TLS, set option 'tls')"
+                errors.append(f"{host}:{port}: {exc}{hint}")
                 continue
+            except BaseException:
+                self.close()
+                raise
             return self
         raise ConnectionClosedError(
             f"FerryMQ broker unreachable at {self.servers!r} ({'; '.join(errors)})"
         )
+
+    def _tls_handshake(self, sock: socket.socket, host: str, port: int) -> socket.socket:
+        assert self._tls is not None
+        sock.settimeout(self.connect_timeout_s)
+        try:
+            return self._tls.wrap_socket(sock, server_hostname=host)
+        except ssl.SSLError as exc:
+            sock.close()
+            raise ConnectionClosedError(
+                f"TLS handshake with {host}:{port} failed: {exc.reason or exc} (is the broker's "
+                f"port TLS, and is its certificate trusted for {host!r}? options 'tls', "
+                "'tls.cafile')") from exc
+        except OSError as exc:
+            sock.close()
+            raise ConnectionClosedError(f"TLS handshake with {host}:{port} failed: {exc}") from exc
+
+    def _authenticate(self) -> None:
+        """The SCRAM exchange after HELLO (see :mod:`ferrymq.protocol.auth`).
+
+        Raises:
+            AuthenticationFailedError: a wrong user or secret, or a broker that could not prove
+                it knows the user's keys.
+        """
+        user, secret = self.config.user, self.config.secret
+        assert user is not None
+        if not secret:
+            raise AuthenticationFailedError("option 'auth.user' needs 'auth.secret'")
+        scram = ScramClient(user, secret, secrets.token_bytes(NONCE_BYTES))
+        start = self._request_once(m.AuthStartRequest(MECHANISM, user, scram.client_nonce),
+                                   m.AuthStartResponse)
+        try:
+            proof = scram.proof(start.salt, start.iterations, start.server_nonce)
+        except RemoteProtocolError as exc:
+            raise AuthenticationFailedError(f"the broker's challenge is not valid: {exc}") from None
+        done = self._request_once(m.AuthFinishRequest(proof), m.AuthFinishResponse)
+        if not scram.server_signature_ok(done.server_signature):
+            raise AuthenticationFailedError(
+                "the broker could not prove it knows this user's keys (a different broker, or "
+                "someone in between): not using this connection")
 
     def close(self) -> None:
         """Close the socket (a later request reconnects)."""
@@ -193,16 +297,25 @@ class BlockingConnection:
         raise AssertionError("unreachable")
 
 
-_CACHE: dict[str, BlockingConnection] = {}
+_CACHE: dict[WireConfig, BlockingConnection] = {}
 
 
-def connection(servers: str) -> BlockingConnection:
-    """The cached connection of this process to ``servers`` (connected).
+def connection(target: WireConfig | str) -> BlockingConnection:
+    """The cached connection of this process to ``target`` (connected).
 
     Raises:
         ConnectionClosedError: no broker answered.
+        AuthenticationFailedError: the broker refused the user.
     """
-    conn = _CACHE.get(servers)
+    config = _config(target)
+    conn = _CACHE.get(config)
     if conn is None:
-        conn = _CACHE[servers] = BlockingConnection(servers)
+        conn = _CACHE[config] = BlockingConnection(config)
     return conn.connect()
+
+
+def forget(target: WireConfig | str) -> None:
+    """Close and drop the cached connection to ``target`` (if any)."""
+    conn = _CACHE.pop(_config(target), None)
+    if conn is not None:
+        conn.close()

@@ -16,7 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ferrymq.errors import ConfigError
+from ferrymq.protocol.auth import check_user_name
 from ferrymq.protocol.tags import parse_tag_expression
+from ferrymq.spark._wire import WireConfig
 
 DEFAULT_SERVERS = "127.0.0.1:9876"
 DEFAULT_FETCH_MAX_BYTES = 4 * 1024 * 1024
@@ -30,7 +32,7 @@ EARLIEST = -2
 LATEST = -1
 """Special offsets inside JSON offset options (Kafka's convention)."""
 
-DELIVERY_MODES = ("idempotent", "atLeastOnce", "transactional")
+DELIVERY_MODES = ("transactional", "idempotent", "atLeastOnce")
 
 
 def _get(options: Mapping[str, str], name: str) -> str | None:
@@ -81,6 +83,37 @@ def _duration_ms(options: Mapping[str, str], name: str, default: int) -> int:
     if match is None:
         raise _bad(name, "a duration such as 500ms, 30s, 15m or 1h", raw)
     return int(match.group(1)) * _UNIT_MS[match.group(2)]
+
+
+def parse_wire(options: Mapping[str, str]) -> WireConfig:
+    """``servers`` plus the security options (Kafka's ``kafka.sasl.*``/``kafka.ssl.*`` in spirit):
+    ``auth.user`` + ``auth.secret`` (SCRAM, see docs/security.md), ``tls`` (true/false; implied
+    by ``tls.cafile``), ``tls.cafile``, ``tls.certfile`` + ``tls.keyfile``.
+
+    Raises:
+        ConfigError: a user without a secret (or the reverse), a bad user name, a client
+            certificate without its key, or TLS files without TLS.
+    """
+    user = _get(options, "auth.user") or None
+    secret = options.get("auth.secret") or None  # not stripped: a secret is taken as given
+    if (user is None) != (secret is None):
+        raise ConfigError("options 'auth.user' and 'auth.secret' go together (the broker's "
+                          "users_file user and its secret)")
+    if user is not None:
+        try:
+            check_user_name(user)
+        except ValueError as exc:
+            raise _bad("auth.user", "a user name of A-Z a-z 0-9 . _ @ -", user) from exc
+    cafile = _get(options, "tls.cafile") or None
+    certfile = _get(options, "tls.certfile") or None
+    keyfile = _get(options, "tls.keyfile") or None
+    tls = _bool(options, "tls", cafile is not None or certfile is not None)
+    if not tls and (cafile or certfile):
+        raise ConfigError("options 'tls.cafile'/'tls.certfile' need tls=true")
+    if (certfile is None) != (keyfile is None):
+        raise ConfigError("options 'tls.certfile' and 'tls.keyfile' go together")
+    return WireConfig(_get(options, "servers") or DEFAULT_SERVERS, user, secret, tls, cafile,
+                      certfile, keyfile)
 
 
 def parse_offsets_json(name: str, raw: str) -> QueueOffsets:
@@ -142,7 +175,8 @@ class Subscription:
 class SourceOptions:
     """Checked options of a read (batch or streaming)."""
 
-    servers: str
+    wire: WireConfig
+    """``servers`` and the security options (:func:`parse_wire`)."""
     subscription: Subscription
     starting: str | QueueOffsets
     """"earliest", "latest", "committed" or explicit offsets (may hold -2/-1)."""
@@ -172,7 +206,7 @@ class SourceOptions:
         Raises:
             ConfigError: a malformed or contradictory option (the message names it).
         """
-        servers = _get(options, "servers") or DEFAULT_SERVERS
+        wire = parse_wire(options)
         subscribe = _get(options, "subscribe")
         pattern = _get(options, "subscribePattern")
         assign = _get(options, "assign")
@@ -248,7 +282,7 @@ class SourceOptions:
         if max_per_trigger and min_per_trigger and min_per_trigger > max_per_trigger:
             raise ConfigError("option 'minOffsetsPerTrigger' must not exceed 'maxOffsetsPerTrigger'")
         return cls(
-            servers=servers,
+            wire=wire,
             subscription=sub,
             starting=starting,
             starting_timestamp_ms=starting_ts,
@@ -273,12 +307,18 @@ class SourceOptions:
 class SinkOptions:
     """Checked options of a write (batch or streaming)."""
 
-    servers: str
+    wire: WireConfig
     topic: str | None
     delivery_mode: str
     sink_id: str | None
     include_properties: bool
     batch_max_records: int
+    transaction_timeout_ms: int | None = None
+    """``transactionTimeout`` (transactional): how long a task's transaction may stay open
+    before the broker aborts it (None: the broker's ``txn_default_timeout_ms``, 60 s)."""
+    staged_ttl_ms: int | None = None
+    """``stagedTtl`` (transactional): how long a staged task output waits for the driver's
+    commit before the broker aborts it (None: the broker's ``txn_staged_ttl_ms``, 1 h)."""
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SinkOptions:
@@ -287,25 +327,21 @@ class SinkOptions:
         Raises:
             ConfigError: a malformed option (the message names it).
         """
-        mode_raw = _get(options, "deliveryMode") or "idempotent"
+        mode_raw = _get(options, "deliveryMode") or "transactional"
         modes = {m.lower(): m for m in DELIVERY_MODES}
         mode = modes.get(mode_raw.lower())
         if mode is None:
-            raise _bad("deliveryMode", "idempotent (default for now), atLeastOnce or transactional",
+            raise _bad("deliveryMode", "transactional (the default), idempotent or atLeastOnce",
                        mode_raw)
-        if mode == "transactional":
-            raise ConfigError(
-                "option 'deliveryMode'=transactional is not available yet: it needs the broker's "
-                "staged transactions (AdminClient.commit_staged), which are being built; use "
-                "deliveryMode=idempotent (the default for now) or atLeastOnce"
-            )
         return cls(
-            servers=_get(options, "servers") or DEFAULT_SERVERS,
+            wire=parse_wire(options),
             topic=_get(options, "topic") or None,
             delivery_mode=mode,
             sink_id=_get(options, "sinkId") or _get(options, "checkpointLocation") or None,
             include_properties=_bool(options, "includeProperties", True),
             batch_max_records=_int(options, "batchMaxRecords") or 16_384,
+            transaction_timeout_ms=_duration_ms(options, "transactionTimeout", 0) or None,
+            staged_ttl_ms=_duration_ms(options, "stagedTtl", 0) or None,
         )
 
 

@@ -88,9 +88,9 @@ class DataLossError(FerryMQError):
 # --- driver-side helpers -------------------------------------------------------------------
 
 
-def _conn(opts_servers: str) -> _wire.BlockingConnection:
+def _conn(wire: _wire.WireConfig) -> _wire.BlockingConnection:
     try:
-        return _wire.connection(opts_servers)
+        return _wire.connection(wire)
     except ConnectionClosedError as exc:
         raise ConnectionClosedError(f"{exc} (option 'servers')") from None
 
@@ -113,7 +113,7 @@ def resolve_queues(opts: SourceOptions) -> dict[tuple[str, int], QueueMeta]:
         ConnectionClosedError: the broker is unreachable.
     """
     sub = opts.subscription
-    conn = _conn(opts.servers)
+    conn = _conn(opts.wire)
     names: list[str] | None
     if sub.pattern is not None:
         names = None
@@ -132,7 +132,7 @@ def resolve_queues(opts: SourceOptions) -> dict[tuple[str, int], QueueMeta]:
         if code:
             option = "assign" if sub.assign else "subscribe"
             if code == ErrorCode.UNKNOWN_TOPIC:
-                raise UnknownTopicError(f"topic {name!r} does not exist on {opts.servers} "
+                raise UnknownTopicError(f"topic {name!r} does not exist on {opts.wire} "
                                         f"(option {option!r})")
             raise error_for_code(code, f"topic {name!r} (option {option!r})")
         qs = wanted.get(name, tuple(range(queues)))
@@ -144,14 +144,14 @@ def resolve_queues(opts: SourceOptions) -> dict[tuple[str, int], QueueMeta]:
     return out
 
 
-def list_offsets(servers: str, queues: Sequence[tuple[str, int]], spec: int, *,
+def list_offsets(wire: _wire.WireConfig, queues: Sequence[tuple[str, int]], spec: int, *,
                  committed: bool = False) -> QueueOffsets:
     """LIST_OFFSETS for ``queues``: LATEST (-1), EARLIEST (-2) or a time in ms; with
     ``committed`` (read_committed) LATEST is the last stable offset."""
     if not queues:
         return {}
     isolation = m.Isolation.READ_COMMITTED if committed else m.Isolation.READ_UNCOMMITTED
-    resp = _conn(servers).request(
+    resp = _conn(wire).request(
         m.ListOffsetsRequest(entries=[(t, q, spec) for t, q in queues], isolation=int(isolation)),
         m.ListOffsetsResponse)
     out: QueueOffsets = {}
@@ -162,9 +162,9 @@ def list_offsets(servers: str, queues: Sequence[tuple[str, int]], spec: int, *,
     return out
 
 
-def committed_offsets(servers: str, group: str, topics: Sequence[str]) -> QueueOffsets:
+def committed_offsets(wire: _wire.WireConfig, group: str, topics: Sequence[str]) -> QueueOffsets:
     """A consumer group's committed offsets."""
-    resp = _conn(servers).request(m.FetchOffsetsRequest(group, sorted(set(topics))),
+    resp = _conn(wire).request(m.FetchOffsetsRequest(group, sorted(set(topics))),
                                   m.FetchOffsetsResponse)
     return {(t, q): o for t, q, o in resp.offsets}
 
@@ -174,16 +174,16 @@ def resolve_start(opts: SourceOptions, queues: Sequence[tuple[str, int]]) -> Que
     qs = sorted(queues)
     rc = opts.read_committed
     if opts.starting_timestamp_ms is not None:
-        return list_offsets(opts.servers, qs, opts.starting_timestamp_ms, committed=rc)
+        return list_offsets(opts.wire, qs, opts.starting_timestamp_ms, committed=rc)
     start = opts.starting
     if start == "earliest":
-        return list_offsets(opts.servers, qs, EARLIEST)
+        return list_offsets(opts.wire, qs, EARLIEST)
     if start == "latest":
-        return list_offsets(opts.servers, qs, LATEST, committed=rc)
+        return list_offsets(opts.wire, qs, LATEST, committed=rc)
     fallback = EARLIEST if opts.starting_fallback == "earliest" else LATEST
     if start == "committed":
         assert opts.group is not None
-        got = committed_offsets(opts.servers, opts.group, [t for t, _ in qs])
+        got = committed_offsets(opts.wire, opts.group, [t for t, _ in qs])
     else:
         assert isinstance(start, dict)
         got = {tq: off for tq, off in start.items() if tq in set(qs)}
@@ -196,14 +196,14 @@ def resolve_start(opts: SourceOptions, queues: Sequence[tuple[str, int]]) -> Que
         else:
             out[tq] = off
     for spec, group in by_spec.items():
-        out.update(list_offsets(opts.servers, group, spec, committed=rc))
+        out.update(list_offsets(opts.wire, group, spec, committed=rc))
     return out
 
 
 def check_data_loss(opts: SourceOptions, start: QueueOffsets) -> QueueOffsets:
     """Move starts that retention already deleted to the first offset still stored: an error
     naming the lost ranges with failOnDataLoss=true, a warning otherwise."""
-    earliest = list_offsets(opts.servers, sorted(start), EARLIEST)
+    earliest = list_offsets(opts.wire, sorted(start), EARLIEST)
     lost = {tq: (off, earliest[tq]) for tq, off in start.items() if off < earliest[tq]}
     if not lost:
         return start
@@ -220,7 +220,7 @@ class QueueRange(InputPartition):
     """One Spark task: records ``[start, end)`` of one queue, and all a task needs to read them
     (the reader object on executors is a stale pickled copy)."""
 
-    servers: str
+    wire: _wire.WireConfig
     topic: str
     queue: int
     start: int
@@ -246,7 +246,7 @@ def plan_ranges(opts: SourceOptions, start: QueueOffsets, end: QueueOffsets) -> 
         if opts.min_partitions and total:
             pieces = max(1, round(opts.min_partitions * n / total))
         for a, b in split_range(start[tq], end[tq], pieces, opts.max_records_per_partition):
-            out.append(QueueRange(opts.servers, tq[0], tq[1], a, b, opts.tags,
+            out.append(QueueRange(opts.wire, tq[0], tq[1], a, b, opts.tags,
                                   opts.fail_on_data_loss, opts.include_properties,
                                   opts.fetch_max_bytes, opts.read_committed))
     return out
@@ -267,7 +267,7 @@ def read_range(part: QueueRange) -> Iterator[pa.RecordBatch]:
     schema = arrow_schema(part.include_properties)
     pos, end = part.start, part.end
     max_bytes = part.fetch_max_bytes
-    conn = _wire.connection(part.servers)
+    conn = _wire.connection(part.wire)
 
     isolation = int(m.Isolation.READ_COMMITTED if part.read_committed
                     else m.Isolation.READ_UNCOMMITTED)
@@ -307,12 +307,12 @@ def read_range(part: QueueRange) -> Iterator[pa.RecordBatch]:
             if code:
                 if code == ErrorCode.OFFSET_OUT_OF_RANGE:
                     tq = [(part.topic, part.queue)]
-                    first = list_offsets(part.servers, tq, EARLIEST)[tq[0]]
+                    first = list_offsets(part.wire, tq, EARLIEST)[tq[0]]
                     if pos < first:
                         lost(pos, min(first, end), "removed by retention")
                         pos = min(first, end)
                         continue
-                    last = list_offsets(part.servers, tq, LATEST)[tq[0]]
+                    last = list_offsets(part.wire, tq, LATEST)[tq[0]]
                     lost(pos, end, f"the queue now ends at {last}")
                     return
                 err = error_for_code(code, f"fetch {part.topic}/{part.queue} at {pos}: {msg}")
@@ -360,7 +360,7 @@ class FerryMQBatchReader(DataSourceReader):
         opts = self.opts
         queues = sorted(resolve_queues(opts))
         start = check_data_loss(opts, resolve_start(opts, queues))
-        latest = list_offsets(opts.servers, queues, LATEST, committed=opts.read_committed)
+        latest = list_offsets(opts.wire, queues, LATEST, committed=opts.read_committed)
         if opts.ending == "latest":
             end = latest
         else:
@@ -402,14 +402,14 @@ class FerryMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def prepareForTriggerAvailableNow(self) -> None:
         queues = resolve_queues(self.opts)
-        self._target = list_offsets(self.opts.servers, sorted(queues), LATEST,
+        self._target = list_offsets(self.opts.wire, sorted(queues), LATEST,
                                     committed=self.opts.read_committed)
 
     def _available(self) -> QueueOffsets:
         if self._target is not None:
             return dict(self._target)
         queues = resolve_queues(self.opts)
-        return list_offsets(self.opts.servers, sorted(queues), LATEST,
+        return list_offsets(self.opts.wire, sorted(queues), LATEST,
                             committed=self.opts.read_committed)
 
     def latestOffset(self, start: dict[str, Any] | None = None, limit: Any = None) -> dict[str, Any]:
@@ -420,7 +420,7 @@ class FerryMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._latest = latest
         new = sorted(tq for tq in latest if tq not in begin)
         if new:  # queues (or topics) that appeared since: from their first offset
-            begin.update(list_offsets(self.opts.servers, new, EARLIEST))
+            begin.update(list_offsets(self.opts.wire, new, EARLIEST))
         if ReadMaxRows is not None and isinstance(limit, ReadMaxRows):
             end = cap_offsets(begin, latest, limit.max_rows)
         else:
@@ -449,7 +449,7 @@ class FerryMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         stop = from_json_dict(end)
         missing = sorted(tq for tq in stop if tq not in begin)
         if missing:
-            begin.update(list_offsets(self.opts.servers, missing, EARLIEST))
+            begin.update(list_offsets(self.opts.wire, missing, EARLIEST))
         return plan_ranges(self.opts, begin, stop)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -462,15 +462,13 @@ class FerryMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return
         entries = [(t, q, off) for (t, q), off in sorted(from_json_dict(end).items())]
         try:
-            _conn(self.opts.servers).request(m.CommitOffsetsRequest(group, "", -1, entries),
+            _conn(self.opts.wire).request(m.CommitOffsetsRequest(group, "", -1, entries),
                                              m.CommitOffsetsResponse)
         except FerryMQError as exc:  # monitoring only: never fail the query for it
             log.warning("commitToGroup %s failed: %s", group, exc)
 
     def stop(self) -> None:
-        conn = _wire._CACHE.pop(self.opts.servers, None)
-        if conn is not None:
-            conn.close()
+        _wire.forget(self.opts.wire)
 
 
 # --- the data source -----------------------------------------------------------------------
