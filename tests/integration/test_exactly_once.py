@@ -179,13 +179,23 @@ def test_staged_commit(broker: Broker) -> None:
     assert read_topic(broker.address, "sink", quiet=0.3) == []  # staged: invisible
     with AdminClient(broker.address) as a:
         assert a.commit_staged("sink-1", 7, handles) == 7
-        # a replayed batch id is refused and its staged rows dropped
-        with Producer(broker.address, transactional_id="sink-1:7:0:1") as p:
+        with pytest.raises(BatchAlreadyCommittedError):  # the driver replays its commit
+            a.commit_staged("sink-1", 7, handles)
+        # a late task staging a batch already committed is refused at once and aborted, so
+        # it does not hold back read_committed readers until its TTL
+        with Producer(broker.address, transactional_id="sink-1:6:0:1") as p:
             p.begin()
-            p.send(Message("sink", b"replayed"))
-            h = p.stage("sink-1", 7)
-        with pytest.raises(BatchAlreadyCommittedError):
-            a.commit_staged("sink-1", 7, [h])
+            p.send(Message("sink", b"late", sharding_key="late"))
+            with pytest.raises(BatchAlreadyCommittedError):
+                p.stage("sink-1", 6, ttl_s=3600)
+            p.abort()
+        with Producer(broker.address) as p:
+            after = p.send(Message("sink", b"after the late task", sharding_key="late"))
+        with PullConsumer(broker.address, "late-reader") as c:
+            c.assign([("sink", after.queue)])
+            c.seek("sink", after.queue, after.offset)
+            msgs = c.poll(timeout=5)
+            assert [x.body for x in msgs] == [b"after the late task"]
         # an aborted (expired) handle: nothing of the batch is committed
         good, gone = [], []
         for task in range(2):
@@ -199,8 +209,9 @@ def test_staged_commit(broker: Broker) -> None:
         assert a.abort_staged("sink-1", 8) == 1  # the driver's abort(): the rest
         d = a.describe_transactions(sink_id="sink-1")
         assert d.sinks[0][:2] == ("sink-1", 7)
-    got = bodies(read_topic(broker.address, "sink", 12))
-    assert got == sorted(f"b7-t{t}-{i}".encode() for t in range(3) for i in range(4))
+    got = bodies(read_topic(broker.address, "sink", 13))
+    assert got == sorted([*(f"b7-t{t}-{i}".encode() for t in range(3) for i in range(4)),
+                          b"after the late task"])
 
 
 def test_staged_ttl_expires(tmp_path: Path) -> None:

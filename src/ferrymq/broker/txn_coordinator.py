@@ -622,6 +622,15 @@ class TxnCoordinator:
             return m.EndTxnResponse(int(TxnState.STAGED), durability)  # a retry
         if meta.state not in (TxnState.ONGOING, *DONE_STATES):
             raise InvalidTxnStateError(f"transaction of {meta.tid!r} is {meta.state.name}")
+        last = self.sinks.get(req.sink_id)
+        if last is not None and req.batch_id <= last[0]:
+            # a late task of a batch already committed (a dead driver's): abort now, or its
+            # rows would hold back read_committed readers until the staged TTL
+            if meta.state == TxnState.ONGOING:
+                await self._end(meta, False)
+            raise BatchAlreadyCommittedError(
+                f"sink {req.sink_id!r} already committed batch {last[0]}; batch "
+                f"{req.batch_id} is a replay: its transaction was aborted")
         if req.staged_ttl_ms < 0:
             raise InvalidRequestError("staged_ttl_ms must be >= 0 (0: the broker's default)")
         self._begin_if_needed(meta)
