@@ -589,6 +589,12 @@ def write_rows(opts: SinkOptions, iterator: Iterator[pa.RecordBatch], *,
             return producer.message()
         assert batch_id is not None
         return producer.message(producer.stage(sink, batch_id))
+    except BatchAlreadyCommittedError:
+        # the driver committed this batch while the task ran (a replay racing its commit):
+        # the broker aborted this transaction, nothing of it is written
+        log.info("sink %s: batch %s was committed meanwhile; rows of this task dropped",
+                 sink, batch_id)
+        return SinkCommitMessage(task.partition_id, 0, True)
     except BaseException:
         producer.conn.close()  # a request may be in flight: never reuse this socket
         producer.abort_txn()
