@@ -25,6 +25,7 @@ matching class on the client. The wire never carries a traceback.
 
 from __future__ import annotations
 
+import re
 from typing import ClassVar
 
 from ferrymq.protocol.codes import ErrorCode
@@ -118,9 +119,16 @@ class FrameSizeError(RemoteProtocolError):
 class BrokerError(FerryMQError):
     """An error reported by the broker.
 
+    A broker that refuses a request *before it had any effect* because it is overloaded
+    (BUSY, STORAGE_FULL: memory or disk watermark, full disk) says when to come back: the
+    message ends with ``(retry_after_ms=N)``, which the client reads back into
+    :attr:`retry_after_ms`. Such a refusal is safe to repeat even for requests that are not
+    idempotent.
+
     Attributes:
         code: the wire :class:`ErrorCode`.
         retriable: whether sending the same request again may succeed.
+        retry_after_ms: the broker's advice: wait this long before retrying (0: no advice).
     """
 
     code: ClassVar[ErrorCode] = ErrorCode.INTERNAL_ERROR
@@ -132,9 +140,19 @@ class BrokerError(FerryMQError):
         if "code" in cls.__dict__:
             BrokerError._registry[cls.code] = cls
 
-    def __init__(self, message: str = "") -> None:
+    def __init__(self, message: str = "", *, retry_after_ms: int | None = None) -> None:
+        if retry_after_ms is not None:
+            message = f"{message} (retry_after_ms={max(0, retry_after_ms)})"
+            self.retry_after_ms = max(0, retry_after_ms)
+        else:
+            found = _RETRY_AFTER.search(message)
+            self.retry_after_ms = int(found.group(1)) if found else 0
         super().__init__(message or self.code.name.lower().replace("_", " "))
         self.message = message
+
+
+_RETRY_AFTER = re.compile(r"\(retry_after_ms=(\d{1,9})\)$")
+"""How a retry-after travels: at the end of the error message (no wire format change)."""
 
 
 class InternalBrokerError(BrokerError):
@@ -243,7 +261,12 @@ class StorageFailureError(BrokerError):
 
 
 class StorageFullError(BrokerError):
-    """The broker's disk is above its high watermark: produce is refused until space is freed."""
+    """Disk full or below `disk_free_low_watermark_bytes`: produce refused, nothing stored.
+
+    Raised for ENOSPC/EDQUOT on a write (the log is cut back to its last good batch) and while
+    the free space of ``data_dir`` is below the watermark; produce resumes by itself once
+    space is back.
+    """
 
     code = ErrorCode.STORAGE_FULL
     retriable = True
@@ -308,7 +331,11 @@ class AccessDeniedError(BrokerError):
 
 
 class BusyError(BrokerError):
-    """The broker is overloaded (back-pressure); retry after a short backoff."""
+    """The broker is overloaded (back-pressure); retry after a short backoff (`retry_after_ms` if given).
+
+    Connection caps, the memory watermark (``memory_high_watermark_bytes``), full in-memory
+    tables (dedup keys, pending transactions).
+    """
 
     code = ErrorCode.BUSY
     retriable = True

@@ -235,6 +235,28 @@ class BrokerConfig:
     write_stall_timeout_ms: int = _f(
         60_000, "A client that reads none of its responses for this long is cut off."
     )
+    memory_high_watermark_bytes: int = _f(
+        0,
+        "Resilience: while the broker's resident memory (RSS, sampled every 0.5 s) is above "
+        "this, produce requests (also half messages, transactional and delayed sends) are "
+        "refused with BUSY and a retry-after; fetches, acks and offset commits keep working. "
+        "0: 40% of the machine's memory (or of the cgroup limit, if lower); -1: off.",
+    )
+    disk_free_low_watermark_bytes: int = _f(
+        64 * 1024 * 1024,
+        "Resilience: while the file system of data_dir has less free space than this "
+        "(statvfs, sampled every disk_check_interval_ms and right after a write fails with "
+        "ENOSPC), produce requests are refused with STORAGE_FULL and a retry-after; consumers "
+        "keep working. 0: no watermark (a full disk is still refused cleanly).",
+    )
+    disk_check_interval_ms: int = _f(
+        1000, "Resilience: how often the free space of data_dir is sampled."
+    )
+    busy_retry_after_ms: int = _f(
+        500,
+        "Resilience: the retry-after a produce refused by a watermark or a full disk carries; "
+        "producers wait at least this long before sending it again.",
+    )
     tls_cert_file: str = _f("", "TLS: certificate chain (PEM) of the listener; empty: plain TCP.")
     tls_key_file: str = _f("", "TLS: private key (PEM) of tls_cert_file.")
     tls_ca_file: str = _f("", "TLS: CA bundle (PEM) to verify client certificates with.")
@@ -268,7 +290,8 @@ class BrokerConfig:
             "txn_check_after_ms", "txn_check_interval_ms", "txn_max_checks", "txn_max_pending",
             "txn_default_timeout_ms", "txn_max_timeout_ms", "txn_staged_ttl_ms", "txn_max_open",
             "txn_id_expiration_ms", "auth_timeout_ms", "max_connections_per_ip",
-            "max_write_queue_bytes", "write_stall_timeout_ms",
+            "max_write_queue_bytes", "write_stall_timeout_ms", "disk_check_interval_ms",
+            "busy_retry_after_ms",
         )
         for name in positive:
             if getattr(self, name) <= 0:
@@ -303,6 +326,12 @@ class BrokerConfig:
         if not 256 <= self.max_pre_auth_frame_bytes <= 4096:
             raise ConfigError(f"max_pre_auth_frame_bytes must be 256..4096, not "
                               f"{self.max_pre_auth_frame_bytes}")
+        if self.memory_high_watermark_bytes < -1:
+            raise ConfigError(f"memory_high_watermark_bytes must be -1 (off), 0 (auto) or a "
+                              f"size, not {self.memory_high_watermark_bytes}")
+        if self.disk_free_low_watermark_bytes < 0:
+            raise ConfigError(f"disk_free_low_watermark_bytes must be >= 0, not "
+                              f"{self.disk_free_low_watermark_bytes}")
         if self.max_write_queue_bytes < self.max_write_buffer_bytes + self.max_frame_bytes:
             raise ConfigError("max_write_queue_bytes must be at least max_write_buffer_bytes + "
                               "max_frame_bytes")

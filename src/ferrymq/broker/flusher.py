@@ -12,9 +12,16 @@ In ``sync`` mode a round starts as soon as something is dirty; sends are acknowl
 offsets become durable, and consumers see only durable data. In ``async`` mode a round runs every
 ``flush_interval_ms``; sends are acknowledged after ``write(2)``.
 
-An fsync that fails (EIO, ENOSPC) is never retried as if it had worked (fsyncgate): the waiting
-sends fail with STORAGE_ERROR, the queue is marked failed, and produce to it is refused until the
-broker restarts and recovery re-verifies the log.
+An fsync that fails is never retried as if it had worked (fsyncgate): the waiting sends fail,
+and a later fsync's success is not believed for that queue. EIO (or any failure in async mode,
+where consumers may already have read the data): the queue is marked ``failed`` and produce to
+it is refused until the broker restarts and recovery re-verifies the log. ENOSPC/EDQUOT in sync
+mode (nothing undurable was acknowledged or shown): the sends fail with STORAGE_FULL (retriable),
+the queue goes to ``full`` and gets no more fsyncs; once the watermarks say space is back,
+:meth:`Flusher.retry_full` writes the undurable tail again from the page cache and fsyncs it
+through a new descriptor (:meth:`ferrymq.storage.log.Log.rewrite_tail`), and the queue is back
+in service with no restart. Idempotent producers' retries of the failed sends are then answered
+with the offsets already stored.
 """
 
 from __future__ import annotations
@@ -22,9 +29,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from typing import Protocol
+from collections.abc import Callable
+from typing import Protocol, runtime_checkable
 
-from ferrymq.errors import StorageFailureError
+from ferrymq.broker.watermarks import is_disk_full
+from ferrymq.errors import StorageFailureError, StorageFullError
 
 log = logging.getLogger("ferrymq.broker")
 
@@ -45,6 +54,15 @@ class Flushable(Protocol):
         ...
 
 
+@runtime_checkable
+class Rewritable(Protocol):
+    """A flushable whose undurable tail can be written again after an ENOSPC fsync failure."""
+
+    def rewrite_undurable(self) -> int:
+        """Write the undurable tail again and fsync it (loop thread); the position durable."""
+        ...
+
+
 class Flusher:
     """Owns the flusher thread. ``mark_dirty`` is called on the loop thread."""
 
@@ -57,6 +75,13 @@ class Flusher:
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="ferrymq-flusher", daemon=True)
         self.failed: set[Flushable] = set()
+        """Failed fsync, restart needed (produce refused)."""
+        self.full: dict[Flushable, BaseException] = {}
+        """Failed fsync with ENOSPC/EDQUOT, waiting for :meth:`retry_full` (produce refused)."""
+        self.on_disk_full: Callable[[BaseException], None] | None = None
+        """Told about every ENOSPC/EDQUOT fsync failure (the broker's watermarks)."""
+        self.retry_after_ms = 0
+        """The retry-after of STORAGE_FULL errors given to waiting sends."""
         self.rounds = 0
 
     def start(self) -> None:
@@ -65,6 +90,8 @@ class Flusher:
 
     def mark_dirty(self, qs: Flushable) -> None:
         """Note that ``qs`` has unflushed writes (wakes the thread in sync mode)."""
+        if qs in self.full:  # no fsync is believed until retry_full rewrote its tail
+            return
         with self._cond:
             if qs not in self._dirty:
                 self._dirty.add(qs)
@@ -108,7 +135,41 @@ class Flusher:
     def _on_flushed(self, results: list[tuple[Flushable, int, BaseException | None]]) -> None:
         for qs, durable, exc in results:
             if exc is not None:
+                if self._sync and is_disk_full(exc) and isinstance(qs, Rewritable):
+                    self.full[qs] = exc
+                    if self.on_disk_full is not None:
+                        self.on_disk_full(exc)
+                    qs.on_flush_failed(StorageFullError(
+                        f"fsync failed, nothing stored: {exc}", retry_after_ms=self.retry_after_ms))
+                    continue
                 self.failed.add(qs)
                 qs.on_flush_failed(StorageFailureError(f"fsync failed: {exc}"))
                 continue
+            if qs in self.failed or qs in self.full:
+                continue  # fsyncgate: a success after a failure proves nothing
+            qs.on_flushed(durable, self._sync)
+
+    def retry_full(self, space_back: bool) -> None:
+        """On the loop thread (housekeeping): rewrite and fsync the tails of queues whose
+        fsync failed with ENOSPC/EDQUOT, when ``space_back``. A queue whose tail cannot be
+        read back whole goes to ``failed`` (restart needed); one that is still full waits."""
+        if not space_back or not self.full:
+            return
+        for qs in list(self.full):
+            assert isinstance(qs, Rewritable)
+            try:
+                durable = qs.rewrite_undurable()
+            except OSError as exc:
+                log.warning("%s: still cannot write its tail: %s", qs, exc)
+                self.full[qs] = exc
+                if is_disk_full(exc) and self.on_disk_full is not None:
+                    self.on_disk_full(exc)
+                return
+            except Exception as exc:  # noqa: BLE001 - anything else: restart needed
+                log.critical("%s: cannot rewrite its tail after a full disk: %s", qs, exc)
+                del self.full[qs]
+                self.failed.add(qs)
+                continue
+            del self.full[qs]
+            log.warning("%s: tail written again after the disk was full; back in service", qs)
             qs.on_flushed(durable, self._sync)

@@ -47,6 +47,7 @@ from ferrymq.broker.tls import server_context
 from ferrymq.broker.topics import TopicRegistry
 from ferrymq.broker.transactions import TransactionManager
 from ferrymq.broker.txn_coordinator import TxnCoordinator
+from ferrymq.broker.watermarks import Watermarks
 from ferrymq.errors import ConfigError
 from ferrymq.storage import LogConfig
 
@@ -73,6 +74,12 @@ class BrokerServer:
         self.ssl_context = server_context(config)
         self.limits = ConnectionLimits(config.max_connections, config.max_connections_per_ip)
         self.quota = ByteRateQuota(clock.monotonic)
+        self.watermarks = Watermarks(
+            self.data_dir, memory_high_bytes=config.memory_high_watermark_bytes,
+            disk_free_low_bytes=config.disk_free_low_watermark_bytes,
+            disk_check_interval_s=config.disk_check_interval_ms / 1000,
+            retry_after_ms=config.busy_retry_after_ms, clock=clock.monotonic)
+        """Memory and free-disk watermarks: whether produce is refused (sampled by housekeeping)."""
         self.shutting_down = False
         self.address: tuple[str, int] = (config.host, config.port)
         self.topics: TopicRegistry
@@ -138,7 +145,10 @@ class BrokerServer:
         log.info("opened %d topics in %.3f s (%s)", len(self.topics.topics), loop.time() - t0,
                  "new data directory" if fresh else
                  "clean shutdown before" if clean else "recovered after an unclean stop")
+        self.watermarks.sample()
         self.flusher = Flusher(loop, sync=self.sync_flush, interval_ms=cfg.flush_interval_ms)
+        self.flusher.on_disk_full = self.watermarks.on_disk_full
+        self.flusher.retry_after_ms = cfg.busy_retry_after_ms
         self.scheduler = Scheduler(cfg, self.topics, self.flusher, self.clock, self.data_dir)
         self.delivery = DeliveryManager(cfg, self.topics, self.flusher, self.clock, self.data_dir,
                                         self.scheduler)  # retry letters are scheduled
@@ -271,6 +281,8 @@ class BrokerServer:
         while True:
             await asyncio.sleep(HOUSEKEEPING_INTERVAL_S)
             try:
+                self.watermarks.sample()
+                self.flusher.retry_full(self.watermarks.disk_ok)
                 counts = {n: len(t.queues) for n, t in self.topics.topics.items()}
                 self.groups.expire(self.now_monotonic_ms(), counts)
                 now = self.clock.monotonic()

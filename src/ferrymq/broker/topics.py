@@ -28,6 +28,7 @@ from pathlib import Path
 
 import msgpack
 
+from ferrymq._faults import enospc_point
 from ferrymq.errors import (
     InvalidConfigError,
     InvalidTopicNameError,
@@ -117,7 +118,14 @@ class QueueState:
 
     def flush_blocking(self) -> int:
         """fsync the log (flusher thread); the end offset now durable."""
+        enospc_point("fsync")
         return self.log.flush()
+
+    def rewrite_undurable(self) -> int:
+        """After an fsync failed with ENOSPC (sync mode): write what is above the visible
+        (durable) end again and fsync it; the end offset now durable (loop thread)."""
+        enospc_point("rewrite")
+        return self.log.rewrite_tail(self.visible_end)
 
     def on_flushed(self, durable: int, sync: bool) -> None:
         """Acknowledge sends now durable; in sync mode, show consumers the durable end."""

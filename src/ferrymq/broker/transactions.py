@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from ferrymq._time import Clock
 from ferrymq.broker.delivery.letters import StoredRecord, stored_record
+from ferrymq.broker.watermarks import is_disk_full
 from ferrymq.errors import (
     BrokerError,
     BusyError,
@@ -56,6 +57,7 @@ from ferrymq.errors import (
     InvalidRequestError,
     LogClosedError,
     StorageFailureError,
+    StorageFullError,
     TransactionResolvedError,
     UnknownTransactionError,
 )
@@ -349,9 +351,15 @@ class TransactionManager:
         qs = self.half
         if qs in self.flusher.failed:
             raise StorageFailureError(f"{qs} had an fsync failure; restart needed")
+        if qs in self.flusher.full:
+            raise StorageFullError(f"{qs}: an fsync failed for lack of space",
+                                   retry_after_ms=cfg.busy_retry_after_ms)
         try:
             res = qs.log.append(batch, now_ms=now)
-        except OSError as exc:
+        except OSError as exc:  # nothing was stored (the segment cut the file back)
+            if is_disk_full(exc):
+                raise StorageFullError(f"disk full, nothing stored: {exc}",
+                                       retry_after_ms=cfg.busy_retry_after_ms) from None
             raise StorageFailureError(f"write failed: {exc}") from None
         off = res.base_offset
         h = _Half(off, req.group, req.client_id, req.topic, req.queue, res.append_time_ms, after,

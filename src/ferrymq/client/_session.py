@@ -33,7 +33,7 @@ from typing import TypeVar
 from ferrymq._version import __version__
 from ferrymq.client._transport import TLSOption as TLSOption
 from ferrymq.client._transport import Transport, client_tls_context
-from ferrymq.client.retry import Backoff
+from ferrymq.client.retry import Backoff, refused_before_effect
 from ferrymq.errors import (
     AuthenticationFailedError,
     BrokerError,
@@ -260,7 +260,9 @@ class Session:
             req: the request (must be safe to repeat when ``retry`` is true).
             resp_type: the response body type.
             timeout_s: overall deadline (default ``request_timeout_s``).
-            retry: retry on connection loss and retriable broker errors.
+            retry: retry on connection loss and retriable broker errors. A refusal that had no
+                effect (BUSY / STORAGE_FULL with a retry-after: a watermark) is retried even
+                when false, waiting at least its retry-after.
             retry_codes: if given, only these broker error codes are retried.
 
         Raises:
@@ -282,9 +284,10 @@ class Session:
                     exc.retriable if retry_codes is None else exc.code in retry_codes
                 )
                 attempt += 1
-                if not retry or not retriable or self._closed:
+                refused = refused_before_effect(exc)  # a watermark: safe even when not idempotent
+                if not ((retry and retriable) or refused) or self._closed:
                     raise
-                wait = self.backoff.delay(attempt)
+                wait = self.backoff.delay_after(exc, attempt)
                 if loop.time() + wait >= deadline:
                     raise
                 await asyncio.sleep(wait)

@@ -805,7 +805,7 @@ class AsyncProducer:
             self._session.topics.pop(bt.buf.topic.name, None)
         bt.attempts += 1
         bt.last_error = exc
-        delay = self._session.backoff.delay(bt.attempts)
+        delay = self._session.backoff.delay_after(exc, bt.attempts)  # >= the broker's retry-after
         if retriable and not self._closed and loop.time() + delay < bt.deadline:
             bt.not_before = loop.time() + delay
             self._retry.append(bt)
@@ -813,7 +813,10 @@ class AsyncProducer:
             return
         bt.buf.in_flight = False
         if retriable:
-            exc = FerryMQTimeoutError(f"not delivered within delivery_timeout_s: {exc}")
+            what = (f"{exc.code.name}: " if isinstance(exc, BrokerError) else "")
+            exc = FerryMQTimeoutError(
+                f"not delivered within delivery_timeout_s={self._delivery_timeout_s:g} "
+                f"({bt.attempts} attempts); last error: {what}{exc}")
         if self._tid is not None and self._txn_error is None:
             self._txn_error = exc  # the transaction cannot commit now
             if isinstance(exc, ProducerFencedError):

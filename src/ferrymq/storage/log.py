@@ -533,6 +533,31 @@ class Log:
             self._write_recovery_point(end)
         return end
 
+    def rewrite_tail(self, from_offset: int) -> int:
+        """After a failed fsync (ENOSPC): write offsets ``from_offset`` .. end again and fsync
+        them (:meth:`Segment.rewrite_from`); return the end offset now durable.
+
+        Raises:
+            CorruptRecordError: ``from_offset`` is before the active segment (a roll happened
+                since: only a restart's recovery can tell what is on disk), or the bytes read
+                back are not valid.
+            OSError: the write or fsync failed again.
+            LogClosedError: the log is closed.
+        """
+        with self._flush_lock:
+            self._check_open()
+            with self._lock:
+                active = self._segments[-1]
+                end = self._end_offset
+                sealed = bool(self._pending_sealed)
+            if sealed or from_offset < active.base_offset:
+                raise CorruptRecordError(f"{self.directory}: undurable data before the active "
+                                         "segment; restart to recover")
+            active.rewrite_from(active.position_of_offset(from_offset))
+            with self._lock:
+                self._durable_offset = max(self._durable_offset, end)
+            return end
+
     # --- retention and truncation --------------------------------------------------------------
 
     def delete_old_segments(self, now_ms: int, *, keep_from: int | None = None) -> int:

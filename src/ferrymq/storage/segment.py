@@ -319,8 +319,53 @@ class Segment:
                 pass
             raise
         self._size_bytes = pos + len(batch)
-        self._note_batch(pos, header)
+        try:
+            self._note_batch(pos, header)
+        except OSError:  # an index write failed (ENOSPC): undo the whole append
+            self._undo_append(fd, pos, header)
+            raise
         return pos
+
+    def _undo_append(self, fd: int, pos: int, header: BatchHeader) -> None:
+        """Cut the batch just written at ``pos`` and its index entries (a failed append must
+        leave no trace, or the next one would reuse its offsets)."""
+        os.ftruncate(fd, pos)
+        self._size_bytes = pos
+        self.index.truncate_to_position(pos)
+        self.timeindex.truncate_to_offset(header.base_offset)
+
+    def rewrite_from(self, position: int) -> None:
+        """Write the bytes from ``position`` to the end again, in place, and fsync them.
+
+        After an fsync failed (ENOSPC at writeback) the kernel may have marked those pages
+        clean without writing them; writing the same bytes again (read back from the page
+        cache, both CRCs checked) makes them dirty, and a new descriptor's fsync reports only
+        errors that happen from now on. Offsets and sizes do not change.
+
+        Raises:
+            CorruptRecordError: the bytes read back are not whole, valid batches (the page
+                cache lost them: only recovery at restart can cut them).
+            OSError: the write or fsync failed (still no space): nothing changed.
+        """
+        fd = self._require_fd()
+        size = self._size_bytes
+        data = os.pread(fd, size - position, position)
+        pos = 0
+        while pos < len(data):
+            h = check_stored_batch(data, pos)
+            pos += LENGTH_PREFIX + h.batch_length
+        if pos != size - position:
+            raise CorruptRecordError(f"{self.log_path}: tail from {position} not readable")
+        wfd = os.open(self.log_path, os.O_WRONLY)
+        try:
+            view = memoryview(data)
+            at = position
+            while view:
+                n = os.pwrite(wfd, view, at)
+                view, at = view[n:], at + n
+            os.fsync(wfd)
+        finally:
+            os.close(wfd)
 
     def _note_batch(self, pos: int, h: BatchHeader) -> None:
         """Update indexes and bookkeeping for a valid batch at ``pos`` (append and scan)."""

@@ -11,6 +11,12 @@ the transaction coordinator, which registers the queue with the producer's open 
 first (:mod:`ferrymq.broker.txn_coordinator`). In sync flush mode the response waits until
 every entry's offsets are fsynced (group commit, see :mod:`ferrymq.broker.flusher`), and for a
 duplicate until the message it duplicates is.
+
+Back-pressure (:mod:`ferrymq.broker.watermarks`): while memory or free disk is past its
+watermark the whole request is refused (BUSY / STORAGE_FULL with a retry-after) before anything
+is looked at. A write that fails with ENOSPC/EDQUOT leaves nothing behind (the segment cuts the
+file back) and answers that entry with STORAGE_FULL; the watermarks then refuse produce until
+space is back.
 """
 
 from __future__ import annotations
@@ -18,11 +24,13 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
+from ferrymq.broker.watermarks import is_disk_full
 from ferrymq.errors import (
     BrokerError,
     BrokerShuttingDownError,
     InvalidRequestError,
     StorageFailureError,
+    StorageFullError,
 )
 from ferrymq.protocol import messages as m
 from ferrymq.protocol.messages import Durability
@@ -51,6 +59,7 @@ def produce(
     results: list[m.ProduceResult] = []
     waits: list[tuple[QueueState, int, int]] = []  # (queue, end offset, result index)
     durability = Durability.FSYNCED if sync else Durability.WRITTEN
+    srv.watermarks.check_produce()  # memory / disk watermark: the whole request, nothing stored
     for topic, queue, batch in req.entries:
         try:
             if srv.shutting_down:
@@ -58,6 +67,9 @@ def produce(
             qs = srv.topics.queue(topic, queue)
             if qs in srv.flusher.failed:
                 raise StorageFailureError(f"{topic}/{queue} had an fsync failure; restart needed")
+            if qs in srv.flusher.full:
+                raise StorageFullError(f"{topic}/{queue}: an fsync failed for lack of space; "
+                                       "waiting for space", retry_after_ms=cfg.busy_retry_after_ms)
             h = validate_batch(batch, max_message_bytes=cfg.max_message_bytes,
                                max_records=cfg.max_batch_records)
             txn_end = -1
@@ -81,9 +93,10 @@ def produce(
         except BrokerError as exc:
             results.append((topic, queue, exc.code, str(exc)[:1024], -1, -1, -1, 0, -1, []))
             continue
-        except OSError as exc:
-            results.append((topic, queue, StorageFailureError.code, f"write failed: {exc}",
-                            -1, -1, -1, 0, -1, []))
+        except OSError as exc:  # the segment cut the file back: nothing of it was stored
+            err = (srv.watermarks.full_error(exc) if is_disk_full(exc)
+                   else StorageFailureError(f"write failed: {exc}"))
+            results.append((topic, queue, err.code, str(err)[:1024], -1, -1, -1, 0, -1, []))
             continue
         dups = [] if plan is None else srv.dedup.on_append(plan, qs, res.base_offset,
                                                             res.append_time_ms)

@@ -8,7 +8,7 @@ import asyncio
 from typing import TYPE_CHECKING
 
 from ferrymq.broker.handlers import delivery
-from ferrymq.errors import BrokerShuttingDownError
+from ferrymq.errors import BrokerShuttingDownError, StorageFullError
 from ferrymq.protocol import messages as m
 
 if TYPE_CHECKING:
@@ -18,10 +18,17 @@ if TYPE_CHECKING:
 def prepare_transaction(
     conn: BrokerConnection, req: m.PrepareTransactionRequest
 ) -> m.PrepareTransactionResponse | asyncio.Future[m.PrepareTransactionResponse]:
-    """Store a half message (invisible until committed)."""
-    if conn.server.shutting_down:
+    """Store a half message (invisible until committed); refused like a produce while memory
+    or disk is past its watermark."""
+    srv = conn.server
+    if srv.shutting_down:
         raise BrokerShuttingDownError("broker is shutting down")
-    return conn.server.transactions.prepare(req)
+    srv.watermarks.check_produce()
+    try:
+        return srv.transactions.prepare(req)
+    except StorageFullError as exc:
+        srv.watermarks.on_disk_full(exc)
+        raise
 
 
 def end_transaction(
