@@ -18,11 +18,14 @@ pytestmark = [pytest.mark.crash, pytest.mark.integration]
 KEYS = 8
 
 
-def test_per_key_send_order_survives_kill9_and_retries(tmp_path: Path) -> None:
+@pytest.mark.parametrize("in_flight", [1, 5])
+def test_per_key_send_order_survives_kill9_and_retries(tmp_path: Path, in_flight: int) -> None:
+    """``in_flight``: batches of one queue on the wire at once; retries must still be stored
+    in sequence order (a batch behind a failed one gets OUT_OF_ORDER_SEQUENCE and waits)."""
     with BrokerProcess(tmp_path / "data") as bp:
         sent: list[tuple[int, int, concurrent.futures.Future]] = []  # (key, seq, result)
         with Producer(bp.address, delivery_timeout_s=20, request_timeout_s=2,
-                      linger_ms=2) as p:
+                      linger_ms=2, max_in_flight_per_queue=in_flight) as p:
             p.send(Message("ko", b"warm-up", sharding_key="k0"))
             seqs = [0] * KEYS
             t_kill = time.monotonic() + 0.5
@@ -71,3 +74,12 @@ def _ok(f: concurrent.futures.Future) -> bool:
         return True
     except FerryMQError:
         return False
+
+
+@pytest.mark.parametrize("bad", [0, 6])
+def test_max_in_flight_per_queue_is_checked(bad: int) -> None:
+    from ferrymq.client.producer import AsyncProducer
+    from ferrymq.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"max_in_flight_per_queue must be 1\.\.5"):
+        AsyncProducer("127.0.0.1:1", max_in_flight_per_queue=bad)

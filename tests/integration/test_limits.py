@@ -193,8 +193,6 @@ def test_in_flight_requests_per_connection_are_capped(tmp_path: Path) -> None:
         _check_capped(b, c, _pipeline_long_polls(b, c, one_packet=False))
 
 
-@pytest.mark.xfail(strict=True, reason="broker/connection.py dispatches every frame of one "
-                   "read even past max_in_flight_per_connection (reading pauses only after)")
 def test_in_flight_cap_holds_for_requests_pipelined_in_one_packet(tmp_path: Path) -> None:
     with ferrymq.Broker(tmp_path / "d", max_in_flight_per_connection=4) as b, \
             RawClient(b.address) as c:

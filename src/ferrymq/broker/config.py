@@ -51,6 +51,8 @@ class BrokerConfig:
         "async: acknowledge after write(2) and fsync every flush_interval_ms.",
     )
     flush_interval_ms: int = _f(200, "async mode: how often written data is fsynced.")
+    flush_threads: int = _f(4, "fsyncs of one flush round run on up to this many threads at "
+                               "once (a round costs the slowest fsync, not their sum).")
     max_frame_bytes: int = _f(8 * 1024 * 1024, "Largest frame accepted; larger closes the connection.")
     max_message_bytes: int = _f(4 * 1024 * 1024, "Largest single message (record) accepted.")
     max_batch_records: int = _f(100_000, "Most records in one batch.")
@@ -276,7 +278,7 @@ class BrokerConfig:
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"port must be 0..65535, not {self.port}")
         positive = (
-            "flush_interval_ms", "max_frame_bytes", "max_message_bytes", "max_batch_records",
+            "flush_interval_ms", "flush_threads", "max_frame_bytes", "max_message_bytes", "max_batch_records",
             "max_fetch_bytes", "max_connections", "max_in_flight_per_connection",
             "max_write_buffer_bytes", "idle_timeout_ms", "default_queues", "max_queues",
             "segment_bytes", "segment_ms", "index_interval_bytes",

@@ -41,6 +41,7 @@ import functools
 import logging
 import socket
 import time
+from collections import deque
 from typing import TYPE_CHECKING, Any, cast
 
 from ferrymq._buffers import thread_scratch
@@ -91,6 +92,7 @@ class BrokerConnection(asyncio.BufferedProtocol):
         self._throttled = False
         self._auth_timer: asyncio.TimerHandle | None = None
         self.pending: set[asyncio.Future[Any]] = set()
+        self._backlog: deque[Frame] = deque()  # read past the in-flight cap, not dispatched yet
 
     # -- asyncio.Protocol ------------------------------------------------------------------
 
@@ -129,6 +131,7 @@ class BrokerConnection(asyncio.BufferedProtocol):
         for fut in list(self.pending):
             fut.cancel()
         self.pending.clear()
+        self._backlog.clear()
 
     def pause_writing(self) -> None:
         self._write_paused = True
@@ -163,12 +166,26 @@ class BrokerConnection(asyncio.BufferedProtocol):
         self._handle(frames)
 
     def _handle(self, frames: list[Frame]) -> None:
-        for frame in frames:
-            if self.closed or self._stopped_reading:
-                return
-            self._dispatch(frame)
+        if self._backlog:
+            self._backlog.extend(frames)
+        else:
+            limit = self.server.config.max_in_flight_per_connection
+            for i, frame in enumerate(frames):
+                if self.closed or self._stopped_reading:
+                    return
+                if self.in_flight >= limit:  # one read brought more than the cap allows
+                    self._backlog.extend(frames[i:])
+                    break
+                self._dispatch(frame)
         if self.decoder.error is not None:
             self._fail_stream(self.decoder.error)
+
+    def _drain_backlog(self) -> None:
+        """Dispatch frames held back by the in-flight cap, in order, while it allows."""
+        limit = self.server.config.max_in_flight_per_connection
+        backlog = self._backlog
+        while backlog and self.in_flight < limit and not (self.closed or self._stopped_reading):
+            self._dispatch(backlog.popleft())
 
     def _fail_stream(self, exc: RemoteProtocolError) -> None:
         code = ErrorCode.FRAME_TOO_LARGE if isinstance(exc, FrameSizeError) else (
@@ -296,6 +313,8 @@ class BrokerConnection(asyncio.BufferedProtocol):
     def _complete(self, frame: Frame, fut: asyncio.Future[Body]) -> None:
         self.in_flight -= 1
         self.pending.discard(fut)
+        if self._backlog:
+            self._drain_backlog()
         self._update_reading()
         if fut.cancelled():
             return
@@ -341,7 +360,7 @@ class BrokerConnection(asyncio.BufferedProtocol):
             return
         limit = self.server.config.max_in_flight_per_connection
         should_pause = (self._write_paused or self.in_flight >= limit or self._stopped_reading
-                        or self._throttled)
+                        or self._throttled or bool(self._backlog))
         if should_pause and not self._read_paused:
             self._read_paused = True
             self.transport.pause_reading()

@@ -3,8 +3,10 @@
 Theory of operation
 -------------------
 The event loop appends with ``write(2)`` and marks the queue dirty. The flusher thread takes the
-whole dirty set at once, fsyncs each log (``Log.flush`` returns the end offset now durable) and
-posts the results back to the loop with ``call_soon_threadsafe``. While one round of fsyncs runs,
+whole dirty set at once, fsyncs each log (``Log.flush`` returns the end offset now durable; with
+several dirty, on up to ``flush_threads`` threads at once, so a round lasts as long as its slowest
+fsync rather than their sum) and posts the results back to the loop with
+``call_soon_threadsafe``. While one round of fsyncs runs,
 further appends pile up and share the next round: that is the group commit, and it needs no
 tuning.
 
@@ -30,6 +32,7 @@ import asyncio
 import logging
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol, runtime_checkable
 
 from ferrymq.broker.watermarks import is_disk_full
@@ -66,8 +69,10 @@ class Rewritable(Protocol):
 class Flusher:
     """Owns the flusher thread. ``mark_dirty`` is called on the loop thread."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, *, sync: bool, interval_ms: int) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, *, sync: bool, interval_ms: int,
+                 threads: int = 1) -> None:
         self._loop = loop
+        self._pool = ThreadPoolExecutor(threads - 1, "ferrymq-fsync") if threads > 1 else None
         self._sync = sync
         self._interval_s = interval_ms / 1000.0
         self._cond = threading.Condition()
@@ -104,6 +109,8 @@ class Flusher:
             self._stopping = True
             self._cond.notify()
         self._thread.join()
+        if self._pool is not None:
+            self._pool.shutdown()
 
     def _run(self) -> None:
         while True:
@@ -116,13 +123,7 @@ class Flusher:
                 batch = self._dirty
                 self._dirty = set()
                 stopping = self._stopping
-            results: list[tuple[Flushable, int, BaseException | None]] = []
-            for qs in batch:
-                try:
-                    results.append((qs, qs.flush_blocking(), None))
-                except Exception as exc:  # noqa: BLE001 - any failure must reach the waiters
-                    log.critical("fsync of %s failed: %s", qs, exc)
-                    results.append((qs, -1, exc))
+            results = self._flush_all(batch)
             self.rounds += 1
             if results:
                 try:
@@ -131,6 +132,16 @@ class Flusher:
                     return
             if stopping:
                 return
+
+    def _flush_all(self, batch: set[Flushable]
+                   ) -> list[tuple[Flushable, int, BaseException | None]]:
+        """fsync every one of ``batch``: the pool takes all but one, this thread the last."""
+        if self._pool is None or len(batch) < 2:
+            return [_flush_one(qs) for qs in batch]
+        items = list(batch)
+        futures = [self._pool.submit(_flush_one, qs) for qs in items[1:]]
+        first = _flush_one(items[0])
+        return [first, *(f.result() for f in futures)]
 
     def _on_flushed(self, results: list[tuple[Flushable, int, BaseException | None]]) -> None:
         for qs, durable, exc in results:
@@ -173,3 +184,11 @@ class Flusher:
             del self.full[qs]
             log.warning("%s: tail written again after the disk was full; back in service", qs)
             qs.on_flushed(durable, self._sync)
+
+
+def _flush_one(qs: Flushable) -> tuple[Flushable, int, BaseException | None]:
+    try:
+        return qs, qs.flush_blocking(), None
+    except Exception as exc:  # noqa: BLE001 - any failure must reach the waiters
+        log.critical("fsync of %s failed: %s", qs, exc)
+        return qs, -1, exc

@@ -61,6 +61,7 @@ from ferrymq.errors import (
     FerryMQTimeoutError,
     InvalidRequestError,
     MessageTooLargeError,
+    OutOfOrderSequenceError,
     ProducerFencedError,
     TransactionStateError,
     TransactionTimedOutError,
@@ -88,6 +89,10 @@ DEFAULT_LINGER_MS = 5
 DEFAULT_BATCH_MAX_BYTES = 1024 * 1024
 DEFAULT_BATCH_MAX_RECORDS = 16_384
 DEFAULT_MAX_BUFFER_BYTES = 64 * 1024 * 1024
+DEFAULT_MAX_IN_FLIGHT_PER_QUEUE = 4
+MAX_IN_FLIGHT_PER_QUEUE = 5
+"""The broker remembers this many batches per producer and queue (its PRODUCER_BATCHES_CACHED)
+to answer retries of them: more in flight could make a retry look like a gap."""
 """Bytes of messages waiting in the producer before ``send`` waits (back-pressure)."""
 REQUEST_OVERHEAD_BYTES = 64 * 1024
 
@@ -124,7 +129,8 @@ class _QueueBuffer:
     nbytes: int = 0
     ready: bool = False
     first_at: float = 0.0
-    in_flight: bool = False
+    outstanding: list[_Batch] = field(default_factory=list)  # sent, or waiting to be resent
+    retrying: int = 0  # of those, how many wait in the retry list
     next_seq: int = 0
     timer: asyncio.TimerHandle | None = None
 
@@ -136,6 +142,7 @@ class _Batch:
     units: list[_Unit]
     count: int
     deadline: float
+    seq: int = NO_SEQUENCE
     attempts: int = 0
     last_error: BaseException | None = None
     not_before: float = 0.0
@@ -154,6 +161,9 @@ class AsyncProducer:
         delivery_timeout_s: give up on a message after this long (retries included).
         request_timeout_s: one request's deadline.
         idempotent: stamp producer id and sequence numbers so retries are stored once.
+        max_in_flight_per_queue: batches of one queue sent before the first is answered
+            (idempotent producers; others send one at a time so a retry cannot reorder).
+            Retries go one at a time, in sequence order.
         queue_selector: ``selector(message, queue_count) -> queue`` overriding the default.
         auto_create_topics: ask the broker to create unknown topics.
         clock: injected clock (born timestamps).
@@ -176,6 +186,7 @@ class AsyncProducer:
         request_timeout_s: float = 30.0,
         connect_timeout_s: float = 5.0,
         idempotent: bool = True,
+        max_in_flight_per_queue: int = DEFAULT_MAX_IN_FLIGHT_PER_QUEUE,
         queue_selector: QueueSelector | None = None,
         auto_create_topics: bool = True,
         clock: Clock = SYSTEM_CLOCK,
@@ -192,6 +203,8 @@ class AsyncProducer:
             raise ConfigError("linger_ms must be >= 0; batch limits must be > 0")
         if delivery_timeout_s <= 0 or request_timeout_s <= 0:
             raise ConfigError("timeouts must be > 0")
+        if not 1 <= max_in_flight_per_queue <= MAX_IN_FLIGHT_PER_QUEUE:
+            raise ConfigError(f"max_in_flight_per_queue must be 1..{MAX_IN_FLIGHT_PER_QUEUE}")
         self._session = Session(servers, client_id=client_id, request_timeout_s=request_timeout_s,
                                 connect_timeout_s=connect_timeout_s,
                                 reconnect_timeout_s=delivery_timeout_s,
@@ -203,6 +216,7 @@ class AsyncProducer:
         self._delivery_timeout_s = delivery_timeout_s
         self._request_timeout_s = request_timeout_s
         self._idempotent = idempotent or transactional_id is not None
+        self._max_in_flight = max_in_flight_per_queue if self._idempotent else 1
         self._tid = transactional_id
         self._txn_timeout_ms = 0 if txn_timeout_s is None else int(txn_timeout_s * 1000)
         self._txn_state = _READY
@@ -331,7 +345,7 @@ class AsyncProducer:
         if self._txn_state != _IN_TXN:
             raise TransactionStateError("abort() with no transaction open")
         for b in self._buffers.values():
-            if b.records and not b.in_flight:
+            if b.records and not b.outstanding:
                 for u in b.units:
                     _settle(u, exc=TransactionStateError("the transaction was aborted"))
                 self._buffered_bytes -= b.nbytes
@@ -424,7 +438,7 @@ class AsyncProducer:
     def _pending_work(self) -> bool:
         return bool(
             self._in_flight_requests or self._retry or self._unresolved
-            or any(b.records or b.in_flight for b in self._buffers.values())
+            or any(b.records or b.outstanding for b in self._buffers.values())
         )
 
     async def close(self) -> None:
@@ -683,13 +697,10 @@ class AsyncProducer:
             await self._wake.wait()
             self._wake.clear()
             now = loop.time()
-            batches: list[_Batch] = []
-            keep: list[_Batch] = []
-            for rb in self._retry:
-                (batches if rb.not_before <= now else keep).append(rb)
-            self._retry = keep
+            batches = self._due_retries(now)
             for b in self._buffers.values():
-                if b.ready and b.records and not b.in_flight:
+                if b.ready and b.records and not b.retrying and len(b.outstanding) < (
+                        1 if b.units[0].attrs & ATTR_DEDUP else self._max_in_flight):
                     batches.append(self._close_batch(b, now))
             if batches:
                 for req_batches in self._split_requests(batches):
@@ -699,6 +710,27 @@ class AsyncProducer:
                     task.add_done_callback(self._tasks.discard)
             if not self._pending_work():
                 self._idle.set()
+
+    def _due_retries(self, now: float) -> list[_Batch]:
+        """Retries to send now: per queue the one with the lowest sequence, once its wait is
+        over and nothing else of its queue is on the wire (so they are stored in order)."""
+        out: list[_Batch] = []
+        if not self._retry:
+            return out
+        keep: list[_Batch] = []
+        taken: set[int] = set()
+        for rb in sorted(self._retry, key=lambda x: x.seq):
+            b = rb.buf
+            if (rb.not_before <= now and id(b) not in taken
+                    and len(b.outstanding) == b.retrying):
+                taken.add(id(b))
+                b.retrying -= 1
+                out.append(rb)
+            else:
+                taken.add(id(b))  # a later retry of this queue waits for this one
+                keep.append(rb)
+        self._retry = keep
+        return out
 
     def _close_batch(self, b: _QueueBuffer, now: float) -> _Batch:
         # whole units only, within both batch limits (a single oversized unit goes alone)
@@ -720,10 +752,10 @@ class AsyncProducer:
         b.nbytes -= nbytes
         self._buffered_bytes -= nbytes
         self._space.set()
+        seq = NO_SEQUENCE
         if attrs & ATTR_DEDUP:  # the broker may store fewer records: no sequence numbers
             data = encode_batch(records, attributes=attrs)
         else:
-            seq = NO_SEQUENCE
             if self._idempotent:
                 seq = b.next_seq
                 b.next_seq += len(records)
@@ -732,13 +764,14 @@ class AsyncProducer:
             data = encode_batch(records, producer_id=self.producer_id,
                                 producer_epoch=self.producer_epoch, base_sequence=seq,
                                 attributes=attrs)
-        b.in_flight = True
         if not b.records:
             b.ready = False
             if b.timer is not None:
                 b.timer.cancel()
                 b.timer = None
-        return _Batch(b, data, units, len(records), now + self._delivery_timeout_s)
+        bt = _Batch(b, data, units, len(records), now + self._delivery_timeout_s, seq)
+        b.outstanding.append(bt)
+        return bt
 
     def _split_requests(self, batches: list[_Batch]) -> list[list[_Batch]]:
         out: list[list[_Batch]] = [[]]
@@ -781,7 +814,7 @@ class AsyncProducer:
 
     def _complete(self, bt: _Batch, base: int, durability: Durability, topic_id: int,
                   dups: list[m.Duplicate]) -> None:
-        bt.buf.in_flight = False
+        bt.buf.outstanding.remove(bt)
         topic, queue = bt.buf.topic.name, bt.buf.queue
         if dups:
             _complete_with_duplicates(bt, base, durability, topic_id, dups)
@@ -800,7 +833,9 @@ class AsyncProducer:
         loop = asyncio.get_running_loop()
         retriable = isinstance(exc, (ConnectionClosedError, FerryMQTimeoutError)) or (
             isinstance(exc, BrokerError) and exc.retriable
-        )
+        ) or (isinstance(exc, OutOfOrderSequenceError)
+              and any(o.seq < bt.seq for o in bt.buf.outstanding))  # an earlier one failed
+
         if isinstance(exc, UnknownTopicError):
             self._session.topics.pop(bt.buf.topic.name, None)
         bt.attempts += 1
@@ -808,10 +843,11 @@ class AsyncProducer:
         delay = self._session.backoff.delay_after(exc, bt.attempts)  # >= the broker's retry-after
         if retriable and not self._closed and loop.time() + delay < bt.deadline:
             bt.not_before = loop.time() + delay
+            bt.buf.retrying += 1
             self._retry.append(bt)
             loop.call_later(delay, self._wake.set)
             return
-        bt.buf.in_flight = False
+        bt.buf.outstanding.remove(bt)
         if retriable:
             what = (f"{exc.code.name}: " if isinstance(exc, BrokerError) else "")
             exc = FerryMQTimeoutError(
@@ -833,7 +869,11 @@ class AsyncProducer:
         for bt in self._retry:
             for u in bt.units:
                 _settle(u, exc=exc)
+            if bt in bt.buf.outstanding:
+                bt.buf.outstanding.remove(bt)
         self._retry.clear()
+        for b in self._buffers.values():
+            b.retrying = 0
         for pending in self._unresolved.values():
             for _, u in pending:
                 _settle(u, exc=exc)
