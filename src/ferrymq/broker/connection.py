@@ -155,16 +155,6 @@ class BrokerConnection(asyncio.BufferedProtocol):
             return
         self._handle(frames)
 
-    def data_received(self, data: bytes) -> None:
-        """Bytes read by someone else (tests, transports that do not buffer)."""
-        self.last_activity = time.monotonic()
-        try:
-            frames = self.decoder.feed(data)
-        except RemoteProtocolError as exc:
-            self._fail_stream(exc)
-            return
-        self._handle(frames)
-
     def _handle(self, frames: list[Frame]) -> None:
         if self._backlog:
             self._backlog.extend(frames)

@@ -137,15 +137,6 @@ class Transport(asyncio.BufferedProtocol):
             return
         self._handle(frames)
 
-    def data_received(self, data: bytes) -> None:
-        """Bytes read by someone else (transports that do not buffer)."""
-        try:
-            frames = self._decoder.feed(data)
-        except RemoteProtocolError as exc:
-            self._fail(exc)
-            return
-        self._handle(frames)
-
     def _handle(self, frames: list[Frame]) -> None:
         for f in frames:
             entry = self._pending.pop(f.correlation_id, None)

@@ -53,7 +53,8 @@ class Frame:
     flags: int
     correlation_id: int
     payload: bytes | memoryview
-    """A view into the received bytes (no copy): ``bytes(payload)`` to keep it alone."""
+    """Bytes (a frame that arrived in one read, copied out of the read buffer) or a view of the
+    frame's own buffer (a large one): never shared with another frame."""
 
     @property
     def is_response(self) -> bool:
