@@ -1253,14 +1253,8 @@ class DeliveryManager:
             UnknownGroupError, UnknownTopicError.
         """
         g = self.group(name)
-        try:
-            topic_id, queue, offset = decode_msg_id(msg_id)
-        except ValueError:
-            raise InvalidRequestError(f"not a message id: {msg_id[:64]!r}") from None
-        t = self.topics.by_id.get(topic_id)
-        if t is None:
-            raise UnknownTopicError(f"no topic has id {topic_id} (message {msg_id})")
-        cur = g.sources.get((t.name, queue))
+        topic, queue, offset = self._locate(msg_id)
+        cur = g.sources.get((topic, queue))
         if not isinstance(cur, OrderlyCursor) or offset not in cur.pending:
             raise InvalidRequestError(
                 f"message {msg_id} is not pending in orderly group {name!r} (skip works on "
@@ -1271,9 +1265,9 @@ class DeliveryManager:
                 f"message {msg_id} waits behind message {cur.heads[k]} of its key {k!r}; "
                 "skip the first one")
         f = cur.failures.get(offset)
-        lease = cur.leased.get(offset) or Lease(0, "", (t.name, queue), 0,
+        lease = cur.leased.get(offset) or Lease(0, "", (topic, queue), 0,
                                                 f.reconsume if f is not None else 0)
-        self._fail(g, (t.name, queue), offset, lease, counts=False, delay_ms=0,
+        self._fail(g, (topic, queue), offset, lease, counts=False, delay_ms=0,
                    reason="skipped on purpose (ferrymq group skip)"
                    + (f"; last failure: {f.reason}" if f is not None else ""), dead=True)
 
@@ -1507,8 +1501,13 @@ class DeliveryManager:
                 break
         return first, end, out
 
-    def message_status(self, msg_id: str) -> m.MessageStatusResponse:
-        """The state of one message in every delivery group that knows its topic."""
+    def _locate(self, msg_id: str) -> tuple[str, int, int]:
+        """(topic, queue, offset) of a message id.
+
+        Raises:
+            InvalidRequestError: not a message id.
+            UnknownTopicError: no topic has its topic id.
+        """
         try:
             topic_id, queue, offset = decode_msg_id(msg_id)
         except ValueError:
@@ -1516,13 +1515,18 @@ class DeliveryManager:
         t = self.topics.by_id.get(topic_id)
         if t is None:
             raise UnknownTopicError(f"no topic has id {topic_id} (message {msg_id})")
-        qs = self.topics.queue(t.name, queue)
+        return t.name, queue, offset
+
+    def message_status(self, msg_id: str) -> m.MessageStatusResponse:
+        """The state of one message in every delivery group that knows its topic."""
+        topic, queue, offset = self._locate(msg_id)
+        qs = self.topics.queue(topic, queue)
         if not qs.log.start_offset <= offset < qs.log.end_offset:
             raise InvalidRequestError(f"message {msg_id} is not stored (deleted or never written)")
         out: list[m.MessageGroupStatus] = []
         for g in self.groups.values():
-            cur = g.sources.get((t.name, queue))
-            subscribed = any(tp == t.name for mem in g.members.values() for tp, _ in mem.subscriptions)
+            cur = g.sources.get((topic, queue))
+            subscribed = any(tp == topic for mem in g.members.values() for tp, _ in mem.subscriptions)
             if cur is None and not subscribed:
                 continue
             mv = g.moving.get(msg_id)
@@ -1556,13 +1560,13 @@ class DeliveryManager:
                 out.append((g.name, "DEAD", "", -1, dead.reconsume, -1, dead.reason,
                             dead.dead_wall))
                 continue
-            at = g.acked_at(t.name, queue, offset)
-            note = self._filtered(g, t.name, queue, offset)
+            at = g.acked_at(topic, queue, offset)
+            note = self._filtered(g, topic, queue, offset)
             if at < 0 and not note and not searched_all:
                 note = (f"or still retrying: only the newest {MAX_RETRY_SCAN} records of the "
                         "retry queue were searched")
             out.append((g.name, "CONSUMED", "", -1, 0, -1, note, at))
-        return m.MessageStatusResponse(t.name, queue, offset, out)
+        return m.MessageStatusResponse(topic, queue, offset, out)
 
     def _retry_status(
         self, g: DeliveryGroup, msg_id: str
