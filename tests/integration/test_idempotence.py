@@ -1,18 +1,23 @@
 """The idempotent producer: a batch sent twice is stored once, even across a broker restart;
-a sequence gap and an old epoch are refused."""
+a sequence gap and an old epoch are refused, and a producer that gave up on a batch goes on
+under a new epoch."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
 import pytest
 
+import ferrymq
 from ferrymq import Broker
 from ferrymq.client._transport import Transport
+from ferrymq.errors import FerryMQTimeoutError
 from ferrymq.protocol import messages as m
 from ferrymq.protocol.codes import ErrorCode
 from ferrymq.protocol.records import RecordInput, encode_batch
+from tests.helpers import BrokerProcess, read_topic, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -70,3 +75,60 @@ def test_sequence_gap_and_old_epoch_are_refused(broker: Broker) -> None:
     assert bumped[0][2] == 0
     zombie = asyncio.run(_produce(broker.address, [("idem", 1, _batch(pid, 3, epoch=0))]))
     assert zombie[0][2] == ErrorCode.PRODUCER_FENCED
+
+
+MiB = 1 << 20
+
+
+def test_a_given_up_batch_does_not_wedge_its_queue(tmp_path: Path) -> None:
+    """A batch refused with BUSY until its delivery timeout leaves the queue's sequence in
+    doubt; the producer goes on under a new epoch instead of failing every later send with
+    OUT_OF_ORDER_SEQUENCE (Kafka's KIP-360)."""
+    statm = tmp_path / "statm"
+    page = os.sysconf("SC_PAGE_SIZE")
+
+    def set_rss(nbytes: int) -> None:
+        tmp = statm.with_suffix(".tmp")
+        tmp.write_text(f"100000 {nbytes // page} 0 0 0 0 0\n")
+        tmp.replace(statm)
+
+    set_rss(50 * MiB)
+    env = {"FERRYMQ_FAULT_STATM": str(statm),
+           "FERRYMQ_MEMORY_HIGH_WATERMARK_BYTES": str(100 * MiB),
+           "FERRYMQ_BUSY_RETRY_AFTER_MS": "100"}
+    with BrokerProcess(tmp_path / "data", env=env) as bp:
+        with ferrymq.AdminClient(bp.address) as admin:
+            admin.create_topic("g", 1)
+        with ferrymq.Producer(bp.address, delivery_timeout_s=1.0) as p:
+            p.send(ferrymq.Message("g", b"a"))  # the broker now tracks this producer's sequence
+            set_rss(200 * MiB)
+            wait_for(lambda: "refusing produce" in bp.log_text(), timeout=5)
+            lost = [p.send_async(ferrymq.Message("g", f"lost{i}".encode())) for i in range(3)]
+            for fut in lost:
+                with pytest.raises(FerryMQTimeoutError, match="BUSY"):
+                    fut.result(10)
+            set_rss(50 * MiB)
+            wait_for(lambda: "produce accepted again" in bp.log_text(), timeout=5)
+            later = [p.send(ferrymq.Message("g", f"later{i}".encode())) for i in range(3)]
+            assert [r.offset for r in later] == [1, 2, 3]
+        bodies = [m.body for m in read_topic(bp.address, "g", expect=4, quiet=0.3)]
+        assert bodies == [b"a", b"later0", b"later1", b"later2"]
+
+
+def test_a_batch_refused_out_of_order_goes_again_under_a_new_epoch(broker: Broker) -> None:
+    """The broker's sequence for the producer moved on without it (here: another writer used
+    its id): the refused batch is re-sent from sequence 0 of the next epoch, not failed, and a
+    late batch of the old epoch is fenced."""
+    with ferrymq.Producer(broker.address) as p:
+        p.send(ferrymq.Message("idem", b"first", sharding_key="k"))
+        q = p.send(ferrymq.Message("idem", b"second", sharding_key="k")).queue
+        # someone else stores sequences 2..3 under this producer's id and epoch
+        other = asyncio.run(_produce(broker.address, [("idem", q, _batch(p.producer_id, 2, 2))]))
+        assert other[0][2] == 0
+        r = p.send(ferrymq.Message("idem", b"third", sharding_key="k"))  # seq 2..2: refused
+        r2 = p.send(ferrymq.Message("idem", b"fourth", sharding_key="k"))
+        assert (r.queue, r2.offset) == (q, r.offset + 1)
+    zombie = asyncio.run(_produce(broker.address, [("idem", q, _batch(p.producer_id, 4, 1))]))
+    assert zombie[0][2] == ErrorCode.PRODUCER_FENCED
+    got = [m.body for m in read_topic(broker.address, "idem", quiet=0.3) if m.queue == q]
+    assert got == [b"first", b"second", b"s2", b"s3", b"third", b"fourth"]

@@ -19,10 +19,19 @@ a retry harmless). ``duplicates`` in the answer map back to the messages by thei
 Idempotence: the broker gives the producer an id; each batch carries the producer id, epoch and
 the queue's next sequence number, fixed when the batch is built. A batch that fails with a
 retriable error, a timeout or a dropped connection is sent again byte for byte after a backoff,
-so the broker stores it once (it answers a duplicate with the first result). One batch per queue
-is in flight at a time, so retries never reorder a queue, and messages of one sharding key keep
-their send order. Retries stop at ``delivery_timeout_s``; then the messages fail with the last
-error.
+so the broker stores it once (it answers a duplicate with the first result). Up to
+``max_in_flight_per_queue`` batches of a queue are on the wire at once; a retry goes out only
+when nothing else of its queue is, lowest sequence first, and a batch refused as out of order
+behind a failed one is retried after it, so retries never reorder a queue and messages of one
+sharding key keep their send order. Retries stop at ``delivery_timeout_s``; then the messages
+fail with the last error.
+
+Giving up on a batch leaves its queue's sequence in doubt (the broker may or may not have
+stored it), so the queue starts a new epoch (Kafka's KIP-360): once none of its batches is on
+the wire, its next batches, and those refused as out of order behind the failed one, go out
+under the producer id with the epoch raised by one, from sequence 0. The broker accepts a higher
+epoch at sequence 0 and fences the old one, so a late retry of the old epoch cannot land behind
+them. Only non-transactional producers do this: a transactional one aborts and re-initialises.
 
 Transactions (``transactional_id=``, docs/exactly-once.md): ``start()`` sends INIT_TXN, which
 fences older producers of the same id. Between ``begin()`` and ``commit()``/``abort()`` every
@@ -74,12 +83,14 @@ from ferrymq.protocol.records import (
     ATTR_DEDUP,
     ATTR_SCHEDULED,
     ATTR_TRANSACTIONAL,
+    MAX_PRODUCER_EPOCH,
     NO_PRODUCER_EPOCH,
     NO_PRODUCER_ID,
     NO_SEQUENCE,
     RECORD_PREFIX_SIZE,
     RecordInput,
     encode_batch,
+    restamp_producer,
 )
 from ferrymq.protocol.schedule import DEFAULT_MAX_DELAY_MS
 
@@ -89,11 +100,11 @@ DEFAULT_LINGER_MS = 5
 DEFAULT_BATCH_MAX_BYTES = 1024 * 1024
 DEFAULT_BATCH_MAX_RECORDS = 16_384
 DEFAULT_MAX_BUFFER_BYTES = 64 * 1024 * 1024
+"""Bytes of messages waiting in the producer before ``send`` waits (back-pressure)."""
 DEFAULT_MAX_IN_FLIGHT_PER_QUEUE = 4
 MAX_IN_FLIGHT_PER_QUEUE = 5
 """The broker remembers this many batches per producer and queue (its PRODUCER_BATCHES_CACHED)
 to answer retries of them: more in flight could make a retry look like a gap."""
-"""Bytes of messages waiting in the producer before ``send`` waits (back-pressure)."""
 REQUEST_OVERHEAD_BYTES = 64 * 1024
 
 
@@ -133,6 +144,10 @@ class _QueueBuffer:
     retrying: int = 0  # of those, how many wait in the retry list
     next_seq: int = 0
     timer: asyncio.TimerHandle | None = None
+    epoch: int | None = None  # this queue's own epoch once it needed a new one (not transactional)
+    pid: int | None = None  # this queue's own producer id once its epochs ran out
+    gap: bool = False  # a sequenced batch was given up: the queue needs a new epoch
+    held: list[_Batch] = field(default_factory=list)  # refused behind the gap, await the epoch
 
 
 @dataclass(eq=False)
@@ -699,7 +714,7 @@ class AsyncProducer:
             now = loop.time()
             batches = self._due_retries(now)
             for b in self._buffers.values():
-                if b.ready and b.records and not b.retrying and len(b.outstanding) < (
+                if b.ready and b.records and not b.retrying and not b.gap and len(b.outstanding) < (
                         1 if b.units[0].attrs & ATTR_DEDUP else self._max_in_flight):
                     batches.append(self._close_batch(b, now))
             if batches:
@@ -722,7 +737,7 @@ class AsyncProducer:
         for rb in sorted(self._retry, key=lambda x: x.seq):
             b = rb.buf
             if (rb.not_before <= now and id(b) not in taken
-                    and len(b.outstanding) == b.retrying):
+                    and len(b.outstanding) == b.retrying + len(b.held)):
                 taken.add(id(b))
                 b.retrying -= 1
                 out.append(rb)
@@ -761,9 +776,9 @@ class AsyncProducer:
                 b.next_seq += len(records)
             if self._tid is not None:
                 attrs |= ATTR_TRANSACTIONAL
-            data = encode_batch(records, producer_id=self.producer_id,
-                                producer_epoch=self.producer_epoch, base_sequence=seq,
-                                attributes=attrs)
+            data = encode_batch(records, producer_id=self.producer_id if b.pid is None else b.pid,
+                                producer_epoch=self.producer_epoch if b.epoch is None else b.epoch,
+                                base_sequence=seq, attributes=attrs)
         if not b.records:
             b.ready = False
             if b.timer is not None:
@@ -815,6 +830,8 @@ class AsyncProducer:
     def _complete(self, bt: _Batch, base: int, durability: Durability, topic_id: int,
                   dups: list[m.Duplicate]) -> None:
         bt.buf.outstanding.remove(bt)
+        if bt.buf.gap:
+            self._new_epoch_if_settled(bt.buf)
         topic, queue = bt.buf.topic.name, bt.buf.queue
         if dups:
             _complete_with_duplicates(bt, base, durability, topic_id, dups)
@@ -840,6 +857,15 @@ class AsyncProducer:
             self._session.topics.pop(bt.buf.topic.name, None)
         bt.attempts += 1
         bt.last_error = exc
+        b = bt.buf
+        if (isinstance(exc, OutOfOrderSequenceError) and not retriable and self._tid is None
+                and bt.seq != NO_SEQUENCE and not self._closed and loop.time() < bt.deadline):
+            # a gap before it (an earlier batch given up, or the broker lost our state): it
+            # goes again under the queue's next epoch
+            b.gap = True
+            b.held.append(bt)
+            self._new_epoch_if_settled(b)
+            return
         delay = self._session.backoff.delay_after(exc, bt.attempts)  # >= the broker's retry-after
         if retriable and not self._closed and loop.time() + delay < bt.deadline:
             bt.not_before = loop.time() + delay
@@ -847,7 +873,10 @@ class AsyncProducer:
             self._retry.append(bt)
             loop.call_later(delay, self._wake.set)
             return
-        bt.buf.outstanding.remove(bt)
+        b.outstanding.remove(bt)
+        if bt.seq != NO_SEQUENCE and self._tid is None:
+            b.gap = True  # stored or not, nobody knows: the queue's sequence is in doubt
+            self._new_epoch_if_settled(b)
         if retriable:
             what = (f"{exc.code.name}: " if isinstance(exc, BrokerError) else "")
             exc = FerryMQTimeoutError(
@@ -859,6 +888,54 @@ class AsyncProducer:
                 self._txn_state = _FATAL
         for u in bt.units:
             _settle(u, exc=exc)
+
+    def _new_epoch_if_settled(self, b: _QueueBuffer) -> None:
+        """Start queue ``b`` on a new epoch once none of its batches is on the wire or waits
+        for a retry (so no old-epoch batch can follow): the held batches, in their order, get
+        sequences from 0 and are retried at once; the buffer's batches follow them."""
+        if len(b.outstanding) != len(b.held) or b.pid == NO_PRODUCER_ID:
+            return
+        epoch = (self.producer_epoch if b.epoch is None else b.epoch) + 1
+        if epoch > MAX_PRODUCER_EPOCH:  # 32,767 give-ups on one queue: a new producer id
+            b.pid = NO_PRODUCER_ID  # asking (the buffer waits: gap stays set)
+            task = asyncio.get_running_loop().create_task(self._new_producer_id(b))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            return
+        self._restart_queue(b, self.producer_id if b.pid is None else b.pid, epoch)
+
+    async def _new_producer_id(self, b: _QueueBuffer) -> None:
+        attempt = 0
+        while not self._closed:
+            try:
+                resp = await self._session.request(m.InitProducerRequest(None),
+                                                   m.InitProducerResponse)
+            except FerryMQError as exc:
+                attempt += 1
+                await asyncio.sleep(self._session.backoff.delay_after(exc, attempt))
+                continue
+            self._restart_queue(b, resp.producer_id, resp.producer_epoch)
+            return
+
+    def _restart_queue(self, b: _QueueBuffer, pid: int, epoch: int) -> None:
+        held = sorted(b.held, key=lambda x: x.seq)
+        log.info("%s/%d: a batch was given up or refused out of order; producer %d goes on "
+                 "at epoch %d from sequence 0 (%d batches re-sent)", b.topic.name, b.queue,
+                 pid, epoch, len(held))
+        b.held.clear()
+        b.gap = False
+        b.pid = None if pid == self.producer_id else pid
+        b.epoch = epoch
+        b.next_seq = 0
+        now = asyncio.get_running_loop().time()
+        for bt in held:
+            restamp_producer(bt.data, pid, epoch, b.next_seq)
+            bt.seq = b.next_seq
+            b.next_seq += bt.count
+            bt.not_before = now
+            b.retrying += 1
+            self._retry.append(bt)
+        self._wake.set()
 
     def _fail_everything(self, exc: BaseException) -> None:
         for b in self._buffers.values():
@@ -874,6 +951,11 @@ class AsyncProducer:
         self._retry.clear()
         for b in self._buffers.values():
             b.retrying = 0
+            for bt in b.held:
+                for u in bt.units:
+                    _settle(u, exc=exc)
+                b.outstanding.remove(bt)
+            b.held.clear()
         for pending in self._unresolved.values():
             for _, u in pending:
                 _settle(u, exc=exc)

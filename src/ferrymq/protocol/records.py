@@ -78,6 +78,7 @@ _LEN = struct.Struct("<i")
 _BASE_LEN = struct.Struct("<qi")
 _I = struct.Struct("<I")
 _STAMP = struct.Struct("<qiq")
+_PRODUCER = struct.Struct("<qhi")  # producer_id, producer_epoch, base_sequence at offset 50
 
 ATTR_COMPRESSION_MASK = 0x03
 """Bits 0-1: the compression codec (0 = none, the only one format 1 accepts; 1-3 reserved).
@@ -105,6 +106,7 @@ gap to consumers."""
 NO_PRODUCER_ID = -1
 NO_PRODUCER_EPOCH = -1
 NO_SEQUENCE = -1
+MAX_PRODUCER_EPOCH = 2**15 - 1  # i16
 
 MAX_TAG_BYTES = 255  # u8 length field
 MAX_TIMESTAMP_DELTA_MS = 2**31 - 1  # i32 timestamp_delta
@@ -279,6 +281,15 @@ def stamp_batch(buf: bytearray, pos: int, base_offset: int, append_time_ms: int)
     length = _LEN.unpack_from(buf, pos + 8)[0]
     _STAMP.pack_into(buf, pos, base_offset, length, append_time_ms)
     seal_header_crc(buf, pos)
+
+
+def restamp_producer(buf: bytearray, producer_id: int, producer_epoch: int,
+                     base_sequence: int) -> None:
+    """Give the encoded batch in ``buf`` a new producer id, epoch and base sequence and fix
+    both CRCs (an idempotent producer re-sending a batch under a new epoch)."""
+    _PRODUCER.pack_into(buf, 50, producer_id, producer_epoch, base_sequence)
+    _I.pack_into(buf, 24, crc32c(memoryview(buf)[28:]))
+    seal_header_crc(buf, 0)
 
 
 def validate_batch(
