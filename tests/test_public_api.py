@@ -37,6 +37,7 @@ FERRYMQ_ALL = [
 
 ERRORS_ALL = [
     "AccessDeniedError",
+    "AuthenticationDisabledError",
     "AuthenticationFailedError",
     "AuthenticationRequiredError",
     "BatchAlreadyCommittedError",
@@ -90,7 +91,9 @@ ERRORS_ALL = [
     "UnknownQueueError",
     "UnknownTopicError",
     "UnknownTransactionError",
+    "UnknownUserError",
     "UnsupportedVersionError",
+    "UserAlreadyExistsError",
     "error_for_code",
 ]
 

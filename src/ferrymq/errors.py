@@ -32,6 +32,7 @@ from ferrymq.protocol.codes import ErrorCode
 
 __all__ = [
     "AccessDeniedError",
+    "AuthenticationDisabledError",
     "AuthenticationFailedError",
     "AuthenticationRequiredError",
     "BatchAlreadyCommittedError",
@@ -85,7 +86,9 @@ __all__ = [
     "UnknownQueueError",
     "UnknownTopicError",
     "UnknownTransactionError",
+    "UnknownUserError",
     "UnsupportedVersionError",
+    "UserAlreadyExistsError",
     "error_for_code",
 ]
 
@@ -358,6 +361,24 @@ class NotScheduledError(BrokerError):
     """Not a pending scheduled message: already delivered, cancelled, or not scheduled."""
 
     code = ErrorCode.NOT_SCHEDULED
+
+
+class UnknownUserError(BrokerError):
+    """The broker's users file has no user with this name."""
+
+    code = ErrorCode.UNKNOWN_USER
+
+
+class UserAlreadyExistsError(BrokerError):
+    """A user with this name exists already (replace it explicitly)."""
+
+    code = ErrorCode.USER_ALREADY_EXISTS
+
+
+class AuthenticationDisabledError(BrokerError):
+    """The broker has authentication off (no ``users_file``): it has no users to manage."""
+
+    code = ErrorCode.AUTHENTICATION_DISABLED
 
 
 class UnknownTransactionError(BrokerError):

@@ -63,13 +63,14 @@ def state(address: str) -> tuple[object, ...]:
         topics = sorted(admin.list_topics())
         ends = [(t[0], admin.describe_topic(t[0]).queues[0][2]) for t in topics]
         groups = sorted(admin.list_groups())
+        users = admin.list_users()
         offsets = []
         for g in GROUPS:
             try:
                 offsets.append((g, admin.describe_group(g).offsets))
             except ferrymq.errors.UnknownGroupError:
                 offsets.append((g, None))
-    return tuple(topics), tuple(ends), tuple(groups), tuple(offsets)
+    return tuple(topics), tuple(ends), tuple(groups), tuple(offsets), tuple(users)
 
 
 def run_cell(broker: ferrymq.Broker, allowed: bool, action: Callable[[], object]) -> None:
@@ -109,7 +110,8 @@ def test_consume_and_commit(broker: ferrymq.Broker, user: str, topic: str, group
 
 @pytest.mark.parametrize("user", list(USERS))
 @pytest.mark.parametrize("op", ["create_topic", "delete_topic", "reset_offsets", "dlq_purge",
-                                "list_groups", "list_topics"])
+                                "list_groups", "list_topics", "add_user", "remove_user",
+                                "list_users"])
 def test_admin_operations(broker: ferrymq.Broker, user: str, op: str) -> None:
     def action() -> None:
         with ferrymq.AdminClient(broker.address, auth=(user, SECRET)) as admin:
@@ -122,12 +124,19 @@ def test_admin_operations(broker: ferrymq.Broker, user: str, op: str) -> None:
             elif op == "dlq_purge":
                 with contextlib.suppress(ferrymq.errors.UnknownGroupError):  # authorised
                     admin.dlq_purge("team-a")
+            elif op == "add_user":
+                admin.add_user(f"tmp-{user}", SECRET, produce=("orders",), replace=True)
+            elif op == "remove_user":
+                admin.remove_user(f"tmp-{user}")
             else:
                 getattr(admin, op)()
-    if user in ADMIN and op == "delete_topic":
+    if (op == "delete_topic" and user in ADMIN) or op == "remove_user":  # something to delete
         with ferrymq.AdminClient(broker.address, auth=("root", SECRET)) as admin, \
                 contextlib.suppress(TopicAlreadyExistsError):
-            admin.create_topic(f"tmp-{user}", queues=1)
+            if op == "remove_user":
+                admin.add_user(f"tmp-{user}", SECRET, replace=True)
+            else:
+                admin.create_topic(f"tmp-{user}", queues=1)
     run_cell(broker, user in ADMIN, action)
 
 

@@ -14,8 +14,9 @@ line of stderr; ``--debug`` adds the traceback. Bad arguments are click usage er
 
 Security: ``--user``/``--password`` (or ``FERRYMQ_USER``/``FERRYMQ_PASSWORD``; prefer the
 environment, a command line is visible to other local users) and ``--tls``/``--tls-ca``/
-``--tls-cert``/``--tls-key`` apply to every command that talks to a broker; ``ferrymq user``
-edits a broker's users file (see docs/security.md).
+``--tls-cert``/``--tls-key`` apply to every command that talks to a broker. ``ferrymq user``
+manages users over the wire (the broker at ``--server``; an admin ``--user``), or edits a users
+file offline when ``--users-file`` is given (see docs/security.md).
 
 ``consume`` never interrupts a client call: SIGINT/SIGTERM only set a flag that the poll loop
 checks between short polls, so the consumer's position always matches what was printed and the
@@ -36,7 +37,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import FrameType
 from typing import IO, Any, Literal
 
@@ -49,7 +50,7 @@ from ferrymq.broker.auth import User, read_users_file, update_users_file
 from ferrymq.client._transport import client_tls_context
 from ferrymq.client.message import Message, ReceivedMessage, SendResult
 from ferrymq.client.sync import AdminClient, Producer, PullConsumer
-from ferrymq.errors import FerryMQError, UnknownGroupError
+from ferrymq.errors import FerryMQError, UnknownGroupError, UserAlreadyExistsError
 from ferrymq.protocol import messages as m
 from ferrymq.protocol.auth import SALT_BYTES, ScramCredential, check_user_name
 from ferrymq.protocol.dedup import check_dedup_key
@@ -183,6 +184,9 @@ class CliState:
     connect_timeout_s: float
     auth: tuple[str, str] | None = None
     tls: ssl.SSLContext | None = None
+    password_pending_for: str | None = None
+    """``--user`` given without a password to a ``user`` command: asked for only when the
+    command talks to a broker (offline edits of a users file need none)."""
 
     @property
     def printer(self) -> Printer:
@@ -244,13 +248,17 @@ def cli(ctx: click.Context, server: str, json_mode: bool, debug: bool,
         logging.basicConfig(level=logging.DEBUG, stream=sys.stderr,
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     auth: tuple[str, str] | None = None
+    pending: str | None = None
     if user:
         if password is None and sys.stdin.isatty() and ctx.invoked_subcommand not in (
                 "broker", "user"):
             password = click.prompt(f"password for {user}", hide_input=True, err=True)
-        if not password:
+        if password is None and ctx.invoked_subcommand == "user":
+            pending = user
+        elif not password:
             raise click.UsageError("--user needs a password (--password or FERRYMQ_PASSWORD)")
-        auth = (user, password)
+        else:
+            auth = (user, password)
     elif password:
         raise click.UsageError("--password needs --user")
     if (tls_cert and not tls_key) or (tls_key and not tls_cert):
@@ -261,7 +269,7 @@ def cli(ctx: click.Context, server: str, json_mode: bool, debug: bool,
             tls = client_tls_context(tls_ca or True, cert_file=tls_cert, key_file=tls_key)
         except FerryMQError as exc:
             raise click.UsageError(str(exc)) from None
-    ctx.obj = CliState(server, json_mode, debug, connect_timeout, auth, tls)
+    ctx.obj = CliState(server, json_mode, debug, connect_timeout, auth, tls, pending)
 
 
 # -- broker --------------------------------------------------------------------------------------
@@ -616,14 +624,30 @@ def group_reset_offset(state: CliState, name: str, topic_name: str, target: Posi
 # -- users ---------------------------------------------------------------------------------------
 
 USERS_FILE_OPTION = click.option(
-    "--users-file", type=click.Path(dir_okay=False), envvar="FERRYMQ_USERS_FILE", required=True,
-    metavar="FILE", help="The broker's users file (env FERRYMQ_USERS_FILE); the broker reloads "
-                         "it when it changes.")
+    "--users-file", type=click.Path(dir_okay=False), envvar="FERRYMQ_USERS_FILE",
+    metavar="FILE", help="Edit this users file offline instead of asking the broker at --server "
+                         "(env FERRYMQ_USERS_FILE); the broker reloads it when it changes.")
 
 
 @cli.group()
 def user() -> None:
-    """Add, remove and list the users of a broker's users file (authentication and ACLs)."""
+    """Add, remove and list users (authentication and ACLs).
+
+    Without --users-file the broker at --server makes the change (the global --user must be an
+    admin; FERRYMQ_USER / FERRYMQ_PASSWORD); with --users-file the file is edited offline.
+    """
+
+
+def _over_the_wire(state: CliState) -> CliState:
+    """``state`` ready to talk to the broker: the admin's password asked for on a terminal if
+    ``--user`` came without one."""
+    user_name = state.password_pending_for
+    if user_name is None:
+        return state
+    if not sys.stdin.isatty():
+        raise click.UsageError("--user needs a password (--password or FERRYMQ_PASSWORD)")
+    password = str(click.prompt(f"password for {user_name}", hide_input=True, err=True))
+    return replace(state, auth=(user_name, password), password_pending_for=None)
 
 
 def _read_secret(password_stdin: bool, generate: bool, name: str) -> tuple[str, bool]:
@@ -658,15 +682,17 @@ def _read_secret(password_stdin: bool, generate: bool, name: str) -> tuple[str, 
                    "repeatable.")
 @click.option("--produce-bytes-per-s", type=click.IntRange(min=0), default=0, show_default=True,
               help="Produce quota in bytes per second (0: none).")
-@click.option("--replace", is_flag=True, help="Replace the user if it exists.")
+@click.option("--replace", "replace_user", is_flag=True,
+              help="Replace the user if it exists (new secret and rights).")
 @pass_state
-def user_add(state: CliState, name: str, users_file: str, password_stdin: bool, generate: bool,
-             admin: bool, produce: Sequence[str], consume: Sequence[str],
-             groups: Sequence[str], produce_bytes_per_s: int, replace: bool) -> None:
+def user_add(state: CliState, name: str, users_file: str | None, password_stdin: bool,
+             generate: bool, admin: bool, produce: Sequence[str], consume: Sequence[str],
+             groups: Sequence[str], produce_bytes_per_s: int, replace_user: bool) -> None:
     """Add user NAME with a secret (prompted for, --password-stdin or --generate) and rights.
 
-    Only a salted SCRAM-SHA-256 form of the secret is written. Without any right the user may
-    only connect (default deny).
+    Only a salted SCRAM-SHA-256 form of the secret is derived here and written or sent: the
+    secret never leaves this process. Without any right the user may only connect (default
+    deny). Over the wire the user can log in at once.
     """
     try:
         check_user_name(name)
@@ -674,17 +700,33 @@ def user_add(state: CliState, name: str, users_file: str, password_stdin: bool, 
         raise click.BadParameter(str(exc), param_hint="NAME") from None
     if password_stdin and generate:
         raise click.UsageError("--password-stdin and --generate exclude each other")
-    if name in read_users_file(users_file) and not replace:
-        raise CommandError(f"user {name!r} exists in {users_file} (use --replace)")
-    secret, generated = _read_secret(password_stdin, generate, name)
-    cred = ScramCredential.derive(secret, secrets.token_bytes(SALT_BYTES))
-    update_users_file(users_file, {name: User(name, cred, admin, tuple(produce), tuple(consume),
-                                              tuple(groups), produce_bytes_per_s)})
+    if users_file is None:
+        broker_state = _over_the_wire(state)
+        secret, generated = _read_secret(password_stdin, generate, name)
+        try:
+            with broker_state.admin() as client:
+                created = client.add_user(
+                    name, secret, admin=admin, produce=produce, consume=consume, groups=groups,
+                    produce_bytes_per_s=produce_bytes_per_s, replace=replace_user)
+        except UserAlreadyExistsError:
+            raise CommandError(f"user {name!r} exists on {state.server} (use --replace)"
+                               ) from None
+        where: dict[str, Any] = {"server": state.server, "created": created}
+        done = f"user {name} {'added' if created else 'replaced'} on {state.server}"
+    else:
+        if name in read_users_file(users_file) and not replace_user:
+            raise CommandError(f"user {name!r} exists in {users_file} (use --replace)")
+        secret, generated = _read_secret(password_stdin, generate, name)
+        cred = ScramCredential.derive(secret, secrets.token_bytes(SALT_BYTES))
+        update_users_file(users_file, {name: User(name, cred, admin, tuple(produce),
+                                                  tuple(consume), tuple(groups),
+                                                  produce_bytes_per_s)})
+        where = {"users_file": users_file}
+        done = f"user {name} written to {users_file}"
     if state.printer.json_mode:
-        state.printer.json({"user": name, "users_file": users_file,
-                            **({"secret": secret} if generated else {})})
+        state.printer.json({"user": name, **where, **({"secret": secret} if generated else {})})
         return
-    state.printer.line(f"user {name} written to {users_file}")
+    state.printer.line(done)
     if generated:
         state.printer.line(f"secret: {secret}  (shown once; it is not stored)")
 
@@ -693,19 +735,42 @@ def user_add(state: CliState, name: str, users_file: str, password_stdin: bool, 
 @click.argument("name")
 @USERS_FILE_OPTION
 @pass_state
-def user_remove(state: CliState, name: str, users_file: str) -> None:
-    """Remove user NAME (its open connections lose every right at once)."""
-    if name not in read_users_file(users_file):
-        raise CommandError(f"no user {name!r} in {users_file}")
-    update_users_file(users_file, {name: None})
-    state.printer.line(f"user {name} removed from {users_file}")
+def user_remove(state: CliState, name: str, users_file: str | None) -> None:
+    """Remove user NAME.
+
+    Over the wire the broker closes the user's open connections and refuses to remove the last
+    admin. Offline (--users-file), open connections stay but lose every right once the broker
+    reloads the file.
+    """
+    if users_file is None:
+        with _over_the_wire(state).admin() as client:
+            closed = client.remove_user(name)
+        where: dict[str, Any] = {"server": state.server, "connections_closed": closed}
+        done = (f"user {name} removed from {state.server} "
+                f"({closed} open connection{'' if closed == 1 else 's'} closed)")
+    else:
+        if name not in read_users_file(users_file):
+            raise CommandError(f"no user {name!r} in {users_file}")
+        update_users_file(users_file, {name: None})
+        where = {"users_file": users_file}
+        done = f"user {name} removed from {users_file}"
+    if state.printer.json_mode:
+        state.printer.json({"user": name, "removed": True, **where})
+    else:
+        state.printer.line(done)
 
 
 @user.command("list")
 @USERS_FILE_OPTION
 @pass_state
-def user_list(state: CliState, users_file: str) -> None:
-    """List the users of a users file with their rights (never secrets)."""
+def user_list(state: CliState, users_file: str | None) -> None:
+    """List the users with their rights (never secrets or keys): the broker's at --server, or
+    those of --users-file."""
+    if users_file is None:
+        with _over_the_wire(state).admin() as client:
+            rows: list[m.UserInfo] = client.list_users()
+        state.printer.users(rows)
+        return
     users = read_users_file(users_file).values()
     state.printer.users([(u.name, u.admin, u.produce, u.consume, u.groups,
                           u.produce_bytes_per_s) for u in users])

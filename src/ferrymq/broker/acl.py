@@ -10,7 +10,7 @@ the right is one of
 * ``group`` on a group name (consumer groups, delivery groups, producer groups, transactional
   ids and sinks all share this namespace),
 * ``admin`` (no name): topic create/delete, offset resets, dead-letter redrive/purge, skips,
-  listing everything, user changes.
+  listing everything, user changes and listing users (UPSERT_USER, DELETE_USER, LIST_USERS).
 
 :func:`authorize` is called by :mod:`ferrymq.broker.connection` for every request after it is
 decoded and before its handler runs: one place, so a handler cannot forget it. A request type
@@ -96,6 +96,9 @@ NEEDS: dict[int, _Rule] = {
     m.ApiKey.AUTH_START: lambda r, s: [],
     m.ApiKey.AUTH_FINISH: lambda r, s: [],
     m.ApiKey.WHOAMI: lambda r, s: [],
+    m.ApiKey.UPSERT_USER: lambda r, s: [ADMIN],
+    m.ApiKey.DELETE_USER: lambda r, s: [ADMIN],
+    m.ApiKey.LIST_USERS: lambda r, s: [ADMIN],
     m.ApiKey.METADATA: _metadata,
     m.ApiKey.CREATE_TOPIC: lambda r, s: [ADMIN],
     m.ApiKey.DELETE_TOPIC: lambda r, s: [ADMIN],

@@ -17,7 +17,10 @@ by ``ferrymq user add`` (never holds a secret, only SCRAM keys)::
 reloads it when its modification time changes (checked by the broker's housekeeping), so
 ``ferrymq user add`` / ``remove`` take effect without a restart. A reload that fails keeps the
 users that were loaded and logs why. Rights are looked up by name on every request, so a
-revoked right or a removed user takes effect at once on open connections too.
+revoked right or a removed user takes effect at once on open connections too. Admins change
+users over the wire too (:mod:`ferrymq.broker.handlers.users`: the same
+:func:`update_users_file`, then an immediate reload; a user deleted that way also has its
+connections closed).
 
 The handshake itself (the maths) is :mod:`ferrymq.protocol.auth`; :class:`Authenticator` holds
 the per-process decoy secret and the failure delay, and the handlers below drive a
@@ -36,7 +39,7 @@ import logging
 import os
 import secrets
 import tomllib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -44,8 +47,12 @@ from typing import TYPE_CHECKING
 from ferrymq.errors import AuthenticationFailedError, ConfigError
 from ferrymq.protocol import messages as m
 from ferrymq.protocol.auth import (
+    MAX_ITERATIONS,
+    MAX_NONCE_BYTES,
     MECHANISM,
+    MIN_ITERATIONS,
     NONCE_BYTES,
+    SALT_BYTES,
     ScramCredential,
     ScramServer,
     check_nonce,
@@ -58,12 +65,21 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ferrymq.broker.auth")
 
+KEY_BYTES = 32
+"""Length of a SCRAM-SHA-256 stored key and server key (a SHA-256 digest)."""
+
 MAX_USERS = 100_000
 """Most users one file may hold (the file is read into memory)."""
 MAX_USERS_FILE_BYTES = 64 * 1024 * 1024
 """A users file larger than this is refused before it is read."""
 MAX_PATTERNS = 1000
 """Most patterns in one right of one user."""
+MAX_PATTERN_CHARS = 512
+"""Longest pattern: names are at most 249 characters, so this leaves room for wildcards while a
+hostile admin request cannot make every ACL check match kilobytes."""
+MAX_PRODUCE_BYTES_PER_S = 1 << 40
+"""Largest produce quota (1 TiB/s, far above any link): keeps the value a TOML integer (int64)
+and exact in the token bucket's float arithmetic."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +100,42 @@ def _patterns(name: str, key: str, value: object) -> tuple[str, ...]:
         raise ConfigError(f"user {name!r}: {key} must be a list of non-empty strings")
     if len(value) > MAX_PATTERNS:
         raise ConfigError(f"user {name!r}: more than {MAX_PATTERNS} {key} patterns")
+    if any(len(p) > MAX_PATTERN_CHARS for p in value):
+        raise ConfigError(f"user {name!r}: a {key} pattern is longer than {MAX_PATTERN_CHARS} "
+                          "characters")
     return tuple(value)
+
+
+def check_user(user: User) -> User:
+    """Return ``user`` if it may be written to a users file (UPSERT_USER): the rules of
+    :func:`parse_users`, plus a salt of at most 64 bytes (longer ones fail the client's
+    handshake) and patterns without control characters. Only sizes, counts and characters are
+    looked at: linear in the request, nothing allocated.
+
+    Raises:
+        ValueError: naming the first problem (no key material in the message).
+    """
+    check_user_name(user.name)
+    c = user.credential
+    if not SALT_BYTES <= len(c.salt) <= MAX_NONCE_BYTES:
+        raise ValueError(f"the salt must have {SALT_BYTES}..{MAX_NONCE_BYTES} bytes, "
+                         f"not {len(c.salt)}")
+    if not MIN_ITERATIONS <= c.iterations <= MAX_ITERATIONS:
+        raise ValueError(f"iterations must be {MIN_ITERATIONS}..{MAX_ITERATIONS}")
+    if len(c.stored_key) != KEY_BYTES or len(c.server_key) != KEY_BYTES:
+        raise ValueError(f"the stored key and the server key must have {KEY_BYTES} bytes")
+    for key, patterns in (("produce", user.produce), ("consume", user.consume),
+                          ("groups", user.groups)):
+        if len(patterns) > MAX_PATTERNS:
+            raise ValueError(f"more than {MAX_PATTERNS} {key} patterns")
+        for p in patterns:
+            if not p or len(p) > MAX_PATTERN_CHARS:
+                raise ValueError(f"{key} patterns must have 1..{MAX_PATTERN_CHARS} characters")
+            if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in p):
+                raise ValueError(f"{key} patterns must not contain control characters")
+    if not 0 <= user.produce_bytes_per_s <= MAX_PRODUCE_BYTES_PER_S:
+        raise ValueError(f"produce_bytes_per_s must be 0..{MAX_PRODUCE_BYTES_PER_S}")
+    return user
 
 
 def parse_users(text: str, source: str = "users file") -> dict[str, User]:
@@ -122,8 +173,10 @@ def parse_users(text: str, source: str = "users file") -> dict[str, User]:
         rate = entry.get("produce_bytes_per_s", 0)
         if not isinstance(admin, bool):
             raise ConfigError(f"{source}: user {name!r}: admin must be true or false")
-        if not isinstance(rate, int) or isinstance(rate, bool) or rate < 0:
-            raise ConfigError(f"{source}: user {name!r}: produce_bytes_per_s must be an int >= 0")
+        if (not isinstance(rate, int) or isinstance(rate, bool)
+                or not 0 <= rate <= MAX_PRODUCE_BYTES_PER_S):
+            raise ConfigError(f"{source}: user {name!r}: produce_bytes_per_s must be an int "
+                              f"0..{MAX_PRODUCE_BYTES_PER_S}")
         users[name] = User(
             name, cred, admin,
             _patterns(name, "produce", entry.get("produce", [])),
@@ -191,11 +244,20 @@ def read_users_file(path: str | Path) -> dict[str, User]:
     return parse_users(text, str(p))
 
 
-def update_users_file(path: str | Path, change: dict[str, User | None]) -> dict[str, User]:
+def update_users_file(path: str | Path, change: dict[str, User | None],
+                      check: Callable[[dict[str, User]], None] | None = None) -> dict[str, User]:
     """Apply ``change`` (name -> new entry, or None to remove) to the file atomically.
 
     The file is locked while it is read, changed and replaced (tmp, fsync, rename, fsync dir),
     and created with mode 0600 when new.
+
+    Args:
+        path: the users file.
+        change: the entries to write or remove.
+        check: called with the users read under the lock, before the change: it may raise to
+            refuse the change (nothing is written), e.g. when it would remove the last admin.
+            Checks that depend on the file's current content belong here, not before the call
+            (another writer may change the file in between).
 
     Raises:
         ConfigError: the file is invalid or cannot be written.
@@ -206,6 +268,8 @@ def update_users_file(path: str | Path, change: dict[str, User | None]) -> dict[
     with open(lock_path, "a") as lock:
         fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
         users = read_users_file(p)
+        if check is not None:
+            check(users)
         for name, user in change.items():
             if user is None:
                 users.pop(name, None)
@@ -234,7 +298,7 @@ class UserStore:
 
     path: Path
     users: dict[str, User] = field(default_factory=dict)
-    _stamp: tuple[int, int] | None = None
+    _stamp: tuple[int, int, int] | None = None
 
     @classmethod
     def open(cls, path: str | Path) -> UserStore:
@@ -252,12 +316,14 @@ class UserStore:
         store._stamp = store._file_stamp()
         return store
 
-    def _file_stamp(self) -> tuple[int, int] | None:
+    def _file_stamp(self) -> tuple[int, int, int] | None:
+        # the inode too: every atomic rewrite (update_users_file) is a new file, so two writes
+        # of the same size within one tick of a coarse mtime clock are still told apart
         try:
             st = self.path.stat()
         except OSError:
             return None
-        return st.st_mtime_ns, st.st_size
+        return st.st_mtime_ns, st.st_size, st.st_ino
 
     def reload_if_changed(self) -> bool:
         """Reload when the file's mtime or size changed; True when new users were loaded."""

@@ -24,6 +24,7 @@ from ferrymq.client.producer import AsyncProducer, StagedHandle
 from ferrymq.client.simple import AsyncSimpleConsumer
 from ferrymq.errors import ClientError
 from ferrymq.protocol import messages as m
+from ferrymq.protocol.auth import DEFAULT_ITERATIONS, ScramCredential
 
 T = TypeVar("T")
 
@@ -367,6 +368,32 @@ class AdminClient:
     def find_by_key(self, topic: str, key: str, limit: int = 32) -> m.FindByKeyResponse:
         """Messages of ``topic`` carrying ``key``, newest first."""
         return _run(self._async.find_by_key(topic, key, limit))
+
+    def upsert_user(self, name: str, credential: ScramCredential, *, admin: bool = False,
+                    produce: Sequence[str] = (), consume: Sequence[str] = (),
+                    groups: Sequence[str] = (), produce_bytes_per_s: int = 0,
+                    replace: bool = True) -> bool:
+        """See :meth:`ferrymq.client.admin.AsyncAdminClient.upsert_user`."""
+        return _run(self._async.upsert_user(
+            name, credential, admin=admin, produce=produce, consume=consume, groups=groups,
+            produce_bytes_per_s=produce_bytes_per_s, replace=replace))
+
+    def add_user(self, name: str, secret: str, *, admin: bool = False,
+                 produce: Sequence[str] = (), consume: Sequence[str] = (),
+                 groups: Sequence[str] = (), produce_bytes_per_s: int = 0,
+                 replace: bool = False, iterations: int = DEFAULT_ITERATIONS) -> bool:
+        """See :meth:`ferrymq.client.admin.AsyncAdminClient.add_user` (True: created)."""
+        return _run(self._async.add_user(
+            name, secret, admin=admin, produce=produce, consume=consume, groups=groups,
+            produce_bytes_per_s=produce_bytes_per_s, replace=replace, iterations=iterations))
+
+    def remove_user(self, name: str) -> int:
+        """See :meth:`ferrymq.client.admin.AsyncAdminClient.remove_user` (connections closed)."""
+        return _run(self._async.remove_user(name))
+
+    def list_users(self) -> list[m.UserInfo]:
+        """Every user with its rights (never credentials)."""
+        return _run(self._async.list_users())
 
     def close(self) -> None:
         """Close the connection."""

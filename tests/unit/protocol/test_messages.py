@@ -118,6 +118,13 @@ SAMPLES: list[m.Body] = [
     m.AuthFinishResponse(b"v" * 32, "alice", False),
     m.WhoAmIRequest(),
     m.WhoAmIResponse("alice", False, ["orders*"], ["orders*"], ["billing-*"]),
+    m.UpsertUserRequest("carol", b"s" * 16, 4096, b"k" * 32, b"v" * 32, False, ["orders*"],
+                        ["orders*"], ["billing-*"], 0, True),
+    m.UpsertUserResponse(True),
+    m.DeleteUserRequest("carol"),
+    m.DeleteUserResponse(2),
+    m.ListUsersRequest(),
+    m.ListUsersResponse([("carol", False, ["orders*"], [], ["billing-*"], 1000)]),
 ]
 
 BODY_TYPES = sorted(

@@ -22,6 +22,7 @@ from ferrymq.broker.handlers import (
     schedule,
     transactions,
     txn,
+    users,
 )
 from ferrymq.protocol.messages import ApiKey, Body
 
@@ -70,5 +71,8 @@ HANDLERS: dict[int, Handler] = {
     ApiKey.AUTH_START: auth.auth_start,
     ApiKey.AUTH_FINISH: auth.auth_finish,
     ApiKey.WHOAMI: auth.whoami,
+    ApiKey.UPSERT_USER: users.upsert_user,
+    ApiKey.DELETE_USER: users.delete_user,
+    ApiKey.LIST_USERS: users.list_users,
 }
 assert set(HANDLERS) == set(ApiKey)
