@@ -24,7 +24,12 @@ from pathlib import Path
 import pytest
 
 import ferrymq
-from ferrymq.broker.auth import MAX_PATTERN_CHARS, MAX_PATTERNS, read_users_file
+from ferrymq.broker.auth import (
+    MAX_PATTERN_CHARS,
+    MAX_PATTERNS,
+    read_users_file,
+    update_users_file,
+)
 from ferrymq.errors import (
     AccessDeniedError,
     AuthenticationDisabledError,
@@ -247,6 +252,23 @@ def test_removed_user_is_cut_off(broker: ferrymq.Broker, users_file: Path,
     assert "carol" not in read_users_file(users_file)
     assert "user 'carol' deleted by 'root' from 127.0.0.1:" in caplog.text
     assert "2 open connections of it closed" in caplog.text
+
+
+def test_user_removed_offline_is_cut_off(broker: ferrymq.Broker, users_file: Path) -> None:
+    """``ferrymq user remove --users-file`` on the broker's host: the broker's reload closes
+    the removed user's open connections too, and leaves everybody else's alone."""
+    with admin_client(broker) as admin:
+        admin.add_user(*CAROL, produce=("orders",))
+    with RawClient(broker.address) as carol, RawClient(broker.address) as alice:
+        assert carol.authenticate(*CAROL)[0] == 0
+        assert alice.authenticate(*ALICE)[0] == 0
+        update_users_file(users_file, {"carol": None})
+        assert carol.closed_within(3.0)
+        reasons = [split_response(f.payload) for f in carol.frames if f.correlation_id == 0]
+        assert [(code, bytes(text)) for code, text in reasons] == [
+            (ErrorCode.AUTHENTICATION_FAILED,
+             b"user 'carol' was removed from the users file: connection closed")]
+        assert not alice.closed_within(0.5)
 
 
 def test_deleting_oneself_answers_then_closes(broker: ferrymq.Broker) -> None:

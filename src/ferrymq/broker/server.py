@@ -49,6 +49,7 @@ from ferrymq.broker.transactions import TransactionManager
 from ferrymq.broker.txn_coordinator import TxnCoordinator
 from ferrymq.broker.watermarks import Watermarks
 from ferrymq.errors import ConfigError
+from ferrymq.protocol.codes import ErrorCode
 from ferrymq.storage import LogConfig
 
 log = logging.getLogger("ferrymq.broker")
@@ -277,6 +278,16 @@ class BrokerServer:
             except Exception:
                 log.exception("delivery tick failed")
 
+    def _close_removed_users(self) -> None:
+        """After the users file was edited offline: close the connections of users it no longer
+        has, as DELETE_USER does (their reconnects then fail the handshake)."""
+        assert self.auth is not None
+        users = self.auth.store.users
+        for c in list(self.connections):
+            if c.principal is not None and c.principal not in users and not c.closed:
+                c.fail(ErrorCode.AUTHENTICATION_FAILED,
+                       f"user {c.principal!r} was removed from the users file: connection closed")
+
     async def _housekeeping(self) -> None:
         cfg = self.config
         while True:
@@ -296,8 +307,8 @@ class BrokerServer:
                     elif c.write_paused_since is not None and now - c.write_paused_since > stall_s:
                         c.cut_off(f"stalled reader: no response bytes taken for "
                                   f"write_stall_timeout_ms={cfg.write_stall_timeout_ms}")
-                if self.auth is not None:
-                    self.auth.store.reload_if_changed()
+                if self.auth is not None and self.auth.store.reload_if_changed():
+                    self._close_removed_users()
                 if now - self._last_retention >= cfg.retention_check_interval_ms / 1000:
                     self._last_retention = now
                     wall = self.clock.wall_ms()
