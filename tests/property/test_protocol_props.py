@@ -152,6 +152,34 @@ def test_record_batch_round_trip(
     assert [d.offset for d in r.decode_records(out)] == [k[0] for k in keep]
 
 
+@FAST
+@given(
+    bodies=st.lists(st.sampled_from([0, 1, 100, r.LARGE_BODY_BYTES - 1, r.LARGE_BODY_BYTES,
+                                     3 * r.LARGE_BODY_BYTES]), min_size=1, max_size=8),
+    tags=st.lists(st.binary(max_size=4), min_size=8, max_size=8),
+    seqs=st.tuples(st.integers(0, 2**62), st.integers(0, 2**15 - 1), st.integers(0, 2**30)),
+)
+def test_batch_buffers_are_the_same_bytes(bodies: list[int], tags: list[bytes],
+                                          seqs: tuple[int, int, int]) -> None:
+    """encode_batch_buffers sends what encode_batch writes, byte for byte, also after both are
+    given a new producer id, epoch and sequence (the producer's new-epoch path)."""
+    inputs = [r.RecordInput(bytes([i]) * n, 1_700_000_000_000 + i, tags[i])
+              for i, n in enumerate(bodies)]
+    joined = r.encode_batch(inputs, producer_id=7, producer_epoch=0, base_sequence=3)
+    parts = r.encode_batch_buffers(inputs, producer_id=7, producer_epoch=0, base_sequence=3)
+    assert bytes(parts) == joined and len(parts) == len(joined)
+    large = sum(1 for n in bodies if n >= r.LARGE_BODY_BYTES)
+    assert len(parts.parts) >= large  # each large body is a buffer of its own, not copied
+    assert {id(p) for p in parts.parts} >= {id(i.body) for i in inputs
+                                             if len(i.body) >= r.LARGE_BODY_BYTES}
+    r.restamp_producer(joined, *seqs)
+    r.restamp_producer(parts, *seqs)
+    assert bytes(parts) == joined
+    h = r.validate_batch(joined, max_message_bytes=1 << 20, max_records=100,
+                         check_header_crc=True)
+    assert (h.producer_id, h.producer_epoch, h.base_sequence) == seqs
+
+
 # --- chunking -------------------------------------------------------------------------------
 
 frames = st.builds(

@@ -83,13 +83,16 @@ from ferrymq.protocol.records import (
     ATTR_DEDUP,
     ATTR_SCHEDULED,
     ATTR_TRANSACTIONAL,
+    LARGE_BODY_BYTES,
     MAX_PRODUCER_EPOCH,
     NO_PRODUCER_EPOCH,
     NO_PRODUCER_ID,
     NO_SEQUENCE,
     RECORD_PREFIX_SIZE,
+    BatchBuffers,
     RecordInput,
     encode_batch,
+    encode_batch_buffers,
     restamp_producer,
 )
 from ferrymq.protocol.schedule import DEFAULT_MAX_DELAY_MS
@@ -153,7 +156,7 @@ class _QueueBuffer:
 @dataclass(eq=False)
 class _Batch:
     buf: _QueueBuffer
-    data: bytearray
+    data: bytearray | BatchBuffers
     units: list[_Unit]
     count: int
     deadline: float
@@ -768,6 +771,7 @@ class AsyncProducer:
         self._buffered_bytes -= nbytes
         self._space.set()
         seq = NO_SEQUENCE
+        data: bytearray | BatchBuffers
         if attrs & ATTR_DEDUP:  # the broker may store fewer records: no sequence numbers
             data = encode_batch(records, attributes=attrs)
         else:
@@ -776,9 +780,12 @@ class AsyncProducer:
                 b.next_seq += len(records)
             if self._tid is not None:
                 attrs |= ATTR_TRANSACTIONAL
-            data = encode_batch(records, producer_id=self.producer_id if b.pid is None else b.pid,
-                                producer_epoch=self.producer_epoch if b.epoch is None else b.epoch,
-                                base_sequence=seq, attributes=attrs)
+            # large bodies are not copied into the batch: they go to the socket as they are
+            encode = (encode_batch_buffers if nbytes >= len(records) * LARGE_BODY_BYTES
+                      else encode_batch)
+            data = encode(records, producer_id=self.producer_id if b.pid is None else b.pid,
+                          producer_epoch=self.producer_epoch if b.epoch is None else b.epoch,
+                          base_sequence=seq, attributes=attrs)
         if not b.records:
             b.ready = False
             if b.timer is not None:

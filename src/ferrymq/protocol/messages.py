@@ -20,6 +20,7 @@ from typing import Any, ClassVar, TypeVar
 import msgpack
 
 from ferrymq.errors import RemoteProtocolError
+from ferrymq.protocol.records import BatchBuffers
 
 MAX_LIST_ITEMS = 100_000
 """Largest list in any request or response (entries of a produce or fetch, topics, ...)."""
@@ -529,8 +530,10 @@ class ProduceResponse(Body):
     SCHEMA = (lst(tup(STR, INT, INT, STR, INT, INT, INT, INT, INT, lst(tup(INT, INT, INT)))),)
 
 
-ProduceEntry = tuple[str, int, bytes | bytearray | memoryview]
-"""(topic, queue, record batch)."""
+ProduceEntry = tuple[str, int, bytes | bytearray | memoryview | BatchBuffers]
+"""(topic, queue, record batch). A producer may pass a
+:class:`~ferrymq.protocol.records.BatchBuffers` as the batch (``encode_parts`` sends its
+buffers); a decoded request always holds a memoryview."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -544,14 +547,19 @@ class ProduceRequest(Request):
     SCHEMA = (INT, lst(tup(STR, INT, BYTES)))
 
     def encode_parts(self) -> list[bytes | bytearray | memoryview]:
-        """Headers and batches as separate buffers (no copy of the batches)."""
+        """Headers and batches as separate buffers (no copy of the batches; a batch given as
+        :class:`~ferrymq.protocol.records.BatchBuffers` goes as its buffers)."""
         parts: list[bytes | bytearray | memoryview] = [
             b"\x92" + msgpack.packb(self.timeout_ms) + _array_header(len(self.entries))
         ]
         for topic, queue, batch in self.entries:
             parts.append(b"\x93" + msgpack.packb(topic) + msgpack.packb(queue)
                          + _bin_header(len(batch)))
-            parts.append(batch)
+            if isinstance(batch, BatchBuffers):
+                parts.append(batch.header)
+                parts.extend(batch.parts)
+            else:
+                parts.append(batch)
         return parts
 
     @classmethod

@@ -223,6 +223,27 @@ class RecordInput(NamedTuple):
     properties: bytes = b""
 
 
+LARGE_BODY_BYTES = 2048
+"""A body at least this large stays its own buffer in :func:`encode_batch_buffers`."""
+
+
+@dataclass(eq=False, slots=True)
+class BatchBuffers:
+    """An encoded batch as buffers to be written together (``writev``), for batches of large
+    bodies: the 64-byte header, then the records with each large body a buffer of its own, so
+    encoding copies no body. ``len()`` is the batch's size; ``bytes()`` joins it."""
+
+    header: bytearray
+    parts: list[bytes | bytearray]
+    size: int
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __bytes__(self) -> bytes:
+        return bytes(self.header) + b"".join(self.parts)
+
+
 def encode_batch(
     records: Sequence[RecordInput],
     *,
@@ -237,6 +258,69 @@ def encode_batch(
         BatchTooLargeError: no records.
         MessageTooLargeError: a field is larger than its length field can hold.
     """
+    parts, first_ts, max_ts, attributes = _record_parts(records, attributes)
+    buf = bytearray().join(parts)
+    HEADER.pack_into(
+        buf, 0, 0, len(buf) - LENGTH_PREFIX, 0, 0, 0, MAGIC, attributes, len(records),
+        first_ts, max_ts, producer_id, producer_epoch, base_sequence,
+    )
+    _I.pack_into(buf, 24, crc32c(memoryview(buf)[28:]))
+    seal_header_crc(buf, 0)
+    return buf
+
+
+def encode_batch_buffers(
+    records: Sequence[RecordInput],
+    *,
+    producer_id: int = NO_PRODUCER_ID,
+    producer_epoch: int = NO_PRODUCER_EPOCH,
+    base_sequence: int = NO_SEQUENCE,
+    attributes: int = 0,
+) -> BatchBuffers:
+    """Encode like :func:`encode_batch`, the same bytes, but as :class:`BatchBuffers`: bodies
+    of at least ``LARGE_BODY_BYTES`` are not copied, everything between them is joined.
+
+    Raises:
+        BatchTooLargeError: no records.
+        MessageTooLargeError: a field is larger than its length field can hold.
+    """
+    parts, first_ts, max_ts, attributes = _record_parts(records, attributes)
+    out: list[bytes | bytearray] = []
+    small: list[bytes] = []
+    size = HEADER_SIZE
+    for p in parts[1:]:
+        size += len(p)
+        if len(p) >= LARGE_BODY_BYTES:
+            if small:
+                out.append(bytearray().join(small))
+                small = []
+            out.append(p)
+        else:
+            small.append(p)
+    if small:
+        out.append(bytearray().join(small))
+    header = bytearray(HEADER_SIZE)
+    HEADER.pack_into(
+        header, 0, 0, size - LENGTH_PREFIX, 0, 0, 0, MAGIC, attributes, len(records),
+        first_ts, max_ts, producer_id, producer_epoch, base_sequence,
+    )
+    batch = BatchBuffers(header, out, size)
+    _seal_buffers(batch)
+    return batch
+
+
+def _seal_buffers(batch: BatchBuffers) -> None:
+    crc = crc32c(memoryview(batch.header)[28:])
+    for p in batch.parts:
+        crc = crc32c(p, crc)
+    _I.pack_into(batch.header, 24, crc)
+    seal_header_crc(batch.header, 0)
+
+
+def _record_parts(records: Sequence[RecordInput], attributes: int
+                  ) -> tuple[list[bytes], int, int, int]:
+    """The batch's pieces (a placeholder header, then per record its prefix, its fields when it
+    has any, and its body), the first and largest born times and the attributes."""
     if not records:
         raise BatchTooLargeError("a batch needs at least one record")
     first_ts = records[0][1]
@@ -266,14 +350,7 @@ def encode_batch(
             append(body)
     except struct.error:  # a timestamp delta beyond i32
         raise BatchTooLargeError("the born times of one batch must lie within 24 days") from None
-    buf = bytearray().join(parts)
-    HEADER.pack_into(
-        buf, 0, 0, len(buf) - LENGTH_PREFIX, 0, 0, 0, MAGIC, attributes, len(records),
-        first_ts, max_ts, producer_id, producer_epoch, base_sequence,
-    )
-    _I.pack_into(buf, 24, crc32c(memoryview(buf)[28:]))
-    seal_header_crc(buf, 0)
-    return buf
+    return parts, first_ts, max_ts, attributes
 
 
 def stamp_batch(buf: bytearray, pos: int, base_offset: int, append_time_ms: int) -> None:
@@ -283,10 +360,14 @@ def stamp_batch(buf: bytearray, pos: int, base_offset: int, append_time_ms: int)
     seal_header_crc(buf, pos)
 
 
-def restamp_producer(buf: bytearray, producer_id: int, producer_epoch: int,
+def restamp_producer(buf: bytearray | BatchBuffers, producer_id: int, producer_epoch: int,
                      base_sequence: int) -> None:
     """Give the encoded batch in ``buf`` a new producer id, epoch and base sequence and fix
     both CRCs (an idempotent producer re-sending a batch under a new epoch)."""
+    if isinstance(buf, BatchBuffers):
+        _PRODUCER.pack_into(buf.header, 50, producer_id, producer_epoch, base_sequence)
+        _seal_buffers(buf)
+        return
     _PRODUCER.pack_into(buf, 50, producer_id, producer_epoch, base_sequence)
     _I.pack_into(buf, 24, crc32c(memoryview(buf)[28:]))
     seal_header_crc(buf, 0)

@@ -22,7 +22,7 @@ space is back.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from ferrymq.broker.watermarks import is_disk_full
 from ferrymq.errors import (
@@ -60,7 +60,8 @@ def produce(
     waits: list[tuple[QueueState, int, int]] = []  # (queue, end offset, result index)
     durability = Durability.FSYNCED if sync else Durability.WRITTEN
     srv.watermarks.check_produce()  # memory / disk watermark: the whole request, nothing stored
-    for topic, queue, batch in req.entries:
+    entries = cast("list[tuple[str, int, bytes | bytearray | memoryview]]", req.entries)  # decoded
+    for topic, queue, batch in entries:
         try:
             if srv.shutting_down:
                 raise BrokerShuttingDownError("broker is shutting down")
