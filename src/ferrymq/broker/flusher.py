@@ -15,15 +15,24 @@ offsets become durable, and consumers see only durable data. In ``async`` mode a
 ``flush_interval_ms``; sends are acknowledged after ``write(2)``.
 
 An fsync that fails is never retried as if it had worked (fsyncgate): the waiting sends fail,
-and a later fsync's success is not believed for that queue. EIO (or any failure in async mode,
-where consumers may already have read the data): the queue is marked ``failed`` and produce to
-it is refused until the broker restarts and recovery re-verifies the log. ENOSPC/EDQUOT in sync
-mode (nothing undurable was acknowledged or shown): the sends fail with STORAGE_FULL (retriable),
-the queue goes to ``full`` and gets no more fsyncs; once the watermarks say space is back,
-:meth:`Flusher.retry_full` writes the undurable tail again from the page cache and fsyncs it
-through a new descriptor (:meth:`ferrymq.storage.log.Log.rewrite_tail`), and the queue is back
-in service with no restart. Idempotent producers' retries of the failed sends are then answered
-with the offsets already stored.
+and a later fsync's success is not believed for that flushable. EIO (or any error other than a
+full disk): it goes to ``failed`` and produce to it is refused until the broker restarts and
+recovery re-verifies the log. ENOSPC/EDQUOT, in either flush mode: the waiters fail with
+STORAGE_FULL (retriable, with the watermarks' retry-after), the flushable goes to ``full`` and
+gets no more fsyncs; once the watermarks say space is back, :meth:`Flusher.retry_full` makes
+its undurable tail durable again through a new descriptor (a queue's log: read back from the
+page cache, both CRCs checked, written in place and fsynced, see
+:meth:`ferrymq.storage.log.Log.rewrite_tail`; the scheduler's bucket files and a delivery
+journal likewise) and it is back in service with no restart. A tail that cannot be read back
+whole (the kernel dropped the pages) goes to ``failed``: restart needed.
+
+The two modes differ in what was promised before the fsync failed. Sync mode acknowledged and
+showed nothing undurable: the failed sends were never acknowledged (idempotent producers'
+retries are answered with the offsets already stored once the rewrite succeeded). Async mode
+acknowledged the sends after ``write(2)`` and consumers may have read them: the rewrite writes
+exactly those bytes again from the page cache after checking them; if they cannot be read back
+intact, the queue is refused and logged CRITICAL with the offset range at risk, and the
+restart's recovery keeps the valid prefix (see docs/security.md).
 """
 
 from __future__ import annotations
@@ -87,6 +96,9 @@ class Flusher:
         """Told about every ENOSPC/EDQUOT fsync failure (the broker's watermarks)."""
         self.retry_after_ms = 0
         """The retry-after of STORAGE_FULL errors given to waiting sends."""
+        self.space_back = True
+        """What the watermarks said at the last :meth:`retry_full`: the disk is not full (owners
+        of work stalled by a full disk, such as the transaction coordinator, retry then)."""
         self.rounds = 0
 
     def start(self) -> None:
@@ -146,12 +158,13 @@ class Flusher:
     def _on_flushed(self, results: list[tuple[Flushable, int, BaseException | None]]) -> None:
         for qs, durable, exc in results:
             if exc is not None:
-                if self._sync and is_disk_full(exc) and isinstance(qs, Rewritable):
+                if is_disk_full(exc) and isinstance(qs, Rewritable):
                     self.full[qs] = exc
                     if self.on_disk_full is not None:
                         self.on_disk_full(exc)
                     qs.on_flush_failed(StorageFullError(
-                        f"fsync failed, nothing stored: {exc}", retry_after_ms=self.retry_after_ms))
+                        f"fsync failed for lack of space, not yet durable: {exc}",
+                        retry_after_ms=self.retry_after_ms))
                     continue
                 self.failed.add(qs)
                 qs.on_flush_failed(StorageFailureError(f"fsync failed: {exc}"))
@@ -161,9 +174,10 @@ class Flusher:
             qs.on_flushed(durable, self._sync)
 
     def retry_full(self, space_back: bool) -> None:
-        """On the loop thread (housekeeping): rewrite and fsync the tails of queues whose
-        fsync failed with ENOSPC/EDQUOT, when ``space_back``. A queue whose tail cannot be
-        read back whole goes to ``failed`` (restart needed); one that is still full waits."""
+        """On the loop thread (housekeeping): rewrite and fsync the tails of flushables whose
+        fsync failed with ENOSPC/EDQUOT, when ``space_back``. One whose tail cannot be read
+        back whole goes to ``failed`` (restart needed); one that is still full waits."""
+        self.space_back = space_back
         if not space_back or not self.full:
             return
         for qs in list(self.full):
@@ -171,19 +185,30 @@ class Flusher:
             try:
                 durable = qs.rewrite_undurable()
             except OSError as exc:
+                if not is_disk_full(exc):
+                    self._give_up(qs, exc)
+                    continue
                 log.warning("%s: still cannot write its tail: %s", qs, exc)
                 self.full[qs] = exc
-                if is_disk_full(exc) and self.on_disk_full is not None:
+                self.space_back = False
+                if self.on_disk_full is not None:
                     self.on_disk_full(exc)
                 return
             except Exception as exc:  # noqa: BLE001 - anything else: restart needed
-                log.critical("%s: cannot rewrite its tail after a full disk: %s", qs, exc)
-                del self.full[qs]
-                self.failed.add(qs)
+                self._give_up(qs, exc)
                 continue
             del self.full[qs]
             log.warning("%s: tail written again after the disk was full; back in service", qs)
             qs.on_flushed(durable, self._sync)
+
+    def _give_up(self, qs: Flushable, exc: BaseException) -> None:
+        """The tail of ``qs`` cannot be made durable again: restart needed."""
+        log.critical("%s: cannot rewrite its tail after a full disk (%s); %s", qs, exc,
+                     "writes acknowledged since its last fsync may be lost; restart to recover"
+                     if not self._sync else "restart to recover")
+        del self.full[qs]
+        self.failed.add(qs)
+        qs.on_flush_failed(StorageFailureError(f"cannot rewrite after a full disk: {exc}"))
 
 
 def _flush_one(qs: Flushable) -> tuple[Flushable, int, BaseException | None]:

@@ -45,6 +45,17 @@ indexes the scheduled batches a crash left unindexed (deduplicated by position a
 A fired entry is written only after the copy is fsynced, so a crash can deliver a message twice,
 never zero times. Entries due while the broker was down fire right after start.
 
+A full disk (ENOSPC/EDQUOT) needs no restart. An fsync of the bucket files (or the watermark
+checkpoint) that fails for lack of space puts the scheduler in the flusher's ``full`` set: no
+watermark is checkpointed past entries whose fsync failed, cancels are answered STORAGE_FULL,
+and once space is back :meth:`Scheduler.rewrite_undurable` reads every bucket file back
+(CRC-checked), writes it again in place and fsyncs it through a new descriptor before the next
+checkpoint. Entries that could not be written are indexed again from the log (the queue's
+watermark is held at the first of them) by the maintenance tick once space is back; due
+messages whose copy could not be appended, or whose fired entries could not be written, are
+tried again then too; a copy whose fsync failed for lack of space is settled once the queue's
+tail was written again.
+
 Everything runs on the event-loop thread except :meth:`Scheduler.flush_blocking` (the flusher
 thread: fsync of bucket files, watermark checkpoint).
 """
@@ -63,7 +74,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ferrymq._faults import enospc_point
 from ferrymq._time import Clock
+from ferrymq.broker.watermarks import is_disk_full
 from ferrymq.errors import (
     BrokerError,
     CorruptRecordError,
@@ -71,6 +84,7 @@ from ferrymq.errors import (
     LogClosedError,
     NotScheduledError,
     OffsetOutOfRangeError,
+    StorageFullError,
 )
 from ferrymq.protocol.records import (
     ATTR_SCHEDULED,
@@ -230,6 +244,10 @@ class Scheduler:
         self._write_seq = 0
         self._seq_waiters: deque[tuple[int, Callable[[BaseException | None], None]]] = deque()
         self._hold: dict[tuple[int, int], int] = {}  # queue -> offset whose indexing failed
+        self._refire: list[tuple[QueueState, list[RecordInput], list[Item]]] = []
+        """Due copies a full disk kept from being appended (tried again by the tick)."""
+        self._unsettled: list[tuple[int, int, list[Item], int]] = []
+        """Fired/cancelled entries a full disk kept from being written (tid, q, items, kind)."""
         self._wm_pending: dict[tuple[int, int], int] | None = None  # to checkpoint next flush
         self._wm_written: dict[tuple[int, int], int] | None = None
         self._wm_durable: dict[tuple[int, int], int] = {}  # last checkpoint that completed
@@ -448,6 +466,7 @@ class Scheduler:
     def flush_blocking(self) -> int:
         """fsync the bucket files written so far, then checkpoint the watermarks noted before
         (flusher thread); the write sequence now durable."""
+        enospc_point("fsync", "%schedule")
         seq = self._write_seq
         marks = self._wm_pending
         meta = self._clock_pending
@@ -458,6 +477,21 @@ class Scheduler:
             self._wm_durable = marks
         return seq
 
+    def rewrite_undurable(self) -> int:
+        """After an fsync failed with ENOSPC (loop thread, the flusher does not touch the
+        scheduler then): write every bucket file again through a new descriptor and fsync it
+        (:meth:`ScheduleStore.rewrite_all`), then checkpoint as a flush does; the write
+        sequence now durable.
+
+        Raises:
+            OSError: still no space.
+            CorruptRecordError: a bucket file does not read back intact (restart needed: the
+                logs are rescanned from the last watermarks).
+        """
+        enospc_point("rewrite", "%schedule")
+        self.store.rewrite_all()
+        return self.flush_blocking()
+
     def on_flushed(self, durable: int, sync: bool) -> None:
         """Answer cancels whose entries are now durable."""
         w = self._seq_waiters
@@ -466,9 +500,10 @@ class Scheduler:
 
     def on_flush_failed(self, exc: BaseException) -> None:
         """The fsync failed: fail the cancels waiting for it."""
-        w = self._seq_waiters
-        while w:
-            w.popleft()[1](exc)
+        w = list(self._seq_waiters)
+        self._seq_waiters.clear()
+        for _seq, cb in w:
+            cb(exc)
 
     def when_durable(self, seq: int, cb: Callable[[BaseException | None], None]) -> None:
         """Call ``cb`` once the entries written up to ``seq`` are fsynced."""
@@ -737,9 +772,23 @@ class Scheduler:
             for rec, item in zip(records, items, strict=True):
                 self._append_copies(qs, [rec], [item])
             return
+        if qs in self.flusher.full:  # its tail waits for the rewrite: try again after it
+            self._refire.append((qs, records, items))
+            return
         try:
             res = qs.log.append(batch, now_ms=self.clock.wall_ms())
-        except (OSError, BrokerError, LogClosedError) as exc:
+        except OSError as exc:
+            if not is_disk_full(exc):
+                log.error("%s: cannot append %d due scheduled messages: %s; they will be "
+                          "delivered after a restart", qs, len(records), exc)
+                return
+            if self.flusher.on_disk_full is not None:
+                self.flusher.on_disk_full(exc)
+            log.warning("%s: cannot append %d due scheduled messages (%s); they are delivered "
+                        "once space is back", qs, len(records), exc)
+            self._refire.append((qs, records, items))
+            return
+        except (BrokerError, LogClosedError) as exc:
             # the fired entries are never written: the messages fire again after a restart
             log.error("%s: cannot append %d due scheduled messages: %s; they will be delivered "
                       "after a restart", qs, len(records), exc)
@@ -750,20 +799,16 @@ class Scheduler:
         self.fired += len(items)
 
         def copied(exc: BaseException | None) -> None:
+            if isinstance(exc, StorageFullError) and qs not in self.flusher.failed:
+                _wait_sorted(qs, res.last_offset + 1, copied)  # durable after the rewrite
+                return
             if exc is not None:
                 log.error("%s: copies of %d scheduled messages not fsynced (%s); they will be "
                           "delivered again after a restart", qs, len(items), exc)
                 return
             self._settle(tid, q, items, FIRED)
 
-        fw = qs.flush_waiters
-        end = res.last_offset + 1
-        if fw and fw[-1][0] > end:  # keep the deque sorted (see the produce handler)
-            entries = sorted([*fw, (end, copied)], key=lambda e: e[0])
-            fw.clear()
-            fw.extend(entries)
-        else:
-            fw.append((end, copied))
+        _wait_sorted(qs, res.last_offset + 1, copied)
 
     def _settle(self, tid: int, q: int, items: Iterable[Item], kind: int) -> None:
         """Write fired (or cancelled) entries for fired items; they leave the in-flight count."""
@@ -771,15 +816,21 @@ class Scheduler:
         for off, due, start in items:
             by_bucket.setdefault(start, []).append((kind, due, tid, q, off, 0))
         for start, ents in by_bucket.items():
-            b = self._buckets.get(start)
-            if b is not None:
-                b.firing -= len(ents)
             try:
                 self.store.append(start, encode_entries(ents))
                 self._write_seq += 1
             except OSError as exc:
+                if is_disk_full(exc):  # the bucket stays (firing > 0) until they are written
+                    log.warning("schedule bucket %d: cannot write %d fired entries (%s); "
+                                "written once space is back", start, len(ents), exc)
+                    self._unsettled.append(
+                        (tid, q, [(off, due, start) for _k, due, _t, _q, off, _s in ents], kind))
+                    continue
                 log.error("schedule bucket %d: cannot write %d fired entries (%s); they fire "
                           "again after a restart", start, len(ents), exc)
+            b = self._buckets.get(start)
+            if b is not None:
+                b.firing -= len(ents)
 
     # -- maintenance -----------------------------------------------------------------------------
 
@@ -803,7 +854,47 @@ class Scheduler:
             if b is not None and b.entries is None:
                 self._load_bucket(b)
 
+    def _retry_after_full(self) -> None:
+        """Once space is back: index what a full disk left unindexed (from the log), append
+        the copies it held back and write the fired entries it kept from being written."""
+        if not self.flusher.space_back or self in self.flusher.full:
+            return
+        refire, self._refire = self._refire, []
+        for i, (qs, records, items) in enumerate(refire):
+            if qs.log.closed:
+                continue
+            if qs in self.flusher.full:
+                self._refire.append((qs, records, items))
+                continue
+            self._append_copies(qs, records, items)
+            if self._refire and self._refire[-1][2] is items:  # still full: keep the rest
+                self._refire.extend(refire[i + 1:])
+                break
+        unsettled, self._unsettled = self._unsettled, []
+        for tid, q, items, kind in unsettled:
+            self._settle(tid, q, items, kind)
+        for key, off in list(self._hold.items()):
+            topic = self.topics.by_id.get(key[0])
+            if topic is None or key[1] >= len(topic.queues):
+                del self._hold[key]
+                continue
+            qs = topic.queues[key[1]]
+            known: set[tuple[int, int, int, int]] = set()
+            for start in self._buckets:
+                for kind, due, tid, q, o, _skew in self.store.read(start).entries:
+                    if kind == SCHEDULED and (tid, q) == key and o >= off:
+                        known.add((tid, q, o, due))
+            try:
+                n, _nbytes = self._rescan(qs, max(off, qs.log.start_offset), known)
+            except OSError as exc:
+                log.warning("%s: still cannot index its scheduled messages: %s", qs, exc)
+                return
+            del self._hold[key]
+            log.warning("%s: %d scheduled messages indexed after the disk was full", qs, n)
+
     def _maintain(self) -> None:
+        if self._refire or self._unsettled or self._hold:
+            self._retry_after_full()
         now = self.now_ms()
         self._load_near(now)
         width = self._width
@@ -979,6 +1070,17 @@ class Scheduler:
     def pending(self) -> int:
         """Scheduled messages not yet due (all topics)."""
         return sum(self._topic_pending.values())
+
+
+def _wait_sorted(qs: QueueState, end: int, cb: Callable[[BaseException | None], None]) -> None:
+    """Run ``cb`` when ``qs`` is durable up to ``end`` (its flush waiters stay sorted)."""
+    fw = qs.flush_waiters
+    if fw and fw[-1][0] > end:  # keep the deque sorted (see the produce handler)
+        entries = sorted([*fw, (end, cb)], key=lambda e: e[0])
+        fw.clear()
+        fw.extend(entries)
+    else:
+        fw.append((end, cb))
 
 
 def _position(_ctx: None, _buf: bytes, p: int, _off: int) -> int:

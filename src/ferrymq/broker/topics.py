@@ -109,23 +109,28 @@ class QueueState:
             fw.popleft()[1](None)
 
     def fail_flush_waiters(self, exc: BaseException) -> None:
-        """Fail every send still waiting for an fsync (the fsync failed)."""
+        """Fail every send still waiting for an fsync (the fsync failed). A callback may wait
+        again (a committed copy waiting for the rewrite after ENOSPC): it stays queued."""
         fw = self.flush_waiters
-        while fw:
-            fw.popleft()[1](exc)
+        failed = list(fw)
+        fw.clear()
+        for _end, cb in failed:
+            cb(exc)
 
     # the flusher's side (see ferrymq.broker.flusher.Flushable)
 
     def flush_blocking(self) -> int:
         """fsync the log (flusher thread); the end offset now durable."""
-        enospc_point("fsync")
+        enospc_point("fsync", str(self))
         return self.log.flush()
 
     def rewrite_undurable(self) -> int:
-        """After an fsync failed with ENOSPC (sync mode): write what is above the visible
-        (durable) end again and fsync it; the end offset now durable (loop thread)."""
-        enospc_point("rewrite")
-        return self.log.rewrite_tail(self.visible_end)
+        """After an fsync failed with ENOSPC: write what is above the durable end again (read
+        back from the page cache and checked) and fsync it; the end offset now durable (loop
+        thread). In sync mode that is exactly what consumers have not seen; in async mode it
+        holds acknowledged sends, which this makes durable or (unreadable) refuses."""
+        enospc_point("rewrite", str(self))
+        return self.log.rewrite_tail(self.log.durable_offset)
 
     def on_flushed(self, durable: int, sync: bool) -> None:
         """Acknowledge sends now durable; in sync mode, show consumers the durable end."""

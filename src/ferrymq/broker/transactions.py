@@ -32,6 +32,14 @@ but before its op can commit twice (the check-back asks again; at-least-once, li
 retry), never lose a committed message or expose a rolled-back one: the copy is the only way a
 half message becomes visible and it is written only on COMMIT.
 
+A full disk (ENOSPC/EDQUOT) never needs a restart: a half message or a committed copy that
+cannot be written is refused with STORAGE_FULL (nothing stored; the producer retries). A
+committed copy written whose fsync failed for lack of space stays the commit: the request is
+answered STORAGE_FULL, a ROLLBACK is refused from then on, and once the flusher wrote the
+queue's tail again the copy is durable and the COMMIT op is written (a retried COMMIT is
+answered with it; no second copy). An op record that cannot be written is kept and written
+once space is back; the floor checkpoint stays below its half message until then.
+
 Everything runs on the event-loop thread.
 """
 
@@ -186,6 +194,8 @@ class TransactionManager:
         self._last_checkpoint = 0.0
         self._task: asyncio.Task[None] | None = None
         self._closed = False
+        self._ops_due: dict[int, tuple[_Half, dict[str, str]]] = {}
+        """Op records not written for lack of space (half offset -> half, properties)."""
         self.committed = 0
         self.rolled_back = 0
 
@@ -285,7 +295,7 @@ class TransactionManager:
         if HALF_TOPIC not in self.topics.topics:
             return
         qs = self.half
-        floor = min(self.pending) if self.pending else qs.log.end_offset
+        floor = min([*self.pending, *self._ops_due], default=qs.log.end_offset)
         if floor == self._floor_saved:
             return
         now = self.clock.monotonic()
@@ -300,10 +310,10 @@ class TransactionManager:
 
     def retention_floors(self) -> dict[tuple[int, int], int]:
         """Retention must keep the half topic from the oldest pending half message."""
-        if not self.pending:
+        if not self.pending and not self._ops_due:
             return {}
         qs = self.half
-        return {(qs.topic_id, qs.queue): min(self.pending)}
+        return {(qs.topic_id, qs.queue): min([*self.pending, *self._ops_due])}
 
     # -- prepare ---------------------------------------------------------------------------------
 
@@ -357,10 +367,7 @@ class TransactionManager:
         try:
             res = qs.log.append(batch, now_ms=now)
         except OSError as exc:  # nothing was stored (the segment cut the file back)
-            if is_disk_full(exc):
-                raise StorageFullError(f"disk full, nothing stored: {exc}",
-                                       retry_after_ms=cfg.busy_retry_after_ms) from None
-            raise StorageFailureError(f"write failed: {exc}") from None
+            raise self._write_error(exc) from None
         off = res.base_offset
         h = _Half(off, req.group, req.client_id, req.topic, req.queue, res.append_time_ms, after,
                   interval, max_checks, self.clock.monotonic() + after / 1000)
@@ -420,6 +427,11 @@ class TransactionManager:
         if h.ending is not None:  # a commit is waiting for its copy's fsync
             if state == TransactionState.ROLLBACK:
                 raise TransactionResolvedError(f"transaction {req.txn_id} is being committed")
+            if h.ending.done() and h.ending.exception() is not None:  # waits for disk space
+                raise StorageFullError(
+                    f"transaction {req.txn_id} is committed; its copy in {h.topic}/{h.queue} "
+                    "is made durable once disk space is back",
+                    retry_after_ms=self.config.busy_retry_after_ms)
             return h.ending
         reason = req.reason[:MAX_REASON_CHARS]
         if state == TransactionState.UNKNOWN:
@@ -448,14 +460,17 @@ class TransactionManager:
         now = self.clock.wall_ms()
         if qs in self.flusher.failed:
             raise StorageFailureError(f"{qs} had an fsync failure; restart needed")
+        if qs in self.flusher.full:
+            raise StorageFullError(f"{qs}: an fsync failed for lack of space; waiting for space",
+                                   retry_after_ms=self.config.busy_retry_after_ms)
         dues = None
         if scheduled:
             hdr = validate_batch(batch, max_message_bytes=1 << 30, max_records=1)
             dues = self.scheduler.check(batch, hdr, now)
         try:
             res = qs.log.append(batch, now_ms=now)
-        except OSError as exc:
-            raise StorageFailureError(f"write failed: {exc}") from None
+        except OSError as exc:  # nothing was stored
+            raise self._write_error(exc) from None
         if dues is not None:
             self.scheduler.on_append(qs, batch, res.base_offset, res.append_time_ms, dues)
         self.flusher.mark_dirty(qs)
@@ -466,6 +481,16 @@ class TransactionManager:
         copy_id = encode_msg_id(qs.topic_id, qs.queue, res.base_offset)
 
         def copied(exc: BaseException | None) -> None:
+            if isinstance(exc, StorageFullError) and qs not in self.flusher.failed:
+                # the copy is written: the flusher's rewrite makes it durable once space is
+                # back, then this runs again and writes the op (h.ending stays: no 2nd copy)
+                _wait_durable(qs, res.last_offset + 1, copied)
+                if not fut.done():
+                    fut.set_exception(StorageFullError(
+                        f"committed copy not fsynced yet for lack of space ({exc.message}); "
+                        "the commit completes once space is back",
+                        retry_after_ms=self.config.busy_retry_after_ms))
+                return
             h.ending = None
             if exc is not None:  # stays pending: a later commit or check writes another copy
                 if not fut.done():
@@ -500,15 +525,10 @@ class TransactionManager:
             props[TXN_MSGID] = msg_id
         now = self.clock.wall_ms()
         qs = self.half
-        try:
-            qs.log.append(encode_batch([RecordInput(b"", now, properties=encode_properties(props))]),
-                          now_ms=now)
-            self.flusher.mark_dirty(qs)
-            if not self.sync:
-                qs.advance(qs.log.end_offset)
-        except (OSError, BrokerError, LogClosedError) as exc:
-            log.error("transactions: cannot record %s of %s@%d (%s); it is checked again after a "
-                      "restart", op, qs, h.offset, exc)
+        if not self._append_op(props, now):
+            self._ops_due[h.offset] = (h, props)
+            log.error("transactions: cannot record %s of %s@%d yet; written once space is back "
+                      "(or checked again after a restart)", op, qs, h.offset)
         self.pending.pop(h.offset, None)
         out = _outcome_of(h.group, h.topic, h.queue, props, now)
         self._remember(h.offset, out)
@@ -518,6 +538,44 @@ class TransactionManager:
             self.rolled_back += 1
             log.info("transactions: %s@%d rolled back (%s: %s)", qs, h.offset, source, reason)
         return out
+
+    def _append_op(self, props: dict[str, str], now: int) -> bool:
+        """Append one op record to the half topic; False when it could not be written."""
+        qs = self.half
+        if qs in self.flusher.failed or qs in self.flusher.full:
+            return False
+        try:
+            qs.log.append(encode_batch([RecordInput(b"", now, properties=encode_properties(props))]),
+                          now_ms=now)
+        except OSError as exc:
+            self._write_error(exc)
+            log.warning("transactions: cannot write an op record to %s: %s", qs, exc)
+            return False
+        except (BrokerError, LogClosedError) as exc:
+            log.warning("transactions: cannot write an op record to %s: %s", qs, exc)
+            return False
+        self.flusher.mark_dirty(qs)
+        if not self.sync:
+            qs.advance(qs.log.end_offset)
+        return True
+
+    def _retry_ops(self) -> None:
+        """Write the op records a full disk held back (tick, once space is back)."""
+        for off, (_h, props) in list(self._ops_due.items()):
+            if not self._append_op(props, self.clock.wall_ms()):
+                return
+            del self._ops_due[off]
+            log.warning("transactions: %s of %s@%d recorded after the disk was full",
+                        props[TXN_OP], self.half, off)
+
+    def _write_error(self, exc: OSError) -> BrokerError:
+        """The error to answer for a failed write (the watermarks hear of a full disk)."""
+        if is_disk_full(exc):
+            if self.flusher.on_disk_full is not None:
+                self.flusher.on_disk_full(exc)
+            return StorageFullError(f"disk full, nothing stored: {exc}",
+                                    retry_after_ms=self.config.busy_retry_after_ms)
+        return StorageFailureError(f"write failed: {exc}")
 
     # -- check-back ------------------------------------------------------------------------------
 
@@ -594,6 +652,8 @@ class TransactionManager:
             if q is not None and p in q:
                 q.remove(p)
             _answer(p)
+        if self._ops_due and self.flusher.space_back:
+            self._retry_ops()
         self._checkpoint()
 
     def _poller(self, group: str) -> _Poller | None:

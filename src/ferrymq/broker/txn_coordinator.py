@@ -24,6 +24,18 @@ invisible); COMMIT_STAGED commits a set of them with one SinkCommit record fence
 (sink id, batch id): a batch id at or below the sink's last is refused and its staged rows
 aborted. Staged transactions that are never committed expire after their TTL.
 
+A full disk (ENOSPC/EDQUOT on a write or an fsync of the state log, a marker or the group
+offsets) never leaves a transaction half done. Before step 1 has written the decision nothing
+changed. From the END_TXN that takes it on, the decision stands (in memory, then in the
+state log): the request is answered STORAGE_FULL (retriable, with the watermarks'
+retry-after), every queue keeps its LSO below the transaction, and :meth:`TxnCoordinator.tick`
+drives it on from where it stopped once the flusher says space is back -- the decision record
+if it was never written, then markers only where the producer's transaction is still open
+(the path start-up recovery takes), offsets, CompleteX. A retry of the same END_TXN finishes it
+too (or is answered STORAGE_FULL again); the opposite action is refused with
+INVALID_TXN_STATE, also after the broker finished it alone, so a client whose commit failed
+for lack of space never hears "aborted" for a transaction that was committed.
+
 State: ``%TXN%state`` holds one record per transition, each the *full* state of its tid, so
 replay needs only the newest record per tid. A snapshot (``meta/txn_coordinator``, about once a
 second when something changed) covers a prefix of the topic; start-up loads it and replays the
@@ -48,6 +60,7 @@ from ferrymq._time import Clock
 from ferrymq.broker.groups import check_group_name
 from ferrymq.broker.handlers.offsets import check_offsets
 from ferrymq.broker.transactions import _wait_durable
+from ferrymq.broker.watermarks import is_disk_full
 from ferrymq.errors import (
     BatchAlreadyCommittedError,
     BrokerError,
@@ -61,6 +74,7 @@ from ferrymq.errors import (
     ProducerFencedError,
     StagedTxnExpiredError,
     StorageFailureError,
+    StorageFullError,
     TransactionTimedOutError,
     UnknownMemberError,
 )
@@ -88,6 +102,7 @@ SNAPSHOT_INTERVAL_S = 1.0
 READ_BYTES = 1 << 20
 OPEN_STATES = (TxnState.ONGOING, TxnState.STAGED)
 DONE_STATES = (TxnState.EMPTY, TxnState.COMPLETE_COMMIT, TxnState.COMPLETE_ABORT)
+PREPARE_STATES = (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT)
 QueueKey = tuple[str, int]
 
 
@@ -164,6 +179,13 @@ class TxnCoordinator:
         self._snap_offset = 0
         self._dirty = False
         self._last_snapshot = 0.0
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._unwritten: set[str] = set()
+        """Tids decided (PrepareX in memory) whose decision record is not in the log yet."""
+        self._stalls: dict[str, BrokerError] = {}
+        """Tids decided whose completion stopped on a storage error (the last one)."""
+        self._unanswered: dict[str, bool] = {}
+        """Tid -> commit?: an END_TXN answered STORAGE_FULL, not yet answered otherwise."""
         self.commits = 0
         self.aborts = 0
 
@@ -188,17 +210,36 @@ class TxnCoordinator:
         return end
 
     def _append(self, qs: QueueState, batch: bytes | bytearray, now: int, what: str) -> int:
-        """Append a batch the coordinator built; the end offset to wait for."""
-        if qs in self.flusher.failed:
-            raise StorageFailureError(f"{qs} had an fsync failure; restart needed")
+        """Append a batch the coordinator built; the end offset to wait for.
+
+        Raises:
+            StorageFullError: the disk is full (nothing written).
+            StorageFailureError: the queue had an fsync failure (restart needed), or the write
+                failed otherwise.
+        """
+        self._check_space(qs)
         try:
             res = qs.log.append(batch, now_ms=now)
         except OSError as exc:
+            if is_disk_full(exc):
+                if self.flusher.on_disk_full is not None:
+                    self.flusher.on_disk_full(exc)
+                raise StorageFullError(f"cannot write {what} to {qs}, disk full: {exc}",
+                                       retry_after_ms=self.config.busy_retry_after_ms) from None
             raise StorageFailureError(f"cannot write {what}: {exc}") from None
         self.flusher.mark_dirty(qs)
         if not self.sync:
             qs.advance(qs.log.end_offset)
         return res.last_offset + 1
+
+    def _check_space(self, qs: QueueState) -> None:
+        """Refuse to go on with ``qs`` while its fsync failed (ENOSPC: until its tail is
+        written again; anything else: until a restart)."""
+        if qs in self.flusher.failed:
+            raise StorageFailureError(f"{qs} had an fsync failure; restart needed")
+        if qs in self.flusher.full:
+            raise StorageFullError(f"{qs}: an fsync failed for lack of space; waiting for space",
+                                   retry_after_ms=self.config.busy_retry_after_ms)
 
     def _save(self, meta: TxnMeta) -> int:
         meta.updated_ms = self.clock.wall_ms()
@@ -215,6 +256,10 @@ class TxnCoordinator:
                 return
             if exc is None:
                 fut.set_result(None)
+            elif isinstance(exc, StorageFullError):
+                fut.set_exception(StorageFullError(
+                    f"{qs} not fsynced for lack of space: {exc.message}",
+                    retry_after_ms=self.config.busy_retry_after_ms))
             else:
                 fut.set_exception(StorageFailureError(f"{qs} not fsynced: {exc}"))
 
@@ -338,8 +383,16 @@ class TxnCoordinator:
                 qs.open_txns[pid] = first
 
     def _write_markers(self, meta: TxnMeta, commit: bool, now: int, *,
-                       only_open: bool = False) -> set[QueueState]:
-        """Append a marker to every queue the transaction touched (all in this callback)."""
+                       only_open: bool = True) -> set[QueueState]:
+        """Append a marker to every queue the transaction touched where it is still open
+        (``only_open``: a queue registered whose batch failed needs none, and one that got its
+        marker before a full disk stopped the others must not get a second), all in this
+        callback.
+
+        Raises:
+            StorageFullError, StorageFailureError: a marker could not be written (the ones
+                before it were: a retry writes the rest).
+        """
         out: set[QueueState] = set()
         coord = self.state_queue.log.end_offset - 1
         for topic, queue in meta.queues:
@@ -360,8 +413,23 @@ class TxnCoordinator:
         return self._append(qs, batch, now, "a transaction marker")
 
     def _apply_offsets(self, meta: TxnMeta) -> None:
+        """Step 3 (idempotent: a retry or recovery applies them again).
+
+        Raises:
+            StorageFullError, StorageFailureError: a group's offsets could not be written.
+        """
         for group, offs in meta.offsets.items():
-            self.groups.apply_txn_offsets(group, offs)
+            try:
+                self.groups.apply_txn_offsets(group, offs)
+            except OSError as exc:
+                if is_disk_full(exc):
+                    if self.flusher.on_disk_full is not None:
+                        self.flusher.on_disk_full(exc)
+                    raise StorageFullError(
+                        f"cannot write the offsets of group {group!r}, disk full: {exc}",
+                        retry_after_ms=self.config.busy_retry_after_ms) from None
+                raise StorageFailureError(f"cannot write the offsets of group {group!r}: "
+                                          f"{exc}") from None
             for t, q in offs:
                 if self.pending_offsets.get((group, t, q)) == meta.tid:
                     del self.pending_offsets[(group, t, q)]
@@ -385,7 +453,14 @@ class TxnCoordinator:
         meta.sink = None
         meta.started_ms = 0
         meta.staged_ms = 0
-        self._save(meta)
+        try:
+            self._save(meta)
+        except BrokerError as exc:  # the PrepareX stays the newest record: recovery redoes it
+            log.warning("transactions: CompleteX of %s not recorded (%s); harmless (a restart "
+                        "completes it again)", meta.tid, exc)
+        if self._stalls.pop(meta.tid, None) is not None:
+            log.warning("transactions: the %s of %s completed after the disk was full",
+                        "commit" if commit else "abort", meta.tid)
         if commit:
             self.commits += 1
         else:
@@ -436,6 +511,7 @@ class TxnCoordinator:
                             "retry when some end")
         meta.state = TxnState.ONGOING
         meta.started_ms = self.clock.wall_ms()
+        self._unanswered.pop(meta.tid, None)
 
     # -- INIT_TXN ----------------------------------------------------------------------------
 
@@ -458,6 +534,9 @@ class TxnCoordinator:
             return m.InitTxnResponse(meta.pid, meta.epoch, timeout)
         if meta.completing is not None:
             await asyncio.shield(meta.completing)
+        if meta.state in PREPARE_STATES:  # decided, stalled on a full disk: finish it first
+            await self._end(meta, meta.state == TxnState.PREPARE_COMMIT)
+        self._unanswered.pop(tid, None)
         if req.expected_producer_id >= 0:
             try:
                 self._check_epoch(meta, req.expected_producer_id, req.expected_epoch)
@@ -506,7 +585,11 @@ class TxnCoordinator:
         if key in meta.queues:
             return -1
         meta.queues[key] = None
-        return self._save(meta)
+        try:
+            return self._save(meta)
+        except BrokerError:  # not registered: the batch is not appended either
+            del meta.queues[key]
+            raise
 
     @staticmethod
     def on_append(qs: QueueState, pid: int, base_offset: int) -> None:
@@ -571,7 +654,17 @@ class TxnCoordinator:
         if action == m.EndTxnAction.STAGE:
             return await self._stage(meta, req, durability)
         commit = action == m.EndTxnAction.COMMIT
+        asked = self._unanswered.get(meta.tid)
+        if asked is not None and asked != commit and meta.state not in OPEN_STATES:
+            raise InvalidTxnStateError(
+                f"the {'commit' if asked else 'abort'} of the transaction of {meta.tid!r} was "
+                "answered STORAGE_FULL, but it was decided then: it "
+                f"{'is' if meta.state in DONE_STATES else 'will be'} "
+                f"{'committed' if asked else 'aborted'} (once disk space is back); retry "
+                f"{'commit' if asked else 'abort'}, it cannot be "
+                f"{'aborted' if asked else 'committed'} any more")
         if meta.state in DONE_STATES:
+            self._unanswered.pop(meta.tid, None)
             # nothing open at this epoch: the transaction sent nothing (begin() is local), or
             # this is a retry whose first answer was lost; either way the outcome asked for
             # holds (a transaction the broker aborted on its own moved the epoch on, so its
@@ -581,31 +674,91 @@ class TxnCoordinator:
         if meta.state == TxnState.STAGED and commit:
             raise InvalidTxnStateError(f"transaction of {meta.tid!r} is staged: commit it with "
                                        "COMMIT_STAGED")
-        await self._end(meta, commit)
+        try:
+            await self._end(meta, commit)
+        except (StorageFullError, StorageFailureError):
+            if meta.state in PREPARE_STATES:
+                self._unanswered[meta.tid] = commit
+            raise
+        self._unanswered.pop(meta.tid, None)
         return m.EndTxnResponse(int(meta.state), durability)
 
     async def _end(self, meta: TxnMeta, commit: bool, *, decided: bool = False) -> None:
-        """Commit or abort ``meta``'s open transaction (steps 1-4 of the module docstring).
-        ``decided``: the decision record is already durable (a SinkCommit)."""
+        """Commit or abort ``meta``'s open transaction (steps 1-4 of the module docstring), or
+        finish one decided before whose completion stopped on a storage error. ``decided``:
+        the decision record is already written (a SinkCommit).
+
+        Raises:
+            StorageFullError: the disk is full; the decision stands and :meth:`tick` finishes
+                it once space is back.
+            StorageFailureError: an fsync failed otherwise (restart needed).
+            InvalidTxnStateError: the opposite of a decision taken before was asked for.
+        """
         if meta.completing is not None:
             await asyncio.shield(meta.completing)
+            self._check_finished(meta)
             return
+        if meta.state in PREPARE_STATES:
+            if (meta.state == TxnState.PREPARE_COMMIT) != commit:
+                raise InvalidTxnStateError(
+                    f"the transaction of {meta.tid!r} is being "
+                    f"{'committed' if not commit else 'aborted'} (decided before the disk "
+                    "filled up; it completes once space is back)")
+        else:
+            meta.state = TxnState.PREPARE_COMMIT if commit else TxnState.PREPARE_ABORT
+            if not decided:
+                self._unwritten.add(meta.tid)
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         meta.completing = done
         try:
-            meta.state = TxnState.PREPARE_COMMIT if commit else TxnState.PREPARE_ABORT
-            if not decided:
-                await self._save_durable(meta)
-            crash_point("txn.prepare_durable")
-            await self._finish(meta, commit)
+            await self._drive(meta, commit)
+        except (StorageFullError, StorageFailureError) as exc:
+            if meta.tid not in self._stalls:
+                log.warning("transactions: the %s of %s is decided but cannot complete yet "
+                            "(%s); it completes once the storage is back", "commit" if commit
+                            else "abort", meta.tid, exc)
+            self._stalls[meta.tid] = exc
+            raise
         finally:
             meta.completing = None
             if not done.done():
                 done.set_result(None)
 
+    def _check_finished(self, meta: TxnMeta) -> None:
+        """After waiting for another request's completion of ``meta``: raise if it stalled."""
+        if meta.state not in PREPARE_STATES:
+            return
+        exc = self._stalls.get(meta.tid)
+        what = "commit" if meta.state == TxnState.PREPARE_COMMIT else "abort"
+        if isinstance(exc, StorageFailureError):
+            raise StorageFailureError(f"the {what} of {meta.tid!r} cannot complete: {exc}")
+        raise StorageFullError(f"the {what} of {meta.tid!r} waits for disk space: {exc}",
+                               retry_after_ms=self.config.busy_retry_after_ms)
+
+    async def _drive(self, meta: TxnMeta, commit: bool) -> None:
+        """Steps 1-4 from wherever a previous attempt stopped."""
+        sq = self.state_queue
+        if meta.tid in self._unwritten:
+            end = self._save(meta)  # the decision; raises with nothing written
+            self._unwritten.discard(meta.tid)
+        else:
+            self._check_space(sq)
+            end = sq.log.end_offset
+        await self._durable(sq, end)
+        crash_point("txn.prepare_durable")
+        await self._finish(meta, commit)
+
     async def _finish(self, meta: TxnMeta, commit: bool) -> None:
         now = self.clock.wall_ms()
-        queues = self._write_markers(meta, commit, now)
+        self._write_markers(meta, commit, now)
+        queues = []
+        for topic, queue in meta.queues:  # markers written now or by an earlier attempt
+            try:
+                queues.append(self.topics.queue(topic, queue))
+            except BrokerError:
+                continue
+        for qs in queues:
+            self._check_space(qs)
         for qs in queues:
             await self._durable(qs, qs.log.end_offset)
         crash_point("txn.markers_durable")
@@ -704,6 +857,12 @@ class TxnCoordinator:
         for meta in list(self.txns.values()):
             if meta.completing is not None:
                 continue
+            if meta.state in PREPARE_STATES:  # stalled on a full disk: go on when space is back
+                if self.flusher.space_back:
+                    task = asyncio.get_running_loop().create_task(self._resume(meta))
+                    self._tasks.add(task)
+                    task.add_done_callback(self._tasks.discard)
+                continue
             expired = (
                 (meta.state == TxnState.ONGOING and now - meta.started_ms > meta.timeout_ms)
                 or (meta.state == TxnState.STAGED and now - meta.staged_ms > meta.ttl_ms))
@@ -721,6 +880,17 @@ class TxnCoordinator:
                     del self.by_pid[meta.pid]
                 self._dirty = True
         self.snapshot()
+
+    async def _resume(self, meta: TxnMeta) -> None:
+        """Finish a decided transaction whose completion stalled (housekeeping)."""
+        if meta.completing is not None or meta.state not in PREPARE_STATES:
+            return
+        try:
+            await self._end(meta, meta.state == TxnState.PREPARE_COMMIT)
+        except BrokerError as exc:
+            log.debug("transactions: %s still cannot complete: %s", meta.tid, exc)
+        except Exception:
+            log.exception("transactions: completing %s failed", meta.tid)
 
     async def _end_logged(self, meta: TxnMeta) -> None:
         try:

@@ -94,17 +94,22 @@ def atomic_write(path: Path, data: bytes | bytearray | memoryview) -> None:
     Writes ``<path>.tmp``, fsyncs it, renames it over ``path`` and fsyncs the directory.
 
     Raises:
-        OSError: the write, fsync or rename failed (the old file is untouched).
+        OSError: the write, fsync or rename failed (the old file is untouched; the ``.tmp`` is
+            removed, so a full disk gets its space back).
     """
     tmp = path.with_name(path.name + TMP_SUFFIX)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        view = memoryview(data)
-        while view:
-            written = os.write(fd, view)
-            view = view[written:]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        try:
+            view = memoryview(data)
+            while view:
+                written = os.write(fd, view)
+                view = view[written:]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
     fsync_directory(path.parent)

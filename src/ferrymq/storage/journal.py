@@ -24,6 +24,7 @@ new journal (see :mod:`ferrymq.broker.delivery.store`).
 
 from __future__ import annotations
 
+import errno
 import os
 import struct
 import threading
@@ -32,7 +33,7 @@ from typing import Any
 
 import msgpack
 
-from ferrymq.errors import LogClosedError
+from ferrymq.errors import CorruptRecordError, LogClosedError
 from ferrymq.protocol.records import crc32c
 
 __all__ = ["MAX_JOURNAL_RECORD_BYTES", "Journal"]
@@ -113,9 +114,12 @@ class Journal:
         buf = _HEAD.pack(len(payload), crc32c(payload)) + payload
         with self._lock:
             written = os.write(self._fd, buf)
-            if written != len(buf):  # a short write leaves a torn tail: refuse to go on
-                self._closed = True
-                raise OSError(f"short write to {self.path}")
+            if written != len(buf):  # a short write (no space for the rest): cut it back
+                try:
+                    os.ftruncate(self._fd, self._size)
+                except OSError:  # a torn tail that cannot be cut: refuse to go on
+                    self._closed = True
+                raise OSError(errno.ENOSPC, f"short write to {self.path} (no space left)")
             self._size += len(buf)
             return self._size
 
@@ -130,6 +134,46 @@ class Journal:
             with self._lock:
                 if target > self._durable:
                     self._durable = target
+                return self._durable
+
+    def rewrite_tail(self) -> int:
+        """After a failed fsync (ENOSPC): read the records past the durable position back,
+        check their lengths and CRCs, write the same bytes again in place through a new
+        descriptor and fsync it; return the position now durable.
+
+        Raises:
+            CorruptRecordError: the bytes read back are not whole records (the page cache
+                lost them: a restart's replay cuts them).
+            OSError: the write or fsync failed (still no space).
+            LogClosedError: the journal is closed.
+        """
+        with self._fsync_lock:
+            with self._lock:
+                if self._closed:
+                    raise LogClosedError(f"journal {self.path} is closed")
+                start, end = self._durable, self._size
+            data = os.pread(self._fd, end - start, start)
+            pos = 0
+            while pos + _HEAD.size <= len(data):
+                length, crc = _HEAD.unpack_from(data, pos)
+                nxt = pos + _HEAD.size + length
+                if nxt > len(data) or crc32c(data[pos + _HEAD.size : nxt]) != crc:
+                    break
+                pos = nxt
+            if pos != end - start:
+                raise CorruptRecordError(f"{self.path}: records from {start} not readable")
+            fd = os.open(self.path, os.O_WRONLY)
+            try:
+                view = memoryview(data)
+                at = start
+                while view:
+                    n = os.pwrite(fd, view, at)
+                    view, at = view[n:], at + n
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            with self._lock:
+                self._durable = max(self._durable, end)
                 return self._durable
 
     def close(self) -> None:

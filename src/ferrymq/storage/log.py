@@ -535,28 +535,26 @@ class Log:
 
     def rewrite_tail(self, from_offset: int) -> int:
         """After a failed fsync (ENOSPC): write offsets ``from_offset`` .. end again and fsync
-        them (:meth:`Segment.rewrite_from`); return the end offset now durable.
+        them (:meth:`Segment.rewrite_from`, in every segment holding some of them: a roll may
+        have happened since the last good flush), then flush as usual (sealed segments'
+        indexes, the directory, the recovery point); return the end offset now durable.
 
         Raises:
-            CorruptRecordError: ``from_offset`` is before the active segment (a roll happened
-                since: only a restart's recovery can tell what is on disk), or the bytes read
-                back are not valid.
+            CorruptRecordError: the bytes read back are not whole, valid batches (the page
+                cache lost them: only a restart's recovery can cut them).
             OSError: the write or fsync failed again.
             LogClosedError: the log is closed.
         """
         with self._flush_lock:
             self._check_open()
             with self._lock:
-                active = self._segments[-1]
-                end = self._end_offset
-                sealed = bool(self._pending_sealed)
-            if sealed or from_offset < active.base_offset:
-                raise CorruptRecordError(f"{self.directory}: undurable data before the active "
-                                         "segment; restart to recover")
-            active.rewrite_from(active.position_of_offset(from_offset))
-            with self._lock:
-                self._durable_offset = max(self._durable_offset, end)
-            return end
+                segments = self._segments
+            for seg in segments:
+                if seg.next_offset <= from_offset:
+                    continue
+                seg.rewrite_from(seg.position_of_offset(max(from_offset, seg.base_offset)))
+            fsync_directory(self.directory)  # a segment or .txnindex created in the tail
+            return self._flush_locked()
 
     # --- retention and truncation --------------------------------------------------------------
 

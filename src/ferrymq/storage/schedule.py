@@ -251,9 +251,18 @@ class ScheduleStore:
         else:
             self._fds.move_to_end(start_ms)
         view = memoryview(data)
-        while view:
-            n = os.write(fd, view)
-            view = view[n:]
+        try:
+            while view:
+                n = os.write(fd, view)
+                view = view[n:]
+        except OSError:  # ENOSPC part way: cut the entries of this call (stay aligned)
+            written = len(data) - len(view)
+            if written:
+                try:
+                    os.ftruncate(fd, os.fstat(fd).st_size - written)
+                except OSError:
+                    pass
+            raise
         self.bytes_written += len(data)
         with self._lock:
             self._dirty.add(fd)
@@ -311,6 +320,42 @@ class ScheduleStore:
             for fd in closing:
                 os.close(fd)
 
+    def rewrite_all(self) -> None:
+        """After an fsync failed (ENOSPC): read every bucket file back, check that its entries
+        are whole and their CRCs hold, write the same bytes again in place through a new
+        descriptor and fsync it (the failed fsync may have left pages clean but unwritten,
+        and its error is not reported twice); then fsync the directory. Loop thread, while
+        the flusher leaves the store alone.
+
+        Raises:
+            OSError: a write or fsync failed (still no space).
+            CorruptRecordError: a file does not read back intact.
+        """
+        for start in self.bucket_starts():
+            path = self.path(start)
+            try:
+                data = path.read_bytes()
+            except FileNotFoundError:
+                continue
+            scan = decode_entries(data)
+            if scan.corrupt or scan.torn_bytes:
+                raise CorruptRecordError(f"{path}: {scan.corrupt} entries fail their CRC, "
+                                         f"{scan.torn_bytes} torn bytes after a failed fsync")
+            fd = os.open(path, os.O_WRONLY)
+            try:
+                view = memoryview(data)
+                at = 0
+                while view:
+                    n = os.pwrite(fd, view, at)
+                    view, at = view[n:], at + n
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        with self._lock:
+            self._dirty.clear()
+            self._dir_dirty = False
+        fsync_directory(self.directory)
+
     @property
     def has_unsynced(self) -> bool:
         """Whether anything was written (or given up) since the last :meth:`sync`."""
@@ -354,7 +399,7 @@ class ScheduleStore:
             return None
         try:
             return {(int(t), int(q)): int(o) for t, q, o in data["watermarks"]}
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, OverflowError) as exc:  # int(inf): Overflow
             _log.warning("ignoring %s (%s): every queue will be rescanned",
                          self.directory / WATERMARKS_FILE, exc)
             return None
@@ -368,7 +413,7 @@ class ScheduleStore:
         try:
             s, w, lo, hi = data["clock"]
             return int(s), int(w), int(lo), int(hi)
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, OverflowError):
             return None
 
     def write_watermarks(self, marks: dict[tuple[int, int], int],

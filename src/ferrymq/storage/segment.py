@@ -31,6 +31,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from ferrymq._faults import ENOSPC_FAULTS, enospc_point
 from ferrymq.errors import CorruptRecordError, LogClosedError
 from ferrymq.protocol.records import (
     ATTR_CONTROL,
@@ -296,6 +297,8 @@ class Segment:
             OSError: the write failed; the file is cut back to its previous size if possible.
         """
         fd = self._require_fd()
+        if ENOSPC_FAULTS:
+            enospc_point("write", f"{self.directory.parent.name}/{self.directory.name}")
         pos = self._size_bytes
         view = memoryview(batch)
         try:
@@ -551,6 +554,9 @@ class Segment:
         while pos + HEADER_SIZE <= self._size_bytes:
             buf, i = window.get(pos, HEADER_SIZE)
             h = decode_header(buf, i)
+            if h.batch_length < HEADER_SIZE - LENGTH_PREFIX:  # would walk backwards or in place
+                raise CorruptRecordError(
+                    f"{self.log_path}: batch at position {pos} has length {h.batch_length}")
             yield pos, h
             pos += LENGTH_PREFIX + h.batch_length
 
@@ -582,6 +588,9 @@ class Segment:
                     f"expected {expected}"
                 )
             first = False
+            if h.batch_length < HEADER_SIZE - LENGTH_PREFIX:  # would walk backwards or in place
+                raise CorruptRecordError(
+                    f"{self.log_path}: batch at position {pos} has length {h.batch_length}")
             if h.last_offset >= offset:
                 return pos, h
             expected = h.last_offset + 1
@@ -620,7 +629,7 @@ class Segment:
         while n - p >= HEADER_SIZE:
             nh = decode_header(data, p)
             end = p + LENGTH_PREFIX + nh.batch_length
-            if end > n or nh.last_offset >= upto_offset:
+            if end > n or end < p + HEADER_SIZE or nh.last_offset >= upto_offset:
                 break
             p = end
         return data if p == n else memoryview(data)[:p]

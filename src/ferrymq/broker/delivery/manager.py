@@ -66,11 +66,13 @@ from ferrymq.broker.delivery.state import (
 )
 from ferrymq.broker.delivery.store import GroupStore
 from ferrymq.broker.scheduler import CANCELLED_STATE, NOT_SCHEDULED
+from ferrymq.broker.watermarks import is_disk_full
 from ferrymq.errors import (
     BrokerError,
     CorruptRecordError,
     InvalidRequestError,
     StorageFailureError,
+    StorageFullError,
     UnknownGroupError,
     UnknownMemberError,
     UnknownTopicError,
@@ -521,9 +523,17 @@ class DeliveryManager:
         store = self.stores[g.name]
         if store.failed is not None:
             raise StorageFailureError(f"delivery journal of {g.name} had an fsync failure")
+        if store in self.flusher.full:
+            raise StorageFullError(f"delivery journal of {g.name} waits for disk space",
+                                   retry_after_ms=self.config.busy_retry_after_ms)
         try:
             pos = store.append(record)
         except OSError as exc:
+            if is_disk_full(exc):
+                if self.flusher.on_disk_full is not None:
+                    self.flusher.on_disk_full(exc)
+                raise StorageFullError(f"delivery journal write failed: {exc}",
+                                       retry_after_ms=self.config.busy_retry_after_ms) from exc
             raise StorageFailureError(f"delivery journal write failed: {exc}") from exc
         self.flusher.mark_dirty(store)
         return pos

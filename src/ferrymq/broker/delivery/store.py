@@ -12,7 +12,10 @@ empty (or missing) journal, both complete. Stray journals of other generations a
 
 The store is a :class:`~ferrymq.broker.flusher.Flushable`: appends are fsynced by the broker's
 group-commit flusher, and :meth:`GroupStore.when_durable` runs a callback once a position is
-durable (at once in async flush mode).
+durable (at once in async flush mode). An fsync that fails for lack of space fails the waiters
+with STORAGE_FULL and is recovered without a restart: once space is back the flusher has the
+journal's undurable tail written again and fsynced (:meth:`GroupStore.rewrite_undurable`).
+Any other fsync failure fails every later append until a restart.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ from typing import Any
 
 import msgpack
 
-from ferrymq.errors import CorruptRecordError
+from ferrymq._faults import enospc_point
+from ferrymq.errors import CorruptRecordError, StorageFullError
 from ferrymq.storage import read_checkpoint, write_checkpoint
 from ferrymq.storage.journal import Journal
 
@@ -111,7 +115,14 @@ class GroupStore:
 
     def flush_blocking(self) -> int:
         """fsync the journal (flusher thread)."""
+        enospc_point("fsync", f"%delivery/{self.directory.name}")
         return self.journal.flush()
+
+    def rewrite_undurable(self) -> int:
+        """After an fsync failed with ENOSPC: write the undurable records again and fsync them
+        through a new descriptor (loop thread); the position now durable."""
+        enospc_point("rewrite", f"%delivery/{self.directory.name}")
+        return self.journal.rewrite_tail()
 
     def on_flushed(self, durable: int, sync: bool) -> None:
         """Run the callbacks of positions now durable."""
@@ -120,11 +131,14 @@ class GroupStore:
             w.popleft()[1](None)
 
     def on_flush_failed(self, exc: BaseException) -> None:
-        """Fail every waiter; later appends fail too until a restart."""
-        self.failed = exc
-        w = self.waiters
-        while w:
-            w.popleft()[1](exc)
+        """Fail every waiter; later appends fail too until a restart, unless the disk was
+        full (then the flusher rewrites the tail once space is back)."""
+        if not isinstance(exc, StorageFullError):
+            self.failed = exc
+        w = list(self.waiters)
+        self.waiters.clear()
+        for _pos, cb in w:
+            cb(exc)
 
     def __str__(self) -> str:
         return f"delivery journal {self.directory.name}"

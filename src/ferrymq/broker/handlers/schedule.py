@@ -2,7 +2,10 @@
 
 The scheduler writes a *cancelled* entry to the message's time bucket
 (:mod:`ferrymq.broker.scheduler`). In sync flush mode the answer waits until that entry is
-fsynced, like a send; in async mode it comes at once.
+fsynced, like a send; in async mode it comes at once. While the scheduler's files wait for
+disk space (an fsync failed with ENOSPC, or the entry cannot be written) the cancel is refused
+with STORAGE_FULL (retriable, nothing changed); after any other fsync failure with
+STORAGE_ERROR until a restart.
 """
 
 from __future__ import annotations
@@ -10,7 +13,13 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
-from ferrymq.errors import BrokerError, BrokerShuttingDownError, StorageFailureError
+from ferrymq.broker.watermarks import is_disk_full
+from ferrymq.errors import (
+    BrokerError,
+    BrokerShuttingDownError,
+    StorageFailureError,
+    StorageFullError,
+)
 from ferrymq.protocol import messages as m
 
 if TYPE_CHECKING:
@@ -26,7 +35,15 @@ def cancel_scheduled(
         raise BrokerShuttingDownError("broker is shutting down")
     if srv.scheduler in srv.flusher.failed:
         raise StorageFailureError("the scheduler's files had an fsync failure; restart needed")
-    seq = srv.scheduler.cancel(req.msg_id)
+    if srv.scheduler in srv.flusher.full:
+        raise StorageFullError("the scheduler's files wait for disk space (an fsync failed "
+                               "for lack of space)", retry_after_ms=srv.config.busy_retry_after_ms)
+    try:
+        seq = srv.scheduler.cancel(req.msg_id)
+    except OSError as exc:  # the cancelled entry was not written: nothing changed
+        if is_disk_full(exc):
+            raise srv.watermarks.full_error(exc) from None
+        raise StorageFailureError(f"cannot write the cancelled entry: {exc}") from None
     if not srv.sync_flush:
         return m.Empty()
     fut: asyncio.Future[m.Empty] = asyncio.get_running_loop().create_future()
