@@ -37,7 +37,9 @@ Everything here runs on the event-loop thread.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import functools
 import heapq
 import logging
 import re
@@ -1174,9 +1176,14 @@ class DeliveryManager:
         else:
             g.record_acks(rec[1], rec[2], rec[3], rec[4], limit)
 
-    def nack(self, g: DeliveryGroup, entries: list[m.NackEntry]) -> list[tuple[int, int]]:
-        """Give messages back for a later attempt (or the dead-letter queue)."""
+    def nack(self, g: DeliveryGroup, entries: list[m.NackEntry]
+             ) -> tuple[list[tuple[int, int]], list[asyncio.Future[None]]]:
+        """Give messages back for a later attempt (or the dead-letter queue). Returns the
+        results and, in sync mode, what to wait for before answering: each nacked message's
+        new state (its retry copy and the journal record that finishes the original) durable,
+        so that a nack answered survives a crash as an ack does."""
         results: list[tuple[int, int]] = []
+        waits: list[asyncio.Future[None]] = []
         for topic, queue, offset, lease_id, delay_ms, reason, counts in entries:
             lease = self._lookup(g, topic, queue, offset, lease_id)
             if lease is None:
@@ -1184,10 +1191,15 @@ class DeliveryManager:
                 continue
             if delay_ms > MAX_RETRY_DELAY_MS:
                 raise InvalidRequestError(f"nack delay must be at most {MAX_RETRY_DELAY_MS} ms")
+            done = None
+            if self.sync:
+                fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                waits.append(fut)
+                done = functools.partial(_settle_future, fut)
             self._fail(g, lease.key, offset, lease, counts=counts, delay_ms=delay_ms,
-                       reason=reason or "consumer asked to retry later")
+                       reason=reason or "consumer asked to retry later", on_durable=done)
             results.append((_OK, -1))
-        return results
+        return results, waits
 
     def change_invisible(
         self, g: DeliveryGroup, member_id: str, entries: list[tuple[str, int, int, int, int]]
@@ -1236,7 +1248,7 @@ class DeliveryManager:
     def _fail_in_place(
         self, g: DeliveryGroup, cur: OrderlyCursor, offset: int, reconsume: int, delay_ms: int,
         reason: str,
-    ) -> None:
+    ) -> int:
         """Orderly: the head stays the head of its key and is delivered again after a short
         fixed backoff (``orderly_retry_ms``, or the nack's own delay)."""
         if delay_ms < 0:
@@ -1249,10 +1261,11 @@ class DeliveryManager:
         lease = cur.fail(offset, f, now)
         if lease is not None:
             g.drop_from_lease(lease)
-        self._journal(g, ["F", cur.topic, cur.queue, offset, reconsume, wall + delay_ms,
-                          f.since_wall, f.reason])
+        pos = self._journal(g, ["F", cur.topic, cur.queue, offset, reconsume, wall + delay_ms,
+                                f.since_wall, f.reason])
         if delay_ms == 0:
             g.wake()
+        return pos
 
     def skip(self, name: str, msg_id: str) -> None:
         """Send a pending message of an orderly group to its dead-letter queue on purpose, so
@@ -1318,23 +1331,29 @@ class DeliveryManager:
     def _fail(
         self, g: DeliveryGroup, key: tuple[str, int], offset: int, lease: Lease, *,
         counts: bool, delay_ms: int, reason: str, dead: bool = False,
+        on_durable: Callable[[BaseException | None], None] | None = None,
     ) -> None:
         """A delivery failed (or is handed back): move the message on, then finish it here.
 
         An orderly group keeps the message where it is (retried in place) unless it is dead;
-        ``dead`` sends it to the dead-letter queue whatever its count."""
+        ``dead`` sends it to the dead-letter queue whatever its count. ``on_durable`` (sync
+        mode) is told when the message's new state is durable."""
         reconsume = lease.reconsume + (1 if counts else 0)
         cur = g.sources.get(key)
         if isinstance(cur, OrderlyCursor) and not dead and reconsume <= g.max_reconsume:
-            self._fail_in_place(g, cur, offset, reconsume, delay_ms, reason)
+            pos = self._fail_in_place(g, cur, offset, reconsume, delay_ms, reason)
+            if on_durable is not None:
+                self.when_durable(g.name, pos, on_durable)
             return
         self._finish(g, key, offset)
         record = self._read_record(g, key, offset)
         if record is None:  # deleted by retention (or the topic was deleted): nothing to move
             log.warning("delivery group %s: %s/%d@%d is gone; dropped from the group", g.name,
                         key[0], key[1], offset)
-            self._journal(g, ["A", key[0], key[1], [[offset, 1]]])
+            pos = self._journal(g, ["A", key[0], key[1], [[offset, 1]]])
             self._advance(g, [key])
+            if on_durable is not None:
+                self.when_durable(g.name, pos, on_durable)
             return
         if key[0] == g.retry_topic:
             try:
@@ -1367,6 +1386,8 @@ class DeliveryManager:
             res = qs.log.append(batch, now_ms=wall)
         except OSError as exc:  # keep the message where it is: redelivered after a restart
             log.error("delivery group %s: cannot write %s: %s", g.name, target, exc)
+            if on_durable is not None:
+                on_durable(None)  # still leased: redelivered when its lease ends
             return
         if scheduled and not res.duplicate:  # the scheduler makes a copy visible when due
             self.scheduler.on_append(qs, batch, res.base_offset, res.append_time_ms)
@@ -1381,12 +1402,19 @@ class DeliveryManager:
             g.moving.pop(origin.msg_id, None)
             if exc is not None:
                 log.error("delivery group %s: move to %s failed: %s", g.name, target, exc)
+                if on_durable is not None:
+                    on_durable(exc)
                 return
+            pos = -1
             try:
-                self._journal(g, ["A", key[0], key[1], [[offset, 1]]])
+                pos = self._journal(g, ["A", key[0], key[1], [[offset, 1]]])
             except BrokerError as e:
                 log.error("delivery group %s: %s", g.name, e)
+                if on_durable is not None:
+                    on_durable(e)
             self._advance(g, [key])
+            if on_durable is not None and pos >= 0:
+                self.when_durable(g.name, pos, on_durable)
 
         if self.sync:
             qs.flush_waiters.append((res.last_offset + 1, moved))
@@ -1733,3 +1761,11 @@ def _skipped(h: BatchHeader, txf: ReadCommittedFilter | None) -> bool:
     if txf is not None:
         return not txf.keep(h.producer_id, h.base_offset, h.attributes)
     return bool(h.attributes & ATTR_CONTROL)
+
+
+def _settle_future(fut: asyncio.Future[None], exc: BaseException | None) -> None:
+    if not fut.done():
+        if exc is None:
+            fut.set_result(None)
+        else:
+            fut.set_exception(exc)

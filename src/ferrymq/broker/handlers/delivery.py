@@ -120,10 +120,21 @@ def ack(
     return _after(srv, g.name, pos, m.AckResponse(failed))
 
 
-def nack(conn: BrokerConnection, req: m.NackRequest) -> m.ReceiptResponse:
-    """Give leased messages back for a later attempt."""
+def nack(conn: BrokerConnection, req: m.NackRequest
+         ) -> m.ReceiptResponse | asyncio.Future[m.ReceiptResponse]:
+    """Give leased messages back for a later attempt; in sync mode answered once their new
+    state is durable."""
     g = conn.server.delivery.group(req.group)
-    return m.ReceiptResponse(conn.server.delivery.nack(g, req.entries))
+    results, waits = conn.server.delivery.nack(g, req.entries)
+    resp = m.ReceiptResponse(results)
+    if not waits:
+        return resp
+
+    async def durable() -> m.ReceiptResponse:
+        await asyncio.gather(*waits)
+        return resp
+
+    return asyncio.ensure_future(durable())
 
 
 def change_invisible(
