@@ -36,6 +36,7 @@ from pathlib import Path
 
 import msgpack
 
+from ferrymq._faults import ENOSPC_FAULTS, enospc_point
 from ferrymq.errors import (
     IllegalGenerationError,
     InvalidRequestError,
@@ -124,10 +125,15 @@ class GroupCoordinator:
             g.offsets = {(t, q): o for t, q, o in data["offsets"]}
             self.groups[g.name] = g
 
-    def _save(self, g: Group) -> None:
-        data = {"name": g.name, "offsets": [[t, q, o] for (t, q), o in g.offsets.items()]}
+    def _save(self, g: Group, offsets: dict[tuple[str, int], int]) -> None:
+        """Write ``offsets`` durably, then make them ``g``'s: when the write fails (OSError,
+        e.g. a full disk) the group keeps the offsets it had, on disk and in memory."""
+        if ENOSPC_FAULTS:
+            enospc_point("write", f"%groups/{g.name}")
+        data = {"name": g.name, "offsets": [[t, q, o] for (t, q), o in offsets.items()]}
         # group names are checked against GROUP_NAME, so they are safe file names
         write_checkpoint(self._dir / g.name, msgpack.packb(data, use_bin_type=True))
+        g.offsets = offsets
 
     def group(self, name: str) -> Group:
         """A known group.
@@ -235,6 +241,7 @@ class GroupCoordinator:
 
         Raises:
             IllegalGenerationError / UnknownMemberError: a fenced member.
+            OSError: the write failed; the group's offsets are unchanged.
         """
         g = self._get_or_create(name)
         if generation >= 0:
@@ -244,16 +251,16 @@ class GroupCoordinator:
                 raise IllegalGenerationError(
                     f"commit for generation {generation}, group {name!r} is at {g.generation}"
                 )
+        offsets = dict(g.offsets)
         for topic, queue, offset in entries:
-            g.offsets[(topic, queue)] = offset
-        self._save(g)
+            offsets[(topic, queue)] = offset
+        self._save(g, offsets)
 
     def apply_txn_offsets(self, name: str, offsets: dict[tuple[str, int], int]) -> None:
         """Store offsets a committed transaction carried (durably, before returning).
         Idempotent: recovery may apply the same offsets again."""
         g = self._get_or_create(name)
-        g.offsets.update(offsets)
-        self._save(g)
+        self._save(g, {**g.offsets, **offsets})
 
     def committed(self, name: str) -> dict[tuple[str, int], int]:
         """A group's committed offsets (empty if unknown)."""
@@ -264,17 +271,13 @@ class GroupCoordinator:
         """Overwrite some committed offsets (reset-offset) and bump the generation so live
         members rejoin and pick the new offsets up."""
         g = self._get_or_create(name)
-        g.offsets.update(offsets)
+        self._save(g, {**g.offsets, **offsets})
         if g.members:
             g.generation += 1
-        self._save(g)
 
     def forget_topic(self, topic: str) -> None:
         """Drop committed offsets of a deleted topic."""
         for g in self.groups.values():
-            stale = [k for k in g.offsets if k[0] == topic]
-            for k in stale:
-                del g.offsets[k]
-            if stale:
-                self._save(g)
+            if any(k[0] == topic for k in g.offsets):
+                self._save(g, {k: o for k, o in g.offsets.items() if k[0] != topic})
 

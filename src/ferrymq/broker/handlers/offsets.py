@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ferrymq.errors import BrokerError, InvalidOffsetError, InvalidRequestError
+from ferrymq.broker.watermarks import is_disk_full
+from ferrymq.errors import (
+    BrokerError,
+    InvalidOffsetError,
+    InvalidRequestError,
+    StorageFailureError,
+)
 from ferrymq.protocol import messages as m
 from ferrymq.protocol.messages import Isolation, OffsetSpec
 
@@ -75,8 +81,20 @@ def commit_offsets(
     valid, out = check_offsets(conn.server.topics, req.entries,
                                lambda t, q: txn.check_pending(req.group, t, q))
     if valid:
-        conn.server.groups.commit(req.group, req.member_id, req.generation, valid)
+        _durably(conn, req.group, lambda: conn.server.groups.commit(
+            req.group, req.member_id, req.generation, valid))
     return m.CommitOffsetsResponse(out)
+
+
+def _durably(conn: BrokerConnection, group: str, write: Callable[[], None]) -> None:
+    """Run a write of ``group``'s offsets; a failed one (nothing changed) is STORAGE_FULL
+    (retriable, with a retry-after) on a full disk, else STORAGE_ERROR."""
+    try:
+        write()
+    except OSError as exc:
+        if is_disk_full(exc):
+            raise conn.server.watermarks.full_error(exc) from None
+        raise StorageFailureError(f"offsets of group {group!r} not stored: {exc}") from None
 
 
 def fetch_offsets(conn: BrokerConnection, req: m.FetchOffsetsRequest) -> m.FetchOffsetsResponse:
@@ -101,5 +119,5 @@ def reset_offsets(conn: BrokerConnection, req: m.ResetOffsetsRequest) -> m.Reset
         else:
             off = resolve_spec(qs, req.spec)
         new[(req.topic, qs.queue)] = off
-    conn.server.groups.set_offsets(req.group, new)
+    _durably(conn, req.group, lambda: conn.server.groups.set_offsets(req.group, new))
     return m.ResetOffsetsResponse(sorted((t, q, o) for (t, q), o in new.items()))
