@@ -10,7 +10,7 @@ PORT   ?= 9876
 DATA   ?= ./ferrymq-data
 FLUSH  ?= sync
 
-.PHONY: run test venv install install-test lint typecheck pytest soak bench pipeline clean
+.PHONY: run test venv install install-test lint typecheck pytest soak bench pipeline fuzz clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +52,15 @@ $(VENV)/.installed-spark: pyproject.toml | $(BIN)/python
 # the example data pipeline end to end on an embedded broker (needs java on PATH)
 pipeline: $(VENV)/.installed-spark
 	SPARK_LOCAL_IP=127.0.0.1 $(BIN)/python examples/pipeline/run.py
+
+$(VENV)/.installed-fuzz: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[fuzz]'
+	touch $@
+
+# every atheris target of fuzz/fuzz_decoders.py for FUZZ_SECONDS each, one at a time (not in make test / CI)
+FUZZ_SECONDS ?= 60
+fuzz: $(VENV)/.installed-fuzz
+	$(BIN)/python fuzz/fuzz_decoders.py --all --seconds $(FUZZ_SECONDS)
 
 bench: $(VENV)/.installed
 	$(BIN)/ferrymq bench produce

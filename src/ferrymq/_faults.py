@@ -10,7 +10,8 @@ real disk-full test covers; a file system that runs out at writeback reports it 
 The file's lines select the points, each ``<operation> [<target>]`` with shell-style patterns
 (``fnmatch``): the operations are ``fsync`` and ``rewrite`` (a queue's log, the scheduler's
 files ``%schedule``, a delivery journal ``%delivery/<group>``) and ``write`` (an append to a
-queue's log, target ``<topic>/<queue>``; a consumer group's offsets file, ``%groups/<group>``). An empty file means ``fsync`` and ``rewrite``
+queue's log, target ``<topic>/<queue>``; a consumer group's offsets file,
+``%groups/<group>``). An empty file means ``fsync`` and ``rewrite``
 of every target. Examples: ``write %TXN%state/0``, ``fsync orders/*``, ``fsync %schedule``.
 
 ``FERRYMQ_FAULT_STATM`` names a file read instead of ``/proc/self/statm`` for the broker's

@@ -52,6 +52,8 @@ from ferrymq.protocol.letters import parse_letter
 from ferrymq.protocol.markers import marker_of
 from ferrymq.protocol.schedule import parse_due, read_due_times
 from ferrymq.protocol.tags import parse_tag_expression
+from ferrymq.storage import Log, LogConfig, write_checkpoint
+from ferrymq.storage.schedule import WATERMARKS_FILE, ScheduleStore
 
 FUZZ = settings(max_examples=300, deadline=None, database=None,
                 suppress_health_check=list(HealthCheck))
@@ -208,6 +210,49 @@ def test_scram_messages(salt: bytes, iterations: int, nonce: bytes, proof: bytes
         make_user("a", "pw", produce=("x*",))])), st.integers(0, 400), st.text(max_size=12)))
 def test_users_file_parser(text: str) -> None:
     only((ConfigError,), lambda: parse_users(text))
+
+
+# --- on-disk decoders (fuzz/fuzz_decoders.py runs them under atheris) ------------------------------
+
+
+def _log_with_trusted_junk(d: Path, batch_length: int) -> None:
+    """A segment whose first header (offset 0, no records) has ``batch_length``, then a valid
+    batch at offset 5 that the offset index names: a clean start checks only from that entry
+    on and trusts what comes before it (atheris, target ``log``)."""
+    d.mkdir()
+    junk = bytearray(r.HEADER_SIZE)
+    struct.pack_into("<qi", junk, 0, 0, batch_length)
+    good = r.encode_batch([r.RecordInput(b"x", 0)])
+    struct.pack_into("<q", good, 0, 5)
+    r.seal_header_crc(good, 0)
+    name = "0" * 20
+    (d / f"{name}.log").write_bytes(bytes(junk) + bytes(good))
+    (d / f"{name}.index").write_bytes(struct.pack("<II", 5, r.HEADER_SIZE))
+    (d / f"{name}.timeindex").write_bytes(b"")
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("batch_length", [-100, -12])
+def test_clean_start_refuses_a_header_length_that_walks_backwards(tmp_path: Path,
+                                                                   batch_length: int) -> None:
+    """Found by atheris: the producer-state replay walked headers by their length field, so a
+    negative one made ``os.pread`` fail with EINVAL (-100) or looped forever (-12)."""
+    _log_with_trusted_junk(tmp_path / "q", batch_length)
+    with pytest.raises(CorruptRecordError, match="has length"):
+        Log.open(tmp_path / "q", LogConfig(), clean_shutdown=True, now_ms=0)
+
+
+@pytest.mark.parametrize("doc", [{"version": 1, "watermarks": [[float("inf"), 0, 5]]},
+                                 {"version": 1, "watermarks": [], "clock": [0, float("-inf"), 0, 0]}])
+def test_scheduler_checkpoint_with_an_infinite_number_is_ignored(tmp_path: Path,
+                                                                 doc: dict[str, Any]) -> None:
+    """A CRC-valid watermark checkpoint holding a float infinity: int() raised OverflowError,
+    which the reader did not catch (it escaped into the scheduler's start-up); now it is ignored like any
+    other unreadable checkpoint."""
+    store = ScheduleStore(tmp_path / "schedule")
+    write_checkpoint(store.directory / WATERMARKS_FILE, msgpack.packb(doc))
+    assert store.read_watermarks() in (None, {})
+    assert store.read_clock() is None
 
 
 # --- over the network ---------------------------------------------------------------------------
