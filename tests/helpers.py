@@ -121,3 +121,23 @@ def read_topic(address: str, topic: str, expect: int = 0, *, timeout: float = 10
                 got.extend(batch)
                 until = time.monotonic() + quiet
     return got
+
+
+class FakeStatm:
+    """A file the broker reads instead of ``/proc/self/statm`` (``FERRYMQ_FAULT_STATM``), so a
+    test drives the resident memory the broker's memory watermark sees."""
+
+    def __init__(self, path: Path, rss_bytes: int) -> None:
+        self.path = path
+        self.set_rss(rss_bytes)
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The broker environment that points it at this file."""
+        return {"FERRYMQ_FAULT_STATM": str(self.path)}
+
+    def set_rss(self, nbytes: int) -> None:
+        """Report ``nbytes`` of resident memory from now on (replaced atomically)."""
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(f"100000 {nbytes // os.sysconf('SC_PAGE_SIZE')} 0 0 0 0 0\n")
+        tmp.replace(self.path)

@@ -21,7 +21,7 @@ import pytest
 
 import ferrymq
 from ferrymq.errors import BusyError, FerryMQTimeoutError
-from tests.helpers import BrokerProcess, read_topic, wait_for
+from tests.helpers import BrokerProcess, FakeStatm, read_topic, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -160,18 +160,9 @@ def test_disk_watermark_refuses_produce_but_not_consumers(small_disk: Path) -> N
 
 def test_memory_watermark_busy_and_resume(tmp_path: Path) -> None:
     """The broker's RSS read from a fake statm (injected): BUSY for every produce path."""
-    statm = tmp_path / "statm"
-    env = {"FERRYMQ_FAULT_STATM": str(statm),
-           "FERRYMQ_MEMORY_HIGH_WATERMARK_BYTES": str(100 * MiB),
+    statm = FakeStatm(tmp_path / "statm", 200 * MiB)
+    env = {**statm.env, "FERRYMQ_MEMORY_HIGH_WATERMARK_BYTES": str(100 * MiB),
            "FERRYMQ_BUSY_RETRY_AFTER_MS": "250"}
-    page = os.sysconf("SC_PAGE_SIZE")
-
-    def set_rss(nbytes: int) -> None:
-        tmp = statm.with_suffix(".tmp")
-        tmp.write_text(f"100000 {nbytes // page} 0 0 0 0 0\n")
-        tmp.replace(statm)
-
-    set_rss(200 * MiB)
     with BrokerProcess(tmp_path / "data", env=env) as bp:
         with ferrymq.AdminClient(bp.address) as admin:
             admin.create_topic("t", 2)  # admin requests are not refused
@@ -198,7 +189,7 @@ def test_memory_watermark_busy_and_resume(tmp_path: Path) -> None:
             p.abort()
         assert read_topic(bp.address, "t", quiet=0.3) == []
 
-        set_rss(50 * MiB)
+        statm.set_rss(50 * MiB)
         wait_for(lambda: "produce accepted again" in bp.log_text(), timeout=5)
         with ferrymq.Producer(bp.address) as p:
             p.send(ferrymq.Message("t", b"plain", sharding_key="k"))

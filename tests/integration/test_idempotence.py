@@ -5,7 +5,6 @@ under a new epoch."""
 from __future__ import annotations
 
 import asyncio
-import os
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,7 @@ from ferrymq.errors import FerryMQTimeoutError
 from ferrymq.protocol import messages as m
 from ferrymq.protocol.codes import ErrorCode
 from ferrymq.protocol.records import RecordInput, encode_batch
-from tests.helpers import BrokerProcess, read_topic, wait_for
+from tests.helpers import BrokerProcess, FakeStatm, read_topic, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -84,30 +83,21 @@ def test_a_given_up_batch_does_not_wedge_its_queue(tmp_path: Path) -> None:
     """A batch refused with BUSY until its delivery timeout leaves the queue's sequence in
     doubt; the producer goes on under a new epoch instead of failing every later send with
     OUT_OF_ORDER_SEQUENCE (Kafka's KIP-360)."""
-    statm = tmp_path / "statm"
-    page = os.sysconf("SC_PAGE_SIZE")
-
-    def set_rss(nbytes: int) -> None:
-        tmp = statm.with_suffix(".tmp")
-        tmp.write_text(f"100000 {nbytes // page} 0 0 0 0 0\n")
-        tmp.replace(statm)
-
-    set_rss(50 * MiB)
-    env = {"FERRYMQ_FAULT_STATM": str(statm),
-           "FERRYMQ_MEMORY_HIGH_WATERMARK_BYTES": str(100 * MiB),
+    statm = FakeStatm(tmp_path / "statm", 50 * MiB)
+    env = {**statm.env, "FERRYMQ_MEMORY_HIGH_WATERMARK_BYTES": str(100 * MiB),
            "FERRYMQ_BUSY_RETRY_AFTER_MS": "100"}
     with BrokerProcess(tmp_path / "data", env=env) as bp:
         with ferrymq.AdminClient(bp.address) as admin:
             admin.create_topic("g", 1)
         with ferrymq.Producer(bp.address, delivery_timeout_s=1.0) as p:
             p.send(ferrymq.Message("g", b"a"))  # the broker now tracks this producer's sequence
-            set_rss(200 * MiB)
+            statm.set_rss(200 * MiB)
             wait_for(lambda: "refusing produce" in bp.log_text(), timeout=5)
             lost = [p.send_async(ferrymq.Message("g", f"lost{i}".encode())) for i in range(3)]
             for fut in lost:
                 with pytest.raises(FerryMQTimeoutError, match="BUSY"):
                     fut.result(10)
-            set_rss(50 * MiB)
+            statm.set_rss(50 * MiB)
             wait_for(lambda: "produce accepted again" in bp.log_text(), timeout=5)
             later = [p.send(ferrymq.Message("g", f"later{i}".encode())) for i in range(3)]
             assert [r.offset for r in later] == [1, 2, 3]

@@ -88,6 +88,25 @@ def fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
+def rewrite_in_place(path: Path, data: bytes | bytearray | memoryview, at: int) -> None:
+    """Write ``data`` at offset ``at`` of ``path`` through a new descriptor and fsync it: how a
+    tail whose fsync failed (ENOSPC) is made durable again, since a later fsync of the old
+    descriptor proves nothing (fsyncgate).
+
+    Raises:
+        OSError: the write or the fsync failed.
+    """
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        view = memoryview(data)
+        while view:
+            n = os.pwrite(fd, view, at)
+            view, at = view[n:], at + n
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def atomic_write(path: Path, data: bytes | bytearray | memoryview) -> None:
     """Replace ``path`` with ``data`` so that a crash leaves the old or the new content.
 

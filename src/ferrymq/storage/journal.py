@@ -35,6 +35,7 @@ import msgpack
 
 from ferrymq.errors import CorruptRecordError, LogClosedError
 from ferrymq.protocol.records import crc32c
+from ferrymq.storage.files import rewrite_in_place
 
 __all__ = ["MAX_JOURNAL_RECORD_BYTES", "Journal"]
 
@@ -162,16 +163,7 @@ class Journal:
                 pos = nxt
             if pos != end - start:
                 raise CorruptRecordError(f"{self.path}: records from {start} not readable")
-            fd = os.open(self.path, os.O_WRONLY)
-            try:
-                view = memoryview(data)
-                at = start
-                while view:
-                    n = os.pwrite(fd, view, at)
-                    view, at = view[n:], at + n
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            rewrite_in_place(self.path, data, start)
             with self._lock:
                 self._durable = max(self._durable, end)
                 return self._durable

@@ -60,7 +60,7 @@ import msgpack
 from ferrymq.errors import CorruptRecordError
 from ferrymq.protocol.records import crc32c
 from ferrymq.storage.checkpoint import read_checkpoint, write_checkpoint
-from ferrymq.storage.files import OFFSET_DIGITS, TMP_SUFFIX, fsync_directory
+from ferrymq.storage.files import OFFSET_DIGITS, TMP_SUFFIX, fsync_directory, rewrite_in_place
 
 __all__ = [
     "BUCKET_SUFFIX",
@@ -341,16 +341,7 @@ class ScheduleStore:
             if scan.corrupt or scan.torn_bytes:
                 raise CorruptRecordError(f"{path}: {scan.corrupt} entries fail their CRC, "
                                          f"{scan.torn_bytes} torn bytes after a failed fsync")
-            fd = os.open(path, os.O_WRONLY)
-            try:
-                view = memoryview(data)
-                at = 0
-                while view:
-                    n = os.pwrite(fd, view, at)
-                    view, at = view[n:], at + n
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            rewrite_in_place(path, data, 0)
         with self._lock:
             self._dirty.clear()
             self._dir_dirty = False

@@ -51,6 +51,7 @@ from ferrymq.storage.files import (
     LOG_SUFFIX,
     TIMEINDEX_SUFFIX,
     TXNINDEX_SUFFIX,
+    rewrite_in_place,
     segment_file_name,
 )
 from ferrymq.storage.index import MAX_RELATIVE_OFFSET, OffsetIndex
@@ -359,16 +360,7 @@ class Segment:
             pos += LENGTH_PREFIX + h.batch_length
         if pos != size - position:
             raise CorruptRecordError(f"{self.log_path}: tail from {position} not readable")
-        wfd = os.open(self.log_path, os.O_WRONLY)
-        try:
-            view = memoryview(data)
-            at = position
-            while view:
-                n = os.pwrite(wfd, view, at)
-                view, at = view[n:], at + n
-            os.fsync(wfd)
-        finally:
-            os.close(wfd)
+        rewrite_in_place(self.log_path, data, position)
 
     def _note_batch(self, pos: int, h: BatchHeader) -> None:
         """Update indexes and bookkeeping for a valid batch at ``pos`` (append and scan)."""
