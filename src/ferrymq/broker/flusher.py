@@ -45,7 +45,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol, runtime_checkable
 
 from ferrymq.broker.watermarks import is_disk_full
-from ferrymq.errors import StorageFailureError, StorageFullError
+from ferrymq.errors import BrokerError, StorageFailureError, StorageFullError
 
 log = logging.getLogger("ferrymq.broker")
 
@@ -104,6 +104,17 @@ class Flusher:
     def start(self) -> None:
         """Start the flusher thread."""
         self._thread.start()
+
+    def write_error(self, exc: OSError, what: str) -> BrokerError:
+        """The error to answer for a failed write of ``what``: STORAGE_FULL with the
+        retry-after for ENOSPC/EDQUOT (and :attr:`on_disk_full` hears of it), else
+        STORAGE_ERROR."""
+        if is_disk_full(exc):
+            if self.on_disk_full is not None:
+                self.on_disk_full(exc)
+            return StorageFullError(f"cannot write {what}, disk full: {exc}",
+                                    retry_after_ms=self.retry_after_ms)
+        return StorageFailureError(f"cannot write {what}: {exc}")
 
     def mark_dirty(self, qs: Flushable) -> None:
         """Note that ``qs`` has unflushed writes (wakes the thread in sync mode)."""

@@ -57,7 +57,6 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from ferrymq._time import Clock
 from ferrymq.broker.delivery.letters import StoredRecord, stored_record
-from ferrymq.broker.watermarks import is_disk_full
 from ferrymq.errors import (
     BrokerError,
     BusyError,
@@ -570,12 +569,7 @@ class TransactionManager:
 
     def _write_error(self, exc: OSError) -> BrokerError:
         """The error to answer for a failed write (the watermarks hear of a full disk)."""
-        if is_disk_full(exc):
-            if self.flusher.on_disk_full is not None:
-                self.flusher.on_disk_full(exc)
-            return StorageFullError(f"disk full, nothing stored: {exc}",
-                                    retry_after_ms=self.config.busy_retry_after_ms)
-        return StorageFailureError(f"write failed: {exc}")
+        return self.flusher.write_error(exc, "the transaction's record")
 
     # -- check-back ------------------------------------------------------------------------------
 

@@ -60,7 +60,6 @@ from ferrymq._time import Clock
 from ferrymq.broker.groups import check_group_name
 from ferrymq.broker.handlers.offsets import check_offsets
 from ferrymq.broker.transactions import _wait_durable
-from ferrymq.broker.watermarks import is_disk_full
 from ferrymq.errors import (
     BatchAlreadyCommittedError,
     BrokerError,
@@ -221,12 +220,7 @@ class TxnCoordinator:
         try:
             res = qs.log.append(batch, now_ms=now)
         except OSError as exc:
-            if is_disk_full(exc):
-                if self.flusher.on_disk_full is not None:
-                    self.flusher.on_disk_full(exc)
-                raise StorageFullError(f"cannot write {what} to {qs}, disk full: {exc}",
-                                       retry_after_ms=self.config.busy_retry_after_ms) from None
-            raise StorageFailureError(f"cannot write {what}: {exc}") from None
+            raise self.flusher.write_error(exc, f"{what} to {qs}") from None
         self.flusher.mark_dirty(qs)
         if not self.sync:
             qs.advance(qs.log.end_offset)
@@ -422,14 +416,7 @@ class TxnCoordinator:
             try:
                 self.groups.apply_txn_offsets(group, offs)
             except OSError as exc:
-                if is_disk_full(exc):
-                    if self.flusher.on_disk_full is not None:
-                        self.flusher.on_disk_full(exc)
-                    raise StorageFullError(
-                        f"cannot write the offsets of group {group!r}, disk full: {exc}",
-                        retry_after_ms=self.config.busy_retry_after_ms) from None
-                raise StorageFailureError(f"cannot write the offsets of group {group!r}: "
-                                          f"{exc}") from None
+                raise self.flusher.write_error(exc, f"the offsets of group {group!r}") from None
             for t, q in offs:
                 if self.pending_offsets.get((group, t, q)) == meta.tid:
                     del self.pending_offsets[(group, t, q)]

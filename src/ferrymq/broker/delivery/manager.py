@@ -68,7 +68,6 @@ from ferrymq.broker.delivery.state import (
 )
 from ferrymq.broker.delivery.store import GroupStore
 from ferrymq.broker.scheduler import CANCELLED_STATE, NOT_SCHEDULED
-from ferrymq.broker.watermarks import is_disk_full
 from ferrymq.errors import (
     BrokerError,
     CorruptRecordError,
@@ -531,12 +530,7 @@ class DeliveryManager:
         try:
             pos = store.append(record)
         except OSError as exc:
-            if is_disk_full(exc):
-                if self.flusher.on_disk_full is not None:
-                    self.flusher.on_disk_full(exc)
-                raise StorageFullError(f"delivery journal write failed: {exc}",
-                                       retry_after_ms=self.config.busy_retry_after_ms) from exc
-            raise StorageFailureError(f"delivery journal write failed: {exc}") from exc
+            raise self.flusher.write_error(exc, f"the delivery journal of {g.name}") from exc
         self.flusher.mark_dirty(store)
         return pos
 

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ferrymq.broker.watermarks import is_disk_full
 from ferrymq.errors import (
     BrokerError,
     InvalidOffsetError,
     InvalidRequestError,
-    StorageFailureError,
 )
 from ferrymq.protocol import messages as m
 from ferrymq.protocol.messages import Isolation, OffsetSpec
@@ -92,9 +90,7 @@ def _durably(conn: BrokerConnection, group: str, write: Callable[[], None]) -> N
     try:
         write()
     except OSError as exc:
-        if is_disk_full(exc):
-            raise conn.server.watermarks.full_error(exc) from None
-        raise StorageFailureError(f"offsets of group {group!r} not stored: {exc}") from None
+        raise conn.server.flusher.write_error(exc, f"the offsets of group {group!r}") from None
 
 
 def fetch_offsets(conn: BrokerConnection, req: m.FetchOffsetsRequest) -> m.FetchOffsetsResponse:
