@@ -168,7 +168,9 @@ def test_async_mode_fsync_enospc_rewrites_acknowledged_tail(tmp_path: Path) -> N
                 acked.append(f"w{i}".encode() * 20)
                 time.sleep(0.01)
         assert refused and "STORAGE_FULL" in refused[0], "produce was never refused"
-        assert len(acked) > 20
+        # Usually some w* sends are acknowledged before a flush round fails; when the round
+        # runs at once, the ok* sends of the last 50 ms are the unflushed, acknowledged tail.
+        # Either way the rewrite below must bring back every acknowledged send.
         flag.unlink()
         with ferrymq.Producer(bp.address, delivery_timeout_s=20) as p:
             p.send(ferrymq.Message("a", b"after"))
