@@ -36,14 +36,13 @@ reason instead of being buffered without bound.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
-import socket
 import time
 from collections import deque
 from typing import TYPE_CHECKING, Any, cast
 
+from ferrymq import _sockets
 from ferrymq._buffers import thread_scratch
 from ferrymq.broker.acl import authorize
 from ferrymq.errors import BrokerError, FrameSizeError, RemoteProtocolError
@@ -116,10 +115,8 @@ class BrokerConnection(asyncio.BufferedProtocol):
             self._auth_timer = asyncio.get_running_loop().call_later(
                 cfg.auth_timeout_ms / 1000, self._auth_timed_out)
         sock = transport.get_extra_info("socket")
-        if sock is not None:  # the kernel notices peers that vanished without a FIN
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if sock is not None:
+            _sockets.tune(sock)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
+from ferrymq import _sockets
 from ferrymq._time import SYSTEM_CLOCK, Clock, clock_from_env
 from ferrymq.broker.auth import Authenticator, UserStore
 from ferrymq.broker.config import BrokerConfig
@@ -176,6 +177,8 @@ class BrokerServer:
             self.topics.close()
             self._lock_file.close()
             raise ConfigError(f"cannot listen on {cfg.host}:{cfg.port}: {exc.strerror}") from exc
+        for listener in self._server.sockets:
+            _sockets.tune_listener(listener)
         sock = self._server.sockets[0].getsockname()
         self.address = (sock[0], sock[1])
         self._tasks.append(loop.create_task(self._housekeeping()))

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import socket
 import ssl
 from typing import TypeVar, cast
 
+from ferrymq import _sockets
 from ferrymq._buffers import thread_scratch
 from ferrymq.errors import (
     ConfigError,
@@ -102,13 +102,20 @@ class Transport(asyncio.BufferedProtocol):
                 handshake its ``__cause__`` is the ``ssl.SSLError``.
         """
         loop = asyncio.get_running_loop()
+
+        async def open_() -> Transport:
+            sock = await _sockets.connect(host, port)
+            try:
+                _, proto = await loop.create_connection(
+                    cls, sock=sock, ssl=tls, server_hostname=host if tls else None,
+                    ssl_handshake_timeout=timeout_s if tls else None)
+            except BaseException:
+                sock.close()
+                raise
+            return proto
+
         try:
-            _, proto = await asyncio.wait_for(
-                loop.create_connection(
-                    cls, host, port, ssl=tls, server_hostname=host if tls else None,
-                    ssl_handshake_timeout=timeout_s if tls else None),
-                timeout_s,
-            )
+            proto = await asyncio.wait_for(open_(), timeout_s)
         except ssl.SSLError as exc:
             raise ConnectionClosedError(
                 f"TLS handshake with {host}:{port} failed: {exc.reason or exc} (is the broker's "
@@ -123,8 +130,7 @@ class Transport(asyncio.BufferedProtocol):
         self._transport = cast(asyncio.Transport, transport)
         sock = transport.get_extra_info("socket")
         if sock is not None:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            _sockets.tune(sock)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self._decoder.get_buffer(sizehint)

@@ -34,6 +34,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from ferrymq import _sockets
 from ferrymq._version import __version__
 from ferrymq.client._session import parse_servers
 from ferrymq.client._transport import client_tls_context, decode_response
@@ -125,11 +126,11 @@ class BlockingConnection:
         errors = []
         for host, port in self.addresses:
             try:
-                sock = socket.create_connection((host, port), timeout=self.connect_timeout_s)
+                sock = _sockets.connect_blocking(host, port, self.connect_timeout_s)
             except OSError as exc:
                 errors.append(f"{host}:{port}: {exc}")
                 continue
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            _sockets.tune(sock)
             if self._tls is not None:
                 sock = self._tls_handshake(sock, host, port)
             sock.settimeout(self.request_timeout_s)
