@@ -108,19 +108,12 @@ class System:
 
 async def _rate_loop(rate: float, duration: float, send: Callable[[bytes], Any],
                      pad: bytes) -> tuple[int, float]:
-    """Call ``send(body)`` ``rate`` times a second for ``duration`` s; (sent, seconds)."""
+    """Call ``send(body)`` ``rate`` times a second for ``duration`` s; (sent, seconds). Paced
+    as ``ferrymq bench e2e`` is (:func:`ferrymq.admin.bench.paced`: no spinning sender)."""
     total = int(rate * duration)
-    sent = 0
-    t0 = time.perf_counter()
-    while sent < total:
-        due = min(total, int((time.perf_counter() - t0) * rate) + 1)
-        while sent < due:
-            r = send(time.time_ns().to_bytes(8, "big") + pad)
-            if asyncio.iscoroutine(r):
-                await r
-            sent += 1
-        await asyncio.sleep(1 / rate)
-    return sent, time.perf_counter() - t0
+    seconds = await fb.paced(rate, total,
+                             lambda _i: send(time.time_ns().to_bytes(8, "big") + pad))
+    return total, seconds
 
 
 def _latencies(samples: list[tuple[int, int]], warm_ns: int) -> tuple[float, float]:
