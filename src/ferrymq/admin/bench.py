@@ -21,7 +21,10 @@ resident memory (``/proc/<pid>/status`` VmRSS) at the end.
 * ``e2e``: a producer sends single messages at ``--rate`` per second (``send_nowait`` on a timer,
   no linger) while a consumer in the same process long-polls; the latency of a message is its
   receive time minus the ``time.time_ns()`` the producer wrote into its first 8 body bytes (one
-  clock, one process).
+  clock, one process). ``--pacing sleep`` (the default) sleeps between sends (at least 1 ms, the
+  event loop's timer resolution: 2 messages per wake-up at 2,000 msg/s); ``--pacing spin`` never
+  sleeps, as the bench of sessions 1-7 did without meaning to: the process stays on its CPU,
+  which shortens its reaction to answers but takes a core from the broker.
 
 The functions :func:`run_produce`, :func:`run_consume`, :func:`run_push` and :func:`run_e2e`
 return plain dicts so that ``bench/compare.py`` can drive the same workloads.
@@ -228,11 +231,13 @@ zero-delay timer, so a rate loop sleeping ``1 / rate`` (0.5 ms at 2,000 msg/s) s
 whole core, which on a 2-core machine is taken from the broker under test."""
 
 
-async def paced(rate: float, total: int, send_one: Callable[[int], Any]) -> float:
+async def paced(rate: float, total: int, send_one: Callable[[int], Any], *,
+                spin: bool = False) -> float:
     """Call ``send_one(i)`` for i in 0..total-1 at ``rate`` per second (a coroutine result is
     awaited); the seconds taken. The loop wakes when the next message is due, at most every
     :data:`TIMER_RESOLUTION_S`, and sends every message due by then (2 per wake-up at 2,000
-    msg/s), so latency measurements do not compete with a spinning sender for the CPU."""
+    msg/s), so latency measurements do not compete with a spinning sender for the CPU.
+    ``spin``: yield to the event loop between checks instead of sleeping (a busy loop)."""
     sent = 0
     t0 = time.perf_counter()
     while sent < total:
@@ -242,6 +247,9 @@ async def paced(rate: float, total: int, send_one: Callable[[int], Any]) -> floa
             if asyncio.iscoroutine(r):
                 await r
             sent += 1
+        if spin:
+            await asyncio.sleep(0)
+            continue
         wait = sent / rate - (time.perf_counter() - t0)
         await asyncio.sleep(max(wait, TIMER_RESOLUTION_S))
     return time.perf_counter() - t0
@@ -479,7 +487,7 @@ def run_push(address: str, *, messages: int = 1_000_000, size: int = 100, batch:
 
 def run_e2e(address: str, *, rate: float = 2000.0, duration: float = 10.0, size: int = 100,
             queues: int = 4, warmup: float = 1.0, broker_pid: int | None = None,
-            show_progress: bool = True) -> dict[str, Any]:
+            show_progress: bool = True, pacing: str = "sleep") -> dict[str, Any]:
     """Send at ``rate`` msg/s for ``duration`` s while consuming; latency percentiles."""
     install_uvloop()
     size = max(size, 8)
@@ -538,7 +546,7 @@ def run_e2e(address: str, *, rate: float = 2000.0, duration: float = 10.0, size:
                     if i % 200 == 0:
                         prog.update(task, completed=i)
 
-                send_elapsed = await paced(rate, total, send_one)
+                send_elapsed = await paced(rate, total, send_one, spin=pacing == "spin")
                 await producer.flush()
             stop.set()
             try:
@@ -551,6 +559,7 @@ def run_e2e(address: str, *, rate: float = 2000.0, duration: float = 10.0, size:
         received_ = sorted(y for _, y in split_ms)
         return {
             "workload": "e2e", "rate": rate, "duration": duration, "size": size,
+            "pacing": pacing,
             "queues": queues, "sent": sent, "received": received - 1,
             "achieved_rate": sent / send_elapsed, "measured": len(lat_ms),
             "p50_ms": percentile(lat_ms, 50), "p90_ms": percentile(lat_ms, 90),
@@ -831,11 +840,15 @@ def push(server: str | None, flush: str, broker_pid: int | None, size: int, queu
 @click.option("--duration", type=float, default=10.0, show_default=True, help="Seconds of sending.")
 @click.option("--warmup", type=float, default=1.0, show_default=True,
               help="Seconds at the start left out of the percentiles.")
+@click.option("--pacing", type=click.Choice(["sleep", "spin"]), default="sleep",
+              show_default=True,
+              help="Between sends, sleep (>= 1 ms) or spin (a busy loop that keeps a CPU).")
 def e2e(server: str | None, flush: str, broker_pid: int | None, size: int, queues: int,
-        as_json: bool, rate: float, duration: float, warmup: float) -> None:
+        as_json: bool, rate: float, duration: float, warmup: float, pacing: str) -> None:
     """End-to-end latency at a fixed rate (p50/p90/p99/max)."""
     res = _run_with_broker(server, flush, broker_pid, run_e2e, rate=rate, duration=duration,
-                           size=size, queues=queues, warmup=warmup, show_progress=not as_json)
+                           size=size, queues=queues, warmup=warmup, show_progress=not as_json,
+                           pacing=pacing)
     _emit(res, as_json)
 
 
