@@ -6,7 +6,6 @@ import asyncio
 import json
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -29,17 +28,34 @@ def test_bench_e2e_reports_latency(broker: Broker, pacing: str) -> None:
     assert res["p99_born_to_stored_ms"] is not None and res["p99_stored_to_received_ms"] > 0
 
 
-def test_paced_sleeping_sender_wakes_at_most_once_per_timer_tick() -> None:
-    wakeups = []
+@pytest.fixture
+def sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The delays of every ``asyncio.sleep`` call (which still sleeps)."""
+    delays: list[float] = []
+    real_sleep = asyncio.sleep
 
-    async def main() -> float:
-        return await paced(2000, 400, lambda i: wakeups.append(time.perf_counter()))
+    async def recording_sleep(delay: float) -> None:
+        delays.append(delay)
+        await real_sleep(delay)
 
-    seconds = asyncio.run(main())
-    assert len(wakeups) == 400
+    monkeypatch.setattr(asyncio, "sleep", recording_sleep)
+    return delays
+
+
+def test_paced_sleeping_sender_sleeps_whole_timer_ticks(sleeps: list[float]) -> None:
+    """Every sleep is at least the loop's timer resolution (a shorter one is a zero timer under
+    uvloop: the sender would spin), and the 400 sends share far fewer wake-ups."""
+    sends: list[int] = []
+    seconds = asyncio.run(paced(2000, 400, sends.append))
+    assert sends == list(range(400))
     assert 0.19 <= seconds < 2.0  # 400 at 2,000/s
-    distinct = len({round(t / TIMER_RESOLUTION_S) for t in wakeups})
-    assert distinct <= 400 * 0.75  # two per wake-up, not one per loop iteration
+    assert sleeps and min(sleeps) >= TIMER_RESOLUTION_S
+    assert len(sleeps) <= 400 * 0.75
+
+
+def test_paced_spin_never_sleeps(sleeps: list[float]) -> None:
+    asyncio.run(paced(20_000, 200, lambda i: None, spin=True))
+    assert sleeps and set(sleeps) == {0}
 
 
 def test_paced_awaits_coroutines() -> None:

@@ -14,7 +14,7 @@ import os
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -55,6 +55,28 @@ def small_disk(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Path]
     finally:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
 
+
+def _patient_send(address: str, topic: str, *, hold_s: float,
+                  release: Callable[[], object]) -> tuple[ferrymq.SendResult, float]:
+    """Send one message with time to spare while the disk is full: it must still be waiting
+    after ``hold_s``; then ``release`` frees the disk and the send must get through. The result
+    and the seconds the send took."""
+    result: list[tuple[ferrymq.SendResult, float]] = []
+
+    def send() -> None:
+        with ferrymq.Producer(address, delivery_timeout_s=20) as p:
+            t0 = time.monotonic()
+            r = p.send(ferrymq.Message(topic, b"patient"))
+            result.append((r, time.monotonic() - t0))
+
+    th = threading.Thread(target=send)
+    th.start()
+    time.sleep(hold_s)
+    assert not result, "produce went through while the disk was full"
+    release()
+    th.join(20)
+    assert result, "produce did not resume"
+    return result[0]
 
 def _ballast(path: Path, nbytes: int) -> None:
     with open(path, "wb") as f:
@@ -139,21 +161,8 @@ def test_disk_watermark_refuses_produce_but_not_consumers(small_disk: Path) -> N
         assert sum(c.committed().values()) == 10
 
         # a producer with time to spare waits (retry-after) and gets through once space is back
-        result: list[object] = []
-
-        def send() -> None:
-            with ferrymq.Producer(bp.address, delivery_timeout_s=20) as p2:
-                t0 = time.monotonic()
-                r = p2.send(ferrymq.Message("t", b"patient"))
-                result.append((r.offset, time.monotonic() - t0))
-
-        th = threading.Thread(target=send)
-        th.start()
-        time.sleep(1.5)
-        assert not result
-        ballast.unlink()
-        th.join(20)
-        assert result and result[0][1] >= 1.4, result  # type: ignore[index]
+        _, waited = _patient_send(bp.address, "t", hold_s=1.5, release=ballast.unlink)
+        assert waited >= 1.4
         log = bp.log_text()
         assert "refusing produce" in log and "produce accepted again" in log
 
@@ -215,19 +224,7 @@ def test_fsync_enospc_injected_nothing_acked_is_lost_and_resumes(tmp_path: Path)
         assert [m.body for m in read_topic(bp.address, "f", expect=20, quiet=0.3)] == [
             f"ok{i}".encode() for i in range(20)]
 
-        result: list[ferrymq.SendResult] = []
-
-        def send() -> None:
-            with ferrymq.Producer(bp.address, delivery_timeout_s=20) as p2:
-                result.append(p2.send(ferrymq.Message("f", b"patient")))
-
-        th = threading.Thread(target=send)
-        th.start()
-        time.sleep(1.0)
-        assert not result
-        flag.unlink()
-        th.join(20)
-        assert result, "produce did not resume"
+        _patient_send(bp.address, "f", hold_s=1.0, release=flag.unlink)
         assert "tail written again" in bp.log_text()
         bodies = [m.body for m in read_topic(bp.address, "f", expect=22, quiet=0.3)]
         # the failed send was written before its fsync failed: after the rewrite it is stored

@@ -10,9 +10,9 @@ threads at once, so a round lasts as long as its slowest fsync rather than their
 fsyncs (small appends at a low rate) run one after the other on the flusher thread: handing one
 to a pool thread costs a futex wake-up and two GIL hand-offs, which on a virtual machine took
 longer than the fsync itself (sync e2e p99 at 2,000 msg/s: 7.5 ms with the pool for every round
-against 6.2 ms without, with no throughput lost, bench/README session 8). While one round of fsyncs runs,
-further appends pile up and share the next round: that is the group commit, and it needs no
-tuning.
+against 6.2 ms without, with no throughput lost, bench/README session 8). While one round of
+fsyncs runs, further appends pile up and share the next round: that is the group commit, and it
+needs no tuning.
 
 In ``sync`` mode a round starts as soon as something is dirty; sends are acknowledged when their
 offsets become durable, and consumers see only durable data. In ``async`` mode a round runs every
