@@ -51,9 +51,13 @@ class BrokerConfig:
         "async: acknowledge after write(2) and fsync every flush_interval_ms.",
     )
     flush_interval_ms: int = _f(200, "async mode: how often written data is fsynced.")
-    flush_threads: int = _f(4, "after a flush round slower than 2 ms, the next round's fsyncs "
-                               "run on up to this many threads at once (a round costs the "
-                               "slowest fsync, not their sum); fast rounds fsync one by one.")
+    flush_threads: int = _f(4, "most fsyncs of one flush round that run at once (a round "
+                               "costs the slowest fsync, not their sum): with flush_aio, "
+                               "submitted together; without it, after a round slower than "
+                               "2 ms, on this many threads. 1: one by one.")
+    flush_aio: bool = _f(True, "fsync a round's queues together with one Linux native AIO "
+                               "submission (io_submit, no extra threads); off, or where AIO "
+                               "is missing: see flush_threads.")
     max_frame_bytes: int = _f(8 * 1024 * 1024, "Largest frame accepted; larger closes the connection.")
     max_message_bytes: int = _f(4 * 1024 * 1024, "Largest single message (record) accepted.")
     max_batch_records: int = _f(100_000, "Most records in one batch.")

@@ -149,7 +149,7 @@ class BrokerServer:
                  "clean shutdown before" if clean else "recovered after an unclean stop")
         self.watermarks.sample()
         self.flusher = Flusher(loop, sync=self.sync_flush, interval_ms=cfg.flush_interval_ms,
-                               threads=cfg.flush_threads)
+                               threads=cfg.flush_threads, aio=cfg.flush_aio)
         self.flusher.on_disk_full = self.watermarks.on_disk_full
         self.flusher.retry_after_ms = cfg.busy_retry_after_ms
         self.scheduler = Scheduler(cfg, self.topics, self.flusher, self.clock, self.data_dir)

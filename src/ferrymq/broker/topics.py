@@ -124,6 +124,18 @@ class QueueState:
         enospc_point("fsync", str(self))
         return self.log.flush()
 
+    def flush_begin(self) -> tuple[int, int] | None:
+        """The descriptor to fsync and the end offset it makes durable, when this flush is one
+        fsync (see :meth:`ferrymq.storage.log.Log.flush_begin`; :meth:`flush_end` must
+        follow); None: use :meth:`flush_blocking` (flusher thread)."""
+        enospc_point("fsync", str(self))
+        return self.log.flush_begin()
+
+    def flush_end(self, end: int, fsynced: bool) -> int:
+        """Finish what :meth:`flush_begin` began; the end offset now durable."""
+        self.log.flush_end(end, fsynced)
+        return self.log.durable_offset
+
     def rewrite_undurable(self) -> int:
         """After an fsync failed with ENOSPC: write what is above the durable end again (read
         back from the page cache and checked) and fsync it; the end offset now durable (loop

@@ -512,6 +512,45 @@ class Log:
             self._check_open()
             return self._flush_locked()
 
+    def flush_begin(self) -> tuple[int, int] | None:
+        """Begin a flush that is a single fsync, for a caller that fsyncs several logs at once
+        (the broker's flusher, :mod:`ferrymq.storage.aio`).
+
+        When no segment was sealed since the last flush and the directory needs no fsync, the
+        flush is one fsync of the active segment: this takes the flush lock (no descriptor is
+        closed meanwhile) and returns that descriptor and the end offset its fsync makes
+        durable. The caller fsyncs the descriptor and must then call :meth:`flush_end`, whether
+        the fsync worked or not. Otherwise it returns None, holds nothing, and the caller uses
+        :meth:`flush`.
+
+        Raises:
+            LogClosedError: the log is closed.
+        """
+        self._flush_lock.acquire()
+        try:
+            self._check_open()
+            with self._lock:
+                plain = not self._pending_sealed and not self._directory_dirty
+                fd = self._segments[-1].fd
+                end = self._end_offset
+        except BaseException:
+            self._flush_lock.release()
+            raise
+        if not plain or fd is None:
+            self._flush_lock.release()
+            return None
+        return fd, end
+
+    def flush_end(self, end: int, fsynced: bool) -> None:
+        """Finish a flush begun by :meth:`flush_begin`: when ``fsynced``, offsets below ``end``
+        are durable. Releases the flush lock."""
+        try:
+            if fsynced:
+                with self._lock:
+                    self._durable_offset = max(self._durable_offset, end)
+        finally:
+            self._flush_lock.release()
+
     def _flush_locked(self) -> int:
         with self._lock:
             active = self._segments[-1]

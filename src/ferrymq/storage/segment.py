@@ -234,6 +234,12 @@ class Segment:
         """Whether :meth:`close` was called."""
         return self._fd is None
 
+    @property
+    def fd(self) -> int | None:
+        """The ``.log`` file's descriptor (None once closed), for a caller that fsyncs it
+        together with other files (:meth:`ferrymq.storage.log.Log.flush_begin`)."""
+        return self._fd
+
     def _require_fd(self) -> int:
         fd = self._fd
         if fd is None:

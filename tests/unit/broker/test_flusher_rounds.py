@@ -1,12 +1,21 @@
-"""The flusher runs a round's fsyncs in parallel only after a slow round (ferrymq.broker.flusher)."""
+"""How the flusher runs a round's fsyncs (ferrymq.broker.flusher): without native AIO in
+parallel only after a slow round; with it, submitted together."""
 
 from __future__ import annotations
 
 import asyncio
+import errno
+import os
+import sys
 import threading
 import time
+from pathlib import Path
+
+import pytest
 
 from ferrymq.broker.flusher import PARALLEL_AFTER_S, Flusher
+from ferrymq.errors import StorageFailureError
+from ferrymq.storage.aio import AioFsync
 
 
 class _File:
@@ -43,7 +52,8 @@ async def _round(flusher: Flusher, files: list[_File]) -> set[str]:
 
 def test_parallel_only_after_a_slow_round() -> None:
     async def main() -> None:
-        flusher = Flusher(asyncio.get_running_loop(), sync=True, interval_ms=200, threads=4)
+        flusher = Flusher(asyncio.get_running_loop(), sync=True, interval_ms=200, threads=4,
+                          aio=False)
         flusher.start()
         try:
             fast = [_File(0.0) for _ in range(4)]
@@ -77,5 +87,117 @@ def test_one_thread_never_uses_a_pool() -> None:
             assert flusher.parallel_rounds == 0
         finally:
             flusher.stop()
+
+    asyncio.run(main())
+
+
+class _FdFile(_File):
+    """A flushable whose flush is one fsync of a real file: the flusher may submit it with
+    others (``flush_begin``/``flush_end``)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(0.0)
+        self.fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_APPEND)
+        self.written = 0
+        self.durable = 0
+        self.failed: list[BaseException] = []
+        self.ended: list[bool] = []
+
+    def write(self) -> None:
+        self.written += os.write(self.fd, b"x" * 100)
+
+    def flush_blocking(self) -> int:
+        self.threads.append(threading.current_thread().name)
+        os.fsync(self.fd)
+        return self.written
+
+    def flush_begin(self) -> tuple[int, int] | None:
+        self.threads.append(threading.current_thread().name)
+        return self.fd, self.written
+
+    def flush_end(self, end: int, fsynced: bool) -> int:
+        self.ended.append(fsynced)
+        if fsynced:
+            self.durable = end
+        return self.durable
+
+    def on_flushed(self, durable: int, sync: bool) -> None:
+        assert durable == self.written
+        self.flushed.set()
+
+    def on_flush_failed(self, exc: BaseException) -> None:
+        self.failed.append(exc)
+        self.flushed.set()
+
+
+needs_aio = pytest.mark.skipif(
+    not sys.platform.startswith("linux") or AioFsync.open(1) is None,
+    reason="native AIO is not available here")
+
+
+@needs_aio
+def test_single_fsync_flushes_are_submitted_together(tmp_path: Path) -> None:
+    async def main() -> None:
+        flusher = Flusher(asyncio.get_running_loop(), sync=True, interval_ms=200, threads=4)
+        flusher.start()
+        files = [_FdFile(tmp_path / f"q{i}") for i in range(4)]
+        other = _File(0.0)  # no flush_begin: fsynced on its own in the same round
+        try:
+            for _ in range(3):
+                for f in files:
+                    f.write()
+                assert await _round(flusher, [*files, other]) == {"ferrymq-flusher"}
+            assert flusher.aio_rounds == 3 and flusher.parallel_rounds == 0
+            assert all(f.ended == [True] * 3 and f.durable == f.written for f in files)
+            assert other.threads == ["ferrymq-flusher"]
+        finally:
+            flusher.stop()
+            for f in files:
+                os.close(f.fd)
+
+    asyncio.run(main())
+
+
+@needs_aio
+def test_a_failed_fsync_fails_only_its_own_waiters(tmp_path: Path) -> None:
+    async def main() -> None:
+        flusher = Flusher(asyncio.get_running_loop(), sync=True, interval_ms=200, threads=4)
+        flusher.start()
+        good = [_FdFile(tmp_path / f"q{i}") for i in range(2)]
+        bad = _FdFile(tmp_path / "bad")
+        try:
+            for f in good:
+                f.write()
+            os.close(bad.fd)  # its fsync fails with EBADF
+            await _round(flusher, [good[0], bad, good[1]])
+            assert [type(e) for e in bad.failed] == [StorageFailureError]
+            assert os.strerror(errno.EBADF) in str(bad.failed[0])
+            assert bad.ended == [False] and bad.durable == 0
+            assert bad in flusher.failed  # fsyncgate: no later fsync is believed
+            assert all(not f.failed and f.ended == [True] for f in good)
+        finally:
+            flusher.stop()
+            for f in good:
+                os.close(f.fd)
+
+    asyncio.run(main())
+
+
+def test_aio_off_flushes_one_by_one(tmp_path: Path) -> None:
+    async def main() -> None:
+        flusher = Flusher(asyncio.get_running_loop(), sync=True, interval_ms=200, threads=4,
+                          aio=False)
+        flusher.start()
+        files = [_FdFile(tmp_path / f"q{i}") for i in range(3)]
+        try:
+            for f in files:
+                f.write()
+            await _round(flusher, files)
+            assert flusher.aio_rounds == 0
+            assert all(f.ended == [] for f in files)  # flush_blocking, not flush_begin
+        finally:
+            flusher.stop()
+            for f in files:
+                os.close(f.fd)
 
     asyncio.run(main())

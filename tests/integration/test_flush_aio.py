@@ -1,0 +1,53 @@
+"""Sync flush through a real broker: a round's queues are fsynced with one AIO submission
+(``flush_aio``, the default) or one by one (off); either way every acknowledged send is fsynced
+and readable."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from ferrymq import Broker, Message, Producer, PullConsumer
+from ferrymq.client.message import Durability
+from ferrymq.storage.aio import AioFsync
+
+pytestmark = pytest.mark.integration
+
+QUEUES = 4
+MESSAGES = 400
+
+
+def _produce_and_read(b: Broker) -> list[tuple[int, bytes]]:
+    with Producer(b.address, linger_ms=0) as p:
+        futures = [p.send_async(Message("aio", f"m{i}".encode())) for i in range(MESSAGES)]
+        results = [f.result(30) for f in futures]
+    assert {r.durability for r in results} == {Durability.FSYNCED}
+    assert {r.queue for r in results} == set(range(QUEUES))
+    for qs in b.server.topics.get("aio").queues:  # type: ignore[union-attr]
+        assert qs.log.durable_offset == qs.log.end_offset > 0
+    got: list[tuple[int, bytes]] = []
+    with PullConsumer(b.address, "g", auto_offset_reset="earliest") as c:
+        c.subscribe("aio")
+        while len(got) < MESSAGES:
+            msgs = c.poll(timeout=5.0)
+            assert msgs, f"only {len(got)} of {MESSAGES} read"
+            got += [(m.queue, m.body) for m in msgs]
+    return got
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or AioFsync.open(1) is None,
+                    reason="native AIO is not available here")
+def test_rounds_of_several_queues_use_one_submission(tmp_path: Path) -> None:
+    with Broker(tmp_path / "data", port=0, default_queues=QUEUES) as b:
+        got = _produce_and_read(b)
+        assert b.server.flusher.aio_rounds > 0
+    assert sorted(body for _q, body in got) == sorted(f"m{i}".encode() for i in range(MESSAGES))
+
+
+def test_aio_off_fsyncs_one_by_one(tmp_path: Path) -> None:
+    with Broker(tmp_path / "data", port=0, default_queues=QUEUES, flush_aio=False) as b:
+        got = _produce_and_read(b)
+        assert b.server.flusher.aio_rounds == 0
+    assert len(got) == MESSAGES
