@@ -52,12 +52,12 @@ class BrokerConfig:
     )
     flush_interval_ms: int = _f(200, "async mode: how often written data is fsynced.")
     flush_threads: int = _f(4, "most fsyncs of one flush round that run at once (a round "
-                               "costs the slowest fsync, not their sum): with flush_aio, "
-                               "submitted together; without it, after a round slower than "
-                               "2 ms, on this many threads. 1: one by one.")
-    flush_aio: bool = _f(True, "fsync a round's queues together with one Linux native AIO "
-                               "submission (io_submit, no extra threads); off, or where AIO "
-                               "is missing: see flush_threads.")
+                               "costs the slowest fsync, not their sum): after a round slower "
+                               "than 2 ms, on this many threads; after a faster one, submitted "
+                               "together (flush_aio) or one by one. 1: always one by one.")
+    flush_aio: bool = _f(True, "after a fast flush round, fsync the next round's queues "
+                               "together with one Linux native AIO submission (io_submit, no "
+                               "extra threads); off, or where AIO is missing: one by one.")
     max_frame_bytes: int = _f(8 * 1024 * 1024, "Largest frame accepted; larger closes the connection.")
     max_message_bytes: int = _f(4 * 1024 * 1024, "Largest single message (record) accepted.")
     max_batch_records: int = _f(100_000, "Most records in one batch.")

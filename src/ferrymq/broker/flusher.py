@@ -9,16 +9,20 @@ runs, further appends pile up and share the next round: that is the group commit
 no tuning.
 
 A round with several dirty queues fsyncs them at once, so it lasts as long as its slowest fsync
-rather than their sum. With ``flush_aio`` (Linux), the queues whose flush is one fsync of the
-active segment (:meth:`ferrymq.storage.log.Log.flush_begin`; a flush after a roll also fsyncs
-the sealed segment and the directory and goes one by one) are submitted together with native
-AIO (:mod:`ferrymq.storage.aio`): no other Python thread, so no hand-off. A round of four small
-fsyncs took 0.65 ms (p50) this way against 1.21 ms one after the other (sync e2e at 2,000 msg/s,
-bench/README session 9). Without AIO, a round slower than ``PARALLEL_AFTER_S`` makes the next
-one run its fsyncs on up to ``flush_threads`` threads; short fsyncs run one after the other on
-the flusher thread, because handing one to a pool thread costs a futex wake-up and two GIL
-hand-offs, which on a virtual machine took longer than the fsync itself (sync e2e p99 7.5 ms
-with the pool for every round against 6.2 ms without, bench/README session 8).
+rather than their sum; how depends on the last round. After a fast one (under
+``PARALLEL_AFTER_S``: small appends, the latency regime) and with ``flush_aio`` (Linux), the
+queues whose flush is one fsync of the active segment (:meth:`ferrymq.storage.log.Log.flush_begin`;
+a flush after a roll also fsyncs the sealed segment and the directory and goes one by one) are
+submitted together with native AIO (:mod:`ferrymq.storage.aio`): no other Python thread, so no
+hand-off. A round of four small fsyncs took 0.65 ms (p50) this way against 1.21 ms one after
+the other (sync e2e at 2,000 msg/s, bench/README session 9). Without AIO, short fsyncs run one
+after the other on the flusher thread, because handing one to a pool thread costs a futex
+wake-up and two GIL hand-offs, which on a virtual machine took longer than the fsync itself
+(sync e2e p99 7.5 ms with the pool for every round against 6.2 ms without, session 8). After a
+slow round (large writes, the throughput regime) the fsyncs run on up to ``flush_threads``
+threads: there AIO lost (10 KB produce, medians of 3 alternating runs: 53k against 56k msg/s
+in sync mode, 75k against 86k in async mode), likely because the kernel runs a submitted fsync
+on a per-CPU worker of the submitting CPU, where it competes with the event loop.
 
 In ``sync`` mode a round starts as soon as something is dirty; sends are acknowledged when their
 offsets become durable, and consumers see only durable data. In ``async`` mode a round runs every
@@ -198,12 +202,14 @@ class Flusher:
 
     def _flush_all(self, batch: set[Flushable]
                    ) -> list[tuple[Flushable, int, BaseException | None]]:
-        """fsync every one of ``batch``: after a slow round the pool takes all but one and this
-        thread the last; after a fast one, this thread all of them in turn."""
+        """fsync every one of ``batch``: after a fast round, together through AIO (or this
+        thread all of them in turn); after a slow one the pool takes all but one and this thread
+        the last."""
         start = time.perf_counter()
-        if self._aio is not None and len(batch) > 1:
+        fast = self._last_round_s < PARALLEL_AFTER_S
+        if self._aio is not None and len(batch) > 1 and fast:
             results = self._flush_together(self._aio, batch)
-        elif self._pool is None or len(batch) < 2 or self._last_round_s < PARALLEL_AFTER_S:
+        elif self._pool is None or len(batch) < 2 or fast:
             results = [_flush_one(qs) for qs in batch]
         else:
             self.parallel_rounds += 1

@@ -201,3 +201,29 @@ def test_aio_off_flushes_one_by_one(tmp_path: Path) -> None:
                 os.close(f.fd)
 
     asyncio.run(main())
+
+
+@needs_aio
+def test_after_a_slow_round_the_pool_runs_the_fsyncs_not_aio(tmp_path: Path) -> None:
+    async def main() -> None:
+        flusher = Flusher(asyncio.get_running_loop(), sync=True, interval_ms=200, threads=4)
+        flusher.start()
+        files = [_FdFile(tmp_path / f"q{i}") for i in range(3)]
+        try:
+            await _round(flusher, [_File(PARALLEL_AFTER_S * 2) for _ in range(2)])  # slow
+            for f in files:
+                f.write()
+            threads = await _round(flusher, files)  # large writes: on threads
+            assert flusher.aio_rounds == 0 and flusher.parallel_rounds == 1
+            assert len(threads) >= 2 and all(f.ended == [] for f in files)
+            for f in files:
+                f.write()
+            await _round(flusher, files)  # that round was fast: together through AIO
+            assert flusher.aio_rounds == 1
+            assert all(f.ended == [True] for f in files)
+        finally:
+            flusher.stop()
+            for f in files:
+                os.close(f.fd)
+
+    asyncio.run(main())
