@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from ferrymq.broker import flusher as flusher_module
 from ferrymq.broker.flusher import PARALLEL_AFTER_S, Flusher
 from ferrymq.errors import StorageFailureError
 from ferrymq.storage.aio import AioFsync
@@ -135,8 +136,14 @@ needs_aio = pytest.mark.skipif(
     reason="native AIO is not available here")
 
 
+@pytest.fixture
+def patient(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every round counts as fast, however slow the disk (AIO is used after fast rounds)."""
+    monkeypatch.setattr(flusher_module, "PARALLEL_AFTER_S", 60.0)
+
+
 @needs_aio
-def test_single_fsync_flushes_are_submitted_together(tmp_path: Path) -> None:
+def test_single_fsync_flushes_are_submitted_together(tmp_path: Path, patient: None) -> None:
     async def main() -> None:
         flusher = Flusher(asyncio.get_running_loop(), sync=True, interval_ms=200, threads=4)
         flusher.start()
@@ -159,7 +166,7 @@ def test_single_fsync_flushes_are_submitted_together(tmp_path: Path) -> None:
 
 
 @needs_aio
-def test_a_failed_fsync_fails_only_its_own_waiters(tmp_path: Path) -> None:
+def test_a_failed_fsync_fails_only_its_own_waiters(tmp_path: Path, patient: None) -> None:
     async def main() -> None:
         flusher = Flusher(asyncio.get_running_loop(), sync=True, interval_ms=200, threads=4)
         flusher.start()
@@ -204,13 +211,16 @@ def test_aio_off_flushes_one_by_one(tmp_path: Path) -> None:
 
 
 @needs_aio
-def test_after_a_slow_round_the_pool_runs_the_fsyncs_not_aio(tmp_path: Path) -> None:
+def test_after_a_slow_round_the_pool_runs_the_fsyncs_not_aio(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(flusher_module, "PARALLEL_AFTER_S", 0.5)  # real fsyncs stay under it
+
     async def main() -> None:
         flusher = Flusher(asyncio.get_running_loop(), sync=True, interval_ms=200, threads=4)
         flusher.start()
         files = [_FdFile(tmp_path / f"q{i}") for i in range(3)]
         try:
-            await _round(flusher, [_File(PARALLEL_AFTER_S * 2) for _ in range(2)])  # slow
+            await _round(flusher, [_File(0.6) for _ in range(2)])  # slow
             for f in files:
                 f.write()
             threads = await _round(flusher, files)  # large writes: on threads
