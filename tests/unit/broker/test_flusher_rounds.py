@@ -4,11 +4,13 @@ parallel only after a slow round; with it, submitted together."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import os
 import sys
 import threading
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -142,14 +144,27 @@ def patient(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(flusher_module, "PARALLEL_AFTER_S", 60.0)
 
 
+@contextlib.asynccontextmanager
+async def _running(tmp_path: Path, n: int, *, aio: bool = True
+                   ) -> AsyncIterator[tuple[Flusher, list[_FdFile]]]:
+    """A started flusher (4 threads) and ``n`` files on ``tmp_path``; stopped and closed after."""
+    flusher = Flusher(asyncio.get_running_loop(), sync=True, interval_ms=200, threads=4, aio=aio)
+    flusher.start()
+    files = [_FdFile(tmp_path / f"q{i}") for i in range(n)]
+    try:
+        yield flusher, files
+    finally:
+        flusher.stop()
+        for f in files:
+            with contextlib.suppress(OSError):  # -1: a test closed it itself
+                os.close(f.fd)
+
+
 @needs_aio
 def test_single_fsync_flushes_are_submitted_together(tmp_path: Path, patient: None) -> None:
     async def main() -> None:
-        flusher = Flusher(asyncio.get_running_loop(), sync=True, interval_ms=200, threads=4)
-        flusher.start()
-        files = [_FdFile(tmp_path / f"q{i}") for i in range(4)]
-        other = _File(0.0)  # no flush_begin: fsynced on its own in the same round
-        try:
+        async with _running(tmp_path, 4) as (flusher, files):
+            other = _File(0.0)  # no flush_begin: fsynced on its own in the same round
             for _ in range(3):
                 for f in files:
                     f.write()
@@ -157,10 +172,6 @@ def test_single_fsync_flushes_are_submitted_together(tmp_path: Path, patient: No
             assert flusher.aio_rounds == 3 and flusher.parallel_rounds == 0
             assert all(f.ended == [True] * 3 and f.durable == f.written for f in files)
             assert other.threads == ["ferrymq-flusher"]
-        finally:
-            flusher.stop()
-            for f in files:
-                os.close(f.fd)
 
     asyncio.run(main())
 
@@ -168,44 +179,29 @@ def test_single_fsync_flushes_are_submitted_together(tmp_path: Path, patient: No
 @needs_aio
 def test_a_failed_fsync_fails_only_its_own_waiters(tmp_path: Path, patient: None) -> None:
     async def main() -> None:
-        flusher = Flusher(asyncio.get_running_loop(), sync=True, interval_ms=200, threads=4)
-        flusher.start()
-        good = [_FdFile(tmp_path / f"q{i}") for i in range(2)]
-        bad = _FdFile(tmp_path / "bad")
-        try:
-            for f in good:
-                f.write()
+        async with _running(tmp_path, 3) as (flusher, (good0, bad, good1)):
+            good0.write()
+            good1.write()
             os.close(bad.fd)  # its fsync fails with EBADF
-            await _round(flusher, [good[0], bad, good[1]])
+            await _round(flusher, [good0, bad, good1])
+            bad.fd = -1  # closed above: the clean-up must not close a reused number
             assert [type(e) for e in bad.failed] == [StorageFailureError]
             assert os.strerror(errno.EBADF) in str(bad.failed[0])
             assert bad.ended == [False] and bad.durable == 0
             assert bad in flusher.failed  # fsyncgate: no later fsync is believed
-            assert all(not f.failed and f.ended == [True] for f in good)
-        finally:
-            flusher.stop()
-            for f in good:
-                os.close(f.fd)
+            assert all(not f.failed and f.ended == [True] for f in (good0, good1))
 
     asyncio.run(main())
 
 
 def test_aio_off_flushes_one_by_one(tmp_path: Path) -> None:
     async def main() -> None:
-        flusher = Flusher(asyncio.get_running_loop(), sync=True, interval_ms=200, threads=4,
-                          aio=False)
-        flusher.start()
-        files = [_FdFile(tmp_path / f"q{i}") for i in range(3)]
-        try:
+        async with _running(tmp_path, 3, aio=False) as (flusher, files):
             for f in files:
                 f.write()
             await _round(flusher, files)
             assert flusher.aio_rounds == 0
             assert all(f.ended == [] for f in files)  # flush_blocking, not flush_begin
-        finally:
-            flusher.stop()
-            for f in files:
-                os.close(f.fd)
 
     asyncio.run(main())
 
@@ -216,10 +212,7 @@ def test_after_a_slow_round_the_pool_runs_the_fsyncs_not_aio(
     monkeypatch.setattr(flusher_module, "PARALLEL_AFTER_S", 0.5)  # real fsyncs stay under it
 
     async def main() -> None:
-        flusher = Flusher(asyncio.get_running_loop(), sync=True, interval_ms=200, threads=4)
-        flusher.start()
-        files = [_FdFile(tmp_path / f"q{i}") for i in range(3)]
-        try:
+        async with _running(tmp_path, 3) as (flusher, files):
             await _round(flusher, [_File(0.6) for _ in range(2)])  # slow
             for f in files:
                 f.write()
@@ -231,9 +224,5 @@ def test_after_a_slow_round_the_pool_runs_the_fsyncs_not_aio(
             await _round(flusher, files)  # that round was fast: together through AIO
             assert flusher.aio_rounds == 1
             assert all(f.ended == [True] for f in files)
-        finally:
-            flusher.stop()
-            for f in files:
-                os.close(f.fd)
 
     asyncio.run(main())
