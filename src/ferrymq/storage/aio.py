@@ -72,14 +72,14 @@ class AioFsync:
         self._libc = libc
         self._ctx = ctx
         self._max = max_parallel
-        self._setup, self._destroy, self._getevents, self._submit = numbers
+        _setup, self._destroy, self._getevents, self._submit = numbers
         self._iocbs = (_Iocb * max_parallel)()
         self._ptrs = (ctypes.POINTER(_Iocb) * max_parallel)(
             *(ctypes.pointer(cb) for cb in self._iocbs))
         self._events = (_IoEvent * max_parallel)()
         self.supported = True
-        """False once the kernel refused an AIO fsync as such (EINVAL): every later call
-        fsyncs one descriptor after another."""
+        """False once a submission failed with EINVAL or ENOSYS (a kernel without AIO fsync,
+        or a file without fsync): every later call fsyncs one descriptor after another."""
 
     @classmethod
     def open(cls, max_parallel: int) -> AioFsync | None:
