@@ -177,7 +177,9 @@ def test_reset_offset_to_earliest_replays(broker: Broker) -> None:
     addr = broker.address
     ok(addr, "topic", "create", "cli-replay", "--queues", "2")
     sent = [f"m{i}" for i in range(10)]
-    ok(addr, "produce", "cli-replay", *sent)
+    # five messages per queue: sharding key "a" goes to queue 0 of 2, "c" to queue 1
+    ok(addr, "produce", "cli-replay", "--sharding-key", "a", *sent[:5])
+    ok(addr, "produce", "cli-replay", "--sharding-key", "c", *sent[5:])
     first = bodies(ok(addr, "consume", "cli-replay", "-g", "g-replay", "--from", "earliest",
                       "--count", "10"))
     assert sorted(first) == sorted(sent)

@@ -39,7 +39,8 @@ def _env(flag: Path) -> dict[str, str]:
 
 
 def _send_to_every_queue(p: ferrymq.Producer, topic: str, queues: int, tag: str) -> list[int]:
-    """Send one message per queue (round robin); the queues in the order first written."""
+    """Send one message per queue (``p`` round robin per message); the queues in the order first
+    written."""
     order: list[int] = []
     for i in range(queues * 3):
         r = p.send(ferrymq.Message(topic, f"{tag}-{i}".encode()))
@@ -67,7 +68,7 @@ def test_marker_write_enospc_commit_completes_on_every_queue(tmp_path: Path) -> 
         with ferrymq.AdminClient(bp.address) as admin:
             admin.create_topic("out", 3)
         with ferrymq.Producer(bp.address, transactional_id="t1", request_timeout_s=1.5,
-                              delivery_timeout_s=5) as p:
+                              delivery_timeout_s=5, sticky_queue_bytes=0) as p:
             p.begin()
             order = _send_to_every_queue(p, "out", 3, "c1")
             flag.write_text(f"write out/{order[-1]}\n")  # the last queue's marker fails

@@ -23,7 +23,7 @@ MESSAGES = 400
 def _produce_and_read(b: Broker) -> None:
     """Every send acknowledged as fsynced, every queue's log durable to its end, every message
     read back."""
-    with Producer(b.address, linger_ms=0) as p:
+    with Producer(b.address, linger_ms=0, sticky_queue_bytes=0) as p:
         futures = [p.send_async(Message("aio", f"m{i}".encode())) for i in range(MESSAGES)]
         results = [f.result(30) for f in futures]
     assert {r.durability for r in results} == {Durability.FSYNCED}

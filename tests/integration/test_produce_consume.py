@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from pathlib import Path
@@ -76,6 +77,28 @@ def test_sharding_key_sticks_to_one_queue_in_order(broker: Broker) -> None:
     for k in range(5):
         seq = [int(m.body.split(b":")[1]) for m in got if m.body.startswith(f"{k}:".encode())]
         assert seq == list(range(50))
+
+
+def test_keyless_messages_stick_to_a_queue_for_its_byte_share(broker: Broker) -> None:
+    """Kafka's uniform sticky partitioner: 16 KB of bodies to one queue, then the next."""
+    kb = b"x" * 1024
+    with Producer(broker.address, linger_ms=0) as p:
+        small = [p.send(Message("sticky", b"s")) for _ in range(10)]
+        assert len({r.queue for r in small}) == 1  # 10 bytes: still the first queue's share
+        runs = [p.send(Message("sticky", kb)).queue for _ in range(64)]
+        batch = p.send_batch([Message("sticky", kb) for _ in range(20)])  # one call, one queue
+        after = p.send(Message("sticky", b"next"))
+    first = small[0].queue
+    # the first queue had 10 bytes; 16 KB bodies reach its share at the 16th 1 KB message
+    assert runs[:16] == [first] * 16
+    assert runs[16:32] == [(first + 1) % 4] * 16
+    assert runs[32:48] == [(first + 2) % 4] * 16
+    assert runs[48:64] == [(first + 3) % 4] * 16
+    assert {r.queue for r in batch} == {first}
+    assert after.queue == (first + 1) % 4  # the 20 KB call used up the queue's share
+    with Producer(broker.address, linger_ms=0, sticky_queue_bytes=0) as p:
+        rr = [p.send(Message("sticky", b"r")).queue for _ in range(8)]
+    assert [(b - a) % 4 for a, b in itertools.pairwise(rr)] == [1] * 7
 
 
 def test_user_selector(broker: Broker) -> None:

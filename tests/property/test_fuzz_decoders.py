@@ -310,7 +310,8 @@ _sent: list[bytes] = []
 
 def _control_check(b: ferrymq.Broker) -> None:
     body = f"control-{len(_sent)}".encode()
-    with ferrymq.Producer(b.address, auth=("ctl", "ctl-pw"), linger_ms=0) as p:
+    with ferrymq.Producer(b.address, auth=("ctl", "ctl-pw"), linger_ms=0,
+                         queue_selector=lambda _msg, _queues: 0) as p:
         assert p.send(ferrymq.Message("control", body)).offset == len(_sent)
     _sent.append(body)
     if len(_sent) % 10:

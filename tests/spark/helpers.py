@@ -43,8 +43,8 @@ def create_topic(address: str, name: str, queues: int = 3) -> None:
 
 
 def produce(address: str, topic: str, values: list[bytes], **fields: Any) -> list[tuple[int, int]]:
-    """Send ``values`` (one message each) and return their (queue, offset)."""
-    with Producer(address) as p:
+    """Send ``values`` (one message each, round robin over the queues); their (queue, offset)."""
+    with Producer(address, sticky_queue_bytes=0) as p:
         results = p.send_batch([Message(topic, v, **fields) for v in values])
     return [(r.queue, r.offset) for r in results]
 

@@ -3,8 +3,10 @@
 Theory of operation
 -------------------
 ``send*`` puts a message in its queue's buffer (after choosing the queue: the user's selector, a
-stable hash of the sharding key, or round robin). The sender task turns ready buffers into record
-batches and ships every ready batch of every queue in one PRODUCE request. A buffer is ready when
+stable hash of the sharding key, or a sticky round robin: keyless messages stay on one queue
+until ``sticky_queue_bytes`` went to it, like Kafka's uniform sticky partitioner). The sender
+task turns ready buffers into record batches and ships every ready batch of every queue in one
+PRODUCE request. A buffer is ready when
 it is full, when ``linger_ms`` passed since its first message, or at once for a plain ``send``
 (which awaits its result anyway).
 
@@ -60,7 +62,12 @@ from ferrymq.client.message import (
     SendResult,
     SendResults,
 )
-from ferrymq.client.partitioner import QueueSelector, RoundRobin, queue_for_key
+from ferrymq.client.partitioner import (
+    DEFAULT_STICKY_QUEUE_BYTES,
+    QueueSelector,
+    RoundRobin,
+    queue_for_key,
+)
 from ferrymq.errors import (
     BrokerError,
     ClientError,
@@ -183,6 +190,11 @@ class AsyncProducer:
             (idempotent producers; others send one at a time so a retry cannot reorder).
             Retries go one at a time, in sequence order.
         queue_selector: ``selector(message, queue_count) -> queue`` overriding the default.
+        sticky_queue_bytes: messages without a sharding key (and no selector) stay on one queue
+            until this many body bytes went to it, then move to the next (Kafka's uniform sticky
+            partitioner): fuller batches, and fewer queues to flush per message. 0: round
+            robin per message (per call for ``send_batch``). Each topic starts at a random
+            queue.
         auto_create_topics: ask the broker to create unknown topics.
         clock: injected clock (born timestamps).
         transactional_id: makes this a transactional producer (exactly-once); one live
@@ -206,6 +218,7 @@ class AsyncProducer:
         idempotent: bool = True,
         max_in_flight_per_queue: int = DEFAULT_MAX_IN_FLIGHT_PER_QUEUE,
         queue_selector: QueueSelector | None = None,
+        sticky_queue_bytes: int = DEFAULT_STICKY_QUEUE_BYTES,
         auto_create_topics: bool = True,
         clock: Clock = SYSTEM_CLOCK,
         transactional_id: str | None = None,
@@ -221,6 +234,8 @@ class AsyncProducer:
             raise ConfigError("linger_ms must be >= 0; batch limits must be > 0")
         if delivery_timeout_s <= 0 or request_timeout_s <= 0:
             raise ConfigError("timeouts must be > 0")
+        if sticky_queue_bytes < 0:
+            raise ConfigError("sticky_queue_bytes must be >= 0")
         if not 1 <= max_in_flight_per_queue <= MAX_IN_FLIGHT_PER_QUEUE:
             raise ConfigError(f"max_in_flight_per_queue must be 1..{MAX_IN_FLIGHT_PER_QUEUE}")
         self._session = Session(servers, client_id=client_id, request_timeout_s=request_timeout_s,
@@ -243,7 +258,7 @@ class AsyncProducer:
         self._selector = queue_selector
         self._auto_create = auto_create_topics
         self._clock = clock
-        self._rr = RoundRobin()
+        self._rr = RoundRobin(sticky_queue_bytes)
         self._buffers: dict[tuple[str, int], _QueueBuffer] = {}
         self._unresolved: dict[str, list[tuple[Message, _Unit]]] = {}
         self._retry: list[_Batch] = []
@@ -507,9 +522,10 @@ class AsyncProducer:
     async def send_batch(self, msgs: Sequence[Message]) -> Sequence[SendResult]:
         """Send many messages in as few batches as possible; results in input order.
 
-        Messages without a sharding key go to one queue per call (the next in round robin),
-        like a RocketMQ batch, so a call becomes one record batch; messages with a sharding key
-        (or with a ``queue_selector``) go to their own queue. Scheduled messages and messages
+        Messages without a sharding key go to one queue per call (the sticky round robin's
+        current queue, see ``sticky_queue_bytes``), like a RocketMQ batch, so a call becomes one
+        record batch; messages with a sharding key (or with a ``queue_selector``) go to their own
+        queue. Scheduled messages and messages
         with a dedup key (for a topic with a dedup window) make batches of their own. A
         duplicate's result has ``duplicate=True`` and names the stored message.
         """
@@ -533,7 +549,8 @@ class AsyncProducer:
                 if msg.sharding_key is None and self._selector is None:
                     q = shared.get(msg.topic)
                     if q is None:
-                        q = shared[msg.topic] = self._rr(info.name, info.queues)
+                        q = shared[msg.topic] = self._rr.pick(info.name, info.queues)
+                    self._rr.sent(info.name, len(msg.body))
                     key = (msg.topic, q, kind)
                 else:
                     key = (msg.topic, self._choose_queue(msg, info), kind)
@@ -620,7 +637,7 @@ class AsyncProducer:
             return q
         if msg.sharding_key is not None:
             return queue_for_key(msg.sharding_key, info.queues)
-        return self._rr(info.name, info.queues)
+        return self._rr(info.name, info.queues, len(msg.body))
 
     def _check_size(self, r: RecordInput) -> None:
         size = RECORD_PREFIX_SIZE + len(r.body)
