@@ -88,6 +88,8 @@ def test_keyless_messages_stick_to_a_queue_for_its_byte_share(broker: Broker) ->
         runs = [p.send(Message("sticky", kb)).queue for _ in range(64)]
         batch = p.send_batch([Message("sticky", kb) for _ in range(20)])  # one call, one queue
         after = p.send(Message("sticky", b"next"))
+        # a call moves on once, however many shares its bytes are worth
+        big = [p.send_batch([Message("sticky", kb * 10) for _ in range(8)]) for _ in range(2)]
     first = small[0].queue
     # the first queue had 10 bytes; 16 KB bodies reach its share at the 16th 1 KB message
     assert runs[:16] == [first] * 16
@@ -96,6 +98,7 @@ def test_keyless_messages_stick_to_a_queue_for_its_byte_share(broker: Broker) ->
     assert runs[48:64] == [(first + 3) % 4] * 16
     assert {r.queue for r in batch} == {first}
     assert after.queue == (first + 1) % 4  # the 20 KB call used up the queue's share
+    assert [{r.queue for r in rs} for rs in big] == [{(first + 1) % 4}, {(first + 2) % 4}]
     with Producer(broker.address, linger_ms=0, sticky_queue_bytes=0) as p:
         rr = [p.send(Message("sticky", b"r")).queue for _ in range(8)]
     assert [(b - a) % 4 for a, b in itertools.pairwise(rr)] == [1] * 7

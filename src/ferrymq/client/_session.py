@@ -157,6 +157,12 @@ class Session:
         """True after :meth:`close`."""
         return self._closed
 
+    @property
+    def open_connection(self) -> Transport | None:
+        """The connection if it is open now (None: :meth:`connection` would have to connect)."""
+        conn = self._conn
+        return conn if conn is not None and conn.is_open else None
+
     async def connection(self) -> Transport:
         """The open connection, reconnecting (with backoff) if needed.
 

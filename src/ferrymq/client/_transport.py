@@ -231,7 +231,12 @@ class Transport(asyncio.BufferedProtocol):
             ConnectionClosedError: the connection dropped first.
             FerryMQTimeoutError: no answer within ``timeout_s``.
         """
-        fut = self.send(req)
+        return await self.response(self.send(req), req, resp_type, timeout_s)
+
+    async def response(self, fut: asyncio.Future[bytes | memoryview], req: Request,
+                       resp_type: type[B], timeout_s: float) -> B:
+        """The decoded answer to ``req``, whose :meth:`send` returned ``fut``. Raises as
+        :meth:`request`."""
         try:
             payload = await asyncio.wait_for(fut, timeout_s)
         except TimeoutError:

@@ -5,10 +5,11 @@ Theory of operation
 ``send*`` puts a message in its queue's buffer (after choosing the queue: the user's selector, a
 stable hash of the sharding key, or a sticky round robin: keyless messages stay on one queue
 until ``sticky_queue_bytes`` went to it, like Kafka's uniform sticky partitioner). The sender
-task turns ready buffers into record batches and ships every ready batch of every queue in one
-PRODUCE request. A buffer is ready when
-it is full, when ``linger_ms`` passed since its first message, or at once for a plain ``send``
-(which awaits its result anyway).
+task turns ready buffers into record batches and ships the ready batches of every queue in
+PRODUCE requests of at most ``max_request_bytes``, writing each as soon as it is encoded, so the
+broker stores one while the next is encoded. A buffer is ready when it is full, when
+``linger_ms`` passed since its first message, or at once for a plain ``send`` (which awaits its
+result anyway).
 
 Scheduled messages (``Message(delay=...)``, ``deliver_at=``, ``delay_level=``) travel in batches
 of their own (``ATTR_SCHEDULED``): a buffer never mixes them with plain messages, and a change of
@@ -55,6 +56,7 @@ from typing import Any, NamedTuple
 
 from ferrymq._time import SYSTEM_CLOCK, Clock
 from ferrymq.client._session import Auth, Session, TLSOption, TopicInfo
+from ferrymq.client._transport import Transport
 from ferrymq.client.message import (
     DURABILITY_BY_WIRE,
     Durability,
@@ -111,6 +113,9 @@ DEFAULT_BATCH_MAX_BYTES = 1024 * 1024
 DEFAULT_BATCH_MAX_RECORDS = 16_384
 DEFAULT_MAX_BUFFER_BYTES = 64 * 1024 * 1024
 """Bytes of messages waiting in the producer before ``send`` waits (back-pressure)."""
+DEFAULT_MAX_REQUEST_BYTES = 1024 * 1024
+"""Ready batches go out in PRODUCE requests of at most this many bytes (Kafka's
+``max.request.size``); a single larger batch goes alone."""
 DEFAULT_MAX_IN_FLIGHT_PER_QUEUE = 4
 MAX_IN_FLIGHT_PER_QUEUE = 5
 """The broker remembers this many batches per producer and queue (its PRODUCER_BATCHES_CACHED)
@@ -173,6 +178,19 @@ class _Batch:
     not_before: float = 0.0
 
 
+@dataclass(eq=False, slots=True)
+class _Request:
+    """The PRODUCE request the sender is filling."""
+
+    batches: list[_Batch] = field(default_factory=list)
+    nbytes: int = 0
+
+    def take(self) -> list[_Batch]:
+        """Its batches; it starts empty again."""
+        out, self.batches, self.nbytes = self.batches, [], 0
+        return out
+
+
 class AsyncProducer:
     """Sends messages to a FerryMQ broker (asyncio).
 
@@ -186,6 +204,10 @@ class AsyncProducer:
         delivery_timeout_s: give up on a message after this long (retries included).
         request_timeout_s: one request's deadline.
         idempotent: stamp producer id and sequence numbers so retries are stored once.
+        max_request_bytes: ready batches go out in requests of at most this many bytes (a
+            larger batch goes alone), each written as soon as it is encoded, so the broker
+            stores the first while the next is encoded (Kafka's ``max.request.size``). Capped
+            by the broker's ``max_frame_bytes``.
         max_in_flight_per_queue: batches of one queue sent before the first is answered
             (idempotent producers; others send one at a time so a retry cannot reorder).
             Retries go one at a time, in sequence order.
@@ -216,6 +238,7 @@ class AsyncProducer:
         request_timeout_s: float = 30.0,
         connect_timeout_s: float = 5.0,
         idempotent: bool = True,
+        max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
         max_in_flight_per_queue: int = DEFAULT_MAX_IN_FLIGHT_PER_QUEUE,
         queue_selector: QueueSelector | None = None,
         sticky_queue_bytes: int = DEFAULT_STICKY_QUEUE_BYTES,
@@ -232,6 +255,8 @@ class AsyncProducer:
             raise ConfigError("txn_timeout_s must be > 0")
         if linger_ms < 0 or batch_max_bytes <= 0 or batch_max_records <= 0:
             raise ConfigError("linger_ms must be >= 0; batch limits must be > 0")
+        if max_request_bytes <= 0:
+            raise ConfigError("max_request_bytes must be > 0")
         if delivery_timeout_s <= 0 or request_timeout_s <= 0:
             raise ConfigError("timeouts must be > 0")
         if sticky_queue_bytes < 0:
@@ -273,7 +298,8 @@ class AsyncProducer:
         self.producer_id = NO_PRODUCER_ID
         self.producer_epoch = NO_PRODUCER_EPOCH
         self._max_message_bytes = 4 * 1024 * 1024
-        self._max_request_bytes = 8 * 1024 * 1024 - REQUEST_OVERHEAD_BYTES
+        self._request_bytes = max_request_bytes
+        self._max_request_bytes = min(max_request_bytes, 8 * 1024 * 1024 - REQUEST_OVERHEAD_BYTES)
         self._max_delay_ms = DEFAULT_MAX_DELAY_MS
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -285,8 +311,9 @@ class AsyncProducer:
         if hello is not None:
             self._max_message_bytes = hello.max_message_bytes
             self._max_delay_ms = hello.max_delay_ms or DEFAULT_MAX_DELAY_MS
-            self._max_request_bytes = hello.max_frame_bytes - REQUEST_OVERHEAD_BYTES
-            self._batch_max_bytes = min(self._batch_max_bytes, self._max_request_bytes)
+            frame_room = hello.max_frame_bytes - REQUEST_OVERHEAD_BYTES
+            self._max_request_bytes = min(self._request_bytes, frame_room)
+            self._batch_max_bytes = min(self._batch_max_bytes, frame_room)
         if self._tid is not None:
             await self._init_txn(-1, -1)
         elif self._idempotent:
@@ -538,6 +565,7 @@ class AsyncProducer:
         loop = asyncio.get_running_loop()
         groups: dict[tuple[str, int, int] | str, list[int]] = {}
         shared: dict[str, int] = {}  # keyless messages of one call share a queue per topic
+        shared_bytes: dict[str, int] = {}  # and count toward its sticky share once, together
         now = self._clock.wall_ms()
         for i, msg in enumerate(msgs):
             info = self._session.topics.get(msg.topic)
@@ -550,11 +578,13 @@ class AsyncProducer:
                     q = shared.get(msg.topic)
                     if q is None:
                         q = shared[msg.topic] = self._rr.pick(info.name, info.queues)
-                    self._rr.sent(info.name, len(msg.body))
+                    shared_bytes[info.name] = shared_bytes.get(info.name, 0) + len(msg.body)
                     key = (msg.topic, q, kind)
                 else:
                     key = (msg.topic, self._choose_queue(msg, info), kind)
             groups.setdefault(key, []).append(i)
+        for topic, nbytes in shared_bytes.items():
+            self._rr.sent(topic, nbytes)
         results: list[SendResult | None] = [None] * len(msgs)
         futs: list[tuple[list[int], asyncio.Future[Any]]] = []
         for key, idxs in groups.items():
@@ -732,17 +762,15 @@ class AsyncProducer:
             await self._wake.wait()
             self._wake.clear()
             now = loop.time()
-            batches = self._due_retries(now)
+            req = _Request()
+            for bt in self._due_retries(now):
+                self._add_to_request(req, bt)
             for b in self._buffers.values():
                 if b.ready and b.records and not b.retrying and not b.gap and len(b.outstanding) < (
                         1 if b.units[0].attrs & ATTR_DEDUP else self._max_in_flight):
-                    batches.append(self._close_batch(b, now))
-            if batches:
-                for req_batches in self._split_requests(batches):
-                    self._in_flight_requests += 1
-                    task = loop.create_task(self._send_request(req_batches))
-                    self._tasks.add(task)
-                    task.add_done_callback(self._tasks.discard)
+                    self._add_to_request(req, self._close_batch(b, now))
+            if req.batches:
+                self._ship(req.take())
             if not self._pending_work():
                 self._idle.set()
 
@@ -812,26 +840,47 @@ class AsyncProducer:
         b.outstanding.append(bt)
         return bt
 
-    def _split_requests(self, batches: list[_Batch]) -> list[list[_Batch]]:
-        out: list[list[_Batch]] = [[]]
-        size = 0
-        for bt in batches:
-            if out[-1] and size + len(bt.data) > self._max_request_bytes:
-                out.append([])
-                size = 0
-            out[-1].append(bt)
-            size += len(bt.data)
-        return out
+    def _add_to_request(self, req: _Request, bt: _Batch) -> None:
+        """Add ``bt`` to the request being filled; ship the request once it is full (a batch
+        that does not fit ships the request before it)."""
+        n = len(bt.data)
+        if req.batches and req.nbytes + n > self._max_request_bytes:
+            self._ship(req.take())
+        req.batches.append(bt)
+        req.nbytes += n
+        if req.nbytes >= self._max_request_bytes:
+            self._ship(req.take())
 
-    async def _send_request(self, batches: list[_Batch]) -> None:
+    def _ship(self, batches: list[_Batch]) -> None:
+        """Write a PRODUCE request of ``batches`` now if the connection is open (so the broker
+        works on it while the next is encoded); a task awaits the answer (or connects)."""
+        req = m.ProduceRequest(
+            int(self._request_timeout_s * 1000),
+            [(bt.buf.topic.name, bt.buf.queue, bt.data) for bt in batches],
+        )
+        sent: tuple[Transport, asyncio.Future[bytes | memoryview]] | None = None
+        conn = self._session.open_connection
+        if conn is not None:
+            with contextlib.suppress(ConnectionClosedError):  # the task reconnects
+                sent = (conn, conn.send(req))
+        self._in_flight_requests += 1
+        task = asyncio.get_running_loop().create_task(self._send_request(batches, req, sent))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _send_request(
+        self, batches: list[_Batch], req: m.ProduceRequest,
+        sent: tuple[Transport, asyncio.Future[bytes | memoryview]] | None,
+    ) -> None:
         try:
-            req = m.ProduceRequest(
-                int(self._request_timeout_s * 1000),
-                [(bt.buf.topic.name, bt.buf.queue, bt.data) for bt in batches],
-            )
             try:
-                conn = await self._session.connection()
-                resp = await conn.request(req, m.ProduceResponse, self._request_timeout_s)
+                if sent is None:
+                    conn = await self._session.connection()
+                    resp = await conn.request(req, m.ProduceResponse, self._request_timeout_s)
+                else:
+                    conn, fut = sent
+                    resp = await conn.response(fut, req, m.ProduceResponse,
+                                               self._request_timeout_s)
             except (ConnectionClosedError, FerryMQTimeoutError) as exc:
                 for bt in batches:
                     self._retry_or_fail(bt, exc)
