@@ -3,8 +3,10 @@
 Usage: python -m tests.workers.delivery_member ADDRESS GROUP TOPIC HISTORY_FILE MEMBER_NAME
 
 Every event is one flushed JSON line with ``time.monotonic_ns()`` (one clock for every process
-on the machine): ``recv`` (t_inv before the request, t after, id, off, q, lease end), ``ack``
-(t_inv, t, ids, ok). SIGTERM closes gracefully (leave the group); SIGKILL is the crash case.
+on the machine): ``recv`` (t_inv before the request, t after, id, off, q, lease end),
+``acking`` (t, ids: written before the ack request is sent), ``ack`` (t_inv, t, ids, ok).
+SIGTERM closes gracefully (leave the group); SIGKILL is the crash case: a member killed with an
+ack in flight leaves an ``acking`` line without its ``ack`` (the broker may have acked).
 """
 
 from __future__ import annotations
@@ -43,6 +45,10 @@ def main() -> None:
         if msgs:
             time.sleep(0.15)  # some work: a kill now strands leased messages
             t_inv = time.monotonic_ns()
+            # before the request: a kill between the broker's ack and the "ack" line below
+            # leaves this line, so the checker knows the outcome is the broker's to tell
+            out.write(json.dumps({"f": "acking", "w": name, "t": t_inv,
+                                  "ids": [x.msg_id for x in msgs]}) + "\n")
             try:
                 c.ack_batch(msgs)
                 ok = True
