@@ -552,9 +552,9 @@ class AsyncProducer:
         Messages without a sharding key go to one queue per call (the sticky round robin's
         current queue, see ``sticky_queue_bytes``), like a RocketMQ batch, so a call becomes one
         record batch; messages with a sharding key (or with a ``queue_selector``) go to their own
-        queue. Scheduled messages and messages
-        with a dedup key (for a topic with a dedup window) make batches of their own. A
-        duplicate's result has ``duplicate=True`` and names the stored message.
+        queue. Scheduled messages and messages with a dedup key (for a topic with a dedup
+        window) make batches of their own. A duplicate's result has ``duplicate=True`` and
+        names the stored message.
         """
         if not msgs:
             return []
