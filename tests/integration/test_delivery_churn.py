@@ -116,6 +116,34 @@ def verdict(path: Path, address: str, sent: set[str], kills: dict[str, int]) -> 
     return r
 
 
+def member(procs: dict[str, subprocess.Popen[bytes]], name: str, address: str,
+           hist: Path) -> None:
+    """Start delivery member ``name`` (group ``g``, topic ``t``) writing to ``hist``."""
+    procs[name] = subprocess.Popen(
+        [sys.executable, "-m", "tests.workers.delivery_member", address, "g", "t", str(hist),
+         name], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=subprocess.DEVNULL)
+
+
+def stop_all(procs: dict[str, subprocess.Popen[bytes]], b: Broker) -> None:
+    """Kill the members still running, then stop the broker."""
+    for p in procs.values():
+        if p.poll() is None:
+            p.kill()
+            p.wait(10)
+    b.stop()
+
+
+def drained(path: Path, address: str, sent: set[str], kills: dict[str, int],
+            timeout: float) -> dict[str, Any]:
+    """:func:`verdict` once nothing is lost any more, or after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    r = verdict(path, address, sent, kills)
+    while r["lost"] and time.monotonic() < deadline:
+        time.sleep(0.3)
+        r = verdict(path, address, sent, kills)
+    return r
+
+
 def read_history(path: Path) -> list[dict[str, Any]]:
     out = []
     for line in path.read_text().splitlines():
@@ -137,11 +165,7 @@ def test_churn_with_history_check(tmp_path: Path) -> None:
 
     def spawn() -> None:
         n[0] += 1
-        name = f"w{n[0]}"
-        procs[name] = subprocess.Popen(
-            [sys.executable, "-m", "tests.workers.delivery_member", b.address, "g", "t",
-             str(hist), name], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-            stderr=subprocess.DEVNULL)
+        member(procs, f"w{n[0]}", b.address, hist)
 
     try:
         with AdminClient(b.address) as admin:
@@ -190,13 +214,7 @@ def test_churn_with_history_check(tmp_path: Path) -> None:
         # the member could be evicted, so the checker may treat any earlier redelivery as a bug
         for _ in range(3):
             spawn()
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            r = verdict(hist, b.address, sent, kills)
-            if not r["lost"]:
-                break
-            time.sleep(0.5)
-        r = verdict(hist, b.address, sent, kills)
+        r = drained(hist, b.address, sent, kills, 60)
         assert len(sent) > 1000
         assert kills, "the run should include crashes"
         assert r["lost"] == [], f"{len(r['lost'])} lost, e.g. {r['lost'][:3]}"
@@ -206,11 +224,7 @@ def test_churn_with_history_check(tmp_path: Path) -> None:
         print(f"sent {len(sent)}, kills {len(kills)}, dup rate {r['dup_rate']:.4f}, "
               f"acked by the broker as their member was killed {len(r['ack_unknown'])}")
     finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.kill()
-                p.wait(10)
-        b.stop()
+        stop_all(procs, b)
 
 
 def test_ack_in_flight_when_killed_is_not_lost(tmp_path: Path) -> None:
@@ -223,10 +237,7 @@ def test_ack_in_flight_when_killed_is_not_lost(tmp_path: Path) -> None:
     kills: dict[str, int] = {}
 
     def spawn(name: str) -> None:
-        procs[name] = subprocess.Popen(
-            [sys.executable, "-m", "tests.workers.delivery_member", b.address, "g", "t",
-             str(hist), name], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-            stderr=subprocess.DEVNULL)
+        member(procs, name, b.address, hist)
 
     try:
         with AdminClient(b.address) as admin:
@@ -248,20 +259,11 @@ def test_ack_in_flight_when_killed_is_not_lost(tmp_path: Path) -> None:
         assert procs["w1"].wait(30) == -signal.SIGKILL
         delivery.ack = ack  # type: ignore[method-assign]
         spawn("w2")  # takes the rest (24 messages) and must not get the 16 acked ones again
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            r = verdict(hist, b.address, sent, kills)
-            if not r["lost"]:
-                break
-            time.sleep(0.2)
+        r = drained(hist, b.address, sent, kills, 30)
         assert r["lost"] == [], f"{len(r['lost'])} lost, e.g. {r['lost'][:3]}"
         assert len(r["ack_unknown"]) == 16  # w1's first receive, acked as w1 died
         assert broker_acked(b.address, r["ack_unknown"]) == r["ack_unknown"]
         assert r["phantom"] == r["lease_overlap"] == r["redelivered_after_ack"] == []
         assert r["dup_rate"] == 0
     finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.kill()
-                p.wait(10)
-        b.stop()
+        stop_all(procs, b)
