@@ -874,13 +874,11 @@ class AsyncProducer:
     ) -> None:
         try:
             try:
-                if sent is None:
+                if sent is None:  # not written yet: (re)connect first
                     conn = await self._session.connection()
-                    resp = await conn.request(req, m.ProduceResponse, self._request_timeout_s)
-                else:
-                    conn, fut = sent
-                    resp = await conn.response(fut, req, m.ProduceResponse,
-                                               self._request_timeout_s)
+                    sent = (conn, conn.send(req))
+                conn, fut = sent
+                resp = await conn.response(fut, req, m.ProduceResponse, self._request_timeout_s)
             except (ConnectionClosedError, FerryMQTimeoutError) as exc:
                 for bt in batches:
                     self._retry_or_fail(bt, exc)
