@@ -16,12 +16,18 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-$(VENV)/.installed: pyproject.toml | $(BIN)/python
+# an editable install skips files outside packages: copy the .pth that points Spark's Python
+# workers at this venv (setup.py installs it with a wheel; docs/spark.md)
+SPARK_PTH = $(BIN)/python -c 'import shutil, sysconfig; shutil.copy("src/ferrymq-spark-python.pth", sysconfig.get_paths()["purelib"])'
+
+$(VENV)/.installed: pyproject.toml setup.py | $(BIN)/python
 	$(BIN)/pip install --quiet -e .
+	$(SPARK_PTH)
 	touch $@
 
-$(VENV)/.installed-test: pyproject.toml | $(BIN)/python
+$(VENV)/.installed-test: pyproject.toml setup.py | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[test]'
+	$(SPARK_PTH)
 	touch $@
 
 venv install: $(VENV)/.installed
@@ -45,8 +51,9 @@ test: lint typecheck pytest
 soak: install-test
 	$(BIN)/pytest -m soak $(PYTEST_ARGS)
 
-$(VENV)/.installed-spark: pyproject.toml | $(BIN)/python
+$(VENV)/.installed-spark: pyproject.toml setup.py | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[spark]'
+	$(SPARK_PTH)
 	touch $@
 
 # the example data pipeline end to end on an embedded broker (needs java on PATH)

@@ -15,6 +15,7 @@ from ferrymq import Broker
 from tests.spark.helpers import spark_session
 
 _JVM_MODULES = ["test_read.py", "test_sink.py", "test_exactly_once.py", "test_sink_recovery.py",
+                "test_workers_python.py", "test_example_pipeline.py",
                 "test_security.py"]
 if not all(importlib.util.find_spec(m) for m in ("pyspark", "pyarrow", "numpy")):
     collect_ignore_glob = ["test_*.py"]  # pip install -e '.[test]' brings them

@@ -53,9 +53,21 @@ def test_sink_errors(spark: Any, module_broker: Broker) -> None:
     with pytest.raises(Exception, match="'value' column"):
         spark.sql("SELECT 'x' AS body").write.format("ferrymq").option(
             "topic", "w1").mode("append").save()
-    with pytest.raises(Exception, match="does not exist"):
-        df.write.format("ferrymq").option("servers", module_broker.address).option(
-            "topic", "nope").mode("append").save()
+
+
+def test_sink_creates_a_missing_topic_as_a_producer_does(spark: Any, module_broker: Broker,
+                                                         tmp_path: Path) -> None:
+    """Like a producer (and Kafka's sink on a broker with auto-create on): the first write to a
+    missing topic creates it; a broker with auto_create_topics off refuses, naming the fix."""
+    addr = module_broker.address
+    spark.sql("SELECT CONCAT('n-', CAST(id AS STRING)) AS value FROM range(10)").write.format(
+        "ferrymq").option("servers", addr).option("topic", "created-by-sink").mode("append").save()
+    assert sorted(m.body for m in read_topic(addr, "created-by-sink", expect=10)) == sorted(
+        f"n-{i}".encode() for i in range(10))
+    with Broker(tmp_path / "strict", port=0, auto_create_topics=False) as strict:
+        with pytest.raises(Exception, match=r"does not exist.*ferrymq topic create nope"):
+            spark.sql("SELECT 'x' AS value").write.format("ferrymq").option(
+                "servers", strict.address).option("topic", "nope").mode("append").save()
 
 
 def _copy_query(spark: Any, addr: str, chk: str, mode: str) -> None:

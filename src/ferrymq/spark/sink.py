@@ -347,12 +347,16 @@ class TaskProducer:
     def _queue_count(self, topic: str) -> int:
         n = self.topics.get(topic)
         if n is None:
-            resp = self.conn.request(m.MetadataRequest([topic], False), m.MetadataResponse)
+            # like a producer: the broker creates a missing topic if its auto_create_topics
+            # setting (and the user's rights and the topic limits) allow
+            resp = self.conn.request(m.MetadataRequest([topic], True), m.MetadataResponse)
             for name, _tid, queues, code, *_ in resp.topics:
                 if name == topic and code:
                     if code == ErrorCode.UNKNOWN_TOPIC:
-                        raise UnknownTopicError(f"sink topic {topic!r} does not exist on "
-                                                f"{self.opts.wire}")
+                        raise UnknownTopicError(
+                            f"sink topic {topic!r} does not exist on {self.opts.wire} and the "
+                            "broker does not create topics on first use (auto_create_topics): "
+                            f"create it first (ferrymq topic create {topic})")
                     raise error_for_code(code, f"sink topic {topic!r}")
                 if name == topic:
                     n = queues
