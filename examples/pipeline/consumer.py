@@ -1,4 +1,4 @@
-"""Print the revenue windows from the FerryMQ topic ``revenue``.
+"""Print the revenue windows from the FerryMQ topic ``pipeline-revenue``.
 
     python examples/pipeline/consumer.py --servers 127.0.0.1:9876
 """
@@ -18,7 +18,7 @@ def read_revenue(servers: str, expect: int = 0, timeout: float = 10.0) -> list[d
     rows: list[dict[str, object]] = []
     with PullConsumer(servers, f"revenue-printer-{time.time_ns()}", auto_offset_reset="earliest",
                       auto_commit=False) as c:
-        c.subscribe("revenue")
+        c.subscribe("pipeline-revenue")
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             got = c.poll(timeout=0.5)

@@ -1,4 +1,4 @@
-"""Order generator: JSON orders into the FerryMQ topic ``orders``.
+"""Order generator: JSON orders into the FerryMQ topic ``pipeline-orders``.
 
     python examples/pipeline/generator.py --servers 127.0.0.1:9876 --orders 20000
 
@@ -35,7 +35,7 @@ def make_orders(n: int, start: dt.datetime, minutes: int, seed: int = 1) -> list
     return orders
 
 
-def produce(servers: str, orders: list[dict[str, object]], topic: str = "orders") -> None:
+def produce(servers: str, orders: list[dict[str, object]], topic: str = "pipeline-orders") -> None:
     """Send the orders (batched; the producer is idempotent)."""
     with Producer(servers) as p:
         for i in range(0, len(orders), 1000):
@@ -51,7 +51,7 @@ def main() -> None:
     ap.add_argument("--start", default="2026-11-21T10:00:00+00:00")
     args = ap.parse_args()
     produce(args.servers, make_orders(args.orders, dt.datetime.fromisoformat(args.start), args.minutes))
-    print(f"produced {args.orders} orders to 'orders'")
+    print(f"produced {args.orders} orders to 'pipeline-orders'")
 
 
 if __name__ == "__main__":

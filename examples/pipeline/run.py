@@ -3,7 +3,7 @@
 1. starts a FerryMQ broker in this process (data in a temporary directory);
 2. the generator produces orders over six minutes of event time;
 3. the Spark job (local[2]) computes revenue per category per minute with ``Trigger.AvailableNow``
-   into the topic ``revenue`` and into Parquet; it runs twice, as a scheduled job would, so
+   into the topic ``pipeline-revenue`` and into Parquet; it runs twice, as a scheduled job would, so
    the second run emits the windows that the first run's final watermark closed;
 4. the consumer prints the windows, and the result is checked against the same sums computed
    directly from the generated orders.
@@ -33,8 +33,8 @@ def main() -> int:
     with Broker(work / "data", port=0) as broker:
         servers = broker.address
         with AdminClient(servers) as admin:
-            admin.create_topic("orders", 3)
-            admin.create_topic("revenue", 2)
+            admin.create_topic("pipeline-orders", 3)
+            admin.create_topic("pipeline-revenue", 2)
         start = dt.datetime(2026, 11, 21, 10, 0, tzinfo=dt.UTC)
         orders = make_orders(12_000, start, minutes=6)
         produce(servers, orders)
@@ -63,7 +63,7 @@ def main() -> int:
                 w = ts.replace(second=0, microsecond=0).strftime("%Y-%m-%dT%H:%M")
                 expected[(w, str(o["category"]))] += float(o["amount"])  # type: ignore[arg-type]
         rows = read_revenue(servers, expect=len(expected))
-        print(f"\nrevenue per category per minute (topic 'revenue', {len(rows)} windows; "
+        print(f"\nrevenue per category per minute (topic 'pipeline-revenue', {len(rows)} windows; "
               f"Parquet: {parquet_rows} rows in {work / 'revenue-parquet'}):")
         for r in rows:
             print(f"  {str(r['window_start'])[:16]}  {r['category']:<8} {r['revenue']:>10.2f}"
