@@ -35,6 +35,8 @@ venv install: $(VENV)/.installed
 install-test: $(VENV)/.installed $(VENV)/.installed-test
 
 run: $(VENV)/.installed
+	@echo "In another shell, the CLI and Python with FerryMQ: '. $(VENV)/bin/activate' (then 'ferrymq topic list',"
+	@echo "'python app.py'), or without activating: '$(BIN)/ferrymq topic list', '$(BIN)/python app.py'."
 	$(BIN)/ferrymq broker --host $(HOST) --port $(PORT) --data-dir $(DATA) --flush $(FLUSH)
 
 lint: install-test
