@@ -503,7 +503,3 @@ def _render_table() -> str:
         retriable = "yes" if cls and cls.retriable else "no"
         lines.append(f"| {int(code)} | `{code.name}` | {retriable} | {doc} |")
     return "\n".join(lines)
-
-
-if __name__ == "__main__":
-    print(_render_table())

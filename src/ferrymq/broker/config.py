@@ -3,7 +3,7 @@
 Sources, lowest to highest priority: defaults, a TOML file (``--config``), environment variables
 ``FERRYMQ_<FIELD>`` (upper case), command-line flags / keyword arguments. :func:`load` merges them
 once; nothing below it reads the environment. Every field documents its unit and reason;
-``docs/configuration.md`` is generated from this module (``python -m ferrymq.broker.config``).
+``docs/configuration.md`` is generated from this module (``python -m ferrymq.docgen configuration``).
 """
 
 from __future__ import annotations
@@ -449,7 +449,3 @@ def render_docs() -> str:
         )
     return "\n".join(lines)
 
-
-
-if __name__ == "__main__":
-    print(render_docs())

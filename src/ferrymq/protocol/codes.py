@@ -3,7 +3,7 @@
 Every response carries a ``u16`` error code. ``NONE`` (0) means success. The meaning of each code,
 and whether a client may retry the request as it is, lives here and in :mod:`ferrymq.errors`
 (one exception class per code). ``docs/errors.md`` is generated from this table
-(``python -m ferrymq.errors``).
+(``python -m ferrymq.docgen errors``).
 """
 
 from __future__ import annotations

@@ -1,0 +1,40 @@
+"""The generated reference tables of ``docs/``: ``python -m ferrymq.docgen errors`` prints the
+error-code table of docs/errors.md, ``python -m ferrymq.docgen configuration`` the settings
+table of docs/configuration.md (tests/unit/test_docs_in_sync.py checks that both are current).
+
+The tables are rendered next to what they describe (:func:`ferrymq.errors._render_table`,
+:func:`ferrymq.broker.config.render_docs`); only the entry point lives here, in a module the
+package never imports itself. Running a module that ``import ferrymq`` has already imported
+(``python -m ferrymq.errors``) executes it a second time under ``__main__``, which runpy warns
+about (RuntimeWarning).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+
+from ferrymq.broker.config import render_docs
+from ferrymq.errors import _render_table
+
+TABLES: dict[str, Callable[[], str]] = {
+    "errors": _render_table,
+    "configuration": render_docs,
+}
+"""Table name (the docs file without ``.md``) -> its renderer."""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Print the tables named in ``argv`` (default ``sys.argv[1:]``); exit status 2 and a usage
+    line on stderr for an unknown or missing name."""
+    names = list(sys.argv[1:] if argv is None else argv)
+    if not names or any(n not in TABLES for n in names):
+        print(f"usage: python -m ferrymq.docgen {{{','.join(TABLES)}}} ...", file=sys.stderr)
+        return 2
+    for name in names:
+        print(TABLES[name]())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
