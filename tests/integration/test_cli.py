@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from ferrymq import Broker
+from ferrymq import Broker, __version__
 from ferrymq.admin.cli import Position, PositionType, cli, parse_time_ms
 
 pytestmark = pytest.mark.integration
@@ -283,6 +283,11 @@ def test_broker_command_serves_and_stops_on_sigterm(tmp_path: Path) -> None:
                                 env=env)
         assert_one_error_line(second)
         assert "in use" in second.stderr
+        # ... also on the same port: the data dir is named, not the port
+        second = subprocess.run([*CLI, "broker", "--port", str(port), "--data-dir", str(data)],
+                                capture_output=True, text=True, timeout=30, env=env)
+        assert_one_error_line(second)
+        assert f"data dir {data} is in use by another broker" in second.stderr
 
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=30)
@@ -293,6 +298,44 @@ def test_broker_command_serves_and_stops_on_sigterm(tmp_path: Path) -> None:
     assert proc.returncode == 0, err
     assert "Traceback" not in err
     assert (data / ".clean_shutdown").exists()
+
+
+def test_broker_start_log_names_the_version_and_the_absolute_data_dir(tmp_path: Path) -> None:
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FERRYMQ_")}
+    proc = subprocess.Popen([*CLI, "broker", "--port", str(port), "--data-dir", "rel-data"],
+                            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, env=env)
+    try:
+        assert proc.stderr is not None
+        lines: list[str] = []
+        while not any("listening on" in line for line in lines):
+            line = proc.stderr.readline()
+            assert line, (lines, proc.poll())
+            lines.append(line)
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    started = lines[-1]
+    assert f"FerryMQ {__version__} broker listening on 127.0.0.1:{port}" in started, started
+    assert f"(data {(tmp_path / 'rel-data').resolve()}, flush sync)" in started, started
+
+
+def test_broker_on_a_port_in_use_fails_in_one_line_and_creates_nothing(tmp_path: Path) -> None:
+    data = tmp_path / "never" / "data"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        res = subprocess.run([*CLI, "broker", "--port", str(port), "--data-dir", str(data)],
+                             capture_output=True, text=True, timeout=30)
+    assert_one_error_line(res)
+    assert res.stderr == (f"error: cannot listen on 127.0.0.1:{port}: address already in use "
+                          "(another broker or program listens on it)\n")
+    assert not (tmp_path / "never").exists()
 
 
 def test_broker_bad_config_file_is_one_error_line(tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import fcntl
 import logging
 import os
@@ -32,6 +33,7 @@ from typing import IO, Any
 
 from ferrymq import _sockets
 from ferrymq._time import SYSTEM_CLOCK, Clock, clock_from_env
+from ferrymq._version import __version__
 from ferrymq.broker.auth import Authenticator, UserStore
 from ferrymq.broker.config import BrokerConfig
 from ferrymq.broker.connection import BrokerConnection
@@ -108,19 +110,93 @@ class BrokerServer:
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Recover the data directory and start listening.
+        """Bind the listener, recover the data directory, start serving.
+
+        The port is bound first: a broker that cannot listen (the port is taken) fails before
+        it creates anything on disk. A data directory that exists is locked before that, so a
+        second broker on it is told the directory is in use, whatever its port.
 
         Raises:
-            ConfigError: the data directory is locked by another broker or unusable.
+            ConfigError: the port cannot be bound, or the data directory is locked by another
+                broker or unusable.
         """
         loop = asyncio.get_running_loop()
+        if (self.data_dir / LOCK_FILE).exists():
+            self._lock_data_dir()
+        try:
+            self._server = await self._bind(loop)
+            await self._open(loop)
+        except BaseException:
+            if self._server is not None:
+                self._server.close()
+            if self._lock_file is not None:
+                self._lock_file.close()
+            raise
+        try:
+            await self._server.start_serving()
+        except OSError as exc:  # another process listened on it since the bind
+            self._server.close()
+            self.flusher.stop()
+            self.scheduler.close()
+            self.topics.close()
+            if self._lock_file is not None:
+                self._lock_file.close()
+            raise self._listen_error(exc) from exc
+        for listener in self._server.sockets:
+            _sockets.tune_listener(listener)
+        sock = self._server.sockets[0].getsockname()
+        self.address = (sock[0], sock[1])
+        self._tasks.append(loop.create_task(self._housekeeping()))
+        self._tasks.append(loop.create_task(self._delivery_ticks()))
+        self.scheduler.start()
+        self.transactions.start()
+        log.info("FerryMQ %s broker listening on %s:%d (data %s, flush %s)", __version__,
+                 self.address[0], self.address[1], self.data_dir.resolve(), self.config.flush)
+        log.info("security: %s, %s", "TLS" if self.ssl_context else "plain TCP (no TLS)",
+                 f"authentication on ({len(self.auth.store.users)} users)" if self.auth
+                 else "authentication OFF (every client may do everything)")
+
+    def _lock_data_dir(self) -> None:
+        """Take the data directory's lock (creating the directory and its lock file).
+
+        Raises:
+            ConfigError: another broker holds it.
+        """
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self._lock_file = open(self.data_dir / LOCK_FILE, "ab")  # noqa: SIM115, ASYNC230 - held for life
+        self._lock_file = open(self.data_dir / LOCK_FILE, "ab")  # noqa: SIM115 - held for life
         try:
             fcntl.flock(self._lock_file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             self._lock_file.close()
+            self._lock_file = None
             raise ConfigError(f"data dir {self.data_dir} is in use by another broker") from None
+
+    async def _bind(self, loop: asyncio.AbstractEventLoop) -> asyncio.Server:
+        """The listening socket, bound but not accepting yet (start_serving does that).
+
+        Raises:
+            ConfigError: the address cannot be bound (in use, not an address of this host).
+        """
+        cfg = self.config
+        try:
+            return await loop.create_server(
+                lambda: BrokerConnection(self), cfg.host, cfg.port, reuse_address=True,
+                backlog=1024, ssl=self.ssl_context, start_serving=False,
+                ssl_handshake_timeout=cfg.auth_timeout_ms / 1000 if self.ssl_context else None,
+            )
+        except OSError as exc:
+            raise self._listen_error(exc) from exc
+
+    def _listen_error(self, exc: OSError) -> ConfigError:
+        reason = os.strerror(exc.errno).lower() if exc.errno else str(exc)
+        if exc.errno == errno.EADDRINUSE:
+            reason += " (another broker or program listens on it)"
+        return ConfigError(f"cannot listen on {self.config.host}:{self.config.port}: {reason}")
+
+    async def _open(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Lock and recover the data directory; open the logs and every manager."""
+        if self._lock_file is None:
+            self._lock_data_dir()
         marker = self.data_dir / CLEAN_SHUTDOWN_MARKER
         clean = marker.exists()
         fresh = not (self.data_dir / "meta").exists()
@@ -165,31 +241,6 @@ class BrokerServer:
         self.txn.load()  # finishes interrupted commits before anyone can read
         self.key_index = KeyIndexer(self.topics, cfg)
         self.flusher.start()
-        try:
-            self._server = await loop.create_server(
-                lambda: BrokerConnection(self), cfg.host, cfg.port, reuse_address=True,
-                backlog=1024, ssl=self.ssl_context,
-                ssl_handshake_timeout=cfg.auth_timeout_ms / 1000 if self.ssl_context else None,
-            )
-        except OSError as exc:
-            self.flusher.stop()
-            self.scheduler.close()
-            self.topics.close()
-            self._lock_file.close()
-            raise ConfigError(f"cannot listen on {cfg.host}:{cfg.port}: {exc.strerror}") from exc
-        for listener in self._server.sockets:
-            _sockets.tune_listener(listener)
-        sock = self._server.sockets[0].getsockname()
-        self.address = (sock[0], sock[1])
-        self._tasks.append(loop.create_task(self._housekeeping()))
-        self._tasks.append(loop.create_task(self._delivery_ticks()))
-        self.scheduler.start()
-        self.transactions.start()
-        log.info("FerryMQ broker listening on %s:%d (data %s, flush %s)", self.address[0],
-                 self.address[1], self.data_dir, cfg.flush)
-        log.info("security: %s, %s", "TLS" if self.ssl_context else "plain TCP (no TLS)",
-                 f"authentication on ({len(self.auth.store.users)} users)" if self.auth
-                 else "authentication OFF (every client may do everything)")
 
     async def stop(self) -> None:
         """Shut down gracefully (idempotent)."""
