@@ -20,8 +20,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from ferrymq import Broker, __version__
+from ferrymq import AdminClient, Broker, __version__
 from ferrymq.admin.cli import Position, PositionType, cli, parse_time_ms
+from tests.helpers import BrokerProcess, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -322,6 +323,32 @@ def test_broker_start_log_names_the_version_and_the_absolute_data_dir(tmp_path: 
     started = lines[-1]
     assert f"FerryMQ {__version__} broker listening on 127.0.0.1:{port}" in started, started
     assert f"(data {(tmp_path / 'rel-data').resolve()}, flush sync)" in started, started
+
+
+def test_broker_debug_log_shows_connections_handshakes_and_disconnects(tmp_path: Path) -> None:
+    bp = BrokerProcess(tmp_path / "data", extra=["--log-level", "DEBUG"])
+    with bp:
+        with AdminClient(bp.address) as admin:
+            admin.list_topics()
+        with socket.create_connection(("127.0.0.1", bp.port)) as raw:
+            raw.sendall(b"\x00\x00\x00\x01" + b"\x00" * 8)  # a frame shorter than a header
+            raw.settimeout(5)
+            while raw.recv(4096):
+                pass
+        wait_for(lambda: bp.log_text().count("DEBUG ferrymq.broker: connection 127.0.0.1:")
+                 >= 3 and "closed (client ''" in bp.log_text())
+        log = bp.log_text()
+    debug = [line.split("DEBUG ferrymq.broker: ", 1)[1] for line in log.splitlines()
+             if "DEBUG ferrymq.broker: " in line]
+    peers = [line.split()[2] for line in debug if line.startswith("connection from ")]
+    assert len(peers) == 2, debug
+    admin_peer, raw_peer = peers
+    assert f"connection {admin_peer}: hello from client 'ferrymq-admin', FerryMQ {__version__} " \
+           "(authentication off: no user)" in debug
+    assert f"connection {admin_peer} closed (client 'ferrymq-admin', user -): closed by the " \
+           "client" in debug
+    closed_raw = [line for line in debug if line.startswith(f"connection {raw_peer} closed")]
+    assert len(closed_raw) == 1 and "frame" in closed_raw[0], debug
 
 
 def test_broker_on_a_port_in_use_fails_in_one_line_and_creates_nothing(tmp_path: Path) -> None:

@@ -84,6 +84,8 @@ class BrokerConnection(asyncio.BufferedProtocol):
         self.write_paused_since: float | None = None
         """Monotonic time the transport's buffer went above its high-water mark (None: below)."""
         self.closed = False
+        self.close_reason: str | None = None
+        """Why the broker closed this connection (None: the client closed it, or not closed)."""
         self._admitted = False
         self._read_paused = False
         self._write_paused = False
@@ -117,9 +119,15 @@ class BrokerConnection(asyncio.BufferedProtocol):
         sock = transport.get_extra_info("socket")
         if sock is not None:
             _sockets.tune(sock)
+        log.debug("connection from %s", self.peer)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        if self._admitted and log.isEnabledFor(logging.DEBUG):
+            reason = self.close_reason or (f"connection error: {exc}" if exc is not None
+                                           else "closed by the client")
+            log.debug("connection %s closed (client %r, user %s): %s", self.peer,
+                      self.client_id, repr(self.principal) if self.principal else "-", reason)
         if self._auth_timer is not None:
             self._auth_timer.cancel()
         if self._admitted:
@@ -210,6 +218,7 @@ class BrokerConnection(asyncio.BufferedProtocol):
             return
         log.warning("cutting off %s: %s", self.peer, reason)
         self.closed = True
+        self.close_reason = f"cut off: {reason}"
         if self.transport is not None:
             self.transport.abort()
 
@@ -240,6 +249,8 @@ class BrokerConnection(asyncio.BufferedProtocol):
     def fail(self, code: ErrorCode, message: str) -> None:
         """Send a connection-level error (correlation id 0) and close."""
         log.info("closing connection %s: %s", self.peer, message)
+        if not self.closed:
+            self.close_reason = message
         if self.transport is not None and not self.closed:
             self.transport.write(encode_response(0, 0, 0, code, message.encode()[:1024]))
             self.transport.close()
@@ -339,6 +350,7 @@ class BrokerConnection(asyncio.BufferedProtocol):
             return
         log.info("closing connection %s: %s", self.peer, reason)
         self.closed = True
+        self.close_reason = reason
         if self.transport is not None:
             self.transport.close()
 

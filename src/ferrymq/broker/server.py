@@ -356,8 +356,7 @@ class BrokerServer:
                 stall_s = cfg.write_stall_timeout_ms / 1000
                 for c in list(self.connections):
                     if now - c.last_activity > idle_s and not c.pending and c.transport:
-                        log.info("closing idle connection %s", c.peer)
-                        c.transport.close()
+                        c.fail_quietly(f"idle for idle_timeout_ms={cfg.idle_timeout_ms}")
                     elif c.write_paused_since is not None and now - c.write_paused_since > stall_s:
                         c.cut_off(f"stalled reader: no response bytes taken for "
                                   f"write_stall_timeout_ms={cfg.write_stall_timeout_ms}")

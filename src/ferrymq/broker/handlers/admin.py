@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 from ferrymq._version import __version__
@@ -12,11 +13,17 @@ from ferrymq.protocol.codes import ErrorCode
 if TYPE_CHECKING:
     from ferrymq.broker.connection import BrokerConnection
 
+log = logging.getLogger("ferrymq.broker")
+
 
 def hello(conn: BrokerConnection, req: m.HelloRequest) -> m.HelloResponse:
     """Record who the client is; tell it our limits."""
     conn.client_id = req.client_id[:256]
     c = conn.server.config
+    if log.isEnabledFor(logging.DEBUG):
+        log.debug("connection %s: hello from client %r, FerryMQ %s%s", conn.peer,
+                  conn.client_id, req.client_version[:64],
+                  "" if conn.server.auth is not None else " (authentication off: no user)")
     return m.HelloResponse(__version__, c.broker_id, c.max_frame_bytes, c.max_message_bytes,
                            c.max_batch_records, c.flush, c.max_delay_ms)
 
