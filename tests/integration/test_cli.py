@@ -67,6 +67,15 @@ def assert_one_error_line(res: subprocess.CompletedProcess[str]) -> None:
     assert lines[0].startswith("error: ")
 
 
+def assert_right_aligned(table: list[str], columns: tuple[str, ...]) -> None:
+    """Every row of a plain table ends each of ``columns`` where its header ends."""
+    header, rows = table[0], table[1:]
+    for name in columns:
+        end = header.index(name) + len(name)
+        for row in rows:
+            assert row[end - 1] != " " and row[end:end + 1] in ("", " "), (name, table)
+
+
 def bodies(stdout: str) -> list[str]:
     """Bodies of plain ``consume`` output (queue, offset, tag, body per line)."""
     return [line.split("\t", 3)[3] for line in stdout.splitlines()]
@@ -87,12 +96,16 @@ def test_topic_create_list_describe_delete(broker: Broker) -> None:
     assert [t["queues"] for t in mine] == [3]
 
     ok(addr, "produce", "cli-topics", "a", "b", "c", "d")
+    ok(addr, "produce", "cli-topics", "e", "--sharding-key", "k")  # a keyed one: its own queue
     plain = ok(addr, "topic", "describe", "cli-topics")
     assert "retention_ms=3600000" in plain
     assert all(word in plain for word in ("FIRST", "LAST", "END", "BYTES", "SEGMENTS"))
+    table = plain.splitlines()[1:]
+    assert any(row.split()[2] == "-" for row in table[1:]), plain  # an empty queue
+    assert_right_aligned(table, ("QUEUE", "FIRST", "LAST", "END", "BYTES", "SEGMENTS"))
     desc = json.loads(ok(addr, "--json", "topic", "describe", "cli-topics"))
     assert [q["queue"] for q in desc["queues"]] == [0, 1, 2]
-    assert sum(q["end_offset"] - q["first_offset"] for q in desc["queues"]) == 4
+    assert sum(q["end_offset"] - q["first_offset"] for q in desc["queues"]) == 5
     for q in desc["queues"]:
         if q["end_offset"] > q["first_offset"]:
             assert q["last_offset"] == q["end_offset"] - 1

@@ -3,6 +3,8 @@ delay, ordering and bad input (RELIABILITY.md T16 1-2)."""
 
 from __future__ import annotations
 
+import json
+import re
 import time
 from pathlib import Path
 
@@ -186,7 +188,18 @@ def test_cli_message_status_of_a_transaction(broker: Broker) -> None:
         txn = p.prepare(Message("t", b"x"))
         out = run("message", "status", txn)
         assert "PREPARED" in out and "0 of 15 check-backs" in out and "next check-back" in out
+        assert re.fullmatch(rf"message {txn}: transaction for t/\d+ \(not in the queue\)",
+                            out.splitlines()[0]), out
         p.rollback(txn, "customer cancelled")
         out = run("message", "status", txn)
         assert "ROLLED_BACK" in out and "customer cancelled" in out
-        assert '"ROLLED_BACK"' in run("message", "status", txn, "--json")
+        assert re.fullmatch(rf"message {txn}: transaction for t/\d+ \(not in the queue\)",
+                            out.splitlines()[0]), out
+        doc = json.loads(run("message", "status", txn, "--json"))
+        assert doc["groups"][0]["state"] == "ROLLED_BACK"
+        assert (doc["topic"], doc["offset"]) == ("t", None)
+        committed = p.prepare(Message("t", b"y"))
+        p.commit(committed)
+        out = run("message", "status", committed)
+        assert re.fullmatch(rf"message {committed}: t/\d+ offset \d+", out.splitlines()[0])
+        assert json.loads(run("message", "status", committed, "--json"))["offset"] >= 0

@@ -193,12 +193,13 @@ def delivery_to_dict(resp: m.DescribeDeliveryResponse) -> dict[str, Any]:
 
 
 def status_to_dict(msg_id: str, resp: m.MessageStatusResponse) -> dict[str, Any]:
-    """A message status as a JSON-ready dict (unknown times are null)."""
+    """A message status as a JSON-ready dict (unknown times are null; ``offset`` is null for a
+    transaction's half message that is not committed: it is not in the queue)."""
     return {
         "msg_id": msg_id,
         "topic": resp.topic,
         "queue": resp.queue,
-        "offset": resp.offset,
+        "offset": _opt(resp.offset),
         "groups": [
             {
                 "group": g,
@@ -293,14 +294,17 @@ class Printer:
 
     def table(self, columns: Sequence[str], rows: Iterable[Sequence[object]],
               title: str | None = None) -> None:
-        """Print a table; numbers are right-aligned."""
+        """Print a table; columns of numbers are right-aligned (``-``, "none", counts as a
+        number there)."""
         cells = [[str(c) for c in r] for r in rows]
         if title:
             self.line(title)
         t = Table(box=self._box, show_edge=False, pad_edge=False, header_style="bold",
                   show_header=True)
         for i, name in enumerate(columns):
-            numeric = bool(cells) and all(r[i].lstrip("-").isdigit() for r in cells)
+            numbers = [_is_number(r[i]) for r in cells]
+            numeric = any(numbers) and all(n or r[i] == "-" for n, r in zip(numbers, cells,
+                                                                             strict=True))
             t.add_column(name, justify="right" if numeric else "left", no_wrap=True)
         for r in cells:
             t.add_row(*r)
@@ -489,7 +493,11 @@ class Printer:
         if self.json_mode:
             self.json(status_to_dict(msg_id, resp))
             return
-        self.line(f"message {msg_id}: {resp.topic}/{resp.queue} offset {resp.offset}")
+        if resp.offset >= 0:
+            self.line(f"message {msg_id}: {resp.topic}/{resp.queue} offset {resp.offset}")
+        else:  # a transaction not committed (prepared or rolled back): not in the queue
+            self.line(f"message {msg_id}: transaction for {resp.topic}/{resp.queue} (not in the "
+                      "queue)")
         if not resp.statuses:
             self.line(f"no delivery group reads {resp.topic}")
             return
@@ -636,6 +644,10 @@ class Printer:
         self.line(f"produce: {', '.join(resp.produce) or '-'}")
         self.line(f"consume: {', '.join(resp.consume) or '-'}")
         self.line(f"groups:  {', '.join(resp.groups) or '-'}")
+
+
+def _is_number(text: str) -> bool:
+    return text.removeprefix("-").isdigit()
 
 
 def _props(props: dict[str, str]) -> str:
