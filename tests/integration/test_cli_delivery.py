@@ -18,7 +18,15 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
-from ferrymq import AdminClient, Broker, Message, Producer, PullConsumer
+from ferrymq import (
+    AdminClient,
+    Broker,
+    Message,
+    Producer,
+    PullConsumer,
+    TransactionProducer,
+    TransactionState,
+)
 from ferrymq.admin.cli import cli
 from ferrymq.client._session import Session
 from ferrymq.protocol import messages as m
@@ -156,6 +164,34 @@ def dead_letter_all(addr: str, group: str, topic: str, n: int, reason: str) -> N
 
 def dlq_count(addr: str, group: str) -> int:
     return len(ok_json(addr, "dlq", "list", group, "--limit", "1000")["dead_letters"])
+
+
+# -- topic list ----------------------------------------------------------------------------------------
+
+
+def test_topic_list_hides_internal_topics_unless_asked(broker: Broker) -> None:
+    addr = broker.address
+    create_topic(addr, "tl-orders", 1)
+    produce(addr, [Message("tl-orders", "m")])
+    dead_letter_all(addr, "tl-group", "tl-orders", 1, "bad")  # %DLQ%tl-group
+    with TransactionProducer(addr, "tl-pg", lambda _m: TransactionState.UNKNOWN,
+                             check_after=60) as p:
+        p.prepare(Message("tl-orders", b"half"))  # %HALF%transactions
+    names = {row.split()[0] for row in ok(addr, "topic", "list").splitlines()[1:]}
+    assert "tl-orders" in names
+    assert not [n for n in names if n.startswith("%")], names
+    listed = ok_json(addr, "topic", "list")["topics"]
+    assert not [t for t in listed if t["name"].startswith("%")]
+    assert {t["internal"] for t in listed} == {False}
+
+    rows = {r.split()[0]: r.split() for r in ok(addr, "topic", "list", "--internal").splitlines()}
+    assert rows["TOPIC"] == ["TOPIC", "ID", "QUEUES", "INTERNAL"]
+    assert rows["tl-orders"][3] == "no"
+    assert rows["%DLQ%tl-group"][3] == "yes"
+    assert rows["%HALF%transactions"][3] == "yes"
+    everything = {t["name"]: t for t in ok_json(addr, "topic", "list", "--internal")["topics"]}
+    assert everything["%DLQ%tl-group"]["internal"] is True
+    assert everything["tl-orders"]["internal"] is False
 
 
 # -- message status ----------------------------------------------------------------------------------

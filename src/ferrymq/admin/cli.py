@@ -344,12 +344,18 @@ def topic_create(state: CliState, name: str, queues: int,
 
 
 @topic.command("list")
+@click.option("--internal", is_flag=True,
+              help="Also list the broker's own topics (%RETRY%/%DLQ% of delivery groups, "
+                   "transactions).")
 @pass_state
-def topic_list(state: CliState) -> None:
-    """List topics with their ids and queue counts."""
+def topic_list(state: CliState, internal: bool) -> None:
+    """List topics with their ids and queue counts (the broker's own %-named topics only with
+    --internal)."""
     with state.admin() as admin:
         topics: list[m.TopicMeta] = admin.list_topics()
-    state.printer.topics(topics)
+    if not internal:
+        topics = [t for t in topics if not m.is_internal_topic(t[0])]
+    state.printer.topics(topics, internal)
 
 
 @topic.command("describe")

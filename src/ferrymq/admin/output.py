@@ -332,11 +332,15 @@ class Printer:
         else:
             self.line(f"deleted topic {name}")
 
-    def topics(self, topics: Sequence[m.TopicMeta]) -> None:
-        """``topic list``."""
+    def topics(self, topics: Sequence[m.TopicMeta], internal_column: bool = False) -> None:
+        """``topic list`` (``internal_column``: with ``--internal``, say which are the broker's
+        own; JSON always has ``"internal"``)."""
         if self.json_mode:
-            self.json({"topics": [{"name": t[0], "topic_id": t[1], "queues": t[2]}
-                                  for t in topics]})
+            self.json({"topics": [{"name": t[0], "topic_id": t[1], "queues": t[2],
+                                   "internal": m.is_internal_topic(t[0])} for t in topics]})
+        elif internal_column:
+            self.table(("TOPIC", "ID", "QUEUES", "INTERNAL"),
+                       [(*t[:3], "yes" if m.is_internal_topic(t[0]) else "no") for t in topics])
         else:
             self.table(("TOPIC", "ID", "QUEUES"), [t[:3] for t in topics])
 

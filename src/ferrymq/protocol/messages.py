@@ -28,6 +28,15 @@ MAX_LIST_ITEMS = 100_000
 MAX_NAME_CHARS = 249
 """Topic and group names: at most this many characters."""
 
+INTERNAL_TOPIC_PREFIX = "%"
+"""Names of the broker's own topics start with this (``%RETRY%<group>``, ``%DLQ%<group>``,
+``%HALF%transactions``, ``%TXN%state``); a user's topic name never does."""
+
+
+def is_internal_topic(name: str) -> bool:
+    """Whether ``name`` is one of the broker's own topics (see INTERNAL_TOPIC_PREFIX)."""
+    return name.startswith(INTERNAL_TOPIC_PREFIX)
+
 
 class ApiKey(enum.IntEnum):
     """Request types (``u16`` on the wire)."""
