@@ -123,3 +123,43 @@ def test_tls_with_auth_and_the_cli(tmp_path: Path, certs: Certs) -> None:
         r = subprocess.run([*cli, "--connect-timeout", "1", "topic", "list"], env=env,
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 1 and "TLS" in r.stderr
+
+
+def test_cli_errors_name_its_flags_not_python_options(tmp_path: Path, certs: Certs) -> None:
+    """The CLI's errors name ``--user``/``--tls`` and their environment variables; the Python
+    API's messages keep naming ``auth=``/``tls=``."""
+    users = write_users(tmp_path / "users.toml", make_user("root", "root-pw", admin=True))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FERRYMQ_")}
+
+    def cli_error(address: str, *args: str) -> str:
+        r = subprocess.run([sys.executable, "-m", "ferrymq.admin.cli", "--server", address,
+                            "--connect-timeout", "1", *args, "topic", "list"],
+                           env=env, capture_output=True, text=True, timeout=60,
+                           stdin=subprocess.DEVNULL)
+        assert r.returncode == 1, r.stderr
+        assert len(r.stderr.splitlines()) == 1 and r.stderr.startswith("error: ")
+        assert "auth=" not in r.stderr and "tls=" not in r.stderr, r.stderr
+        return r.stderr
+
+    with ferrymq.Broker(tmp_path / "auth", users_file=str(users)) as auth_on, \
+            ferrymq.Broker(tmp_path / "plain") as plain, \
+            ferrymq.Broker(tmp_path / "tls", tls_cert_file=str(certs.server_cert),
+                           tls_key_file=str(certs.server_key)) as tls:
+        err = cli_error(auth_on.address)
+        assert "--user NAME with --password, or env FERRYMQ_USER and FERRYMQ_PASSWORD" in err
+        err = cli_error(plain.address, "--user", "root", "--password", "root-pw")
+        assert "connect without --user (and unset env FERRYMQ_USER)" in err
+        err = cli_error(tls.address)
+        assert "use --tls, or --tls-ca FILE to trust its CA (env FERRYMQ_TLS, " \
+               "FERRYMQ_TLS_CA)" in err
+
+        with pytest.raises(ferrymq.errors.AuthenticationRequiredError, match=r"auth=\(user, "), \
+                ferrymq.AdminClient(auth_on.address) as admin:
+            admin.list_topics()
+        with pytest.raises(ferrymq.errors.AuthenticationFailedError,
+                           match="connect without auth="), \
+                ferrymq.AdminClient(plain.address, auth=("root", "root-pw")) as admin:
+            admin.list_topics()
+        with pytest.raises(ConnectionClosedError, match="pass tls="), \
+                ferrymq.AdminClient(tls.address, reconnect_timeout_s=1.0) as admin:
+            admin.hello()

@@ -43,6 +43,7 @@ from typing import IO, Any, Literal
 
 import click
 
+from ferrymq._hints import for_cli
 from ferrymq.admin.bench import bench
 from ferrymq.admin.cli_delivery import dlq, message
 from ferrymq.admin.output import Printer
@@ -82,8 +83,10 @@ class CommandError(click.ClickException):
 
 
 def _describe(exc: BaseException) -> str:
+    """One line for an error: its message in the CLI's words (its flags and environment
+    variables, not the Python API's keyword arguments: :func:`ferrymq._hints.for_cli`)."""
     text = " ".join(str(exc).split())
-    return text or type(exc).__name__
+    return for_cli(text) or type(exc).__name__
 
 
 class FerryGroup(click.Group):

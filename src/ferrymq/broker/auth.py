@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ferrymq._hints import AUTH_OFF
 from ferrymq.errors import AuthenticationFailedError, ConfigError
 from ferrymq.protocol import messages as m
 from ferrymq.protocol.auth import (
@@ -427,7 +428,7 @@ def _delayed_failure(conn: BrokerConnection, exc: AuthenticationFailedError,
 
 def _not_enabled() -> AuthenticationFailedError:
     return AuthenticationFailedError(
-        "authentication is off on this broker (no users_file); connect without auth=")
+        f"authentication is off on this broker (no users_file); {AUTH_OFF}")
 
 
 def auth_start(conn: BrokerConnection, req: m.AuthStartRequest

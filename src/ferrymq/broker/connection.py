@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from ferrymq import _sockets
 from ferrymq._buffers import thread_scratch
+from ferrymq._hints import AUTH_NEEDED
 from ferrymq.broker.acl import authorize
 from ferrymq.errors import BrokerError, FrameSizeError, RemoteProtocolError
 from ferrymq.protocol.codes import ErrorCode
@@ -59,6 +60,8 @@ log = logging.getLogger("ferrymq.broker")
 PRE_AUTH_APIS = frozenset((ApiKey.HELLO, ApiKey.AUTH_START, ApiKey.AUTH_FINISH))
 """The only requests dispatched before a connection has authenticated."""
 _AUTH_APIS = frozenset((ApiKey.AUTH_START, ApiKey.AUTH_FINISH))
+_AUTH_FIRST = (f"authenticate first (AUTH_START, AUTH_FINISH): this broker needs credentials "
+               f"({AUTH_NEEDED})").encode()
 
 
 class BrokerConnection(asyncio.BufferedProtocol):
@@ -261,9 +264,7 @@ class BrokerConnection(asyncio.BufferedProtocol):
             self.fail(ErrorCode.INVALID_REQUEST, "clients may not send response frames")
             return
         if not self.authenticated and frame.api_key not in PRE_AUTH_APIS:
-            self._reply(frame, ErrorCode.AUTHENTICATION_REQUIRED,
-                        b"authenticate first (AUTH_START, AUTH_FINISH): this broker needs "
-                        b"credentials (auth=(user, secret))")
+            self._reply(frame, ErrorCode.AUTHENTICATION_REQUIRED, _AUTH_FIRST)
             self.fail_quietly(f"request {frame.api_key} before authentication")
             return
         cls = REQUESTS.get(frame.api_key)

@@ -30,6 +30,7 @@ import ssl
 from dataclasses import dataclass
 from typing import TypeVar
 
+from ferrymq._hints import TLS_NEEDED
 from ferrymq._version import __version__
 from ferrymq.client._transport import TLSOption as TLSOption
 from ferrymq.client._transport import Transport, client_tls_context
@@ -205,7 +206,7 @@ class Session:
                 last = exc
                 if opened and self._tls is None and isinstance(exc, ConnectionClosedError):
                     last = ConnectionClosedError(
-                        f"{exc} during the handshake (if the broker's port is TLS, pass tls=)")
+                        f"{exc} during the handshake (if the broker's port is TLS, {TLS_NEEDED})")
                 self._next_addr += 1
                 attempt += 1
                 if loop.time() >= deadline:
