@@ -31,7 +31,7 @@ from ferrymq.admin.cli import cli
 from ferrymq.client._session import Session
 from ferrymq.protocol import messages as m
 from ferrymq.protocol.records import Record, decode_records
-from tests.helpers import wait_for
+from tests.helpers import BrokerProcess, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -93,10 +93,11 @@ class Member:
 
     @classmethod
     async def join(cls, s: Session, group: str, topic: str, *, max_reconsume: int = 16,
-                   delays_ms: list[int] | None = None, client_id: str = "cli-test") -> Member:
+                   delays_ms: list[int] | None = None, client_id: str = "cli-test",
+                   tags: str = "*", orderly: bool = False) -> Member:
         args: dict[str, Any] = {
             "group": group, "member_id": "", "client_id": client_id,
-            "subscriptions": [(topic, "*")], "session_timeout_ms": 60_000,
+            "subscriptions": [(topic, tags)], "session_timeout_ms": 60_000, "orderly": orderly,
             "retry_delays_ms": delays_ms or [100], "max_reconsume": max_reconsume,
         }
         if "start_from" in {f.name for f in dataclasses.fields(m.ConsumerHeartbeatRequest)}:
@@ -268,6 +269,76 @@ def test_message_status_across_states(broker: Broker) -> None:
     fails(addr, "message", "status", "not-an-id", code=2)
     res = fails(addr, "message", "status", "7FFF0000" + "0" * 20)
     assert "7FFF0000" in res.stderr or "32767" in res.stderr
+
+
+def test_message_status_of_messages_the_tag_filter_skipped(tmp_path: Path) -> None:
+    """FILTERED names the group's tag expression, with no member online, after a kill -9
+    (journal) and after a clean restart (snapshot); a message judged by an expression the group
+    no longer uses is not claimed either way."""
+    topic = "fl-orders"
+    bp = BrokerProcess(tmp_path / "data").start()
+    addr = bp.address
+    try:
+        create_topic(addr, topic, 1)
+        ids = produce(addr, [Message(topic, "m0", tags="paid"), Message(topic, "m1", tags="created"),
+                             Message(topic, "m2"), Message(topic, "m3", tags="created")])
+
+        async def consume(tags: str, n: int) -> list[int]:
+            s = Session(addr)
+            try:
+                mem = await Member.join(s, "fl-g", topic, tags=tags)
+                got = await mem.receive(n)
+                await mem.ack(got)
+                await mem.leave()
+                return [x.offset for x in got]
+            finally:
+                await s.close()
+
+        assert asyncio.run(consume("created", 2)) == [1, 3]
+
+        def status(msg_id: str) -> dict[str, Any]:
+            resp = ok_json(addr, "message", "status", msg_id)
+            (row,) = resp["groups"]
+            return dict(row)
+
+        def check_first_run() -> None:
+            s0 = status(ids[0])
+            assert (s0["state"], s0["reason"]) == ("FILTERED", "filtered out by the group's tag "
+                                                   "expression 'created' (its tag is 'paid'): "
+                                                   "never delivered")
+            assert s0["at_ms"] is None
+            s2 = status(ids[2])
+            assert s2["state"] == "FILTERED" and "(it has no tag)" in s2["reason"]
+            s1 = status(ids[1])
+            assert s1["state"] == "CONSUMED" and s1["at_ms"] is not None and not s1["reason"]
+
+        check_first_run()
+        row = next(line for line in ok(addr, "message", "status", ids[0]).splitlines()
+                   if line.startswith("fl-g"))
+        assert row.split()[1] == "FILTERED" and "tag expression 'created'" in row
+        bp.kill9()
+        bp.start()  # the journal
+        check_first_run()
+        assert bp.terminate() == 0
+        bp.start()  # the snapshot
+        check_first_run()
+
+        # the group changes its expression: new messages are judged by it, older ones by the
+        # old one, which is not kept
+        ids += produce(addr, [Message(topic, "m4", tags="created"), Message(topic, "m5",
+                                                                             tags="paid")])
+        assert asyncio.run(consume("paid", 1)) == [5]
+        s4 = status(ids[4])
+        assert s4["state"] == "FILTERED" and "expression 'paid' (its tag is 'created')" in \
+            s4["reason"]
+        s0 = status(ids[0])
+        assert s0["state"] == "CONSUMED" and s0["at_ms"] is None
+        assert "filtered out by a tag expression the group no longer uses" in s0["reason"]
+        assert status(ids[5])["state"] == "CONSUMED"
+    finally:
+        if bp.proc is not None and bp.proc.poll() is None:
+            bp.proc.kill()
+            bp.proc.wait(10)
 
 
 # -- message show --------------------------------------------------------------------------------------

@@ -100,8 +100,9 @@ def message_status(state: _State, msg_id: str, json_flag: bool) -> None:
     """Show MSG_ID's state in every delivery group that reads its topic.
 
     WAITING (not delivered yet), DELIVERED (to which member, lease until), CONSUMED (acked),
-    RETRYING (attempts so far, next attempt at, last failure) or DEAD (in the group's
-    dead-letter queue, with the reason).
+    FILTERED (skipped: its tag does not match the group's tag expression), RETRYING (attempts
+    so far, next attempt at, last failure) or DEAD (in the group's dead-letter queue, with the
+    reason).
     """
     with state.admin() as admin:
         resp = admin.message_status(msg_id)

@@ -235,6 +235,8 @@ def _status_detail(state: str, member: str, until: int, reconsume: int, next_at:
         return f"{reason}{when}"
     if state == "CONSUMED":
         return reason or f"acknowledged{when or ' (time no longer kept)'}"
+    if state == "FILTERED":
+        return reason or "filtered out by the group's tag expression"
     return "-"
 
 

@@ -223,8 +223,8 @@ class AsyncAdminClient:
 
     async def message_status(self, msg_id: str) -> m.MessageStatusResponse:
         """Where a message is, and its state in each delivery group that reads its topic:
-        WAITING, DELIVERED (member, lease until), CONSUMED, RETRYING (attempt, next at) or DEAD
-        (reason).
+        WAITING, DELIVERED (member, lease until), CONSUMED, FILTERED (its tag does not match the
+        group's tag expression: never delivered), RETRYING (attempt, next at) or DEAD (reason).
 
         Raises:
             InvalidRequestError: not a message id, or the message is not stored (any more).

@@ -1034,7 +1034,8 @@ class DescribeDeliveryRequest(Request):
 MessageGroupStatus = tuple[str, str, str, int, int, int, str, int]
 """(group, state, member, lease until (wall ms) or -1, reconsume times, next attempt (wall ms)
 or -1, last failure reason, when (wall ms) it was acknowledged (CONSUMED) or dead-lettered
-(DEAD), -1 if not known). States: WAITING, DELIVERED, CONSUMED, RETRYING, DEAD."""
+(DEAD), -1 if not known). States: WAITING, DELIVERED, CONSUMED, FILTERED (its tag does not
+match the group's tag expression; the reason names it), RETRYING, DEAD."""
 
 
 @dataclass(frozen=True, slots=True)

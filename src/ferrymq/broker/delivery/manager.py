@@ -65,6 +65,7 @@ from ferrymq.broker.delivery.state import (
     Lease,
     RetryCursor,
     SourceCursor,
+    TagFilter,
 )
 from ferrymq.broker.delivery.store import GroupStore
 from ferrymq.broker.scheduler import CANCELLED_STATE, NOT_SCHEDULED
@@ -292,6 +293,8 @@ class DeliveryManager:
                 self._restore_lease(g, (topic, queue), lease_id, member, deadline, reconsume,
                                     _expand(runs))
         g.acked = deque(AckRun(*r) for r in snap.get("acks", ()))
+        for topic, expression, since in snap.get("filters", ()):
+            self._set_tag_filter(g, topic, expression, {int(q): int(o) for q, o in since})
         retry = snap["retry"]
         if len(retry) == 4:  # format 1: every letter was in memory; read them again from floor
             floor, _nxt, done, leases = retry
@@ -347,6 +350,9 @@ class DeliveryManager:
                 g.orderly = bool(rec[4])
         elif kind == "D":
             g.dlq_floor = max(g.dlq_floor, int(rec[1]))
+        elif kind == "T":
+            _, topic, expression, since = rec
+            self._set_tag_filter(g, topic, expression, {int(q): int(o) for q, o in since})
         else:
             raise CorruptRecordError(f"delivery journal of {g.name}: unknown record {kind!r}")
 
@@ -478,6 +484,8 @@ class DeliveryManager:
             ],
             "retry": [rc.floor, rc.next, _runs(rc.ready), _runs(rc.done), leases(rc.leased)],
             "acks": [list(r) for r in g.acked],
+            "filters": [[topic, tf.expression, [[q, o] for q, o in tf.since.items()]]
+                        for topic, tf in g.tag_filters.items()],
         }
 
     def compact(self, force: bool = False) -> None:
@@ -647,8 +655,10 @@ class DeliveryManager:
         if room <= 0 or budget <= 0:
             return out, pos
         filters = {t: parse_tag_expression(e) for t, e in subscriptions}
-        room, budget, pos = self._receive_letters(g, member_id, filters, room, budget, deadline,
-                                                  deadline_wall, out)
+        pos = self._note_tag_filters(g, subscriptions, filters)
+        room, budget, p = self._receive_letters(g, member_id, filters, room, budget, deadline,
+                                                deadline_wall, out)
+        pos = max(pos, p)
         for topic, tags in filters.items():
             if room <= 0 or budget <= 0:
                 break
@@ -666,6 +676,33 @@ class DeliveryManager:
                 pos = max(pos, p)
         g.rr += 1
         return out, pos
+
+    def _note_tag_filters(
+        self, g: DeliveryGroup, subscriptions: list[tuple[str, str]],
+        filters: dict[str, frozenset[str] | None],
+    ) -> int:
+        """Remember the tag expression this receive filters each topic with, when it is not the
+        one the group used last (``message status`` tells a filtered-out message from an acked
+        one by it). Returns the journal position of the change, or -1 (the usual case: a dict
+        lookup per subscribed topic)."""
+        pos = -1
+        for topic, expression in dict(subscriptions).items():  # the last of a topic wins
+            f = g.tag_filters.get(topic)
+            if f is not None and f.tags == filters[topic]:
+                continue
+            since = {q: cur.next for (t, q), cur in g.sources.items() if t == topic}
+            self._set_tag_filter(g, topic, expression, since)
+            pos = self._journal(g, ["T", topic, expression, [[q, o] for q, o in since.items()]])
+        return pos
+
+    def _set_tag_filter(self, g: DeliveryGroup, topic: str, expression: str,
+                        since: dict[int, int]) -> None:
+        try:
+            tags = parse_tag_expression(expression)
+        except InvalidRequestError:  # checked when it was used: not from this broker
+            g.tag_filters.pop(topic, None)
+            return
+        g.tag_filters[topic] = TagFilter(expression, tags, since)
 
     def _receive_letters(
         self, g: DeliveryGroup, member_id: str, filters: dict[str, frozenset[str] | None],
@@ -1583,6 +1620,10 @@ class DeliveryManager:
             if cur is None or offset >= cur.next:
                 out.append((g.name, "WAITING", "", -1, 0, -1, "", -1))
                 continue
+            judged, filtered = self._filtered(g, topic, queue, offset)
+            if filtered:  # never delivered: nothing to look for in the retry queue or the DLQ
+                out.append((g.name, "FILTERED", "", -1, 0, -1, filtered, -1))
+                continue
             retrying, searched_all = self._retry_status(g, msg_id)
             if retrying is not None:
                 out.append((g.name, *retrying))
@@ -1593,10 +1634,13 @@ class DeliveryManager:
                             dead.dead_wall))
                 continue
             at = g.acked_at(topic, queue, offset)
-            note = self._filtered(g, topic, queue, offset)
-            if at < 0 and not note and not searched_all:
-                note = (f"or still retrying: only the newest {MAX_RETRY_SCAN} records of the "
-                        "retry queue were searched")
+            note = ""
+            if at < 0 and not judged:
+                note = ("acknowledged, or filtered out by a tag expression the group no longer "
+                        "uses (no time kept)")
+            if at < 0 and not searched_all:
+                note = (f"{note or 'acknowledged'}; or still retrying: only the newest "
+                        f"{MAX_RETRY_SCAN} records of the retry queue were searched")
             out.append((g.name, "CONSUMED", "", -1, 0, -1, note, at))
         return m.MessageStatusResponse(topic, queue, offset, out)
 
@@ -1651,20 +1695,25 @@ class DeliveryManager:
         return ("RETRYING", "", -1, letter.reconsume, letter.due_wall, letter.reason, -1), \
             searched_all
 
-    def _filtered(self, g: DeliveryGroup, topic: str, queue: int, offset: int) -> str:
-        """A note when the group skipped the message because of its tag, else ""."""
-        exprs = {e for mem in g.members.values() for tp, e in mem.subscriptions if tp == topic}
-        if not exprs:
-            return ""
+    def _filtered(self, g: DeliveryGroup, topic: str, queue: int, offset: int) -> tuple[bool, str]:
+        """Whether the group's current tag expression of ``topic`` judged the message at
+        ``offset`` (a finished one, below the cursor), and if it filtered it out, why ("" when
+        not). A message before the position where that expression came into use was judged by
+        an earlier one, which the group does not keep."""
+        f = g.tag_filters.get(topic)
+        if f is None or offset < f.since.get(queue, 0):
+            return False, ""
+        if f.tags is None:
+            return True, ""
         rec = self._read_record(g, (topic, queue), offset)
         if rec is None:
-            return ""
+            return True, ""
         tag = rec.tag.decode("utf-8", "replace")
-        for e in exprs:
-            tags = parse_tag_expression(e)
-            if tags is None or tag in tags:
-                return ""
-        return "skipped: its tag does not match the group's subscription"
+        if tag in f.tags:
+            return True, ""
+        what = f"its tag is {tag!r}" if tag else "it has no tag"
+        return True, (f"filtered out by the group's tag expression {f.expression!r} ({what}): "
+                      "never delivered")
 
     def _find_dead(self, g: DeliveryGroup, msg_id: str) -> Letter | None:
         _, _, recs = self._dlq_records(g, MAX_DLQ_SCAN)

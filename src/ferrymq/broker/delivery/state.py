@@ -219,6 +219,18 @@ class DeliveryMember:
     subscriptions: list[tuple[str, str]]
 
 
+@dataclass(slots=True)
+class TagFilter:
+    """The tag expression a group's receives last used on one topic, and from where it is sure
+    to have applied: per queue, the group's ``next`` when it came into use (a queue without an
+    entry was first read under it). ``message status`` says a message whose tag it does not
+    match, at or past that position, was filtered out (never delivered)."""
+
+    expression: str
+    tags: frozenset[str] | None  # parsed; None: every message
+    since: dict[int, int]  # queue -> first offset judged by this expression
+
+
 class AckRun(NamedTuple):
     """Offsets ``first .. first+length-1`` of ``topic``/``queue`` were acknowledged at
     ``wall_ms`` (for retry letters: the original message's position)."""
@@ -251,6 +263,7 @@ class DeliveryGroup:
     pending_moves: int = 0
     moving: dict[str, tuple[str, Letter]] = field(default_factory=dict)  # msg id -> (state, letter)
     acked: deque[AckRun] = field(default_factory=deque)  # newest last; bounded by the manager
+    tag_filters: dict[str, TagFilter] = field(default_factory=dict)  # topic -> last expression
 
     def record_acks(self, topic: str, queue: int, runs: list[list[int]], wall_ms: int,
                     limit: int) -> None:
