@@ -541,6 +541,47 @@ def test_group_describe_delivery_group_with_and_without_members(broker: Broker) 
     assert "no consumer group or delivery group" in res.stderr
 
 
+def test_group_describe_lag_counts_every_message_not_finished(broker: Broker) -> None:
+    """Lag counts what the group has not finished: held behind a blocked key and retried in
+    place (orderly), leased, and in the retry queue (the group's total)."""
+    addr = broker.address
+    create_topic(addr, "lag-t", 1)
+    produce(addr, [Message("lag-t", f"k{i}", sharding_key="customer-7") for i in range(10)])
+    produce(addr, [Message("lag-t", f"u{i}") for i in range(3)])  # unkeyed: 10, 11, 12
+
+    async def scenario() -> None:
+        s = Session(addr)
+        try:
+            orderly = await Member.join(s, "lag-orderly", "lag-t", orderly=True)
+            heads = await orderly.receive(4)  # the key's head and the three unkeyed ones
+            assert sorted(x.offset for x in heads) == [0, 10, 11, 12]
+            await orderly.ack([x for x in heads if x.offset >= 10])
+            head = [x for x in heads if x.offset == 0]
+            await orderly.nack(head, reason="payment service down", delay_ms=60_000)
+            plain = await Member.join(s, "lag-plain", "lag-t", delays_ms=[60_000])
+            got = await plain.receive(13)
+            await plain.ack(got[:10])
+            await plain.nack(got[10:11], reason="later", delay_ms=-1)  # the ladder: 60 s
+        finally:
+            await s.close()
+
+    asyncio.run(scenario())
+    d = ok_json(addr, "group", "describe", "lag-orderly")
+    assert [(q["next"], q["end_offset"], q["in_flight"], q["lag"]) for q in d["queues"]] == [
+        (13, 13, 0, 10)]  # the failed head and the 9 messages held behind it
+    assert d["lag"] == 10
+    assert [k["key"] for k in d["blocked_keys"]] == ["customer-7"]
+    text = ok(addr, "group", "describe", "lag-orderly")
+    assert "delivery group lag-orderly: 1 members online, lag 10," in text
+    row = next(line.split() for line in text.splitlines() if line.startswith("lag-t "))
+    assert row[6] == "10", text  # TOPIC QUEUE ACKED-BELOW NEXT END IN-FLIGHT LAG OLDEST
+
+    wait_for(lambda: ok_json(addr, "group", "describe", "lag-plain")["retry_pending"] == 1)
+    d = ok_json(addr, "group", "describe", "lag-plain")
+    assert [(q["in_flight"], q["lag"]) for q in d["queues"]] == [(2, 2)]
+    assert d["lag"] == 3  # and the retry letter
+
+
 # -- find by key -------------------------------------------------------------------------------------------
 
 

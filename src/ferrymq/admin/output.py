@@ -149,12 +149,17 @@ def _opt(value: int) -> int | None:
 
 
 def delivery_to_dict(resp: m.DescribeDeliveryResponse) -> dict[str, Any]:
-    """A delivery group description as a JSON-ready dict. Per queue ``lag`` is the messages
-    not yet finished by the group: ``end - next + in_flight``; ``oldest_age_ms`` is the age of
-    the oldest unfinished message (null when none)."""
+    """A delivery group description as a JSON-ready dict. Per queue ``lag`` is the messages of
+    the queue the group has not finished (see :class:`~ferrymq.protocol.messages.
+    DescribeDeliveryResponse`; from an older broker: ``end - next + in_flight``); the group's
+    ``lag`` adds the retry queue's (pending and in flight). ``oldest_age_ms`` is the age of the
+    oldest unfinished message (null when none)."""
+    lags = resp.lag if len(resp.lag) == len(resp.queues) else [
+        max(0, end - nxt) + in_flight for _t, _q, _f, nxt, end, in_flight, _a in resp.queues]
     return {
         "group": resp.group,
         "kind": "delivery",
+        "lag": sum(lags) + resp.retry_pending + resp.retry_in_flight,
         "members": [
             {
                 "member_id": mid,
@@ -173,10 +178,11 @@ def delivery_to_dict(resp: m.DescribeDeliveryResponse) -> dict[str, Any]:
                 "next": nxt,
                 "end_offset": end,
                 "in_flight": in_flight,
-                "lag": max(0, end - nxt) + in_flight,
+                "lag": lag,
                 "oldest_age_ms": _opt(age),
             }
-            for t, q, floor, nxt, end, in_flight, age in resp.queues
+            for (t, q, floor, nxt, end, in_flight, age), lag in zip(resp.queues, lags,
+                                                                      strict=True)
         ],
         "retry_pending": resp.retry_pending,
         "retry_in_flight": resp.retry_in_flight,
@@ -426,8 +432,8 @@ class Printer:
         """``group describe`` of a delivery group (tables)."""
         d = delivery_to_dict(resp)
         self.line(f"delivery group {resp.group}: {len(resp.members)} members online, "
-                  f"retry pending {resp.retry_pending}, retry in flight {resp.retry_in_flight}, "
-                  f"DLQ {resp.dlq_size}")
+                  f"lag {d['lag']}, retry pending {resp.retry_pending}, retry in flight "
+                  f"{resp.retry_in_flight}, DLQ {resp.dlq_size}")
         delays = " ".join(format_duration_ms(x) for x in resp.retry_delays_ms) or "-"
         if resp.orderly:
             self.line(f"orderly: one message per sharding key at a time; max_reconsume "

@@ -1000,7 +1000,13 @@ reason)."""
 
 @dataclass(frozen=True, slots=True)
 class DescribeDeliveryResponse(Body):
-    """A delivery group: members, per-queue progress, retry and dead-letter sizes, policy."""
+    """A delivery group: members, per-queue progress, retry and dead-letter sizes, policy.
+
+    ``lag`` has one entry per row of ``queues``: the messages of that queue the group has not
+    finished (never delivered, ``end - next``, plus those below ``next`` not finished: leased;
+    for an orderly group also held behind a key and retried in place). Retry letters are not
+    in it (``retry_pending``, ``retry_in_flight``). A broker that predates it sends none.
+    """
 
     group: str
     members: list[DeliveryMember]
@@ -1012,12 +1018,14 @@ class DescribeDeliveryResponse(Body):
     max_reconsume: int
     orderly: bool = False
     blocked: list[BlockedKey] = field(default_factory=list)
+    lag: list[int] = field(default_factory=list)
     SCHEMA = (
         STR,
         lst(tup(STR, STR, STR, INT, INT)),
         lst(tup(STR, INT, INT, INT, INT, INT, INT)),
         INT, INT, INT, lst(INT), INT, BOOL,
         lst(tup(STR, INT, STR, STR, INT, INT, INT, STR)),
+        lst(INT),
     )
 
 

@@ -1506,6 +1506,7 @@ class DeliveryManager:
         topics = {t for mem in g.members.values() for t, _ in mem.subscriptions}
         topics |= {t for t, _ in g.sources}
         queues: list[m.DeliveryQueue] = []
+        lags: list[int] = []
         for topic in sorted(topics):
             t = self.topics.topics.get(topic)
             if t is None:
@@ -1526,6 +1527,8 @@ class DeliveryManager:
                         pass
                 queues.append((topic, qs.queue, floor, nxt, end,
                                cur.in_flight if cur is not None else 0, age))
+                never = end - max(nxt, qs.log.start_offset)  # retention: gone, not owed
+                lags.append(max(0, never) + (cur.unfinished if cur is not None else 0))
         dlq = self._internal_queue(g.dlq_topic, create=False)
         dlq_size = max(0, dlq.log.end_offset - max(g.dlq_floor, dlq.log.start_offset)) if dlq else 0
         blocked: list[m.BlockedKey] = []
@@ -1541,7 +1544,7 @@ class DeliveryManager:
                                 f.reconsume, f.since_wall, nxt, f.reason))
         return m.DescribeDeliveryResponse(
             g.name, members, queues, self._retry_waiting(g), g.retry.in_flight, dlq_size,
-            list(g.retry_delays_ms), g.max_reconsume, g.orderly, blocked,
+            list(g.retry_delays_ms), g.max_reconsume, g.orderly, blocked, lags,
         )
 
     def _dlq_records(

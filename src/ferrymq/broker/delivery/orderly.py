@@ -178,6 +178,12 @@ class OrderlyCursor:
         """Messages leased now."""
         return len(self.leased)
 
+    @property
+    def unfinished(self) -> int:
+        """Messages below ``next`` not finished: every pending one (leased, retried in place,
+        ready, or held behind its key's head)."""
+        return len(self.pending)
+
     # -- restart ------------------------------------------------------------------------------
 
     def restore(self, offsets: Iterable[int], lease: Lease) -> None:

@@ -101,6 +101,11 @@ class SourceCursor:
         """Messages leased now."""
         return len(self.leased)
 
+    @property
+    def unfinished(self) -> int:
+        """Messages below ``next`` not finished: the leased ones."""
+        return len(self.leased)
+
 
 class RetryCursor:
     """The group's retry queue: a scan over its visible letters (see the module docstring)."""
