@@ -68,6 +68,7 @@ ERRORS_ALL = [
     "LocalProtocolError",
     "LogClosedError",
     "MessageTooLargeError",
+    "NonEmptyGroupError",
     "NotScheduledError",
     "OffsetOutOfRangeError",
     "OutOfOrderSequenceError",

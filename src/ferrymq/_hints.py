@@ -16,11 +16,14 @@ AUTH_OFF = "connect without auth="
 """The broker has authentication off, and the client sent credentials."""
 TLS_NEEDED = "pass tls="
 """The broker's port may be TLS, and the client spoke plain TCP."""
+DELETE_DLQ = "delete_dlq=True"
+"""A group's dead letters are deleted with it only when asked."""
 
 CLI_HINTS: dict[str, str] = {
     AUTH_NEEDED: "--user NAME with --password, or env FERRYMQ_USER and FERRYMQ_PASSWORD",
     AUTH_OFF: "connect without --user (and unset env FERRYMQ_USER)",
     TLS_NEEDED: "use --tls, or --tls-ca FILE to trust its CA (env FERRYMQ_TLS, FERRYMQ_TLS_CA)",
+    DELETE_DLQ: "--delete-dlq",
 }
 """Each Python hint and what the ``ferrymq`` command line says instead."""
 

@@ -63,6 +63,7 @@ __all__ = [
     "LocalProtocolError",
     "LogClosedError",
     "MessageTooLargeError",
+    "NonEmptyGroupError",
     "NotScheduledError",
     "OffsetOutOfRangeError",
     "OutOfOrderSequenceError",
@@ -286,6 +287,16 @@ class UnknownGroupError(BrokerError):
     """No consumer group with this name exists."""
 
     code = ErrorCode.UNKNOWN_GROUP
+
+
+class NonEmptyGroupError(BrokerError):
+    """The group has live members (or, for a delivery group, dead letters): not deleted.
+
+    A group is deleted once its consumers have stopped (Kafka's NON_EMPTY_GROUP); a delivery
+    group's dead letters are redriven or purged first, or deleted with it on purpose.
+    """
+
+    code = ErrorCode.NON_EMPTY_GROUP
 
 
 class RebalanceInProgressError(BrokerError):

@@ -553,7 +553,7 @@ def _seek(consumer: PullConsumer, topic_name: str, start: Position) -> None:
 
 @cli.group()
 def group() -> None:
-    """List and describe consumer groups; move their offsets (replay)."""
+    """List, describe and delete consumer groups; move their offsets (replay)."""
 
 
 @group.command("list")
@@ -589,6 +589,31 @@ def group_describe(state: CliState, name: str) -> None:
         raise CommandError(f"unknown group {name!r}: no consumer group or delivery group has "
                            "this name")
     state.printer.groups_described(consumer, delivery)
+
+
+@group.command("delete")
+@click.argument("name", metavar="GROUP")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@click.option("--delete-dlq", is_flag=True,
+              help="Also delete the delivery group's dead letters (refused otherwise while it "
+                   "has some).")
+@pass_state
+def group_delete(state: CliState, name: str, yes: bool, delete_dlq: bool) -> None:
+    """Delete GROUP once no consumer of it is running: a consumer group's committed offsets,
+    a delivery group's state, retry queue and dead-letter queue.
+
+    Refused while the group has live members, and while a delivery group has dead letters
+    unless --delete-dlq. A consumer that later uses the name starts afresh. Asks for
+    confirmation unless --yes; without a terminal, --yes is required.
+    """
+    if not yes:
+        if not sys.stdin.isatty():
+            raise click.UsageError("refusing to delete without --yes (stdin is not a terminal)")
+        what = " and its dead letters" if delete_dlq else ""
+        click.confirm(f"Delete group {name!r}{what}?", abort=True, err=True)
+    with state.admin() as admin:
+        resp: m.DeleteGroupResponse = admin.delete_group(name, delete_dlq=delete_dlq)
+    state.printer.group_deleted(name, resp)
 
 
 @group.command("skip")

@@ -465,6 +465,21 @@ class Printer:
                  for t, q, key, msg_id, attempts, since, nxt, reason in resp.blocked],
             )
 
+    def group_deleted(self, group: str, resp: m.DeleteGroupResponse) -> None:
+        """``group delete``: which kinds of group went, and how many dead letters."""
+        if self.json_mode:
+            self.json({"group": group, "deleted": True, "consumer_group": resp.consumer_group,
+                       "delivery_group": resp.delivery_group,
+                       "dead_letters": resp.dead_letters})
+            return
+        what = []
+        if resp.consumer_group:
+            what.append("consumer group with its committed offsets")
+        if resp.delivery_group:
+            what.append(f"delivery group with its retry queue and {resp.dead_letters} dead "
+                        "letters")
+        self.line(f"deleted group {group}: {' and '.join(what)}")
+
     def offsets_reset(self, group: str, topic: str,
                       offsets: Sequence[tuple[str, int, int]]) -> None:
         """``group reset-offset``: the offsets now committed."""

@@ -9,8 +9,9 @@ the right is one of
 * ``describe`` on a topic (produce or consume on it is enough),
 * ``group`` on a group name (consumer groups, delivery groups, producer groups, transactional
   ids and sinks all share this namespace),
-* ``admin`` (no name): topic create/delete, offset resets, dead-letter redrive/purge, skips,
-  listing everything, user changes and listing users (UPSERT_USER, DELETE_USER, LIST_USERS).
+* ``admin`` (no name): topic create/delete, group deletion, offset resets, dead-letter
+  redrive/purge, skips, listing everything, user changes and listing users (UPSERT_USER,
+  DELETE_USER, LIST_USERS).
 
 :func:`authorize` is called by :mod:`ferrymq.broker.connection` for every request after it is
 decoded and before its handler runs: one place, so a handler cannot forget it. A request type
@@ -117,6 +118,7 @@ NEEDS: dict[int, _Rule] = {
     m.ApiKey.LIST_GROUPS: lambda r, s: [ADMIN],
     m.ApiKey.DESCRIBE_GROUP: lambda r, s: [("group", r.group)],
     m.ApiKey.RESET_OFFSETS: lambda r, s: [ADMIN],
+    m.ApiKey.DELETE_GROUP: lambda r, s: [ADMIN],
     m.ApiKey.CONSUMER_HEARTBEAT: lambda r, s: [
         ("group", r.group), *_topics("consume", {t for t, _ in r.subscriptions})],
     m.ApiKey.RECEIVE: lambda r, s: [

@@ -23,7 +23,9 @@ other state)::
     leave / expire   -                EMPTY if last, else STABLE; gen+1
 
 Committed offsets survive restarts: each group's offsets are one checkpoint file
-(``groups/<group>``), rewritten atomically (write, fsync, rename) on every commit.
+(``groups/<group>``), rewritten atomically (write, fsync, rename) on every commit. Deleting a
+group (``ferrymq group delete``, only while it has no member) removes that file: a member that
+joins later under the same name starts afresh, from ``auto_offset_reset``.
 """
 
 from __future__ import annotations
@@ -31,8 +33,10 @@ from __future__ import annotations
 import logging
 import re
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import msgpack
 
@@ -40,11 +44,13 @@ from ferrymq._faults import ENOSPC_FAULTS, enospc_point
 from ferrymq.errors import (
     IllegalGenerationError,
     InvalidRequestError,
+    NonEmptyGroupError,
     RebalanceInProgressError,
     UnknownGroupError,
     UnknownMemberError,
 )
 from ferrymq.storage import read_checkpoint, write_checkpoint
+from ferrymq.storage.files import fsync_directory
 
 log = logging.getLogger("ferrymq.broker")
 
@@ -275,9 +281,56 @@ class GroupCoordinator:
         if g.members:
             g.generation += 1
 
+    def check_deletable(self, name: str) -> None:
+        """Raise unless the group ``name`` may be deleted now (a group not known may be).
+
+        Raises:
+            NonEmptyGroupError: it has live members.
+        """
+        g = self.groups.get(name)
+        if g is not None and g.members:
+            raise NonEmptyGroupError(
+                f"consumer group {name!r} has {len(g.members)} live member"
+                f"{'' if len(g.members) == 1 else 's'} ({name_members(g.members.values())}): stop its "
+                "consumers first (a member leaves when its consumer closes, or when its "
+                "session times out)")
+
+    def delete(self, name: str) -> bool:
+        """Forget a group without members and remove its committed offsets from disk
+        (durably); False when there is no such group.
+
+        Raises:
+            NonEmptyGroupError: it has live members.
+            OSError: the file could not be removed; the group is kept.
+        """
+        self.check_deletable(name)
+        if name not in self.groups:
+            return False
+        (self._dir / name).unlink(missing_ok=True)
+        fsync_directory(self._dir)
+        del self.groups[name]
+        log.info("group %s: deleted with its committed offsets", name)
+        return True
+
     def forget_topic(self, topic: str) -> None:
         """Drop committed offsets of a deleted topic."""
         for g in self.groups.values():
             if any(k[0] == topic for k in g.offsets):
                 self._save(g, {k: o for k, o in g.offsets.items() if k[0] != topic})
 
+
+MAX_NAMED_MEMBERS = 3
+"""Members a NON_EMPTY_GROUP message names (then "and N more")."""
+
+
+class _MemberLike(Protocol):
+    member_id: str
+    host: str
+
+
+def name_members(members: Iterable[_MemberLike]) -> str:
+    """Some members by id and host, for an error message (consumer or delivery groups)."""
+    ms = list(members)
+    named = ", ".join(f"{m.member_id} from {m.host}" for m in ms[:MAX_NAMED_MEMBERS])
+    return named + (f" and {len(ms) - MAX_NAMED_MEMBERS} more" if len(ms) > MAX_NAMED_MEMBERS
+                    else "")

@@ -175,6 +175,29 @@ class AsyncAdminClient:
         """Members, assignment, committed offsets and lag."""
         return await self._session.request(m.DescribeGroupRequest(group), m.DescribeGroupResponse)
 
+    async def delete_group(self, group: str, *, delete_dlq: bool = False) -> m.DeleteGroupResponse:
+        """Delete a group that has no live member: the consumer (pull) group of that name with
+        its committed offsets, and the delivery (push/simple) group with its state, retry queue
+        and dead-letter queue. A consumer that later uses the name starts afresh, where its
+        ``auto_offset_reset`` / ``start_from`` says.
+
+        Args:
+            group: the group's name (both kinds are deleted when both exist).
+            delete_dlq: also delete the delivery group's dead letters; without it a group with
+                dead letters is refused (redrive or purge them first).
+
+        Returns:
+            Which kinds were deleted, and how many dead letters went with the group.
+
+        Raises:
+            NonEmptyGroupError: the group has live members (stop its consumers first), or dead
+                letters and not ``delete_dlq``. Nothing was deleted.
+            UnknownGroupError: no group has this name.
+            AccessDeniedError: the user is not an admin.
+        """
+        return await self._session.request(m.DeleteGroupRequest(group, delete_dlq),
+                                           m.DeleteGroupResponse, retry=False)
+
     async def reset_offsets(self, group: str, topic: str, *, to: str | int) -> list[tuple[str, int, int]]:
         """Move a group's offsets on a topic: ``to`` is "earliest", "latest", an offset (int)
         or a timestamp in ms given as ``("time", ms)`` via :meth:`reset_offsets_to_time`."""

@@ -325,7 +325,11 @@ class AdminClient:
 
         return call
 
-    # delivery groups, dead letters, messages by id or key: typed mirrors of the async client
+    # groups, dead letters, messages by id or key: typed mirrors of the async client
+
+    def delete_group(self, group: str, *, delete_dlq: bool = False) -> m.DeleteGroupResponse:
+        """See :meth:`ferrymq.client.admin.AsyncAdminClient.delete_group`."""
+        return _run(self._async.delete_group(group, delete_dlq=delete_dlq))
 
     def describe_delivery(self, group: str) -> m.DescribeDeliveryResponse:
         """A delivery group's members, progress, lag, retry and DLQ sizes, retry policy."""

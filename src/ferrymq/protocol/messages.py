@@ -77,6 +77,7 @@ class ApiKey(enum.IntEnum):
     UPSERT_USER = 34
     DELETE_USER = 35
     LIST_USERS = 36
+    DELETE_GROUP = 37
     PREPARE_TRANSACTION = 40
     END_TRANSACTION = 41
     TXN_CHECK_POLL = 42
@@ -807,6 +808,30 @@ class DescribeGroupRequest(Request):
     API_KEY = ApiKey.DESCRIBE_GROUP
     RESPONSE = DescribeGroupResponse
     SCHEMA = (STR,)
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteGroupResponse(Body):
+    """What was deleted: the consumer (pull) group of that name and its committed offsets, the
+    delivery group with its state, retry queue and dead-letter queue; how many dead letters
+    went with it."""
+
+    consumer_group: bool
+    delivery_group: bool
+    dead_letters: int
+    SCHEMA = (BOOL, BOOL, INT)
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteGroupRequest(Request):
+    """Delete a group (both kinds when the name has both): NON_EMPTY_GROUP while it has live
+    members, or dead letters unless ``delete_dlq``; UNKNOWN_GROUP when no group has the name."""
+
+    group: str
+    delete_dlq: bool
+    API_KEY = ApiKey.DELETE_GROUP
+    RESPONSE = DeleteGroupResponse
+    SCHEMA = (STR, BOOL)
 
 
 @dataclass(frozen=True, slots=True)
@@ -1567,7 +1592,7 @@ REQUESTS: dict[int, type[Request]] = {
         TxnCheckPollRequest, InitTxnRequest, EndTxnRequest, TxnOffsetCommitRequest,
         CommitStagedRequest, AbortStagedRequest, DescribeTxnsRequest,
         AuthStartRequest, AuthFinishRequest, WhoAmIRequest,
-        UpsertUserRequest, DeleteUserRequest, ListUsersRequest,
+        UpsertUserRequest, DeleteUserRequest, ListUsersRequest, DeleteGroupRequest,
     )
 }
 assert set(REQUESTS) == set(ApiKey), "every ApiKey needs a request type"

@@ -62,6 +62,8 @@ SAMPLES: list[m.Body] = [
         "g", "stable", 3, [("m-1", "client", "127.0.0.1", [("orders", 0)])],
         [("orders", 0, 10, 12, 2), ("orders", 1, -1, 0, 0)],
     ),
+    m.DeleteGroupRequest("g", False),
+    m.DeleteGroupResponse(True, True, 3),
     m.ResetOffsetsRequest("g", "orders", -2, False),
     m.ResetOffsetsResponse([("orders", 0, 0)]),
     m.ConsumerHeartbeatRequest("g", "", "c", [("orders", "a || b")], 30_000, None, -1, -2),
@@ -84,6 +86,8 @@ SAMPLES: list[m.Body] = [
     m.DescribeDeliveryResponse("g", [], [], 0, 0, 0, [1000], 16, True,
                                [("orders", 1, "k", "0000000100000000000000000005", 2,
                                  1700000000000, -1, "db down")]),
+    m.DescribeDeliveryResponse("g", [], [("orders", 0, 5, 9, 12, 3, 1500)], 0, 0, 0, [1000], 16,
+                               True, [], [11]),
     m.MessageStatusRequest("0000000100000000000000000005"),
     m.MessageStatusResponse("orders", 0, 5, [("g", "RETRYING", "", -1, 2, 1700000000000, "x",
                                               -1)]),
@@ -249,3 +253,6 @@ def test_fields_added_later_default_when_an_older_peer_leaves_them_out() -> None
     assert m.ListOffsetsRequest.decode(msgpack.packb([[["t", 0, -1]]])).isolation == 0
     with pytest.raises(RemoteProtocolError):  # a field without a default is still required
         m.FetchRequest.decode(msgpack.packb([500, 1, 1024]))
+    with_lag = m.DescribeDeliveryResponse("g", [], [], 0, 0, 0, [1000], 16, True, [], [7])
+    before_lag = msgpack.unpackb(with_lag.encode())[:-1]  # a broker that predates ``lag``
+    assert m.DescribeDeliveryResponse.decode(msgpack.packb(before_lag)).lag == []

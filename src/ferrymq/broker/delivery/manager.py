@@ -43,12 +43,14 @@ import functools
 import heapq
 import logging
 import re
+import shutil
 import uuid
 from collections import deque
 from collections.abc import Callable, Container, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ferrymq._hints import DELETE_DLQ
 from ferrymq._time import Clock
 from ferrymq.broker.delivery.letters import (
     StoredRecord,
@@ -68,11 +70,14 @@ from ferrymq.broker.delivery.state import (
     TagFilter,
 )
 from ferrymq.broker.delivery.store import GroupStore
+from ferrymq.broker.groups import name_members
 from ferrymq.broker.scheduler import CANCELLED_STATE, NOT_SCHEDULED
 from ferrymq.errors import (
     BrokerError,
+    BusyError,
     CorruptRecordError,
     InvalidRequestError,
+    NonEmptyGroupError,
     StorageFailureError,
     StorageFullError,
     UnknownGroupError,
@@ -81,7 +86,12 @@ from ferrymq.errors import (
 )
 from ferrymq.protocol import messages as m
 from ferrymq.protocol.codes import ErrorCode
-from ferrymq.protocol.letters import MAX_REASON_CHARS, Letter
+from ferrymq.protocol.letters import (
+    DLQ_TOPIC_PREFIX,
+    MAX_REASON_CHARS,
+    RETRY_TOPIC_PREFIX,
+    Letter,
+)
 from ferrymq.protocol.markers import ReadCommittedFilter
 from ferrymq.protocol.records import (
     ATTR_CONTROL,
@@ -97,6 +107,7 @@ from ferrymq.protocol.records import (
 )
 from ferrymq.protocol.schedule import SCHEDULED_ID
 from ferrymq.protocol.tags import parse_tag_expression
+from ferrymq.storage.files import fsync_directory
 
 if TYPE_CHECKING:
     import asyncio
@@ -110,6 +121,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("ferrymq.broker")
 
 DELIVERY_GROUP_NAME = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
+DELETED_SUFFIX = "~deleted"
+"""A deleted group's directory is renamed ``<group>~deleted`` (a name no group can have) before
+its topics and files are removed; :meth:`DeliveryManager.load` finishes what a crash left."""
 
 DEFAULT_RETRY_DELAYS_MS = [
     s * 1000 for s in (10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800,
@@ -227,11 +241,18 @@ class DeliveryManager:
     # -- loading and saving --------------------------------------------------------------------
 
     def load(self) -> None:
-        """Load every group from disk (after the topics are open)."""
+        """Load every group from disk (after the topics are open); finish deleting groups a
+        crash interrupted."""
         self.dir.mkdir(parents=True, exist_ok=True)
+        deleted: list[Path] = []
         for d in sorted(self.dir.iterdir()):
             if d.is_dir() and DELIVERY_GROUP_NAME.fullmatch(d.name):
                 self._load_group(d)
+            elif d.is_dir() and d.name.endswith(DELETED_SUFFIX):
+                deleted.append(d)
+        for d in deleted:
+            log.warning("delivery group %s: finishing its deletion", d.name[:-len(DELETED_SUFFIX)])
+            self._remove_deleted(d)
 
     def _load_group(self, d: Path) -> DeliveryGroup:
         store, snap, records = GroupStore.load(d)
@@ -627,6 +648,73 @@ class DeliveryManager:
             raise UnknownMemberError(f"member {member_id[:100]!r} is not in group {name!r}")
         self._release_member(g, member_id, counts=False, reason="consumer left")
         log.info("delivery group %s: member %s left", name, member_id)
+
+    def check_deletable(self, name: str, delete_dlq: bool) -> int:
+        """Raise unless the group ``name`` may be deleted now; its dead letters (0 for a group
+        not known).
+
+        Raises:
+            NonEmptyGroupError: it has live members, or dead letters and not ``delete_dlq``.
+            BusyError: messages are being moved to its retry or dead-letter queue (retriable:
+                for a moment after a member left).
+        """
+        g = self.groups.get(name)
+        if g is None:
+            return 0
+        if g.members:
+            n = len(g.members)
+            raise NonEmptyGroupError(
+                f"delivery group {name!r} has {n} live member{'' if n == 1 else 's'} "
+                f"({name_members(g.members.values())}): stop its consumers first (a member "
+                "leaves when its consumer closes, or when its session times out)")
+        if g.pending_moves:
+            raise BusyError(f"delivery group {name!r} is still moving {g.pending_moves} "
+                            "messages to its retry or dead-letter queue",
+                            retry_after_ms=self.config.busy_retry_after_ms)
+        dead = self._dlq_size(g)
+        if dead and not delete_dlq:
+            raise NonEmptyGroupError(
+                f"delivery group {name!r} has {dead} dead letters in {g.dlq_topic}: redrive or "
+                f"purge them first, or delete them with the group ({DELETE_DLQ})")
+        return dead
+
+    def delete(self, name: str, delete_dlq: bool) -> int | None:
+        """Delete a group without members: its state (cursors, leases, retry policy, ack
+        history), its retry queue and its dead-letter queue; returns how many dead letters went
+        with it (None: no such group). A member that comes later under this name starts a new
+        group (``start_from``).
+
+        The directory is renamed first (``<group>~deleted``, fsynced): from then on the group is
+        gone, and a crash before the rest is done is finished by :meth:`load`.
+
+        Raises:
+            NonEmptyGroupError, BusyError: see :meth:`check_deletable`.
+            OSError: the rename failed; nothing changed.
+        """
+        dead = self.check_deletable(name, delete_dlq)
+        g = self.groups.get(name)
+        if g is None:
+            return None
+        gone = self.dir / f"{name}{DELETED_SUFFIX}"
+        (self.dir / name).rename(gone)
+        fsync_directory(self.dir)
+        del self.groups[name]
+        self.stores.pop(name).close()
+        g.wake()
+        self._remove_deleted(gone)
+        log.info("delivery group %s: deleted (%d dead letters with it)", name, dead)
+        return dead
+
+    def _remove_deleted(self, d: Path) -> None:
+        """Remove a deleted group's retry and dead-letter topics, then its directory (unless a
+        group of that name exists again: its topics are its own)."""
+        name = d.name[:-len(DELETED_SUFFIX)]
+        if name not in self.groups:
+            for topic in (RETRY_TOPIC_PREFIX + name, DLQ_TOPIC_PREFIX + name):
+                if topic in self.topics.topics:
+                    self.topics.delete(topic)
+        shutil.rmtree(d, ignore_errors=True)
+        fsync_directory(self.dir)
 
     def _release_member(self, g: DeliveryGroup, member_id: str, *, counts: bool, reason: str) -> None:
         for lease in [ls for ls in g.leases.values() if ls.member == member_id]:
@@ -1529,8 +1617,7 @@ class DeliveryManager:
                                cur.in_flight if cur is not None else 0, age))
                 never = end - max(nxt, qs.log.start_offset)  # retention: gone, not owed
                 lags.append(max(0, never) + (cur.unfinished if cur is not None else 0))
-        dlq = self._internal_queue(g.dlq_topic, create=False)
-        dlq_size = max(0, dlq.log.end_offset - max(g.dlq_floor, dlq.log.start_offset)) if dlq else 0
+        dlq_size = self._dlq_size(g)
         blocked: list[m.BlockedKey] = []
         for cur in g.sources.values():
             if not isinstance(cur, OrderlyCursor):
@@ -1546,6 +1633,11 @@ class DeliveryManager:
             g.name, members, queues, self._retry_waiting(g), g.retry.in_flight, dlq_size,
             list(g.retry_delays_ms), g.max_reconsume, g.orderly, blocked, lags,
         )
+
+    def _dlq_size(self, g: DeliveryGroup) -> int:
+        """Dead letters not redriven or purged (one per offset of the dead-letter queue)."""
+        dlq = self._internal_queue(g.dlq_topic, create=False)
+        return max(0, dlq.log.end_offset - max(g.dlq_floor, dlq.log.start_offset)) if dlq else 0
 
     def _dlq_records(
         self, g: DeliveryGroup, limit: int

@@ -47,6 +47,7 @@ HANDLERS: dict[int, Handler] = {
     ApiKey.LEAVE_GROUP: groups.leave_group,
     ApiKey.LIST_GROUPS: groups.list_groups,
     ApiKey.DESCRIBE_GROUP: groups.describe_group,
+    ApiKey.DELETE_GROUP: groups.delete_group,
     ApiKey.CONSUMER_HEARTBEAT: delivery.consumer_heartbeat,
     ApiKey.RECEIVE: delivery.receive,
     ApiKey.ACK: delivery.ack,

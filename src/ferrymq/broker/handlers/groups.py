@@ -1,9 +1,10 @@
-"""JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, LIST_GROUPS, DESCRIBE_GROUP."""
+"""JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, LIST_GROUPS, DESCRIBE_GROUP, DELETE_GROUP."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ferrymq.errors import UnknownGroupError
 from ferrymq.protocol import messages as m
 
 if TYPE_CHECKING:
@@ -73,3 +74,18 @@ def describe_group(conn: BrokerConnection, req: m.DescribeGroupRequest) -> m.Des
             lag = end - (committed if committed >= 0 else qs.log.start_offset)
             offsets.append((name, qs.queue, committed, end, max(lag, 0)))
     return m.DescribeGroupResponse(g.name, g.state, g.generation, members, offsets)
+
+
+def delete_group(conn: BrokerConnection, req: m.DeleteGroupRequest) -> m.DeleteGroupResponse:
+    """Delete the consumer group and the delivery group of this name (whichever exist), only
+    when neither has a live member; nothing is deleted when either refuses."""
+    srv = conn.server
+    pull, delivery = req.group in srv.groups.groups, req.group in srv.delivery.groups
+    if not pull and not delivery:
+        raise UnknownGroupError(f"unknown group {req.group[:249]!r}: no consumer group or "
+                                "delivery group has this name")
+    srv.groups.check_deletable(req.group)
+    srv.delivery.check_deletable(req.group, req.delete_dlq)
+    dead = srv.delivery.delete(req.group, req.delete_dlq)
+    srv.groups.delete(req.group)
+    return m.DeleteGroupResponse(pull, delivery, dead or 0)
