@@ -774,10 +774,11 @@ class DeliveryManager:
         one by it). Returns the journal position of the change, or -1 (the usual case: a dict
         lookup per subscribed topic)."""
         pos = -1
-        for topic, expression in dict(subscriptions).items():  # the last of a topic wins
+        for topic, tags in filters.items():
             f = g.tag_filters.get(topic)
-            if f is not None and f.tags == filters[topic]:
+            if f is not None and f.tags == tags:
                 continue
+            expression = dict(subscriptions)[topic]  # as ``filters``: the last of a topic wins
             since = {q: cur.next for (t, q), cur in g.sources.items() if t == topic}
             self._set_tag_filter(g, topic, expression, since)
             pos = self._journal(g, ["T", topic, expression, [[q, o] for q, o in since.items()]])
