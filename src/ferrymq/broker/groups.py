@@ -33,7 +33,7 @@ from __future__ import annotations
 import logging
 import re
 import uuid
-from collections.abc import Iterable
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -289,11 +289,7 @@ class GroupCoordinator:
         """
         g = self.groups.get(name)
         if g is not None and g.members:
-            raise NonEmptyGroupError(
-                f"consumer group {name!r} has {len(g.members)} live member"
-                f"{'' if len(g.members) == 1 else 's'} ({name_members(g.members.values())}): stop its "
-                "consumers first (a member leaves when its consumer closes, or when its "
-                "session times out)")
+            raise has_live_members("consumer", name, list(g.members.values()))
 
     def delete(self, name: str) -> bool:
         """Forget a group without members and remove its committed offsets from disk
@@ -328,9 +324,14 @@ class _MemberLike(Protocol):
     host: str
 
 
-def name_members(members: Iterable[_MemberLike]) -> str:
-    """Some members by id and host, for an error message (consumer or delivery groups)."""
-    ms = list(members)
-    named = ", ".join(f"{m.member_id} from {m.host}" for m in ms[:MAX_NAMED_MEMBERS])
-    return named + (f" and {len(ms) - MAX_NAMED_MEMBERS} more" if len(ms) > MAX_NAMED_MEMBERS
-                    else "")
+def has_live_members(kind: str, name: str, members: Sequence[_MemberLike]) -> NonEmptyGroupError:
+    """The refusal to delete a ``kind`` ("consumer" or "delivery") group that has members,
+    naming a few of them."""
+    named = ", ".join(f"{m.member_id} from {m.host}" for m in members[:MAX_NAMED_MEMBERS])
+    if len(members) > MAX_NAMED_MEMBERS:
+        named += f" and {len(members) - MAX_NAMED_MEMBERS} more"
+    n = len(members)
+    return NonEmptyGroupError(
+        f"{kind} group {name!r} has {n} live member{'' if n == 1 else 's'} ({named}): stop its "
+        "consumers first (a member leaves when its consumer closes, or when its session times "
+        "out)")

@@ -70,7 +70,7 @@ from ferrymq.broker.delivery.state import (
     TagFilter,
 )
 from ferrymq.broker.delivery.store import GroupStore
-from ferrymq.broker.groups import name_members
+from ferrymq.broker.groups import has_live_members
 from ferrymq.broker.scheduler import CANCELLED_STATE, NOT_SCHEDULED
 from ferrymq.errors import (
     BrokerError,
@@ -662,11 +662,7 @@ class DeliveryManager:
         if g is None:
             return 0
         if g.members:
-            n = len(g.members)
-            raise NonEmptyGroupError(
-                f"delivery group {name!r} has {n} live member{'' if n == 1 else 's'} "
-                f"({name_members(g.members.values())}): stop its consumers first (a member "
-                "leaves when its consumer closes, or when its session times out)")
+            raise has_live_members("delivery", name, list(g.members.values()))
         if g.pending_moves:
             raise BusyError(f"delivery group {name!r} is still moving {g.pending_moves} "
                             "messages to its retry or dead-letter queue",
