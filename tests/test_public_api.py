@@ -67,6 +67,7 @@ ERRORS_ALL = [
     "InvalidTxnTimeoutError",
     "LocalProtocolError",
     "LogClosedError",
+    "MemberConflictError",
     "MessageTooLargeError",
     "NonEmptyGroupError",
     "NotScheduledError",

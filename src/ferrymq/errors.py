@@ -62,6 +62,7 @@ __all__ = [
     "InvalidTxnTimeoutError",
     "LocalProtocolError",
     "LogClosedError",
+    "MemberConflictError",
     "MessageTooLargeError",
     "NonEmptyGroupError",
     "NotScheduledError",
@@ -446,6 +447,15 @@ class StagedTxnExpiredError(BrokerError):
     nothing was committed."""
 
     code = ErrorCode.STAGED_TXN_EXPIRED
+
+
+class MemberConflictError(BrokerError):
+    """Another live consumer already uses this broadcasting ``instance_name``: refused.
+
+    A broadcasting consumer's delivery group ``<group>.<instance_name>`` allows one live member;
+    a second member is refused until the first leaves, is evicted, or its connection closes."""
+
+    code = ErrorCode.MEMBER_CONFLICT
 
 
 # --- client ---------------------------------------------------------------------------------

@@ -4,16 +4,19 @@ batch prefix acks, lease renewal, graceful close, broadcasting, threads, consume
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
+import logging
 import queue
 import random
+import re
 import subprocess
 import sys
 import textwrap
 import threading
 import time
-from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from typing import IO, Any, TypeVar
 
 import pytest
 
@@ -30,9 +33,16 @@ from ferrymq import (
     PushConsumer,
 )
 from ferrymq.client._session import Session
-from ferrymq.client.push import Later, broadcast_group
-from ferrymq.errors import ConfigError, UnknownTopicError
+from ferrymq.client.push import Later, broadcast_group, default_instance_name
+from ferrymq.errors import (
+    ConfigError,
+    ConnectionClosedError,
+    MemberConflictError,
+    UnknownGroupError,
+    UnknownTopicError,
+)
 from ferrymq.protocol import messages as m
+from tests.helpers import free_port, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -85,6 +95,33 @@ async def eventually(cond: Callable[[], Awaitable[bool] | bool], timeout: float 
             return
         await asyncio.sleep(0.02)
     raise AssertionError(f"{what} not met in {timeout} s")
+
+
+@contextlib.contextmanager
+def member_process(script: str, *args: str, stderr: IO[str] | int = subprocess.DEVNULL
+                   ) -> Iterator[tuple[subprocess.Popen[str], queue.Queue[str]]]:
+    """``python -c script *args`` and a queue of its stdout lines ("" after the last one);
+    killed at the end."""
+    proc = subprocess.Popen([sys.executable, "-c", script, *args], stdout=subprocess.PIPE,
+                            stderr=stderr, text=True)
+    assert proc.stdout is not None
+    lines: queue.Queue[str] = queue.Queue()
+
+    def read() -> None:
+        for line in proc.stdout or ():
+            lines.put(line)
+        lines.put("")
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        yield proc, lines
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        reader.join(10)
+        proc.stdout.close()
 
 
 def read_dlq(broker: Broker, group: str, want: int) -> list[Any]:
@@ -549,14 +586,7 @@ KILL_SCRIPT = textwrap.dedent("""
 
 def test_consumer_kill9_mid_batch(broker: Broker) -> None:
     ids = produce(broker, "t", 20, queues=1)
-    proc = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT, broker.address],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    assert proc.stdout is not None
-    lines: queue.Queue[str] = queue.Queue()
-    reader = threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout or ()],
-                              daemon=True)
-    reader.start()
-    try:
+    with member_process(KILL_SCRIPT, broker.address) as (proc, lines):
         acked: list[str] = []
         while True:
             line = lines.get(timeout=20).split()
@@ -594,12 +624,6 @@ def test_consumer_kill9_mid_batch(broker: Broker) -> None:
 
         got = run(main())
         assert sorted(got) == sorted((mid, 1) for mid in ids[5:])  # the acked five never again
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
-        reader.join(10)
-        proc.stdout.close()
 
 
 def test_bad_usage_is_refused(broker: Broker) -> None:
@@ -625,12 +649,162 @@ def test_bad_usage_is_refused(broker: Broker) -> None:
         sync.close()
 
     async def unknown_topic() -> None:
-        u = AsyncPushConsumer(broker.address, "g")
+        u = AsyncPushConsumer(broker.address, "gu", require_topic=True)
         u.subscribe("no-such-topic", "*", coro)
         try:
-            with pytest.raises(UnknownTopicError):
+            with pytest.raises(UnknownTopicError, match="'no-such-topic' does not exist"):
                 await u.start()
         finally:
             await u.close()
+        with pytest.raises(UnknownGroupError):  # the failed start left no group behind
+            await describe(broker.address, "gu")
 
     run(unknown_topic())
+    with pytest.raises(ConfigError, match="invalid group name"):
+        AsyncPushConsumer(broker.address, "no spaces")
+
+
+def test_a_consumer_started_before_its_topic_waits_for_it(
+        broker: Broker, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, "ferrymq.client")
+
+    async def main() -> dict[str, list[bytes]]:
+        got: dict[str, list[bytes]] = {"gw": [], "gw.b": []}
+        members = [AsyncPushConsumer(broker.address, "gw"),
+                   # broadcasting starts at "latest": a topic created after it subscribed is
+                   # all news, so it gets the messages sent before it noticed the topic too
+                   AsyncPushConsumer(broker.address, "gw", mode="broadcasting",
+                                     instance_name="b")]
+        for c in members:
+
+            async def handle(msg: LeasedMessage, name: str = c.delivery_group) -> None:
+                got[name].append(msg.body)
+
+            c.subscribe("later", "*", handle)
+        async with members[0], members[1]:  # no UnknownTopicError
+            await asyncio.sleep(0.5)
+            assert got == {"gw": [], "gw.b": []}
+            await asyncio.to_thread(produce, broker, "later", 50, queues=3)
+            await eventually(lambda: len(got["gw"]) >= 50 and len(got["gw.b"]) >= 50,
+                             timeout=5, what="both got the topic's messages")
+            for g in got:
+                await eventually(lambda g=g: all_acked(broker.address, g), what=f"{g} acked")
+        return got
+
+    got = run(main())
+    want = sorted(f"m{i}".encode() for i in range(50))
+    assert sorted(got["gw"]) == want and sorted(got["gw.b"]) == want
+    warned = [r.getMessage() for r in caplog.records
+              if r.levelno == logging.WARNING and "'later'" in r.getMessage()]
+    assert len(warned) == 2 and all("does not exist yet" in w for w in warned)  # one each
+
+
+def test_broadcasting_consumers_in_one_process_each_get_every_message(broker: Broker) -> None:
+    produce(broker, "t", 3, queues=2, prefix="old")  # before them: not delivered ("latest")
+    got: list[list[bytes]] = [[], []]
+    consumers = [PushConsumer(broker.address, "bc1", mode="broadcasting", threads=2)
+                 for _ in got]
+    for i, c in enumerate(consumers):
+        c.subscribe("t", "*", lambda msg, i=i: got[i].append(msg.body))
+    with consumers[0], consumers[1]:
+        produce(broker, "t", 200, prefix="new")
+        wait_for(lambda: len(got[0]) >= 200 and len(got[1]) >= 200, timeout=15)
+        for c in consumers:
+            run(eventually(lambda c=c: all_acked(broker.address, c.delivery_group)))
+    want = sorted(f"new{i}".encode() for i in range(200))
+    assert sorted(got[0]) == want and sorted(got[1]) == want
+    names = [c.delivery_group for c in consumers]  # <group>.<hostname>-<pid>-<n>
+    assert names[0] != names[1]
+    assert all(re.fullmatch(rf"bc1\.{re.escape(default_instance_name())}-\d+", n) for n in names)
+
+
+def test_a_broadcasting_instance_name_is_one_live_member_and_keeps_its_progress(
+        broker: Broker) -> None:
+    produce(broker, "t", 0, queues=2)
+    first: list[bytes] = []
+    a = PushConsumer(broker.address, "bc", mode="broadcasting", instance_name="node-1")
+    a.subscribe("t", "*", lambda msg: first.append(msg.body))
+    with a:
+        produce(broker, "t", 20, prefix="a")
+        wait_for(lambda: len(first) >= 20)
+        b = PushConsumer(broker.address, "bc", mode="broadcasting", instance_name="node-1")
+        b.subscribe("t", "*", lambda msg: None)
+        with pytest.raises(MemberConflictError, match=r"'bc\.node-1'.*instance_name"):
+            b.start()
+        b.close()
+        assert len(run(describe(broker.address, "bc.node-1")).members) == 1  # not merged
+        run(eventually(lambda: all_acked(broker.address, "bc.node-1")))
+    produce(broker, "t", 30, prefix="c")  # while node-1 is down
+    later: list[bytes] = []
+    c = PushConsumer(broker.address, "bc", mode="broadcasting", instance_name="node-1")
+    c.subscribe("t", "*", lambda msg: later.append(msg.body))
+    with c:  # the name is free again: it resumes node-1's progress
+        wait_for(lambda: len(later) >= 30)
+        time.sleep(0.3)
+    assert sorted(first) == sorted(f"a{i}".encode() for i in range(20))
+    assert sorted(later) == sorted(f"c{i}".encode() for i in range(30))
+
+
+BROADCAST_SCRIPT = textwrap.dedent("""
+    import sys, threading
+    from ferrymq import PushConsumer
+
+    c = PushConsumer(sys.argv[1], "bk", mode="broadcasting", instance_name="node-k")
+    c.subscribe("t", "*", lambda msg: None)
+    c.start()
+    print("STARTED", flush=True)
+    threading.Event().wait()  # until kill -9
+""")
+
+
+def test_a_killed_broadcasting_member_does_not_block_its_name(broker: Broker) -> None:
+    produce(broker, "t", 0, queues=1)
+    with member_process(BROADCAST_SCRIPT, broker.address) as (proc, lines):
+        assert lines.get(timeout=20).strip() == "STARTED"
+        other = PushConsumer(broker.address, "bk", mode="broadcasting", instance_name="node-k")
+        other.subscribe("t", "*", lambda msg: None)
+        with pytest.raises(MemberConflictError):  # live in another process
+            other.start()
+        proc.kill()
+        proc.wait(10)
+        t0 = time.monotonic()
+        deadline = t0 + 5
+        while True:  # its connection is closed: the name is free, long before 30 s
+            try:
+                other.start()
+                break
+            except MemberConflictError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        try:
+            assert time.monotonic() - t0 < 5
+            assert [mem[0] for mem in run(describe(broker.address, "bk.node-k")).members] == [
+                other.member_id]
+        finally:
+            other.close()
+
+
+def test_start_against_a_closed_port_fails_with_the_connection_error() -> None:
+    port = free_port()
+    c = PushConsumer(f"127.0.0.1:{port}", "g", connect_timeout_s=0.5, reconnect_timeout_s=1.0)
+    c.subscribe("t", "*", lambda msg: None)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(ConnectionClosedError, match=str(port)):
+            c.start()
+        assert time.monotonic() - t0 < 10  # not "CONSUMER_HEARTBEAT: no answer in 30 s"
+    finally:
+        c.close()
+
+
+def test_reconnect_timeout_is_a_deprecated_alias(broker: Broker) -> None:
+    with pytest.warns(DeprecationWarning, match="reconnect_timeout_s"):
+        c = PushConsumer(broker.address, "g", reconnect_timeout=7.0)
+    try:
+        assert c._async._session.reconnect_timeout_s == 7.0
+    finally:
+        c.close()
+    with pytest.warns(DeprecationWarning, match="reconnect_timeout_s"):
+        a = AsyncPushConsumer(broker.address, "g", reconnect_timeout=8.0)
+    assert a._session.reconnect_timeout_s == 8.0

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -17,12 +20,17 @@ from ferrymq import (
     SimpleConsumer,
 )
 from ferrymq.errors import (
+    AccessDeniedError,
     ConfigError,
+    ConnectionClosedError,
     InvalidReceiptError,
-    InvalidRequestError,
+    InvalidTopicNameError,
+    UnknownGroupError,
     UnknownTopicError,
 )
 from ferrymq.protocol import messages as m
+from tests.helpers import free_port
+from tests.security_helpers import make_user, write_users
 
 pytestmark = pytest.mark.integration
 
@@ -226,12 +234,89 @@ def test_leave_gives_leases_back_at_once_without_counting(broker: Broker) -> Non
 
 
 def test_bad_input_gets_clear_errors(broker: Broker) -> None:
-    with SimpleConsumer(broker.address, "gx") as c:
-        with pytest.raises(UnknownTopicError):
+    with SimpleConsumer(broker.address, "gx", require_topic=True) as c:
+        with pytest.raises(UnknownTopicError, match="'nope' does not exist"):
             c.subscribe("nope")
         with pytest.raises(ConfigError):
             c.receive(5)  # nothing subscribed
-    with pytest.raises(InvalidRequestError):
+    with SimpleConsumer(broker.address, "gx") as c:
+        with pytest.raises(InvalidTopicNameError):
+            c.subscribe("bad topic!")
+    with pytest.raises(ConfigError, match="invalid group name 'bad name!'"):
         SimpleConsumer(broker.address, "bad name!")
     with pytest.raises(ConfigError):
         SimpleConsumer(broker.address, "g", invisible_duration=0)
+    with pytest.raises(UnknownGroupError):  # none of the refused subscriptions made a group
+        describe(broker, "gx")
+
+
+def test_subscribing_before_the_topic_exists_waits_for_it(
+        broker: Broker, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, "ferrymq.client")
+    # start_from="latest": the topic appears after the subscription, so all of it is news
+    with SimpleConsumer(broker.address, "gw", start_from="latest") as c:
+        c.subscribe("later")
+        c.subscribe("later", "*")  # again: no second warning
+        assert c.receive(10, wait=0.2) == []
+        warnings = [r.getMessage() for r in caplog.records if "'later'" in r.getMessage()]
+        assert len(warnings) == 1 and "does not exist yet" in warnings[0]
+
+        got: list[LeasedMessage] = []
+        t0 = 0.0
+
+        def send_soon() -> None:
+            nonlocal t0
+            time.sleep(0.3)
+            t0 = time.monotonic()
+            produce(broker, "later", 20, queues=3)  # creates the topic
+
+        sender = threading.Thread(target=send_soon)
+        sender.start()
+        got = c.receive(64, wait=10)  # one long poll: the broker looks for the topic itself
+        waited = time.monotonic() - t0
+        sender.join()
+        got += receive_all(c, 20 - len(got))
+        assert sorted(x.body for x in got) == sorted(f"m{i}".encode() for i in range(20))
+        assert waited < 2.5  # looked for again about every second, not at the end of the poll
+        c.ack_batch(got)
+    queues = describe(broker, "gw").queues
+    assert len(queues) == 3 and all(floor == end for _, _, floor, _, end, _, _ in queues)
+
+
+def test_a_refused_first_subscription_leaves_no_group(tmp_path: Path) -> None:
+    secret = "s3cret"
+    users = write_users(tmp_path / "users.toml", make_user("root", secret, admin=True),
+                        make_user("cons", secret, consume=("orders*",), groups=("team-*",)))
+    with Broker(tmp_path / "data", users_file=str(users)) as b:
+        with AdminClient(b.address, auth=("root", secret)) as admin:
+            admin.create_topic("orders", 1)
+            admin.create_topic("audit", 1)
+        with SimpleConsumer(b.address, "team-a", auth=("cons", secret)) as c:
+            with pytest.raises(AccessDeniedError):
+                c.subscribe("audit")  # may join the group, may not read the topic
+            with pytest.raises(InvalidTopicNameError):
+                c.subscribe("orders no such topic")
+        with AdminClient(b.address, auth=("root", secret)) as admin:
+            with pytest.raises(UnknownGroupError):
+                admin.describe_delivery("team-a")
+            with SimpleConsumer(b.address, "team-a", auth=("cons", secret)) as c:
+                c.subscribe("orders")  # the first accepted subscription makes the group
+                assert [mem[0] for mem in admin.describe_delivery("team-a").members] == [
+                    c.member_id]
+
+
+def test_a_closed_port_fails_fast_with_the_connection_error() -> None:
+    port = free_port()
+    t0 = time.monotonic()
+    with pytest.raises(ConnectionClosedError, match=str(port)):
+        SimpleConsumer(f"127.0.0.1:{port}", "g", connect_timeout_s=0.5, reconnect_timeout_s=1.0)
+    assert time.monotonic() - t0 < 10  # not the 30 s request timeout of a heartbeat
+
+
+def test_reconnect_timeout_is_a_deprecated_alias(broker: Broker) -> None:
+    with pytest.warns(DeprecationWarning, match="reconnect_timeout_s"):
+        c = SimpleConsumer(broker.address, "g", reconnect_timeout=7.0)
+    try:
+        assert c._async._session.reconnect_timeout_s == 7.0
+    finally:
+        c.close()

@@ -2,6 +2,13 @@
 
 :class:`DeliveryCore` keeps a member registered (a heartbeat task of its own, so a slow handler
 never starves it), leases messages with RECEIVE, and acks, nacks and renews them.
+
+A member registers with its first subscription, never before: the broker checks the
+subscription before it creates the group, so a consumer whose start fails (a bad topic name,
+no right to read it) leaves no group behind. A subscribed topic that does not exist yet is not
+an error (unless ``require_topic``): :meth:`DeliveryCore.check_topics` logs one warning naming
+it, the broker records the subscription and starts delivering the topic, from its first
+message, once it exists (a long poll looks for it every second).
 :class:`LeasedMessage` is a :class:`~ferrymq.client.message.ReceivedMessage` that also carries
 its receipt and ``reconsume_times``; for a redelivered message (a letter of the group's retry
 queue) it shows the original topic, queue, offset and id, and hides the ``%`` properties.
@@ -26,6 +33,7 @@ from ferrymq.errors import (
     InvalidReceiptError,
     UnknownGroupError,
     UnknownMemberError,
+    UnknownTopicError,
     error_for_code,
 )
 from ferrymq.protocol import messages as m
@@ -155,8 +163,10 @@ class DeliveryCore:
         max_reconsume: int | None = None,
         start_from: str | int = "earliest",
         orderly: bool = False,
+        exclusive: bool = False,
     ) -> None:
         self.orderly = orderly
+        self.exclusive = exclusive
         if start_from == "earliest":
             self.start_from = int(m.OffsetSpec.EARLIEST)
         elif start_from == "latest":
@@ -180,15 +190,45 @@ class DeliveryCore:
         )
         self.max_reconsume = -1 if max_reconsume is None else max_reconsume
         self.subscriptions: dict[str, str] = {}
+        self.awaiting: set[str] = set()
+        """Subscribed topics that did not exist when checked (warned about once each)."""
         self.member_id = ""
         self.members = 0
         self._hb_task: asyncio.Task[None] | None = None
-        self._closed = False
 
     def subscribe(self, topic: str, tags: str = "*") -> None:
         """Add (or change) a subscription; sent with the next heartbeat."""
         parse_tag_expression(tags)
         self.subscriptions[topic] = tags
+
+    @property
+    def registered(self) -> bool:
+        """Whether the broker has this member (a heartbeat succeeded)."""
+        return bool(self.member_id)
+
+    async def check_topics(self, topics: Sequence[str], *, require: bool) -> None:
+        """Look ``topics`` up (never creating them); log one warning per topic that does not
+        exist yet, or raise when ``require``.
+
+        Raises:
+            UnknownTopicError: ``require`` and a topic does not exist.
+        """
+        todo = [t for t in topics if t not in self.awaiting]
+        if not todo:
+            return
+        resp = await self.session.request(m.MetadataRequest(todo, False), m.MetadataResponse)
+        found = {name for name, _, _, code, _ in resp.topics if not code}
+        for topic in todo:
+            if topic in found:
+                continue
+            if require:
+                raise UnknownTopicError(
+                    f"topic {topic!r} does not exist (require_topic=True: create it first, or "
+                    f"leave require_topic off to wait for it)")
+            self.awaiting.add(topic)
+            log.warning("delivery group %s: topic %r does not exist yet; waiting for it "
+                        "(its messages are delivered from the first one once it is created)",
+                        self.group, topic)
 
     async def heartbeat(self) -> None:
         """Register or refresh this member (and the group's retry policy)."""
@@ -197,6 +237,7 @@ class DeliveryCore:
                 self.group, self.member_id, self.session.client_id,
                 sorted(self.subscriptions.items()), self.session_timeout_ms,
                 self.retry_delays_ms, self.max_reconsume, self.start_from, self.orderly,
+                self.exclusive,
             ),
             m.ConsumerHeartbeatResponse,
         )
@@ -204,13 +245,19 @@ class DeliveryCore:
         self.members = resp.members
 
     async def start(self) -> None:
-        """First heartbeat, then keep heartbeating in the background."""
+        """First heartbeat, then keep heartbeating in the background.
+
+        Raises:
+            ConfigError: nothing is subscribed (a member registers with its subscriptions).
+        """
+        if not self.subscriptions:
+            raise ConfigError("subscribe to a topic before joining a delivery group")
         await self.heartbeat()
         if self._hb_task is None:
             self._hb_task = asyncio.get_running_loop().create_task(self._heartbeat_loop())
 
     async def _heartbeat_loop(self) -> None:
-        while not self._closed:
+        while True:  # until close() cancels it
             await asyncio.sleep(self.heartbeat_interval_s)
             try:
                 await self.heartbeat()
@@ -236,7 +283,10 @@ class DeliveryCore:
                     req, m.ReceiveResponse,
                     timeout_s=wait_s + self.session.request_timeout_s,
                 )
-                return decode_deliveries(resp)
+                msgs = decode_deliveries(resp)
+                if self.awaiting and msgs:
+                    self._arrived(msgs)
+                return msgs
             except (UnknownMemberError, UnknownGroupError):
                 if attempt:
                     raise
@@ -244,6 +294,11 @@ class DeliveryCore:
                 req = m.ReceiveRequest(self.group, self.member_id, req.subscriptions,
                                        max_messages, max_bytes, req.invisible_ms, req.max_wait_ms)
         raise AssertionError("unreachable")
+
+    def _arrived(self, msgs: list[LeasedMessage]) -> None:
+        for topic in {x.topic for x in msgs} & self.awaiting:
+            self.awaiting.discard(topic)
+            log.info("delivery group %s: topic %r exists now; receiving", self.group, topic)
 
     async def ack(self, msgs: Sequence[LeasedMessage]) -> list[BrokerError | None]:
         """Ack; per message None or the error (InvalidReceiptError: lease not current)."""
@@ -307,17 +362,18 @@ class DeliveryCore:
         return _results(resp.results)
 
     async def close(self, *, leave: bool = True) -> None:
-        """Stop heartbeating and leave the group (held leases go back at once)."""
-        self._closed = True
+        """Stop heartbeating and leave the group (held leases go back at once); :meth:`start`
+        joins again as a new member."""
         if self._hb_task is not None:
             self._hb_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._hb_task
             self._hb_task = None
-        if leave and self.member_id:
+        member_id, self.member_id = self.member_id, ""
+        if leave and member_id:
             with contextlib.suppress(BrokerError, ConnectionClosedError, FerryMQTimeoutError):
                 await self.session.request(
-                    m.ConsumerLeaveRequest(self.group, self.member_id), m.Empty, timeout_s=5.0,
+                    m.ConsumerLeaveRequest(self.group, member_id), m.Empty, timeout_s=5.0,
                     retry=False,
                 )
 

@@ -34,6 +34,12 @@ go back to the group at once (a NACK that does not count as an attempt), running
 ``timeout`` seconds to finish while their leases are still renewed, the last acks and nacks
 are sent, and the member leaves the group (which hands back anything still leased, again
 without counting).
+
+Starting: :meth:`AsyncPushConsumer.start` connects first, so a wrong address fails with the
+connection error; then the member joins its group with its subscriptions. A subscribed topic
+that does not exist yet is waited for (one warning; ``require_topic=True`` makes it an
+``UnknownTopicError``), see :mod:`ferrymq.client._delivery`. A start that fails leaves the
+group again: nothing of it stays on the broker.
 """
 
 from __future__ import annotations
@@ -45,10 +51,12 @@ import contextlib
 import enum
 import functools
 import inspect
+import itertools
 import logging
 import os
 import re
 import socket
+import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -56,9 +64,11 @@ from types import TracebackType
 from typing import Any, TypeVar, overload
 
 from ferrymq.client._delivery import DeliveryCore, LeasedMessage
+from ferrymq.client._renamed import rename_options, warn_renamed
 from ferrymq.client._session import Auth, Session, TLSOption
 from ferrymq.client.retry import Backoff
 from ferrymq.errors import BrokerError, ConfigError, FerryMQError
+from ferrymq.protocol.letters import delivery_group_name_problem
 
 log = logging.getLogger("ferrymq.client")
 
@@ -155,8 +165,21 @@ class _Subscription:
 
 
 def default_instance_name() -> str:
-    """``<hostname>-<pid>``: what names a broadcasting member's own group by default."""
+    """``<hostname>-<pid>``: this process (see :func:`next_instance_name`)."""
     return f"{socket.gethostname()}-{os.getpid()}"
+
+
+_instances: dict[str, itertools.count[int]] = {}
+_instances_lock = threading.Lock()
+
+
+def next_instance_name(group: str) -> str:
+    """``<hostname>-<pid>-<n>``: the name of the n-th broadcasting consumer of ``group``
+    created in this process without an ``instance_name`` (n from 1), so that each consumer
+    object is a member of its own."""
+    with _instances_lock:
+        n = next(_instances.setdefault(group, itertools.count(1)))
+    return f"{default_instance_name()}-{n}"
 
 
 def broadcast_group(group: str, instance_name: str) -> str:
@@ -186,10 +209,13 @@ class AsyncPushConsumer:
     **Clustering** (the default): the members of ``group`` share the messages, each message
     handled by one member at a time, retried (``retry_delays``, at most ``max_reconsume``
     times) and then dead-lettered to ``%DLQ%<group>``. **Broadcasting**: every member gets every
-    message. Each member then uses a delivery group of its own, named
-    ``<group>.<instance_name>`` (sanitized to ``[A-Za-z0-9._-]``; ``instance_name`` defaults to
-    ``<hostname>-<pid>``, so give a stable one to keep progress across restarts), with its own
-    progress, retries and dead-letter queue ``%DLQ%<group>.<instance_name>``. A new
+    message. Each consumer object is a member of its own delivery group, named
+    ``<group>.<instance_name>`` (sanitized to ``[A-Za-z0-9._-]``), with its own progress,
+    retries and dead-letter queue ``%DLQ%<group>.<instance_name>``. Without ``instance_name``
+    the name is ``<hostname>-<pid>-<n>`` (the n-th such consumer of ``group`` in this
+    process): a restarted process is a new member, starting at the end of each queue. Give a
+    stable ``instance_name`` to keep progress across restarts; the broker refuses a second
+    live consumer with the same name (:class:`~ferrymq.errors.MemberConflictError`). A new
     broadcasting group starts at the end of each queue (``start_from="latest"``); a clustering
     group at the beginning.
 
@@ -224,12 +250,18 @@ class AsyncPushConsumer:
             broker's ``orderly_retry_ms``, 1 s, unless the handler returns ``later(s)``) and
             blocks only its own key; past ``max_reconsume`` it is dead-lettered and the key
             moves on. Fixed when the group is created.
+        require_topic: a subscribed topic that does not exist is an ``UnknownTopicError`` at
+            :meth:`start` (default: the consumer logs a warning, waits for it and consumes it
+            from its first message once it exists).
         client_id: sent to the broker (shown in ``ferrymq group describe``).
         request_timeout: seconds to wait for a broker answer.
-        reconnect_timeout: seconds to keep trying to reconnect before a request fails.
+        connect_timeout_s: seconds the first connection may take before :meth:`start` fails
+            with ``ConnectionClosedError`` ("cannot connect to HOST:PORT").
+        reconnect_timeout_s: seconds to keep trying to reconnect before a request fails.
+        reconnect_timeout: deprecated name of ``reconnect_timeout_s``.
 
     Raises:
-        ConfigError: an option is out of range.
+        ConfigError: an option is out of range, or ``group`` is not a valid group name.
     """
 
     def __init__(
@@ -250,12 +282,18 @@ class AsyncPushConsumer:
         instance_name: str | None = None,
         start_from: str | int | None = None,
         orderly: bool = False,
+        require_topic: bool = False,
         client_id: str = "ferrymq-push-consumer",
         request_timeout: float = 30.0,
-        reconnect_timeout: float = 60.0,
+        connect_timeout_s: float = 5.0,
+        reconnect_timeout_s: float = 60.0,
+        reconnect_timeout: float | None = None,
         auth: Auth | None = None,
         tls: TLSOption = None,
     ) -> None:
+        if reconnect_timeout is not None:
+            warn_renamed("reconnect_timeout")
+            reconnect_timeout_s = reconnect_timeout
         if mode not in ("clustering", "broadcasting"):
             raise ConfigError(f"mode must be 'clustering' or 'broadcasting', not {mode!r}")
         if concurrency < 1 or batch_size < 1 or prefetch < 1 or prefetch_bytes < 1:
@@ -267,24 +305,30 @@ class AsyncPushConsumer:
         self.consume_timeout = float(consume_timeout)
         self.group = group
         self.mode = mode
-        self.instance_name = instance_name or default_instance_name()
+        broadcasting = mode == "broadcasting"
+        self.instance_name = instance_name or (
+            next_instance_name(group) if broadcasting else default_instance_name())
         self.delivery_group = (
-            broadcast_group(group, self.instance_name) if mode == "broadcasting" else group
+            broadcast_group(group, self.instance_name) if broadcasting else group
         )
+        problem = delivery_group_name_problem(self.delivery_group)
+        if problem is not None:
+            raise ConfigError(problem)
+        self.require_topic = require_topic
         if start_from is None:
-            start_from = "latest" if mode == "broadcasting" else "earliest"
+            start_from = "latest" if broadcasting else "earliest"
         self.concurrency = concurrency
         self.batch_size = batch_size
         self.prefetch = prefetch
         self.prefetch_bytes = prefetch_bytes
         self.invisible_duration = float(invisible_duration)
         self._session = Session(servers, client_id=client_id, request_timeout_s=request_timeout,
-                                reconnect_timeout_s=reconnect_timeout,
-                                auth=auth, tls=tls)
+                                connect_timeout_s=connect_timeout_s,
+                                reconnect_timeout_s=reconnect_timeout_s, auth=auth, tls=tls)
         self._core = DeliveryCore(self._session, self.delivery_group,
                                   session_timeout_s=session_timeout, retry_delays=retry_delays,
                                   max_reconsume=max_reconsume, start_from=start_from,
-                                  orderly=orderly)
+                                  orderly=orderly, exclusive=broadcasting)
         self._subs: dict[str, _Subscription] = {}
         # the buffer: (message, bytes charged to prefetch_bytes), in delivery order
         self._buffer: collections.deque[tuple[LeasedMessage, int]] = collections.deque()
@@ -347,7 +391,8 @@ class AsyncPushConsumer:
 
         Without ``handler`` this is a decorator. One handler per topic: subscribing a topic
         again replaces its tags and handler. Subscriptions made after :meth:`start` take effect
-        with the next fetch (an unknown topic is then logged, not raised).
+        with the next fetch (a refused one is logged, not raised; so is a missing topic with
+        ``require_topic=True``).
 
         Raises:
             ConfigError: ``handler`` is not an ``async def`` function.
@@ -367,11 +412,19 @@ class AsyncPushConsumer:
         return self.subscribe(topic, tags, handler)
 
     async def start(self) -> AsyncPushConsumer:
-        """Join the group and start fetching and handling messages.
+        """Connect, join the group and start fetching and handling messages.
+
+        A subscribed topic that does not exist yet is waited for (a warning is logged) unless
+        ``require_topic``. If start fails, the member has left the group again; call
+        :meth:`start` again or :meth:`close`.
 
         Raises:
-            UnknownTopicError: a subscribed topic does not exist.
-            ConnectionClosedError: no broker reachable.
+            ConnectionClosedError: the broker cannot be reached (first connection).
+            UnknownTopicError: a subscribed topic does not exist and ``require_topic`` is set.
+            InvalidTopicNameError: a subscription names an impossible topic.
+            MemberConflictError: broadcasting, and a live consumer of this group has the same
+                ``instance_name``.
+            AccessDeniedError: the user may not consume the topics or join the group.
         """
         if self._closed:
             raise ConfigError("this consumer is closed")
@@ -379,11 +432,21 @@ class AsyncPushConsumer:
             return self
         loop = asyncio.get_running_loop()
         self._loop = loop
-        await self._core.start()
-        if self._subs:
-            # one receive that does not wait, so the group's cursors exist when start()
-            # returns (start_from="latest" counts from here)
-            await self._fetch_once(0.0)
+        try:
+            await self._session.connection()  # a wrong address fails here, as what it is
+            if self._subs:
+                await self._core.check_topics(list(self._subs), require=self.require_topic)
+                await self._core.start()
+                # one receive that does not wait, so the group's cursors exist when start()
+                # returns (start_from="latest" counts from here)
+                await self._fetch_once(0.0)
+        except BaseException:
+            await self._core.close()  # leave again (what the receive leased goes back)
+            self._buffer.clear()
+            self._buffered_bytes = 0
+            self._held.clear()
+            self._held_since.clear()
+            raise
         self._started = True
         self._fetcher = loop.create_task(self._fetch_loop(), name="ferrymq-push-fetch")
         self._flusher = loop.create_task(self._flush_loop(), name="ferrymq-push-flush")
@@ -419,7 +482,11 @@ class AsyncPushConsumer:
             await self._session.close()
 
     async def __aenter__(self) -> AsyncPushConsumer:
-        return await self.start()
+        try:
+            return await self.start()
+        except BaseException:
+            await self.close()  # no __aexit__ follows a failed __aenter__
+            raise
 
     async def __aexit__(self, et: type[BaseException] | None, ev: BaseException | None,
                         tb: TracebackType | None) -> None:
@@ -435,16 +502,22 @@ class AsyncPushConsumer:
 
     def _subscribed(self) -> None:
         assert self._loop is not None
-        task = self._loop.create_task(self._heartbeat_quietly())
+        task = self._loop.create_task(self._join_quietly())
         self._sends.add(task)
         task.add_done_callback(self._sends.discard)
-        self._fetch_wake.set()
 
-    async def _heartbeat_quietly(self) -> None:
+    async def _join_quietly(self) -> None:
+        """After a subscription made after start(): join (or update) with it, then fetch."""
         try:
-            await self._core.heartbeat()
+            await self._core.check_topics(list(self._subs), require=self.require_topic)
+            if self._core.registered:
+                await self._core.heartbeat()
+            else:
+                await self._core.start()
         except FerryMQError as exc:
             log.error("push consumer %s: subscription rejected: %s", self.delivery_group, exc)
+            return
+        self._fetch_wake.set()
 
     # -- fetching ------------------------------------------------------------------------------
 
@@ -977,6 +1050,7 @@ class PushConsumer:
             raise ConfigError("threads must be >= 1")
         if "concurrency" in options:
             raise ConfigError("PushConsumer takes threads=, not concurrency=")
+        options = rename_options(options)
         self._run = _run
         self._async: AsyncPushConsumer = _run(self._make(servers, group, threads, options))
         self._pool = concurrent.futures.ThreadPoolExecutor(
@@ -1052,8 +1126,13 @@ class PushConsumer:
             self._pool.shutdown(wait=False, cancel_futures=True)
 
     def __enter__(self) -> PushConsumer:
-        return self.start()
+        try:
+            return self.start()
+        except BaseException:
+            self.close()  # no __exit__ follows a failed __enter__
+            raise
 
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.close()
+

@@ -6,6 +6,12 @@ invisible duration; ack it before then, nack it to have it redelivered after a d
 the lease with :meth:`AsyncSimpleConsumer.change_invisible_duration`. Messages that are never
 acked come back (``reconsume_times`` raised) and after ``max_reconsume`` failures go to the
 group's dead-letter queue ``%DLQ%<group>``.
+
+Starting connects only; the member joins its group with its first subscription (so a refused
+subscription leaves no group behind, see :mod:`ferrymq.client._delivery`). Subscribing to a
+topic that does not exist yet is not an error unless ``require_topic=True``: a warning is
+logged and :meth:`AsyncSimpleConsumer.receive` returns its messages, from the first one, once
+it exists.
 """
 
 from __future__ import annotations
@@ -13,8 +19,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ferrymq.client._delivery import DeliveryCore, LeasedMessage, raise_first
+from ferrymq.client._renamed import warn_renamed
 from ferrymq.client._session import Auth, Session, TLSOption
 from ferrymq.errors import ConfigError
+from ferrymq.protocol.letters import delivery_group_name_problem
 
 
 class AsyncSimpleConsumer:
@@ -39,6 +47,17 @@ class AsyncSimpleConsumer:
             ``orderly_retry_ms``, 1 s, or the nack's delay) until it is acked or, past
             ``max_reconsume``, dead-lettered; other keys keep flowing. Fixed when the group is
             created.
+        require_topic: :meth:`subscribe` to a topic that does not exist raises
+            ``UnknownTopicError`` (default: a warning, and the topic is consumed once it
+            exists).
+        request_timeout: seconds to wait for a broker answer.
+        connect_timeout_s: seconds the first connection may take before :meth:`start` fails
+            with ``ConnectionClosedError`` ("cannot connect to HOST:PORT").
+        reconnect_timeout_s: seconds to keep trying to reconnect before a request fails.
+        reconnect_timeout: deprecated name of ``reconnect_timeout_s``.
+
+    Raises:
+        ConfigError: an option is out of range, or ``group`` is not a valid group name.
     """
 
     def __init__(
@@ -54,19 +73,29 @@ class AsyncSimpleConsumer:
         session_timeout: float = 30.0,
         start_from: str | int = "earliest",
         orderly: bool = False,
+        require_topic: bool = False,
         request_timeout: float = 30.0,
-        reconnect_timeout: float = 60.0,
+        connect_timeout_s: float = 5.0,
+        reconnect_timeout_s: float = 60.0,
+        reconnect_timeout: float | None = None,
         auth: Auth | None = None,
         tls: TLSOption = None,
     ) -> None:
+        if reconnect_timeout is not None:
+            warn_renamed("reconnect_timeout")
+            reconnect_timeout_s = reconnect_timeout
         if invisible_duration <= 0 or await_duration < 0:
             raise ConfigError("invisible_duration must be > 0 and await_duration >= 0")
+        problem = delivery_group_name_problem(group)
+        if problem is not None:
+            raise ConfigError(problem)
         self.group = group
         self.invisible_duration = invisible_duration
         self.await_duration = await_duration
+        self.require_topic = require_topic
         self._session = Session(servers, client_id=client_id, request_timeout_s=request_timeout,
-                                reconnect_timeout_s=reconnect_timeout,
-                                auth=auth, tls=tls)
+                                connect_timeout_s=connect_timeout_s,
+                                reconnect_timeout_s=reconnect_timeout_s, auth=auth, tls=tls)
         self._core = DeliveryCore(self._session, group, session_timeout_s=session_timeout,
                                   retry_delays=retry_delays, max_reconsume=max_reconsume,
                                   start_from=start_from, orderly=orderly)
@@ -78,31 +107,46 @@ class AsyncSimpleConsumer:
         return self._core.member_id
 
     async def start(self) -> AsyncSimpleConsumer:
-        """Register with the broker (done by the first subscribe or receive too)."""
+        """Connect to the broker (done by the first subscribe too); the member joins the group
+        with its first subscription.
+
+        Raises:
+            ConnectionClosedError: the broker cannot be reached.
+        """
         if not self._started:
-            await self._core.start()
+            await self._session.connection()
             self._started = True
         return self
 
     async def __aenter__(self) -> AsyncSimpleConsumer:
-        return await self.start()
+        try:
+            return await self.start()
+        except BaseException:
+            await self.close()  # no __aexit__ follows a failed __aenter__
+            raise
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
     async def subscribe(self, topic: str, tags: str = "*") -> None:
-        """Receive messages of ``topic`` whose tag matches ``tags`` (``*``, ``A || B``).
+        """Receive messages of ``topic`` whose tag matches ``tags`` (``*``, ``A || B``); the
+        first subscription joins the group. A topic that does not exist yet is waited for (a
+        warning is logged) unless ``require_topic``.
 
         Raises:
-            UnknownTopicError: the topic does not exist.
+            UnknownTopicError: the topic does not exist and ``require_topic`` is set.
+            InvalidTopicNameError: ``topic`` cannot name a topic.
+            AccessDeniedError: the user may not consume it or join the group.
         """
         before = self._core.subscriptions.get(topic)
         self._core.subscribe(topic, tags)
         try:
-            if self._started:
+            await self.start()
+            await self._core.check_topics([topic], require=self.require_topic)
+            if self._core.registered:
                 await self._core.heartbeat()
             else:
-                await self.start()
+                await self._core.start()
         except BaseException:
             if before is None:
                 del self._core.subscriptions[topic]

@@ -17,6 +17,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from ferrymq.client._delivery import LeasedMessage
+from ferrymq.client._renamed import rename_options
 from ferrymq.client.admin import AsyncAdminClient, DeadLetter
 from ferrymq.client.consumer import AsyncPullConsumer, TopicQueue
 from ferrymq.client.message import Message, ReceivedMessage, SendResult
@@ -259,12 +260,17 @@ class SimpleConsumer:
 
     def __init__(self, servers: str | list[str] = "127.0.0.1:9876", group: str = "default",
                  **options: Any) -> None:
-        self._async = _run(self._make(servers, group, options))
+        self._async = _run(self._make(servers, group, rename_options(options)))
 
     @staticmethod
     async def _make(servers: str | list[str], group: str,
                     options: dict[str, Any]) -> AsyncSimpleConsumer:
-        return await AsyncSimpleConsumer(servers, group, **options).start()
+        consumer = AsyncSimpleConsumer(servers, group, **options)
+        try:
+            return await consumer.start()  # connects: a wrong address fails here
+        except BaseException:
+            await consumer.close()
+            raise
 
     @property
     def member_id(self) -> str:

@@ -17,6 +17,7 @@ The broker writes them, clients read them; this module is the one place that nam
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import NamedTuple
 
@@ -27,6 +28,16 @@ RESERVED_PREFIX = "%"
 RETRY_TOPIC_PREFIX = "%RETRY%"
 DLQ_TOPIC_PREFIX = "%DLQ%"
 MAX_REASON_CHARS = 1024
+DELIVERY_GROUP_NAME = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
+"""What may name a delivery group (the name is part of its retry and dead-letter topics')."""
+
+
+def delivery_group_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot name a delivery group, or None if it can (broker and clients check
+    with this one rule)."""
+    if name in (".", "..") or not DELIVERY_GROUP_NAME.fullmatch(name):
+        return f"invalid group name {name[:64]!r}: use 1-200 characters of [A-Za-z0-9._-]"
+    return None
 
 
 class Letter(NamedTuple):

@@ -877,7 +877,12 @@ class ConsumerHeartbeatRequest(Request):
     wins, and the policy is persisted with the group. ``start_from`` (an
     :class:`OffsetSpec` or a timestamp in ms) says where a *new* group starts reading each
     queue; it is ignored for a group that exists. ``orderly`` asks for an orderly group (one
-message per sharding key at a time, in order); it is fixed when the group is created."""
+message per sharding key at a time, in order); it is fixed when the group is created.
+``exclusive`` says the member must be the group's only live member (a broadcasting consumer's
+own group): a new member is refused with ``MEMBER_CONFLICT`` while another one is live.
+
+A subscription may name a topic that does not exist yet: the member is registered and the
+group starts delivering it once it exists (see docs/delivery.md)."""
 
     group: str
     member_id: str
@@ -888,9 +893,10 @@ message per sharding key at a time, in order); it is fixed when the group is cre
     max_reconsume: int
     start_from: int
     orderly: bool = False
+    exclusive: bool = False
     API_KEY = ApiKey.CONSUMER_HEARTBEAT
     RESPONSE = ConsumerHeartbeatResponse
-    SCHEMA = (STR, STR, STR, lst(tup(STR, STR)), INT, opt(lst(INT)), INT, INT, BOOL)
+    SCHEMA = (STR, STR, STR, lst(tup(STR, STR)), INT, opt(lst(INT)), INT, INT, BOOL, BOOL)
 
 
 Delivery = tuple[str, int, int, int, int, int, int, bytes | memoryview]

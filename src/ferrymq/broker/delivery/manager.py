@@ -42,7 +42,6 @@ import contextlib
 import functools
 import heapq
 import logging
-import re
 import shutil
 import uuid
 from collections import deque
@@ -65,6 +64,7 @@ from ferrymq.broker.delivery.state import (
     DeliveryGroup,
     DeliveryMember,
     Lease,
+    MemberLink,
     RetryCursor,
     SourceCursor,
     TagFilter,
@@ -72,11 +72,13 @@ from ferrymq.broker.delivery.state import (
 from ferrymq.broker.delivery.store import GroupStore
 from ferrymq.broker.groups import has_live_members
 from ferrymq.broker.scheduler import CANCELLED_STATE, NOT_SCHEDULED
+from ferrymq.broker.topics import check_topic_name
 from ferrymq.errors import (
     BrokerError,
     BusyError,
     CorruptRecordError,
     InvalidRequestError,
+    MemberConflictError,
     NonEmptyGroupError,
     StorageFailureError,
     StorageFullError,
@@ -87,10 +89,12 @@ from ferrymq.errors import (
 from ferrymq.protocol import messages as m
 from ferrymq.protocol.codes import ErrorCode
 from ferrymq.protocol.letters import (
+    DELIVERY_GROUP_NAME,
     DLQ_TOPIC_PREFIX,
     MAX_REASON_CHARS,
     RETRY_TOPIC_PREFIX,
     Letter,
+    delivery_group_name_problem,
 )
 from ferrymq.protocol.markers import ReadCommittedFilter
 from ferrymq.protocol.records import (
@@ -120,7 +124,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ferrymq.broker")
 
-DELIVERY_GROUP_NAME = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
 DELETED_SUFFIX = "~deleted"
 """A deleted group's directory is renamed ``<group>~deleted`` (a name no group can have) before
 its topics and files are removed; :meth:`DeliveryManager.load` finishes what a crash left."""
@@ -157,10 +160,9 @@ _BAD_RECEIPT = int(ErrorCode.INVALID_RECEIPT)
 
 def check_delivery_group_name(name: str) -> None:
     """Raise InvalidRequestError unless ``name`` can name a delivery group."""
-    if name in (".", "..") or not DELIVERY_GROUP_NAME.fullmatch(name):
-        raise InvalidRequestError(
-            f"invalid group name {name[:64]!r}: use 1-200 characters of [A-Za-z0-9._-]"
-        )
+    problem = delivery_group_name_problem(name)
+    if problem is not None:
+        raise InvalidRequestError(problem)
 
 
 def _runs(offsets: Iterable[int]) -> list[list[int]]:
@@ -571,16 +573,27 @@ class DeliveryManager:
         self, name: str, member_id: str, client_id: str, host: str,
         subscriptions: list[tuple[str, str]], session_timeout_ms: int,
         retry_delays_ms: list[int] | None, max_reconsume: int, start_from: int,
-        orderly: bool = False,
+        orderly: bool = False, *, exclusive: bool = False, link: MemberLink | None = None,
     ) -> tuple[DeliveryGroup, DeliveryMember, int]:
         """Register or refresh a member; returns (group, member, journal position or -1).
+
+        A subscription may name a topic that does not exist yet: it is recorded with the
+        member, RECEIVE skips it until it exists, and the group then starts it at its
+        beginning (``awaited``). Everything is checked before the group is created, so a
+        refused first heartbeat leaves no group behind.
 
         Raises:
             InvalidRequestError: a bad policy, or ``orderly`` differs from the group's (fixed
                 when the group was created).
+            InvalidTopicNameError: a subscription names an impossible topic.
+            MemberConflictError: a new member of a group with an exclusive live member, or a
+                new exclusive member of a group with another live member.
         """
+        missing: list[str] = []
         for topic, expr in subscriptions:
-            self.topics.get(topic)
+            if topic not in self.topics.topics:
+                check_topic_name(topic, internal_ok=True)
+                missing.append(topic)
             parse_tag_expression(expr)
         if retry_delays_ms is not None and (
             not 1 <= len(retry_delays_ms) <= MAX_RETRY_LADDER
@@ -599,8 +612,11 @@ class DeliveryManager:
             raise InvalidRequestError(
                 f"delivery group {name!r} is {kind}: that is fixed when a group is created; "
                 f"use {'orderly=True' if self.groups[name].orderly else 'another group name'}")
-        g = self._get_or_create(name)
         now = self._now()
+        if not is_new and member_id not in self.groups[name].members:
+            self._admit(self.groups[name], client_id, host, exclusive, now)
+        g = self._get_or_create(name)
+        g.awaited.update(t for t in missing if not any(k[0] == t for k in g.sources))
         pos = -1
         new_delays = retry_delays_ms if retry_delays_ms is not None else g.retry_delays_ms
         new_max = max_reconsume if max_reconsume >= 0 else g.max_reconsume
@@ -618,7 +634,8 @@ class DeliveryManager:
         mem = g.members.get(member_id)
         if mem is None:
             mem = g.members[member_id] = DeliveryMember(
-                member_id, client_id, host, now, session_timeout_ms, list(subscriptions)
+                member_id, client_id, host, now, session_timeout_ms, list(subscriptions),
+                exclusive, link,
             )
             log.info("delivery group %s: member %s joined from %s", name, member_id, host)
         else:
@@ -626,7 +643,37 @@ class DeliveryManager:
             mem.session_timeout_ms = session_timeout_ms
             mem.subscriptions = list(subscriptions)
             mem.host = host
+            mem.exclusive = exclusive
+            mem.link = link
         return g, mem, pos
+
+    def _admit(self, g: DeliveryGroup, client_id: str, host: str, exclusive: bool,
+               now: int) -> None:
+        """Let a new member into ``g`` or refuse it: a group with an exclusive member (or a new
+        exclusive member) allows one live member. Members that are gone (session expired, or
+        their connection closed) are evicted first, as the next tick would.
+
+        Raises:
+            MemberConflictError: the other member is live.
+        """
+        if not exclusive and not any(mem.exclusive for mem in g.members.values()):
+            return
+        for mid, mem in list(g.members.items()):
+            if mem.is_live(now):
+                raise MemberConflictError(
+                    f"delivery group {g.name!r} already has a live member ({mem.member_id}, "
+                    f"{mem.client_id} from {mem.host}, last heartbeat "
+                    f"{(now - mem.last_heartbeat) / 1000:.1f} s ago); refused {client_id} from "
+                    f"{host}: a broadcasting consumer's instance_name must be unique among "
+                    f"live consumers of its group (stop the other one, or use another "
+                    f"instance_name)")
+            self._evict(g, mid, f"consumer {mid} replaced: its connection closed")
+
+    def _evict(self, g: DeliveryGroup, member_id: str, reason: str) -> None:
+        """Drop a member that vanished without leaving; its leases count as failed attempts."""
+        del g.members[member_id]
+        log.info("delivery group %s: member %s evicted (%s)", g.name, member_id, reason)
+        self._release_member(g, member_id, counts=True, reason=reason)
 
     def member(self, name: str, member_id: str) -> tuple[DeliveryGroup, DeliveryMember]:
         """A registered member (its last heartbeat refreshed: any request proves it alive).
@@ -746,8 +793,12 @@ class DeliveryManager:
         for topic, tags in filters.items():
             if room <= 0 or budget <= 0:
                 break
-            t = self.topics.get(topic)
+            t = self.topics.topics.get(topic)
+            if t is None:  # subscribed before it exists (see heartbeat)
+                continue
             n = len(t.queues)
+            if topic in g.awaited and all((topic, q) in g.sources for q in range(n)):
+                g.awaited.discard(topic)  # every queue has its cursor now
             for i in range(n):
                 if room <= 0 or budget <= 0:
                     break
@@ -1201,7 +1252,8 @@ class DeliveryManager:
         if g.start_from == m.OffsetSpec.EARLIEST:
             return qs.log.start_offset
         if g.start_from == m.OffsetSpec.LATEST:
-            return qs.lso
+            # a topic created after the group subscribed to it: all of it is news
+            return qs.log.start_offset if qs.topic in g.awaited else qs.lso
         return min(qs.log.offset_for_time(g.start_from), qs.lso)
 
     def _lease_id(self) -> int:
@@ -1546,13 +1598,8 @@ class DeliveryManager:
         for g in self.groups.values():
             for mid, mem in list(g.members.items()):
                 if now - mem.last_heartbeat > mem.session_timeout_ms:
-                    del g.members[mid]
-                    log.info("delivery group %s: member %s evicted (no heartbeat for %d ms)",
-                             g.name, mid, now - mem.last_heartbeat)
-                    self._release_member(
-                        g, mid, counts=True,
-                        reason=f"consumer {mid} evicted: no heartbeat for "
-                               f"{mem.session_timeout_ms} ms")
+                    self._evict(g, mid, f"consumer {mid} evicted: no heartbeat for "
+                                        f"{mem.session_timeout_ms} ms")
             exp = g.expiry
             while exp and exp[0][0] <= now:
                 deadline, lease_id = heapq.heappop(exp)

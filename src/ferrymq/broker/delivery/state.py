@@ -26,7 +26,7 @@ import heapq
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from ferrymq.protocol.letters import Letter
 
@@ -212,9 +212,22 @@ class RetryCursor:
         return len(self.leased)
 
 
+class MemberLink(Protocol):
+    """The connection a member last heartbeated on (the broker's connection object)."""
+
+    @property
+    def closed(self) -> bool:
+        """True once the connection is gone."""
+
+
 @dataclass(eq=False)
 class DeliveryMember:
-    """A live member of a delivery group (a push or simple consumer)."""
+    """A live member of a delivery group (a push or simple consumer).
+
+    ``exclusive``: the member must be its group's only live member (a broadcasting consumer).
+    ``link``: the connection of its last heartbeat (None: not known), used to tell whether an
+    exclusive member is still there when another one asks to join (see
+    :meth:`is_live`)."""
 
     member_id: str
     client_id: str
@@ -222,6 +235,16 @@ class DeliveryMember:
     last_heartbeat: int
     session_timeout_ms: int
     subscriptions: list[tuple[str, str]]
+    exclusive: bool = False
+    link: MemberLink | None = None
+
+    def is_live(self, now: int) -> bool:
+        """Heartbeated within its session timeout, on a connection that is still open (a
+        member whose process died closed its connection: the kernel closes it even after
+        kill -9, so a restarted consumer need not wait for the session to expire)."""
+        if now - self.last_heartbeat > self.session_timeout_ms:
+            return False
+        return self.link is None or not self.link.closed
 
 
 @dataclass(slots=True)
@@ -269,6 +292,9 @@ class DeliveryGroup:
     moving: dict[str, tuple[str, Letter]] = field(default_factory=dict)  # msg id -> (state, letter)
     acked: deque[AckRun] = field(default_factory=deque)  # newest last; bounded by the manager
     tag_filters: dict[str, TagFilter] = field(default_factory=dict)  # topic -> last expression
+    # topics a member subscribed to before they existed: their cursors start at the topic's
+    # beginning whatever ``start_from`` says (everything in them is newer than the subscription)
+    awaited: set[str] = field(default_factory=set)
 
     def record_acks(self, topic: str, queue: int, runs: list[list[int]], wall_ms: int,
                     limit: int) -> None:

@@ -24,6 +24,9 @@ B = TypeVar("B", bound=m.Body)
 
 MAX_SUBSCRIPTIONS = 256
 """Most topics one delivery-group member may subscribe to."""
+MISSING_TOPIC_CHECK_S = 1.0
+"""A long-polling RECEIVE that subscribes to a topic that does not exist yet looks for it again
+this often (nothing wakes it when a topic is created)."""
 
 
 def _after(srv: BrokerServer, group: str, pos: int, resp: B) -> B | asyncio.Future[B]:
@@ -55,7 +58,7 @@ def consumer_heartbeat(
     g, mem, pos = srv.delivery.heartbeat(
         req.group, req.member_id, req.client_id or conn.client_id, conn.peer,
         req.subscriptions, timeout, req.retry_delays_ms, req.max_reconsume, req.start_from,
-        req.orderly,
+        req.orderly, exclusive=req.exclusive, link=conn,
     )
     return _after(srv, g.name, pos, m.ConsumerHeartbeatResponse(mem.member_id, len(g.members)))
 
@@ -107,6 +110,8 @@ async def _long_poll(
         remaining = deadline - loop.time()
         if remaining <= 0 or srv.shutting_down:
             return m.ReceiveResponse(invisible, [])
+        if not all(t in srv.topics.topics for t, _ in subs):
+            remaining = min(remaining, MISSING_TOPIC_CHECK_S)
         await wait_for_wakeup(srv.delivery.wakeups(g, subs), remaining)
 
 
