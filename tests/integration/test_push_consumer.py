@@ -5,17 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import queue
 import random
 import re
+import signal
 import subprocess
 import sys
 import textwrap
 import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from pathlib import Path
 from typing import IO, Any, TypeVar
 
 import pytest
@@ -783,6 +786,83 @@ def test_a_killed_broadcasting_member_does_not_block_its_name(broker: Broker) ->
                 other.member_id]
         finally:
             other.close()
+
+
+CTRL_C_SCRIPT = textwrap.dedent("""
+    import sys, threading, time
+    from ferrymq import ConsumeResult, PushConsumer
+
+    lock = threading.Lock()
+    address, form, pause = sys.argv[1], sys.argv[2], float(sys.argv[3])
+    c = PushConsumer(address, "gi", threads=2, prefetch=100, invisible_duration=60,
+                     client_id="victim")
+
+    def say(line):
+        with lock:  # one line at a time from the two handler threads
+            print(line, flush=True)
+
+    @c.subscribe("t")
+    def handle(msg):
+        say(f"HANDLING {msg.msg_id}")
+        time.sleep(pause)
+        say(f"DONE {msg.msg_id}")
+        return ConsumeResult.SUCCESS
+
+    try:
+        if form == "no-close":  # the program never closes it: the exit does
+            c.start()
+            while True:
+                time.sleep(0.05)
+        with c:
+            while True:
+                time.sleep(0.05)
+    except KeyboardInterrupt:
+        say("INTERRUPTED")
+""")
+
+
+@pytest.mark.parametrize(("form", "pause", "signals"), [
+    ("with", 1.5, 1),  # the README's form: running handlers finish, the rest goes back
+    ("no-close", 1.5, 1),  # Ctrl-C outside any with: closed at exit all the same
+    ("with", 60.0, 2),  # a second Ctrl-C while closing abandons the running handlers
+])
+def test_ctrl_c_hands_back_leases_and_leaves_the_group(
+        broker: Broker, tmp_path: Path, form: str, pause: float, signals: int) -> None:
+    ids = produce(broker, "t", 40, queues=1)
+    rescued: list[tuple[str, int, float]] = []
+    rescuer = PushConsumer(broker.address, "gi", threads=4, client_id="rescuer")
+    rescuer.subscribe("t", "*", lambda msg: rescued.append(
+        (msg.msg_id, msg.reconsume_times, time.monotonic())))
+    stderr = tmp_path / "stderr"
+    with stderr.open("w") as f, member_process(CTRL_C_SCRIPT, broker.address, form, str(pause),
+                                               stderr=f) as (proc, lines):
+        handling = [lines.get(timeout=20), lines.get(timeout=20)]  # both threads busy
+        assert all(x.startswith("HANDLING") for x in handling), (handling, stderr.read_text())
+        with rescuer:
+            time.sleep(0.5)
+            assert rescued == []  # the victim holds (and renews) all 40
+            t0 = time.monotonic()
+            proc.send_signal(signal.SIGINT)
+            if signals == 2:
+                time.sleep(1.0)  # closing: waiting for the two 60 s handlers
+                proc.send_signal(signal.SIGINT)
+            proc.wait(30)
+            exited = time.monotonic() - t0
+            out = list(iter(functools.partial(lines.get, timeout=10), ""))
+            done = [x.split()[1] for x in out if x.startswith("DONE")]
+            assert "INTERRUPTED\n" in out
+            with contextlib.suppress(AssertionError):
+                wait_for(lambda: len(rescued) >= 40 - len(done), timeout=10)
+            assert len(rescued) == 40 - len(done), (out, rescued, stderr.read_text())
+            assert max(t for _, _, t in rescued) - t0 < 10  # not after the 60 s leases
+            run(eventually(lambda: all_acked(broker.address, "gi"), what="all acked"))
+            members = run(describe(broker.address, "gi")).members
+        err = stderr.read_text()
+        assert "Traceback" not in err and "crashed" not in err, err
+        assert exited < (20 if signals == 1 else 15)
+        assert sorted([*done, *(mid for mid, _, _ in rescued)]) == sorted(ids)
+        assert {rt for _, rt, _ in rescued} == {0}  # handing back is not a failed attempt
+        assert [mem[1] for mem in members] == ["rescuer"]  # the victim left
 
 
 def test_start_against_a_closed_port_fails_with_the_connection_error() -> None:

@@ -35,6 +35,14 @@ go back to the group at once (a NACK that does not count as an attempt), running
 are sent, and the member leaves the group (which hands back anything still leased, again
 without counting).
 
+Interrupting (Ctrl-C) a :class:`PushConsumer`: its handlers run on daemon threads that only
+the consumer stops (:mod:`ferrymq.client._threads`), so the interpreter's exit never pulls the
+pool from under the workers. Leaving a ``with`` block (or ``try``/``finally``) on the
+``KeyboardInterrupt`` closes as above; a second Ctrl-C during :meth:`PushConsumer.close` stops
+waiting for the running handlers (they are abandoned, their messages go back with the leave)
+and still leaves the group. A consumer the program never closed is closed by an exit hook
+(``atexit``) the same way.
+
 Starting: :meth:`AsyncPushConsumer.start` connects first, so a wrong address fails with the
 connection error; then the member joins its group with its subscriptions. A subscribed topic
 that does not exist yet is waited for (one warning; ``require_topic=True`` makes it an
@@ -45,6 +53,7 @@ group again: nothing of it stays on the broker.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import collections
 import concurrent.futures
 import contextlib
@@ -66,6 +75,7 @@ from typing import Any, TypeVar, overload
 from ferrymq.client._delivery import DeliveryCore, LeasedMessage
 from ferrymq.client._renamed import rename_options, warn_renamed
 from ferrymq.client._session import Auth, Session, TLSOption
+from ferrymq.client._threads import HandlerThreads, PoolClosedError
 from ferrymq.client.retry import Backoff
 from ferrymq.errors import BrokerError, ConfigError, FerryMQError
 from ferrymq.protocol.letters import delivery_group_name_problem
@@ -95,6 +105,9 @@ go back to the buffer, so one slow handler does not hold up messages other threa
 YIELD_EVERY = 64
 """A worker whose handlers never suspend yields to the loop after this many messages, so the
 fetcher, the flusher and the heartbeat keep running."""
+ABANDON_WAIT_S = 10.0
+"""After a second Ctrl-C in :meth:`PushConsumer.close`, how long it still waits for the last
+acks and the leave before it gives up."""
 _GROUP_CHARS = re.compile(r"[^A-Za-z0-9._-]")
 _MAX_GROUP_CHARS = 200
 
@@ -357,6 +370,7 @@ class AsyncPushConsumer:
         self._renew_busy = False  # a renewal is in flight: let it finish, do not cancel it
         self._draining = False  # close(): the flusher sends everything, then returns
         self._stopping = False
+        self._abandoned = False  # close() waits for no running handler (_abandon_handlers)
         self._closed = False
         self._started = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -480,6 +494,14 @@ class AsyncPushConsumer:
             await self._core.close()
         finally:
             await self._session.close()
+
+    def _abandon_handlers(self) -> None:
+        """While closing: stop waiting for running handlers (a second Ctrl-C). Their workers
+        are cancelled; the messages go back to the group when the member leaves."""
+        self._abandoned = True
+        if self._stopping:
+            for t in self._workers:
+                t.cancel()
 
     async def __aenter__(self) -> AsyncPushConsumer:
         try:
@@ -701,8 +723,13 @@ class AsyncPushConsumer:
             handler = self._handler(topic, msgs)
             if handler is None:
                 continue
-            done = await loop.run_in_executor(
-                pool, _call_in_thread, self, loop, topic, handler, msgs, size)
+            try:
+                done = await loop.run_in_executor(
+                    pool, _call_in_thread, self, loop, topic, handler, msgs, size)
+            except PoolClosedError:  # a close() that was interrupted shut the threads down
+                for x in msgs:
+                    self._settle_one(x, (0.0, "consumer closing: never handled", False))
+                return
             rest = msgs[done * size :]
             if not rest:
                 continue
@@ -938,7 +965,7 @@ class AsyncPushConsumer:
         self._ready.set()  # idle workers see _stopping and return
         workers = self._workers
         if workers:
-            _, running = await asyncio.wait(workers, timeout=timeout)
+            _, running = await asyncio.wait(workers, timeout=0 if self._abandoned else timeout)
             if running:
                 log.warning("push consumer %s: %d handlers still running after %.3g s; "
                             "cancelled (their messages go back to the group)",
@@ -1038,8 +1065,9 @@ class PushConsumer:
             stop_requested.wait()
 
     :meth:`close` waits up to ``timeout`` seconds for running handlers; a handler still running
-    then keeps running in its thread, but its result is ignored and its message goes back to
-    the group when the member leaves.
+    then keeps running in its (daemon) thread, but its result is ignored and its message goes
+    back to the group when the member leaves. Use ``with`` (or ``try``/``finally``) so that
+    Ctrl-C closes the consumer; one still running when the program exits is closed then.
     """
 
     def __init__(self, servers: str | list[str] = "127.0.0.1:9876", group: str = "default", *,
@@ -1053,8 +1081,7 @@ class PushConsumer:
         options = rename_options(options)
         self._run = _run
         self._async: AsyncPushConsumer = _run(self._make(servers, group, threads, options))
-        self._pool = concurrent.futures.ThreadPoolExecutor(
-            threads, thread_name_prefix=f"ferrymq-push-{group}"[:40])
+        self._pool = HandlerThreads(threads, f"ferrymq-push-{group}"[:40])
         self._async._pool = self._pool
 
     @staticmethod
@@ -1116,12 +1143,33 @@ class PushConsumer:
     def start(self) -> PushConsumer:
         """Join the group and start handling messages (see :meth:`AsyncPushConsumer.start`)."""
         self._run(self._async.start())
+        _closed_at_exit(self)
         return self
 
     def close(self, timeout: float = 30.0) -> None:
-        """Stop gracefully (see :meth:`AsyncPushConsumer.close`)."""
+        """Stop gracefully (see :meth:`AsyncPushConsumer.close`).
+
+        A ``KeyboardInterrupt`` while this waits for running handlers (a second Ctrl-C)
+        abandons them: the consumer still sends its last acks and leaves the group (for at
+        most ``ABANDON_WAIT_S``), then the interrupt goes on.
+        """
+        from ferrymq.client.sync import _LoopThread
+
+        with _live_lock:
+            _live.discard(self)
+        loop = _LoopThread.get().loop
+        fut = asyncio.run_coroutine_threadsafe(self._async.close(timeout), loop)
         try:
-            self._run(self._async.close(timeout))
+            try:
+                fut.result()
+            except KeyboardInterrupt:
+                log.warning("push consumer %s: interrupted while closing; running handlers "
+                            "are abandoned (their messages go back to the group)",
+                            self.delivery_group)
+                loop.call_soon_threadsafe(self._async._abandon_handlers)
+                with contextlib.suppress(TimeoutError):
+                    fut.result(ABANDON_WAIT_S)
+                raise
         finally:
             self._pool.shutdown(wait=False, cancel_futures=True)
 
@@ -1136,3 +1184,33 @@ class PushConsumer:
                  tb: TracebackType | None) -> None:
         self.close()
 
+
+_live: set[PushConsumer] = set()
+"""Started PushConsumers not closed yet (closed at exit: see :func:`_close_live`)."""
+_live_lock = threading.Lock()
+_live_pid = 0  # the process whose exit hook is registered (a forked child registers its own)
+
+
+def _closed_at_exit(consumer: PushConsumer) -> None:
+    """Have ``consumer`` closed when the program exits, unless it is closed before."""
+    global _live_pid
+    with _live_lock:
+        _live.add(consumer)
+        if _live_pid != os.getpid():
+            _live.intersection_update({consumer})  # a forked child: the parent's are not ours
+            _live_pid = os.getpid()
+            atexit.register(_close_live)
+
+
+def _close_live() -> None:
+    """At exit: close the push consumers the program left running (Ctrl-C outside a ``with``),
+    so that they hand their messages back and leave their groups instead of holding leases
+    until they expire."""
+    with _live_lock:
+        if _live_pid != os.getpid():
+            return
+        live = list(_live)
+    for c in live:
+        log.info("push consumer %s: still running at exit; closing it", c.delivery_group)
+        with contextlib.suppress(KeyboardInterrupt):  # a second Ctrl-C: close() hurried up
+            c.close()
