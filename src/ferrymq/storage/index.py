@@ -11,17 +11,17 @@ and the batch's byte position in the ``.log`` file (8 bytes per entry)::
     4    4     position          u32  byte position of that batch in the .log file
 
 Entries are kept in memory in two ``array.array("I")`` (8 bytes per entry, no per-entry Python
-objects: 10 GB of log at 4 KiB intervals is about 20 MB) and appended to the ``.index`` file as
-they are added. The index is a cache, never the truth: on load it is validated (size a multiple
-of 8, strictly increasing offsets and positions, positions inside the segment) and any failure
-makes the caller rebuild it from the log. A reader also checks that the batch found at an
-entry's position has the entry's offset, which catches damage the load check cannot see.
+objects: 10 GB of log at 4 KiB intervals is about 20 MB); the ``.index`` file is written whole
+when the segment is sealed and flushed, and at close (no descriptor is held meanwhile). The
+index is a cache, never the truth: on load it is validated (size a multiple of 8, strictly
+increasing offsets and positions, positions inside the segment) and any failure makes the caller
+rebuild it from the log. A reader also checks that the batch found at an entry's position has
+the entry's offset, which catches damage the load check cannot see.
 """
 
 from __future__ import annotations
 
 import itertools
-import os
 import sys
 from array import array
 from bisect import bisect_right
@@ -110,26 +110,18 @@ class OffsetIndex(IndexFile):
         return self.base_offset + self._relative_offsets[i - 1], self._positions[i - 1]
 
     def append(self, offset: int, position: int) -> None:
-        """Add an entry (offset and position above the last entry's) and write it if open."""
+        """Add an entry (offset and position above the last entry's), in memory."""
         rel = offset - self.base_offset
         if self._positions and (rel <= self._relative_offsets[-1] or position <= self._positions[-1]):
             raise ValueError(f"index entry ({offset}, {position}) is not after the last one")
         self._relative_offsets.append(rel)
         self._positions.append(position)
-        if self._fd is not None:
-            os.write(self._fd, rel.to_bytes(4, "little") + position.to_bytes(4, "little"))
 
     def truncate_to_position(self, position: int) -> None:
-        """Drop every entry whose position is >= ``position``."""
+        """Drop every entry whose position is >= ``position`` (in memory)."""
         keep = bisect_right(self._positions, position - 1)
-        if keep == len(self._positions):
-            return
         del self._relative_offsets[keep:]
         del self._positions[keep:]
-        if self._fd is not None:
-            os.ftruncate(self._fd, keep * _ENTRY_BYTES)
-        else:
-            self.write_file()
 
     def to_bytes(self) -> bytes:
         """The file image of the index."""

@@ -13,12 +13,18 @@ acknowledged after :meth:`Log.append` survives ``kill -9`` even before any fsync
 
 Flush (any thread, typically the broker's flusher): under the short ``_lock`` it snapshots the
 active segment, the end offset and the segments sealed since the last flush; it fsyncs them
-outside that lock, closes the sealed segments' index descriptors, fsyncs the directory after a
-roll and, when whole segments became durable, rewrites the recovery-point checkpoint. Flushes
-(and the rare structural operations: retention, truncation, close) are serialised by
-``_flush_lock``, so no descriptor is closed while another thread fsyncs it. Lock order:
-``_flush_lock`` then ``_lock``. :attr:`Log.durable_offset` is the end offset covered by the last
-completed flush; after :meth:`Log.open` it equals the end offset.
+outside that lock, writes the sealed segments' index files, fsyncs the directory after a roll
+and, when whole segments became durable, rewrites the recovery-point checkpoint. Flushes (and
+the rare structural operations: retention, truncation, close) are serialised by
+``_flush_lock``. Lock order: ``_flush_lock`` then ``_lock``. :attr:`Log.durable_offset` is the
+end offset covered by the last completed flush; after :meth:`Log.open` it equals the end
+offset.
+
+Descriptors: each segment's ``.log`` is a handle of a :class:`~ferrymq.storage.handles.FileHandles`
+cache, which the broker shares between all its logs (:meth:`Log.open` ``handles``); the cache
+opens files on use and closes the least recently used idle ones, so a log holds no descriptor
+while idle. A flush pins the descriptors it fsyncs; a descriptor with writes not yet fsynced is
+never closed by the cache, and a closed one has nothing to fsync.
 
 Reads, retention and truncation must run on the writer thread; only :meth:`Log.flush` and
 :attr:`Log.durable_offset` are for other threads.
@@ -64,6 +70,7 @@ from ferrymq.protocol.records import (
 )
 from ferrymq.storage.checkpoint import read_checkpoint, write_checkpoint
 from ferrymq.storage.files import RECOVERY_POINT_FILE, fsync_directory
+from ferrymq.storage.handles import FileHandle, FileHandles
 from ferrymq.storage.index import MAX_RELATIVE_OFFSET
 from ferrymq.storage.producer_state import DEFAULT_PRODUCER_ID_EXPIRY_MS, ProducerStateManager
 from ferrymq.storage.recovery import (
@@ -160,9 +167,11 @@ class Log:
         producers: ProducerStateManager,
         last_append_time_ms: int,
         recovery_point: int,
+        handles: FileHandles,
     ) -> None:
         """Use :meth:`open`."""
         self.directory = directory
+        self._handles = handles
         self.config = config
         self._segments = segments
         self._producers = producers
@@ -176,12 +185,15 @@ class Log:
         self._durable_offset = self._end_offset
         self._closed = False
         self._control_segments = [s for s in segments if s.has_control]
+        self._pinned: tuple[FileHandle, int] | None = None
+        """What :meth:`flush_begin` pinned, until :meth:`flush_end` (under ``_flush_lock``)."""
 
     # --- opening -----------------------------------------------------------------------------
 
     @classmethod
     def open(
-        cls, directory: Path, config: LogConfig, *, clean_shutdown: bool, now_ms: int
+        cls, directory: Path, config: LogConfig, *, clean_shutdown: bool, now_ms: int,
+        handles: FileHandles | None = None,
     ) -> tuple[Log, RecoveryReport]:
         """Open (creating if needed) the log in ``directory`` and recover it.
 
@@ -190,12 +202,15 @@ class Log:
             config: storage settings.
             clean_shutdown: the broker's clean-shutdown marker existed: trust the files.
             now_ms: wall clock, for producer-id expiry.
+            handles: the descriptor cache its segment files share with other logs (None: one
+                of its own).
 
         Raises:
             CorruptRecordError: mid-log corruption (valid data after an invalid batch).
             OSError: the files cannot be read or repaired.
         """
         started = time.monotonic()
+        handles = handles or FileHandles()
         directory.mkdir(parents=True, exist_ok=True)
         recovery_point, last_time = _read_recovery_point(directory / RECOVERY_POINT_FILE)
         segments, findings = load_segments(
@@ -203,6 +218,7 @@ class Log:
             index_interval_bytes=config.index_interval_bytes,
             clean_shutdown=clean_shutdown,
             recovery_point=recovery_point,
+            handles=handles,
         )
         try:
             fsync_segments(findings.scanned)
@@ -211,7 +227,7 @@ class Log:
                     last_time = max(last_time, seg.max_append_time_ms)
                     break
             producers = ProducerStateManager(directory, producer_id_expiry_ms=config.producer_id_expiry_ms)
-            log = cls(directory, config, segments, producers, last_time, recovery_point)
+            log = cls(directory, config, segments, producers, last_time, recovery_point, handles)
             log._reload_producer_state()
             if findings.txn_batches:
                 rebuild_txn_indexes(segments, findings, log._open_txns_at)
@@ -300,6 +316,11 @@ class Log:
     def closed(self) -> bool:
         """Whether :meth:`close` was called."""
         return self._closed
+
+    @property
+    def handles(self) -> FileHandles:
+        """The descriptor cache of this log's segment files (shared with other logs)."""
+        return self._handles
 
     def _check_open(self) -> None:
         if self._closed:
@@ -396,7 +417,8 @@ class Log:
         old = self._segments[-1]
         self._producers.take_snapshot(self._end_offset, keep_at_or_below=self._recovery_base())
         new = Segment.create(
-            self.directory, self._end_offset, index_interval_bytes=self.config.index_interval_bytes
+            self.directory, self._end_offset, index_interval_bytes=self.config.index_interval_bytes,
+            handles=self._handles,
         )
         old.seal()
         with self._lock:
@@ -517,11 +539,11 @@ class Log:
         (the broker's flusher, :mod:`ferrymq.storage.aio`).
 
         When no segment was sealed since the last flush and the directory needs no fsync, the
-        flush is one fsync of the active segment: this takes the flush lock (no descriptor is
-        closed meanwhile) and returns that descriptor and the end offset its fsync makes
+        flush is one fsync of the active segment: this takes the flush lock, pins the
+        segment's descriptor (it stays open) and returns it with the end offset its fsync makes
         durable. The caller fsyncs the descriptor and must then call :meth:`flush_end`, whether
-        the fsync worked or not. Otherwise it returns None, holds nothing, and the caller uses
-        :meth:`flush`.
+        the fsync worked or not. Otherwise (also when the descriptor is closed: nothing to
+        fsync) it returns None, holds nothing, and the caller uses :meth:`flush`.
 
         Raises:
             LogClosedError: the log is closed.
@@ -531,20 +553,27 @@ class Log:
             self._check_open()
             with self._lock:
                 plain = not self._pending_sealed and not self._directory_dirty
-                fd = self._segments[-1].fd
+                file = self._segments[-1].file
                 end = self._end_offset
+            pinned = file.pin() if plain and file is not None else None
         except BaseException:
             self._flush_lock.release()
             raise
-        if not plain or fd is None:
+        if pinned is None:
             self._flush_lock.release()
             return None
+        assert file is not None
+        fd, writes = pinned
+        self._pinned = (file, writes)
         return fd, end
 
     def flush_end(self, end: int, fsynced: bool) -> None:
         """Finish a flush begun by :meth:`flush_begin`: when ``fsynced``, offsets below ``end``
-        are durable. Releases the flush lock."""
+        are durable. Unpins the descriptor and releases the flush lock."""
         try:
+            pinned, self._pinned = self._pinned, None
+            if pinned is not None:
+                pinned[0].unpin(pinned[1] if fsynced else None)
             if fsynced:
                 with self._lock:
                     self._durable_offset = max(self._durable_offset, end)
@@ -557,12 +586,18 @@ class Log:
             end = self._end_offset
             sealed = list(self._pending_sealed)
             directory_dirty, self._directory_dirty = self._directory_dirty, False
-        for seg in sealed:
-            seg.flush()
-            seg.close_index_files()
-        if directory_dirty:
-            fsync_directory(self.directory)
-        active.flush(include_indexes=False)
+        try:
+            for seg in sealed:
+                seg.flush()
+                seg.write_index_files()
+            if directory_dirty:
+                fsync_directory(self.directory)
+        except BaseException:  # e.g. EMFILE opening a file: the next flush does it all again
+            if directory_dirty:
+                with self._lock:
+                    self._directory_dirty = True
+            raise
+        active.flush()
         with self._lock:
             for seg in sealed:
                 if seg in self._pending_sealed:
@@ -667,7 +702,6 @@ class Log:
             target = segments[keep - 1]
             dropped = segments[keep:]
             target.truncate_to(target.position_of_offset(offset))
-            target.open_index_files_for_append()
             with self._lock:
                 self._segments = segments[:keep]
                 self._pending_sealed = [
@@ -694,7 +728,7 @@ class Log:
             self._flush_locked()
             active = self._segments[-1]
             active.seal()
-            active.flush()
+            active.write_index_files()
             self._producers.take_snapshot(self._end_offset)
             self._write_recovery_point(self._end_offset)
             self._closed = True

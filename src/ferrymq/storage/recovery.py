@@ -61,6 +61,7 @@ from ferrymq.storage.files import (
     fsync_directory,
     parse_base_offset,
 )
+from ferrymq.storage.handles import FileHandles
 from ferrymq.storage.segment import SCAN_CHUNK_BYTES, Segment, SegmentScan, header_crc_ok
 from ferrymq.storage.txnindex import AbortedTxn
 
@@ -150,12 +151,14 @@ def load_segments(
     index_interval_bytes: int,
     clean_shutdown: bool,
     recovery_point: int,
+    handles: FileHandles | None = None,
 ) -> tuple[list[Segment], LoadFindings]:
     """Open, check and repair the segments of ``directory`` (see the module docstring).
 
+    ``handles``: the descriptor cache of the segments' files (None: one of their own).
+
     Returns:
-        The segments in offset order (the last one is active, its index files open for
-        appends) and what was found.
+        The segments in offset order (the last one is active) and what was found.
 
     Raises:
         CorruptRecordError: mid-log corruption (the message names file, position, offsets).
@@ -163,11 +166,14 @@ def load_segments(
     """
     findings = LoadFindings()
     bases, txn_bases = _clean_directory(directory)
+    handles = handles or FileHandles()
     if not bases:
-        seg = Segment.create(directory, max(recovery_point, 0), index_interval_bytes=index_interval_bytes)
+        seg = Segment.create(directory, max(recovery_point, 0),
+                             index_interval_bytes=index_interval_bytes, handles=handles)
         return [seg], findings
     segments = [
-        Segment.open(directory, b, index_interval_bytes=index_interval_bytes, has_txnindex=b in txn_bases)
+        Segment.open(directory, b, index_interval_bytes=index_interval_bytes,
+                     has_txnindex=b in txn_bases, handles=handles)
         for b in bases
     ]
     try:
@@ -176,9 +182,7 @@ def load_segments(
         for seg in segments:
             seg.close()
         raise
-    segments = [s for s in segments if not s.closed]
-    segments[-1].open_index_files_for_append()
-    return segments, findings
+    return [s for s in segments if not s.closed], findings
 
 
 def _check_segments(
@@ -204,6 +208,9 @@ def _check_segments(
                 i += 1
                 continue
             _log.warning("%s: clean shutdown but %s; scanning it fully", seg.log_path, scan.error)
+        file = seg.file
+        if file is not None:  # what a crashed broker wrote may be in the page cache only:
+            file.mark_unsynced()  # keep the descriptor until fsync_segments covered it
         scan = seg.recover(check_crc=True)
         findings.segments_scanned += 1
         findings.indexes_rebuilt += 1

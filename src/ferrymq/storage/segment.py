@@ -10,9 +10,17 @@ the aborted transactions whose ABORT marker it holds; its existence is :attr:`Se
 Life cycle: *active* (the last segment of a log; appended to with ``os.write`` on an
 ``O_APPEND`` descriptor, no user-space buffering, so a batch is in the kernel once
 :meth:`Segment.append` returns) -> *sealed* (after a roll; read-only, its indexes get a final
-time-index entry and are fsynced and closed by the next flush) -> *deleted* (renamed to
+time-index entry and are written to their files by the next flush) -> *deleted* (renamed to
 ``.deleted`` then unlinked). Reads use ``os.pread`` and never move a file position, so they
 need no lock against the appending thread.
+
+Descriptors: the ``.log`` file is a :class:`~ferrymq.storage.handles.FileHandle` of the
+broker's descriptor cache: opened on first use (a sealed segment that is never read is never
+opened), closed when idle and clean if the cache needs room, opened again on use. The indexes
+hold no descriptor at all: their entries live in memory and their files are written whole
+(atomically) when the segment is sealed and flushed, and at close; while a segment is active its
+index files are stale or missing, which recovery never trusts (an unclean start scans the
+active segment; a clean stop wrote them).
 
 :meth:`Segment.recover` walks the batches from the start (or, when the files are trusted, from
 the last offset-index entry), checks each one (both CRCs when asked, the header CRC always),
@@ -54,6 +62,7 @@ from ferrymq.storage.files import (
     rewrite_in_place,
     segment_file_name,
 )
+from ferrymq.storage.handles import FileHandle, FileHandles
 from ferrymq.storage.index import MAX_RELATIVE_OFFSET, OffsetIndex
 from ferrymq.storage.timeindex import TimeIndex
 from ferrymq.storage.txnindex import TxnIndex
@@ -64,6 +73,7 @@ SCAN_CHUNK_BYTES = 4 << 20  # recovery reads this much at a time: bounded memory
 LOOKUP_CHUNK_BYTES = 16 << 10  # a header walk after an index lookup covers ~one index interval
 MAX_POSITION = 0xFFFFFFFF  # positions are u32 in the offset index
 _TXN_BITS = ATTR_TRANSACTIONAL | ATTR_CONTROL
+_FLAGS = os.O_RDWR | os.O_APPEND  # how a .log is (re)opened: appends, preads, ftruncate
 
 
 def header_crc_ok(buf: bytes | bytearray | memoryview, pos: int, h: BatchHeader) -> bool:
@@ -94,12 +104,15 @@ class SegmentScan:
 
 
 class _Window:
-    """A read-ahead window over a file: ``get`` returns a buffer holding the wanted range."""
+    """A read-ahead window over a file: ``get`` returns a buffer holding the wanted range.
 
-    __slots__ = ("_chunk_bytes", "_data", "_fd", "_size", "_start")
+    It asks the handle for the descriptor at each read: a caller may use other files between
+    two reads (which may evict this one)."""
 
-    def __init__(self, fd: int, size_bytes: int, chunk_bytes: int) -> None:
-        self._fd = fd
+    __slots__ = ("_chunk_bytes", "_data", "_file", "_size", "_start")
+
+    def __init__(self, file: FileHandle, size_bytes: int, chunk_bytes: int) -> None:
+        self._file = file
         self._size = size_bytes
         self._chunk_bytes = chunk_bytes
         self._start = 0
@@ -111,7 +124,7 @@ class _Window:
         if start <= pos and pos + n <= start + len(self._data):
             return self._data, pos - start
         want = min(max(n, self._chunk_bytes), self._size - pos)
-        self._data = os.pread(self._fd, want, pos) if want > 0 else b""
+        self._data = os.pread(self._file.get(), want, pos) if want > 0 else b""
         self._start = pos
         return self._data, 0
 
@@ -124,10 +137,10 @@ class Segment:
     """
 
     def __init__(
-        self, directory: Path, base_offset: int, *, index_interval_bytes: int, fd: int,
-        has_txnindex: bool = False,
+        self, directory: Path, base_offset: int, *, index_interval_bytes: int, file: FileHandle,
+        size_bytes: int, has_txnindex: bool = False,
     ) -> None:
-        """Wrap an open ``.log`` descriptor; use :meth:`create` or :meth:`open` instead."""
+        """Wrap the ``.log`` file's handle; use :meth:`create` or :meth:`open` instead."""
         self.directory = directory
         self.base_offset = base_offset
         self.index_interval_bytes = index_interval_bytes
@@ -136,8 +149,8 @@ class Segment:
         self.timeindex_path = directory / segment_file_name(base_offset, TIMEINDEX_SUFFIX)
         self.txnindex_path = directory / segment_file_name(base_offset, TXNINDEX_SUFFIX)
         self.txnindex = TxnIndex(self.txnindex_path, base_offset, present=has_txnindex)
-        self._fd: int | None = fd
-        self._size_bytes = os.fstat(fd).st_size
+        self._file: FileHandle | None = file
+        self._size_bytes = size_bytes
         self.next_offset = base_offset
         self.max_append_time_ms: int | None = None
         self._first_append_time_ms: int | None = None
@@ -149,36 +162,51 @@ class Segment:
     # --- opening -----------------------------------------------------------------------------
 
     @classmethod
-    def create(cls, directory: Path, base_offset: int, *, index_interval_bytes: int) -> Segment:
-        """Create a new empty active segment (its index files open for appends)."""
+    def create(cls, directory: Path, base_offset: int, *, index_interval_bytes: int,
+               handles: FileHandles | None = None) -> Segment:
+        """Create a new empty active segment (its ``.log`` open, its indexes empty in memory).
+
+        Args:
+            directory: the log's directory.
+            base_offset: the first offset it will hold.
+            index_interval_bytes: bytes of log between two index entries.
+            handles: the descriptor cache (None: one of its own).
+
+        Raises:
+            OSError: the file cannot be created (nothing was).
+        """
         path = directory / segment_file_name(base_offset, LOG_SUFFIX)
         # O_TRUNC, not O_EXCL: a file at the end offset can only be debris of a failed roll.
-        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC, 0o644)
-        (directory / segment_file_name(base_offset, TXNINDEX_SUFFIX)).unlink(missing_ok=True)
-        seg = cls(directory, base_offset, index_interval_bytes=index_interval_bytes, fd=fd)
+        file = (handles or FileHandles()).register(
+            path, _FLAGS, create_flags=_FLAGS | os.O_CREAT | os.O_TRUNC)
+        for suffix in (TXNINDEX_SUFFIX, INDEX_SUFFIX, TIMEINDEX_SUFFIX):  # a failed roll's
+            (directory / segment_file_name(base_offset, suffix)).unlink(missing_ok=True)
+        seg = cls(directory, base_offset, index_interval_bytes=index_interval_bytes, file=file,
+                  size_bytes=0)
         seg._index = OffsetIndex(seg.index_path, base_offset)
         seg._timeindex = TimeIndex(seg.timeindex_path, base_offset)
-        seg._index.open_for_append(truncate=True)
-        seg._timeindex.open_for_append(truncate=True)
         return seg
 
     @classmethod
     def open(
         cls, directory: Path, base_offset: int, *, index_interval_bytes: int,
-        has_txnindex: bool | None = None,
+        has_txnindex: bool | None = None, handles: FileHandles | None = None,
     ) -> Segment:
-        """Open an existing segment without reading it; then recover or load it.
+        """Describe an existing segment without opening or reading it; then recover or load it.
 
         ``has_txnindex``: whether its ``.txnindex`` exists, when the caller listed the
-        directory (None: look).
+        directory (None: look). ``handles``: the descriptor cache (None: one of its own).
+
+        Raises:
+            OSError: the ``.log`` file cannot be found.
         """
         path = directory / segment_file_name(base_offset, LOG_SUFFIX)
         if has_txnindex is None:
             has_txnindex = (directory / segment_file_name(base_offset, TXNINDEX_SUFFIX)).exists()
-        fd = os.open(path, os.O_RDWR | os.O_APPEND)
+        file = (handles or FileHandles()).register(path, _FLAGS)
         return cls(
-            directory, base_offset, index_interval_bytes=index_interval_bytes, fd=fd,
-            has_txnindex=has_txnindex,
+            directory, base_offset, index_interval_bytes=index_interval_bytes, file=file,
+            size_bytes=os.stat(path).st_size, has_txnindex=has_txnindex,
         )
 
     def load_sealed(self, next_offset: int) -> bool:
@@ -232,19 +260,22 @@ class Segment:
     @property
     def closed(self) -> bool:
         """Whether :meth:`close` was called."""
-        return self._fd is None
+        return self._file is None
 
     @property
-    def fd(self) -> int | None:
-        """The ``.log`` file's descriptor (None once closed), for a caller that fsyncs it
-        together with other files (:meth:`ferrymq.storage.log.Log.flush_begin`)."""
-        return self._fd
+    def file(self) -> FileHandle | None:
+        """The ``.log`` file's handle (None once closed), for a caller that fsyncs it together
+        with other files (:meth:`ferrymq.storage.log.Log.flush_begin`: pin, fsync, unpin)."""
+        return self._file
+
+    def _require_file(self) -> FileHandle:
+        file = self._file
+        if file is None:
+            raise LogClosedError(f"segment {self.log_path} is closed")
+        return file
 
     def _require_fd(self) -> int:
-        fd = self._fd
-        if fd is None:
-            raise LogClosedError(f"segment {self.log_path} is closed")
-        return fd
+        return self._require_file().get()
 
     @property
     def has_control(self) -> bool:
@@ -303,7 +334,8 @@ class Segment:
         Raises:
             OSError: the write failed; the file is cut back to its previous size if possible.
         """
-        fd = self._require_fd()
+        file = self._require_file()
+        fd = file.get()
         if ENOSPC_FAULTS:
             enospc_point("write", f"{self.directory.parent.name}/{self.directory.name}")
         pos = self._size_bytes
@@ -328,21 +360,11 @@ class Segment:
             except OSError:
                 pass
             raise
+        finally:
+            file.wrote()  # after the write: the descriptor stays open until an fsync covers it
         self._size_bytes = pos + len(batch)
-        try:
-            self._note_batch(pos, header)
-        except OSError:  # an index write failed (ENOSPC): undo the whole append
-            self._undo_append(fd, pos, header)
-            raise
+        self._note_batch(pos, header)
         return pos
-
-    def _undo_append(self, fd: int, pos: int, header: BatchHeader) -> None:
-        """Cut the batch just written at ``pos`` and its index entries (a failed append must
-        leave no trace, or the next one would reuse its offsets)."""
-        os.ftruncate(fd, pos)
-        self._size_bytes = pos
-        self.index.truncate_to_position(pos)
-        self.timeindex.truncate_to_offset(header.base_offset)
 
     def rewrite_from(self, position: int) -> None:
         """Write the bytes from ``position`` to the end again, in place, and fsync them.
@@ -357,9 +379,8 @@ class Segment:
                 cache lost them: only recovery at restart can cut them).
             OSError: the write or fsync failed (still no space): nothing changed.
         """
-        fd = self._require_fd()
         size = self._size_bytes
-        data = os.pread(fd, size - position, position)
+        data = os.pread(self._require_fd(), size - position, position)
         pos = 0
         while pos < len(data):
             h = check_stored_batch(data, pos)
@@ -390,54 +411,39 @@ class Segment:
         if t is not None and self._last_batch_offset >= 0:
             self.timeindex.maybe_append(t, self._last_batch_offset)
 
-    def flush(self, *, include_indexes: bool = True) -> None:
-        """Fsync the log file and (unless told not to) any index file open for appends.
+    def flush(self) -> None:
+        """Fsync the ``.log`` file (nothing when its descriptor is closed: then nothing was
+        written since its last fsync, see :mod:`ferrymq.storage.handles`).
 
-        The broker's per-round flush of the active segment skips the indexes: they are caches
-        that recovery validates and rebuilds, so only the records need to be durable. Sealing
-        and closing a segment fsync them too.
+        The indexes are caches that recovery validates and rebuilds: the broker's per-round
+        flush of the active segment leaves them; sealing and closing write them
+        (:meth:`write_index_files`).
         """
-        fd = self._fd
-        if fd is None:
-            return
-        os.fsync(fd)
-        if not include_indexes:
-            return
-        if self._index is not None:
-            self._index.fsync()
-        if self._timeindex is not None:
-            self._timeindex.fsync()
-        self.txnindex.fsync()
+        if self._file is not None:
+            self._file.fsync()
 
-    def close_index_files(self) -> None:
-        """Close the index append descriptors (after a flush of a sealed segment)."""
-        if self._index is not None:
-            self._index.close()
-        if self._timeindex is not None:
-            self._timeindex.close()
-        self.txnindex.close()
+    def write_index_files(self) -> None:
+        """Write both index files from memory, atomically (each durable when this returns),
+        and fsync the ``.txnindex`` if it was appended to: a sealed segment's flush and a
+        close."""
+        self.index.write_file()
+        self.timeindex.write_file()
+        self.txnindex.fsync()
 
     def truncate_to(self, position: int) -> None:
         """Cut the log file at ``position`` (a batch boundary) and fix indexes and bookkeeping."""
-        fd = self._require_fd()
+        file = self._require_file()
         if position >= self._size_bytes:
             return
-        os.ftruncate(fd, position)
+        try:
+            os.ftruncate(file.get(), position)
+        finally:
+            file.wrote()
         self._size_bytes = position
         self.index.truncate_to_position(position)
         self._scan(resume=True, check_crc=False)
         self.timeindex.truncate_to_offset(self.next_offset)
         self.txnindex.truncate_to(self.next_offset)
-
-    def write_index_files(self) -> None:
-        """Atomically rewrite both index files from memory (reopening them if open)."""
-        self.index.write_file()
-        self.timeindex.write_file()
-
-    def open_index_files_for_append(self) -> None:
-        """Make index appends write through (the segment is the active one)."""
-        self.index.open_for_append()
-        self.timeindex.open_for_append()
 
     # --- scanning ----------------------------------------------------------------------------
 
@@ -478,7 +484,7 @@ class Segment:
         return scan
 
     def _scan(self, *, resume: bool, check_crc: bool) -> SegmentScan:
-        fd = self._require_fd()
+        file = self._require_file()
         size = self._size_bytes
         pos = 0
         if resume and self._index is not None and self._index.last_entry is not None:
@@ -498,7 +504,7 @@ class Segment:
         self.max_append_time_ms = None
         self._last_batch_offset = -1
         self._bytes_since_index_entry = 0
-        window = _Window(fd, size, SCAN_CHUNK_BYTES)
+        window = _Window(file, size, SCAN_CHUNK_BYTES)
         batches = 0
         error: str | None = None
         txn_batches: list[tuple[int, BatchHeader]] = []
@@ -546,9 +552,8 @@ class Segment:
         found = self.find_batch(from_offset)
         if found is None:
             return
-        fd = self._require_fd()
         pos = found[0]
-        window = _Window(fd, self._size_bytes, SCAN_CHUNK_BYTES)
+        window = _Window(self._require_file(), self._size_bytes, SCAN_CHUNK_BYTES)
         while pos + HEADER_SIZE <= self._size_bytes:
             buf, i = window.get(pos, HEADER_SIZE)
             h = decode_header(buf, i)
@@ -566,11 +571,11 @@ class Segment:
         Raises:
             CorruptRecordError: the batch headers on disk are inconsistent.
         """
-        fd = self._require_fd()
+        file = self._require_file()
         if offset >= self.next_offset:
             return None
         entry_offset, pos = self.index.lookup(offset)
-        window = _Window(fd, self._size_bytes, LOOKUP_CHUNK_BYTES)
+        window = _Window(file, self._size_bytes, LOOKUP_CHUNK_BYTES)
         expected = entry_offset
         first = True
         while pos + HEADER_SIZE <= self._size_bytes:
@@ -597,9 +602,9 @@ class Segment:
 
     def read(self, position: int, max_bytes: int) -> bytes:
         """Up to ``max_bytes`` raw bytes from ``position`` (``os.pread``; may cut a batch)."""
-        fd = self._require_fd()
+        file = self._require_file()
         n = min(max_bytes, self._size_bytes - position)
-        return os.pread(fd, n, position) if n > 0 else b""
+        return os.pread(file.get(), n, position) if n > 0 else b""
 
     def read_batches(self, offset: int, max_bytes: int, upto_offset: int) -> bytes:
         """Whole batches from the one containing ``offset``, within ``max_bytes``.
@@ -640,11 +645,10 @@ class Segment:
     # --- closing -----------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Close every descriptor (idempotent)."""
-        self.close_index_files()
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            os.close(fd)
+        """Close the ``.log`` file's descriptor for good (idempotent)."""
+        file, self._file = self._file, None
+        if file is not None:
+            file.close()
 
     def delete(self) -> None:
         """Close, rename each file to ``.deleted``, then unlink them."""

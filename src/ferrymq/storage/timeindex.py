@@ -18,7 +18,6 @@ a validated cache that recovery rebuilds.
 
 from __future__ import annotations
 
-import os
 import struct
 from array import array
 from bisect import bisect_left
@@ -79,29 +78,21 @@ class TimeIndex(IndexFile):
         return self.base_offset + self._relative_offsets[i - 1]
 
     def maybe_append(self, time_ms: int, offset: int) -> None:
-        """Add ``(time_ms, offset)`` if both are above the last entry's; write it if open."""
+        """Add ``(time_ms, offset)`` if both are above the last entry's (in memory)."""
         rel = offset - self.base_offset
         if self._times_ms and (time_ms <= self._times_ms[-1] or rel <= self._relative_offsets[-1]):
             return
         self._times_ms.append(time_ms)
         self._relative_offsets.append(rel)
-        if self._fd is not None:
-            os.write(self._fd, _ENTRY.pack(time_ms, rel))
 
     def truncate_to_offset(self, offset: int) -> None:
-        """Drop every entry whose offset is >= ``offset``."""
+        """Drop every entry whose offset is >= ``offset`` (in memory)."""
         rel = offset - self.base_offset
         keep = len(self._relative_offsets)
         while keep and self._relative_offsets[keep - 1] >= rel:
             keep -= 1
-        if keep == len(self._relative_offsets):
-            return
         del self._times_ms[keep:]
         del self._relative_offsets[keep:]
-        if self._fd is not None:
-            os.ftruncate(self._fd, keep * _ENTRY.size)
-        else:
-            self.write_file()
 
     def to_bytes(self) -> bytes:
         """The file image of the index."""

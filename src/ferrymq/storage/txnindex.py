@@ -14,12 +14,14 @@ created (empty) by the first control batch, COMMIT or ABORT, appended to its seg
 segment has a ``.txnindex`` file iff it holds a control batch* (``Segment.has_control``). A
 segment that never saw a marker has no file and costs nothing.
 
-Durability: the file is fsynced with the segment's other index files (when the segment is
-sealed and flushed, and at close); a segment above the recovery point is rescanned by unclean
-recovery, which rebuilds its file from the log (``Log.open``), so the active segment's entries
-need no fsync of their own. A torn last entry (a size that is not a multiple of 24) is cut
-when the file is loaded. Entries are kept in memory, loaded lazily on first use: aborts are
-rare and the lists are short.
+Durability: the file is fsynced with the segment's other index files (when the segment is sealed
+and flushed, and at close); a segment above the recovery point is rescanned by unclean recovery,
+which rebuilds its file from the log (``Log.open``), so the active segment's entries need no
+fsync of their own. No descriptor is held: each append opens, writes and closes (aborts are
+rare), and the fsync opens the file again (an fsync covers the file, whatever descriptor wrote
+it; a failed append rewrites the whole file instead). A torn last entry (a size that is not a
+multiple of 24) is cut when the file is loaded. Entries are kept in memory, loaded lazily on
+first use: aborts are rare and the lists are short.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ class TxnIndex:
     flusher thread.
     """
 
-    __slots__ = ("_dirty", "_entries", "_fd", "_present", "base_offset", "path")
+    __slots__ = ("_dirty", "_entries", "_present", "_unsynced", "base_offset", "path")
 
     def __init__(self, path: Path, base_offset: int, *, present: bool) -> None:
         """Describe the index of the segment at ``base_offset``; ``present``: the file exists
@@ -65,7 +67,7 @@ class TxnIndex:
         self.base_offset = base_offset
         self._present = present
         self._entries: list[AbortedTxn] | None = None if present else []
-        self._fd: int | None = None
+        self._unsynced = False
         self._dirty = False
 
     @property
@@ -115,14 +117,13 @@ class TxnIndex:
         """
         if self._present:
             return False
-        self._open_fd()
+        os.close(self._open_for_append())
         self._present = True
         return True
 
-    def _open_fd(self) -> int:
-        fd = self._fd
-        if fd is None:
-            fd = self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    def _open_for_append(self) -> int:
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._unsynced = True
         return fd
 
     def append(self, entry: AbortedTxn) -> None:
@@ -137,8 +138,11 @@ class TxnIndex:
         self.entries().append(entry)
         self._present = True
         try:
-            fd = self._open_fd()
-            written = os.write(fd, TXN_ENTRY.pack(*entry))
+            fd = self._open_for_append()
+            try:
+                written = os.write(fd, TXN_ENTRY.pack(*entry))
+            finally:
+                os.close(fd)
             if written != TXN_ENTRY_SIZE:
                 raise OSError(f"{self.path}: short write of {written} bytes")
         except OSError:
@@ -152,9 +156,9 @@ class TxnIndex:
         Raises:
             OSError: the file cannot be written or deleted.
         """
-        self.close()
         self._entries = list(entries)
         self._dirty = False
+        self._unsynced = False
         if present:
             atomic_write(self.path, b"".join(TXN_ENTRY.pack(*e) for e in entries))
         else:
@@ -174,19 +178,23 @@ class TxnIndex:
             self.replace(kept, present=True)
 
     def fsync(self) -> None:
-        """Make the file durable (rewriting it first if an append failed)."""
+        """Make the file durable if it was appended to since the last fsync (rewriting it
+        whole if an append failed).
+
+        Raises:
+            OSError: the file cannot be opened, written or fsynced.
+        """
         if self._dirty and self._entries is not None:
             self.replace(self._entries, present=True)
             return
-        fd = self._fd
-        if fd is not None:
+        if not self._unsynced:
+            return
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
             os.fsync(fd)
-
-    def close(self) -> None:
-        """Close the append descriptor (the entries stay in memory)."""
-        fd, self._fd = self._fd, None
-        if fd is not None:
+        finally:
             os.close(fd)
+        self._unsynced = False
 
     def collect(self, start: int, upto: int, out: list[tuple[int, int]]) -> None:
         """Add ``(producer_id, first_offset)`` of entries with ``first_offset < upto`` and

@@ -9,15 +9,15 @@ import os
 import pytest
 from storage_support import BatchFactory, LogOpener
 
-import ferrymq.storage.index as index_module
+import ferrymq.storage.segment as segment_module
 from ferrymq.errors import CorruptRecordError
 from ferrymq.protocol.records import decode_records
-from ferrymq.storage import LogConfig
+from ferrymq.storage import Log, LogConfig
 
-EVERY_BATCH = LogConfig(index_interval_bytes=0)  # an index entry (a write) for every batch
+EVERY_BATCH = LogConfig(index_interval_bytes=0)  # an index entry for every batch
 
 
-def test_index_write_enospc_undoes_the_whole_append(
+def test_write_enospc_part_way_undoes_the_whole_append(
     open_log: LogOpener, make_batch: BatchFactory, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     log, _ = open_log(EVERY_BATCH, clean=False)
@@ -25,19 +25,28 @@ def test_index_write_enospc_undoes_the_whole_append(
         log.append(make_batch(2), now_ms=1000 + i)
     size = log.size_bytes
 
-    def full(fd: int, data: bytes) -> int:  # injected fault: the index file cannot grow
+    def half(fd: int, parts: list[memoryview]) -> int:  # injected fault: the disk fills up
+        return os.write(fd, parts[0][:40])  # inside the header, then:
+
+    def full(fd: int, data: bytes) -> int:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(index_module.os, "write", full)
+    monkeypatch.setattr(segment_module.os, "writev", half)
+    monkeypatch.setattr(segment_module.os, "write", full)
     with pytest.raises(OSError, match="No space"):
         log.append(make_batch(2), now_ms=2000)
-    assert (log.end_offset, log.size_bytes) == (6, size)  # no trace: file cut back
     monkeypatch.undo()
+    assert (log.end_offset, log.size_bytes) == (6, size)  # no trace: file cut back
+    assert os.path.getsize(log_files(log)[-1]) == size
     assert log.append(make_batch(2), now_ms=3000).base_offset == 6  # offsets not reused
     assert [r.offset for r in decode_records(log.read(0, 10**6))] == list(range(8))
     log.close()
     again, report = open_log(EVERY_BATCH, clean=False)
     assert (report.truncated_bytes, again.end_offset) == (0, 8)
+
+
+def log_files(log: Log) -> list[str]:
+    return sorted(str(p) for p in log.directory.glob("*.log"))
 
 
 def test_rewrite_tail_writes_the_same_bytes_again(open_log: LogOpener,

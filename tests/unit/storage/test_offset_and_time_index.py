@@ -23,11 +23,10 @@ def test_offset_index_lookup_finds_largest_entry_not_above(tmp_path: Path) -> No
 def test_offset_index_persists_appends_and_loads(tmp_path: Path) -> None:
     path = tmp_path / "i"
     index = OffsetIndex(path, 5)
-    index.write_file()
-    index.open_for_append()
     index.append(7, 100)
     index.append(9, 250)
-    index.close()
+    assert not path.exists()  # entries live in memory until the file is written whole
+    index.write_file()
     assert path.stat().st_size == 16
     loaded = OffsetIndex.load(path, 5, size_bytes=300, max_relative_offset=10)
     assert loaded is not None
@@ -54,14 +53,14 @@ def test_offset_index_load_rejects_inconsistent_files(tmp_path: Path) -> None:
 def test_offset_index_truncate(tmp_path: Path) -> None:
     path = tmp_path / "i"
     index = OffsetIndex(path, 0)
-    index.write_file()
-    index.open_for_append()
     for i in range(1, 6):
         index.append(i, i * 100)
+    index.write_file()
     index.truncate_to_position(300)
     assert index.last_entry == (2, 200)
+    assert path.stat().st_size == 40  # memory only: the file is written when asked
+    index.write_file()
     assert path.stat().st_size == 16
-    index.close()
 
 
 def test_time_index_lookup_and_persistence(tmp_path: Path) -> None:

@@ -57,7 +57,7 @@ def test_txnindex_append_reload_and_collect(tmp_path: Path) -> None:
     assert path.exists() and path.stat().st_size == 0
     idx.append(AbortedTxn(1, 90, 100))
     idx.append(AbortedTxn(2, 101, 120))
-    idx.close()
+    idx.fsync()
     assert path.read_bytes() == TXN_ENTRY.pack(1, 90, 100) + TXN_ENTRY.pack(2, 101, 120)
     again = TxnIndex(path, 100, present=True)
     assert again.entries() == [AbortedTxn(1, 90, 100), AbortedTxn(2, 101, 120)]
@@ -80,7 +80,6 @@ def test_torn_entry_is_cut_on_load(tmp_path: Path, caplog: pytest.LogCaptureFixt
     assert path.stat().st_size == 24
     assert "torn entry" in caplog.text
     idx.append(AbortedTxn(4, 2, 9))  # appends after the cut, aligned
-    idx.close()
     assert TxnIndex(path, 0, present=True).entries() == [AbortedTxn(3, 1, 5), AbortedTxn(4, 2, 9)]
 
 
