@@ -73,6 +73,7 @@ ERRORS_ALL = [
     "NotScheduledError",
     "OffsetOutOfRangeError",
     "OutOfOrderSequenceError",
+    "PolicyViolationError",
     "ProducerFencedError",
     "ProtocolError",
     "RebalanceInProgressError",

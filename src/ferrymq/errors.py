@@ -68,6 +68,7 @@ __all__ = [
     "NotScheduledError",
     "OffsetOutOfRangeError",
     "OutOfOrderSequenceError",
+    "PolicyViolationError",
     "ProducerFencedError",
     "ProtocolError",
     "RebalanceInProgressError",
@@ -221,7 +222,11 @@ class TopicAlreadyExistsError(BrokerError):
 
 
 class InvalidTopicNameError(BrokerError):
-    """Topic names are 1..200 characters of ``[A-Za-z0-9._-]`` (``%`` only for internal ones)."""
+    """Topic names are 1..249 characters of ``[A-Za-z0-9._-]``, not ``.`` or ``..``.
+
+    ``%`` starts the names of the broker's internal topics (``%RETRY%<group>``, ...), which
+    clients cannot create.
+    """
 
     code = ErrorCode.INVALID_TOPIC_NAME
 
@@ -440,6 +445,18 @@ class BatchAlreadyCommittedError(BrokerError):
     transactions named were dropped (a replayed batch is written once)."""
 
     code = ErrorCode.BATCH_ALREADY_COMMITTED
+
+
+class PolicyViolationError(BrokerError):
+    """A broker limit refused it (`max_topics`, `max_total_queues`, ...); nothing was created.
+
+    The message names the limit and its value (`max_topics`, `max_total_queues`,
+    `auto_create_topics_per_minute`). Not retriable as it is: the limit stays until the
+    operator raises it or topics are deleted (a per-minute limit carries a retry-after: when
+    the next creation would be allowed).
+    """
+
+    code = ErrorCode.POLICY_VIOLATION
 
 
 class StagedTxnExpiredError(BrokerError):

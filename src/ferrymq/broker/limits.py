@@ -1,4 +1,4 @@
-"""Connection limits and produce quotas: small policy objects the connection layer consults.
+"""Connection limits, produce quotas and the topic auto-creation rate: small policy objects.
 
 Theory of operation
 -------------------
@@ -12,11 +12,19 @@ reading for as long as it takes the debt to refill (Kafka's throttling: the requ
 the *next* one waits), so a producer over its quota slows down instead of failing, and the
 broker never buffers for it. Quotas are per user, shared by all of the user's connections.
 
+*:class:`CreationRate`* bounds how fast one client auto-creates topics
+(``auto_create_topics_per_minute``): a token bucket of that many topics, refilled continuously,
+per user when authentication is on and per connection when it is off (a connection's bucket
+goes with it). A client past it is refused with POLICY_VIOLATION and a retry-after; explicit
+creation (CREATE_TOPIC, an administrative request) is bounded by ``max_topics`` and
+``max_total_queues`` only.
+
 Clocks are injected (monotonic seconds) so the arithmetic is testable without sleeping.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -95,3 +103,43 @@ class ByteRateQuota:
         if b.tokens >= 0:
             return 0.0
         return min(MAX_THROTTLE_S, -b.tokens / b.rate)
+
+
+class CreationRate:
+    """Token buckets of ``per_minute`` creations, one per user name or per connection object.
+
+    Attributes:
+        per_minute: creations allowed per minute (and at once, after a quiet minute).
+    """
+
+    __slots__ = ("_clock", "_connections", "_users", "per_minute")
+
+    def __init__(self, per_minute: int, clock: Callable[[], float]) -> None:
+        """Buckets of ``per_minute`` (>= 1) tokens; ``clock``: monotonic seconds."""
+        self.per_minute = per_minute
+        self._clock = clock
+        self._users: dict[str, _Bucket] = {}
+        self._connections: weakref.WeakKeyDictionary[object, _Bucket] = (
+            weakref.WeakKeyDictionary())
+
+    def take(self, who: str | object) -> float:
+        """Take one creation from ``who``'s bucket (a user name, or a connection object).
+
+        Returns:
+            0 when taken; else the seconds until one is available (nothing taken).
+        """
+        now = self._clock()
+        rate = self.per_minute / 60.0
+        b = self._users.get(who) if isinstance(who, str) else self._connections.get(who)
+        if b is None:
+            b = _Bucket(rate, float(self.per_minute), now)
+            if isinstance(who, str):
+                self._users[who] = b
+            else:
+                self._connections[who] = b
+        b.tokens = min(float(self.per_minute), b.tokens + (now - b.stamp) * rate)
+        b.stamp = now
+        if b.tokens >= 1:
+            b.tokens -= 1
+            return 0.0
+        return (1 - b.tokens) / rate

@@ -6,10 +6,11 @@ Theory of operation
 flusher thread, the group coordinator, the producer-id manager and the listening socket. One
 event loop runs it all; only fsyncs run on the flusher thread.
 
-Start: take an exclusive lock on the data directory (two brokers on one directory would corrupt
-it), note whether the previous run left the clean-shutdown marker (then recovery can trust the
-files) and remove it, open every log, rebuild the dedup windows from the logs' tails, start the
-flusher, listen.
+Start: raise the soft descriptor limit and plan its use (refusing a limit too small,
+:mod:`ferrymq.broker.descriptors`), take an exclusive lock on the data directory (two brokers on
+one directory would corrupt it), note whether the previous run left the clean-shutdown marker
+(then recovery can trust the files) and remove it, open every log, rebuild the dedup windows
+from the logs' tails, start the flusher, listen.
 
 Stop (SIGTERM/SIGINT, or :meth:`stop`): stop accepting connections, refuse new produces with
 BROKER_SHUTTING_DOWN, let requests in flight finish (bounded by ``shutdown_timeout_ms``), answer
@@ -39,11 +40,12 @@ from ferrymq.broker.config import BrokerConfig
 from ferrymq.broker.connection import BrokerConnection
 from ferrymq.broker.dedup import Deduplicator
 from ferrymq.broker.delivery import DeliveryManager
+from ferrymq.broker.descriptors import DescriptorBudget, plan_descriptors, raise_descriptor_limit
 from ferrymq.broker.flusher import Flusher
 from ferrymq.broker.groups import GroupCoordinator
 from ferrymq.broker.handlers import HANDLERS, Handler
 from ferrymq.broker.keyindexer import KeyIndexer
-from ferrymq.broker.limits import ByteRateQuota, ConnectionLimits
+from ferrymq.broker.limits import ByteRateQuota, ConnectionLimits, CreationRate
 from ferrymq.broker.producer_ids import ProducerIdManager
 from ferrymq.broker.scheduler import Scheduler
 from ferrymq.broker.tls import server_context
@@ -54,6 +56,7 @@ from ferrymq.broker.watermarks import Watermarks
 from ferrymq.errors import ConfigError
 from ferrymq.protocol.codes import ErrorCode
 from ferrymq.storage import LogConfig
+from ferrymq.storage.handles import FileHandles
 
 log = logging.getLogger("ferrymq.broker")
 
@@ -87,6 +90,8 @@ class BrokerServer:
         self.shutting_down = False
         self.address: tuple[str, int] = (config.host, config.port)
         self.topics: TopicRegistry
+        self.descriptors: DescriptorBudget
+        """How the descriptor limit is spent (planned at start)."""
         self.flusher: Flusher
         self.delivery: DeliveryManager
         self.key_index: KeyIndexer
@@ -117,10 +122,16 @@ class BrokerServer:
         second broker on it is told the directory is in use, whatever its port.
 
         Raises:
-            ConfigError: the port cannot be bound, or the data directory is locked by another
-                broker or unusable.
+            ConfigError: the port cannot be bound, the data directory is locked by another
+                broker or unusable, or the descriptor limit is too small
+                (:func:`~ferrymq.broker.descriptors.plan_descriptors`).
         """
         loop = asyncio.get_running_loop()
+        cfg = self.config
+        before, limit = raise_descriptor_limit()
+        self.descriptors = plan_descriptors(limit, max_connections=cfg.max_connections,
+                                            max_open_segments=cfg.max_open_segments,
+                                            raised_from=before)
         if (self.data_dir / LOCK_FILE).exists():
             self._lock_data_dir()
         try:
@@ -152,6 +163,12 @@ class BrokerServer:
         self.transactions.start()
         log.info("FerryMQ %s broker listening on %s:%d (data %s, flush %s)", __version__,
                  self.address[0], self.address[1], self.data_dir.resolve(), self.config.flush)
+        log.info("%s", self.descriptors.describe(cfg.max_total_queues))
+        if cfg.max_connections > self.descriptors.connections:
+            log.warning("max_connections=%d is above the %d connections the descriptor limit "
+                        "leaves room for: connections beyond those are refused when accepted "
+                        "(raise the limit: ulimit -n, LimitNOFILE=)", cfg.max_connections,
+                        self.descriptors.connections)
         log.info("security: %s, %s", "TLS" if self.ssl_context else "plain TCP (no TLS)",
                  f"authentication on ({len(self.auth.store.users)} users)" if self.auth
                  else "authentication OFF (every client may do everything)")
@@ -212,9 +229,13 @@ class BrokerServer:
             retention_bytes=None if cfg.retention_bytes < 0 else cfg.retention_bytes,
         )
         t0 = loop.time()
-        self.topics = TopicRegistry(self.data_dir, base, sync_visibility=self.sync_flush,
-                                    clean_shutdown=clean, max_queues=cfg.max_queues,
-                                    default_dedup_window_ms=cfg.dedup_window_ms)
+        self.topics = TopicRegistry(
+            self.data_dir, base, sync_visibility=self.sync_flush, clean_shutdown=clean,
+            max_queues=cfg.max_queues, default_dedup_window_ms=cfg.dedup_window_ms,
+            max_topics=cfg.max_topics, max_total_queues=cfg.max_total_queues,
+            auto_create_rate=CreationRate(cfg.auto_create_topics_per_minute,
+                                          self.clock.monotonic),
+            handles=FileHandles(self.descriptors.open_segments))
         self.topics.open_all(self.clock.wall_ms())
         self.dedup = Deduplicator(self.topics, max_keys=cfg.dedup_max_keys)
         self.dedup.load(self.clock.wall_ms())

@@ -11,6 +11,19 @@ lives in one checkpoint file (``meta/topics``) rewritten atomically on every cha
 mode), the long-poll waiters to wake when it advances, and the flush waiters of sends that are
 acknowledged only when their bytes are fsynced.
 
+Limits, checked before anything is created (a refusal is POLICY_VIOLATION naming the limit):
+``max_topics`` and ``max_total_queues`` count the topics clients create (explicitly or by
+auto-creation); the broker's internal topics (``%RETRY%``, ``%DLQ%``, ``%HALF%``, ``%TXN%``:
+names starting with ``%``) are neither counted nor refused, so a full broker still keeps its
+promises (retries, dead letters, transactions). Auto-creation is also limited per user, or per
+connection without authentication, by ``auto_create_topics_per_minute``
+(:class:`~ferrymq.broker.limits.CreationRate`). Topic settings are checked by
+:mod:`ferrymq.broker.topic_settings`.
+
+Descriptors: every queue's log shares the registry's
+:class:`~ferrymq.storage.handles.FileHandles`, so idle queues hold no open file; after each
+flush the cache is trimmed back to its capacity (:meth:`QueueState.on_flushed`).
+
 All methods run on the event-loop thread, except :meth:`QueueState.flush`, which the flusher
 thread calls (the log makes that safe).
 """
@@ -29,24 +42,26 @@ from pathlib import Path
 import msgpack
 
 from ferrymq._faults import enospc_point
+from ferrymq.broker.limits import CreationRate
+from ferrymq.broker.topic_settings import LOG_SETTINGS, parse_topic_config
 from ferrymq.errors import (
     InvalidConfigError,
     InvalidTopicNameError,
+    PolicyViolationError,
     TopicAlreadyExistsError,
     UnknownQueueError,
     UnknownTopicError,
 )
 from ferrymq.protocol.dedup import MAX_DEDUP_WINDOW_MS
 from ferrymq.storage import Log, LogConfig, read_checkpoint, write_checkpoint
+from ferrymq.storage.handles import FileHandles
 
 log = logging.getLogger("ferrymq.broker")
 
 TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 INTERNAL_TOPIC_NAME = re.compile(r"^%[A-Z]+%[A-Za-z0-9._-]{1,200}$")
-TOPIC_CONFIG_KEYS = ("retention_ms", "retention_bytes", "segment_bytes", "segment_ms",
-                     "dedup_window_ms")
-LOG_CONFIG_KEYS = frozenset(("retention_ms", "retention_bytes", "segment_bytes", "segment_ms"))
-"""The topic settings that are :class:`~ferrymq.storage.LogConfig` fields."""
+INTERNAL_PREFIX = "%"
+"""Internal topics' names start with it (clients cannot create such names)."""
 
 
 def check_topic_name(name: str, *, internal_ok: bool = False) -> None:
@@ -145,10 +160,14 @@ class QueueState:
         return self.log.rewrite_tail(self.log.durable_offset)
 
     def on_flushed(self, durable: int, sync: bool) -> None:
-        """Acknowledge sends now durable; in sync mode, show consumers the durable end."""
+        """Acknowledge sends now durable; in sync mode, show consumers the durable end. The
+        flush made descriptors evictable: bring the descriptor cache back to its capacity."""
         self.on_durable(durable)
         if sync:
             self.advance(durable)
+        handles = self.log.handles
+        if handles.open_count > handles.capacity:
+            handles.trim()
 
     def on_flush_failed(self, exc: BaseException) -> None:
         """The fsync failed: fail the sends waiting for it."""
@@ -208,7 +227,25 @@ class TopicRegistry:
         clean_shutdown: bool,
         max_queues: int,
         default_dedup_window_ms: int = 0,
+        max_topics: int = 0,
+        max_total_queues: int = 0,
+        auto_create_rate: CreationRate | None = None,
+        handles: FileHandles | None = None,
     ) -> None:
+        """The registry of ``data_dir``; call :meth:`open_all`.
+
+        Args:
+            data_dir: the broker's data directory.
+            base_log_config: storage settings of topics without overrides.
+            sync_visibility: consumers see only fsynced data (sync flush mode).
+            clean_shutdown: the previous run stopped cleanly (recovery may trust the files).
+            max_queues: most queues of one topic.
+            default_dedup_window_ms: dedup window of topics created without one.
+            max_topics: most topics clients may create (0: no limit).
+            max_total_queues: most queues of those topics together (0: no limit).
+            auto_create_rate: the per-client limit of auto-created topics (None: none).
+            handles: the descriptor cache every queue's log shares (None: a default one).
+        """
         self._dir = data_dir
         self._meta_path = data_dir / "meta" / "topics"
         self._topics_dir = data_dir / "topics"
@@ -217,8 +254,17 @@ class TopicRegistry:
         self._clean = clean_shutdown
         self._max_queues = max_queues
         self._default_dedup_window_ms = default_dedup_window_ms
+        self.max_topics = max_topics
+        self.max_total_queues = max_total_queues
+        self.auto_create_rate = auto_create_rate
+        self.handles = handles or FileHandles()
+        """The descriptor cache of every queue's segment files."""
         self.topics: dict[str, Topic] = {}
         self.by_id: dict[int, Topic] = {}
+        self.user_topics = 0
+        """Topics counted by ``max_topics`` (all but the internal ones)."""
+        self.user_queues = 0
+        """Their queues, counted by ``max_total_queues``."""
         self._next_id = 1
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -236,10 +282,11 @@ class TopicRegistry:
             self._open_topic(name, t["id"], t["queues"], t["config"], t["created_ms"], now_ms)
 
     def _log_config(self, overrides: dict[str, str]) -> LogConfig:
+        """The log settings of a topic's stored config (checked when it was created)."""
         cfg = self._base
         changes: dict[str, int | None] = {}
         for k, v in overrides.items():
-            if k not in LOG_CONFIG_KEYS:
+            if k not in LOG_SETTINGS:
                 continue
             n = int(v)
             changes[k] = None if n < 0 and k.startswith("retention") else n
@@ -249,22 +296,44 @@ class TopicRegistry:
 
     def _open_topic(
         self, name: str, topic_id: int, queues: int, config: dict[str, str], created_ms: int,
-        now_ms: int,
+        now_ms: int, *, new: bool = False,
     ) -> Topic:
+        """Open (``new``: create) a topic's queues and register it. If one queue cannot be
+        opened (``new``: created), those opened are closed again (``new``: and their files
+        removed) and the error is raised: nothing is registered."""
         cfg = self._log_config(config)
         states: list[QueueState] = []
-        for q in range(queues):
-            qdir = self._topics_dir / name / str(q)
-            qdir.mkdir(parents=True, exist_ok=True)
-            lg, report = Log.open(qdir, cfg, clean_shutdown=self._clean, now_ms=now_ms)
-            if getattr(report, "truncated_bytes", 0):
-                log.warning("recovered %s/%d: %s", name, q, report)
-            states.append(QueueState(name, topic_id, q, lg, lg.end_offset))
+        try:
+            for q in range(queues):
+                qdir = self._topics_dir / name / str(q)
+                qdir.mkdir(parents=True, exist_ok=True)
+                lg, report = Log.open(qdir, cfg, clean_shutdown=self._clean, now_ms=now_ms,
+                                      handles=self.handles)
+                if getattr(report, "truncated_bytes", 0):
+                    log.warning("recovered %s/%d: %s", name, q, report)
+                states.append(QueueState(name, topic_id, q, lg, lg.end_offset))
+        except BaseException:
+            for qs in states:
+                qs.log.close()
+            if new:
+                shutil.rmtree(self._topics_dir / name, ignore_errors=True)
+            raise
         topic = Topic(name, topic_id, states, dict(config), created_ms,
                       int(config.get("dedup_window_ms", "0")))
         self.topics[name] = topic
         self.by_id[topic_id] = topic
+        if not name.startswith(INTERNAL_PREFIX):
+            self.user_topics += 1
+            self.user_queues += queues
         return topic
+
+    def _forget(self, topic: Topic) -> None:
+        """Unregister a topic (its logs are closed by the caller)."""
+        del self.topics[topic.name]
+        del self.by_id[topic.topic_id]
+        if not topic.name.startswith(INTERNAL_PREFIX):
+            self.user_topics -= 1
+            self.user_queues -= len(topic.queues)
 
     def _save(self) -> None:
         meta = {
@@ -291,32 +360,75 @@ class TopicRegistry:
         self, name: str, queues: int, config: dict[str, str], now_ms: int,
         *, internal_ok: bool = False,
     ) -> Topic:
-        """Create a topic.
+        """Create a topic: check everything first (name, queue count, settings, limits), then
+        create its queues; on failure nothing is left behind.
 
         Raises:
             InvalidTopicNameError, TopicAlreadyExistsError, InvalidConfigError.
+            PolicyViolationError: ``max_topics`` or ``max_total_queues`` would be passed
+                (never for internal topics).
+            OSError: a file cannot be created (EMFILE, ENOSPC, ...): nothing was created.
         """
         check_topic_name(name, internal_ok=internal_ok)
         if name in self.topics:
             raise TopicAlreadyExistsError(f"topic {name!r} exists")
         if not 1 <= queues <= self._max_queues:
-            raise InvalidConfigError(f"queues must be 1..{self._max_queues}, not {queues}")
-        for k, v in config.items():
-            if k not in TOPIC_CONFIG_KEYS:
-                raise InvalidConfigError(f"unknown topic setting {k!r}; known: {TOPIC_CONFIG_KEYS}")
-            try:
-                int(v)
-            except ValueError:
-                raise InvalidConfigError(f"topic setting {k} must be an integer") from None
+            raise InvalidConfigError(
+                f"queues must be 1..{self._max_queues} (max_queues), not {queues}")
+        parse_topic_config(config)
+        if not name.startswith(INTERNAL_PREFIX):
+            self._check_limits(name, queues)
         if not internal_ok and "dedup_window_ms" not in config and self._default_dedup_window_ms:
             config = {**config, "dedup_window_ms": str(self._default_dedup_window_ms)}
         self._check_dedup_window(config)
         topic_id = self._next_id
         self._next_id += 1
-        topic = self._open_topic(name, topic_id, queues, config, now_ms, now_ms)
-        self._save()
+        topic = self._open_topic(name, topic_id, queues, config, now_ms, now_ms, new=True)
+        try:
+            self._save()
+        except BaseException:
+            for qs in topic.queues:
+                qs.log.close()
+            self._forget(topic)
+            shutil.rmtree(self._topics_dir / name, ignore_errors=True)
+            raise
         log.info("created topic %s (id %d, %d queues)", name, topic_id, queues)
         return topic
+
+    def auto_create(self, name: str, queues: int, now_ms: int, *, who: str | object) -> Topic:
+        """Create a topic a client asked for by name (a produce or a metadata request), within
+        ``auto_create_topics_per_minute`` for ``who`` (a user name, or the connection when
+        authentication is off).
+
+        Raises:
+            PolicyViolationError: ``who`` auto-created its share for now (with a retry-after),
+                or a limit of :meth:`create`.
+            InvalidTopicNameError, InvalidConfigError, OSError: as :meth:`create`.
+        """
+        check_topic_name(name)
+        rate = self.auto_create_rate
+        if rate is not None:
+            wait_s = rate.take(who)
+            if wait_s > 0:
+                whom = f"user {who!r}" if isinstance(who, str) else "this connection"
+                raise PolicyViolationError(
+                    f"topic {name!r} not auto-created: {whom} auto-created "
+                    f"auto_create_topics_per_minute={rate.per_minute} topics within the last "
+                    f"minute; create it explicitly (ferrymq topic create) or retry later",
+                    retry_after_ms=int(wait_s * 1000) + 1)
+        return self.create(name, queues, {}, now_ms)
+
+    def _check_limits(self, name: str, queues: int) -> None:
+        """Refuse a client's topic beyond ``max_topics`` or ``max_total_queues``."""
+        if self.max_topics and self.user_topics >= self.max_topics:
+            raise PolicyViolationError(
+                f"topic {name!r} not created: the broker has {self.user_topics} topics, "
+                f"max_topics={self.max_topics}")
+        total = self.user_queues + queues
+        if self.max_total_queues and total > self.max_total_queues:
+            raise PolicyViolationError(
+                f"topic {name!r} not created: its {queues} queues would make {total} on the "
+                f"broker, above max_total_queues={self.max_total_queues}")
 
     def _check_dedup_window(self, config: dict[str, str]) -> None:
         window = int(config.get("dedup_window_ms", "0"))
@@ -342,8 +454,7 @@ class TopicRegistry:
                 if not w.done():
                     w.set_result(None)
             qs.log.close()
-        del self.topics[name]
-        del self.by_id[topic.topic_id]
+        self._forget(topic)
         self._save()
         src = self._topics_dir / name
         dst = self._topics_dir / f".{topic.topic_id}.deleted"  # short: names may be 249 chars

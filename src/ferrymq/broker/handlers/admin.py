@@ -34,7 +34,13 @@ def ping(conn: BrokerConnection, req: m.PingRequest) -> m.Empty:
 
 
 def metadata(conn: BrokerConnection, req: m.MetadataRequest) -> m.MetadataResponse:
-    """Topics with ids and queue counts; creates missing topics when asked and allowed."""
+    """Topics with ids and queue counts; creates missing topics when asked and allowed.
+
+    A name that is not valid is answered INVALID_TOPIC_NAME in its entry. A creation refused by
+    a limit (``max_topics``, ``max_total_queues``, ``auto_create_topics_per_minute``) refuses
+    the request with POLICY_VIOLATION, whose message names the topic and the limit (an entry
+    carries no message); topics created before it in the same request stay.
+    """
     srv = conn.server
     reg = srv.topics
     if req.topics is None:
@@ -47,7 +53,8 @@ def metadata(conn: BrokerConnection, req: m.MetadataRequest) -> m.MetadataRespon
         t = reg.topics.get(name)
         if t is None and req.auto_create and srv.config.auto_create_topics:
             try:
-                t = reg.create(name, srv.config.default_queues, {}, srv.clock.wall_ms())
+                t = reg.auto_create(name, srv.config.default_queues, srv.clock.wall_ms(),
+                                    who=conn if conn.principal is None else conn.principal)
             except InvalidTopicNameError:
                 out.append((name, -1, 0, ErrorCode.INVALID_TOPIC_NAME, 0))
                 continue
@@ -59,7 +66,8 @@ def metadata(conn: BrokerConnection, req: m.MetadataRequest) -> m.MetadataRespon
 
 
 def create_topic(conn: BrokerConnection, req: m.CreateTopicRequest) -> m.CreateTopicResponse:
-    """Create a topic."""
+    """Create a topic (checked first: name, queues, settings, ``max_topics``,
+    ``max_total_queues``)."""
     t = conn.server.topics.create(req.name, req.queues, req.config, conn.server.clock.wall_ms())
     return m.CreateTopicResponse(t.topic_id, len(t.queues))
 
