@@ -293,12 +293,8 @@ class BrokerConnection(asyncio.BufferedProtocol):
                     self._throttle(self.server.produce_throttle(self.principal,
                                                                 len(frame.payload)))
             result = handler(self, req)
-        except BrokerError as exc:
-            self._reply(frame, exc.code, str(exc).encode()[:4096])
-            return
-        except Exception:
-            log.exception("handler %s failed", cls.API_KEY.name)
-            self._reply(frame, ErrorCode.INTERNAL_ERROR, b"internal error (see broker log)")
+        except Exception as exc:  # noqa: BLE001 - every failure is answered
+            self._reply_error(frame, exc)
             return
         if isinstance(result, Body):
             self._reply_body(frame, result)
@@ -320,11 +316,23 @@ class BrokerConnection(asyncio.BufferedProtocol):
         exc = fut.exception()
         if exc is None:
             self._reply_body(frame, fut.result())
-        elif isinstance(exc, BrokerError):
-            self._reply(frame, exc.code, str(exc).encode()[:4096])
         else:
-            log.error("request %d failed", frame.api_key, exc_info=exc)
-            self._reply(frame, ErrorCode.INTERNAL_ERROR, b"internal error (see broker log)")
+            self._reply_error(frame, exc)
+
+    def _reply_error(self, frame: Frame, exc: BaseException) -> None:
+        """Answer a request that failed: its BrokerError; BUSY or STORAGE_FULL with a
+        retry-after when it lacked descriptors or disk space; else INTERNAL_ERROR (logged with
+        its traceback, which never goes on the wire)."""
+        if not isinstance(exc, BrokerError):
+            what = f"serve {ApiKey(frame.api_key).name}"
+            shortage = self.server.flusher.shortage_error(exc, what)
+            if shortage is None:
+                log.error("request %d failed", frame.api_key, exc_info=exc)
+                self._reply(frame, ErrorCode.INTERNAL_ERROR, b"internal error (see broker log)")
+                return
+            log.warning("cannot %s: %s", what, exc)
+            exc = shortage
+        self._reply(frame, exc.code, str(exc).encode()[:4096])
 
     def _reply_body(self, frame: Frame, body: Body) -> None:
         if frame.oneway or self.closed or self.transport is None:

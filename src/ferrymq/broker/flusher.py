@@ -30,15 +30,21 @@ offsets become durable, and consumers see only durable data. In ``async`` mode a
 
 An fsync that fails is never retried as if it had worked (fsyncgate): the waiting sends fail,
 and a later fsync's success is not believed for that flushable. EIO (or any error other than a
-full disk): it goes to ``failed`` and produce to it is refused until the broker restarts and
-recovery re-verifies the log. ENOSPC/EDQUOT, in either flush mode: the waiters fail with
-STORAGE_FULL (retriable, with the watermarks' retry-after), the flushable goes to ``full`` and
-gets no more fsyncs; once the watermarks say space is back, :meth:`Flusher.retry_full` makes
-its undurable tail durable again through a new descriptor (a queue's log: read back from the
-page cache, both CRCs checked, written in place and fsynced, see
+full disk or a lack of descriptors): it goes to ``failed`` and produce to it is refused until
+the broker restarts and recovery re-verifies the log. ENOSPC/EDQUOT, in either flush mode: the
+waiters fail with STORAGE_FULL (retriable, with the watermarks' retry-after), the flushable goes
+to ``full`` and gets no more fsyncs; once the watermarks say space is back,
+:meth:`Flusher.retry_full` makes its undurable tail durable again through a new descriptor (a
+queue's log: read back from the page cache, both CRCs checked, written in place and fsynced, see
 :meth:`ferrymq.storage.log.Log.rewrite_tail`; the scheduler's bucket files and a delivery
 journal likewise) and it is back in service with no restart. A tail that cannot be read back
 whole (the kernel dropped the pages) goes to ``failed``: restart needed.
+
+A flush that could not open a file (EMFILE/ENFILE: an index file, a checkpoint, the directory;
+never the fsync of data itself) is handled the same way, without the disk: its waiters fail
+with BUSY (retriable, with the retry-after), it waits in ``full`` and :meth:`Flusher.retry_full`
+tries it again at every housekeeping tick, whatever the disk says, until descriptors are free
+(the rewrite is more than needed there, as no fsync failed, but it is the same safe path).
 
 The two modes differ in what was promised before the fsync failed. Sync mode acknowledged and
 showed nothing undurable: the failed sends were never acknowledged (idempotent producers'
@@ -58,10 +64,11 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeGuard, runtime_checkable
 
+from ferrymq.broker.descriptors import is_out_of_descriptors, out_of_descriptors_error
 from ferrymq.broker.watermarks import is_disk_full
-from ferrymq.errors import BrokerError, StorageFailureError, StorageFullError
+from ferrymq.errors import BrokerError, BusyError, StorageFailureError, StorageFullError
 from ferrymq.storage.aio import AioFsync
 
 log = logging.getLogger("ferrymq.broker")
@@ -106,6 +113,13 @@ class Rewritable(Protocol):
         ...
 
 
+def flush_postponed(exc: BaseException | None) -> TypeGuard[BrokerError]:
+    """Whether the error a flushable's waiters got means its flush is only postponed (disk
+    full, descriptors out: :meth:`Flusher.retry_full` makes the tail durable later and the
+    waiters may wait again), not failed for good."""
+    return isinstance(exc, (StorageFullError, BusyError))
+
+
 PARALLEL_AFTER_S = 0.002
 """A flush round that took at least this long makes the next one fsync its queues in parallel
 (on the pool); a shorter one, one after the other on the flusher thread."""
@@ -127,7 +141,8 @@ class Flusher:
         self.failed: set[Flushable] = set()
         """Failed fsync, restart needed (produce refused)."""
         self.full: dict[Flushable, BaseException] = {}
-        """Failed fsync with ENOSPC/EDQUOT, waiting for :meth:`retry_full` (produce refused)."""
+        """Failed fsync with ENOSPC/EDQUOT, or a flush that could not open a file
+        (EMFILE/ENFILE), waiting for :meth:`retry_full` (produce refused)."""
         self.on_disk_full: Callable[[BaseException], None] | None = None
         """Told about every ENOSPC/EDQUOT fsync failure (the broker's watermarks)."""
         self.retry_after_ms = 0
@@ -149,14 +164,42 @@ class Flusher:
 
     def write_error(self, exc: OSError, what: str) -> BrokerError:
         """The error to answer for a failed write of ``what``: STORAGE_FULL with the
-        retry-after for ENOSPC/EDQUOT (and :attr:`on_disk_full` hears of it), else
-        STORAGE_ERROR."""
+        retry-after for ENOSPC/EDQUOT (and :attr:`on_disk_full` hears of it), BUSY with the
+        retry-after for EMFILE/ENFILE, else STORAGE_ERROR."""
+        return (self.shortage_error(exc, f"write {what}")
+                or StorageFailureError(f"cannot write {what}: {exc}"))
+
+    def shortage_error(self, exc: BaseException, what: str) -> BrokerError | None:
+        """The error to answer when ``what`` failed for lack of disk space (STORAGE_FULL, and
+        :attr:`on_disk_full` hears of it) or of descriptors (BUSY), both with the retry-after;
+        None for any other failure."""
         if is_disk_full(exc):
             if self.on_disk_full is not None:
                 self.on_disk_full(exc)
-            return StorageFullError(f"cannot write {what}, disk full: {exc}",
+            return StorageFullError(f"cannot {what}, disk full: {exc}",
                                     retry_after_ms=self.retry_after_ms)
-        return StorageFailureError(f"cannot write {what}: {exc}")
+        if is_out_of_descriptors(exc):
+            return out_of_descriptors_error(exc, what, self.retry_after_ms)
+        return None
+
+    def check_writable(self, qs: Flushable) -> None:
+        """Refuse to write to ``qs`` while its last fsync failed (loop thread).
+
+        Raises:
+            StorageFailureError: it failed for good (restart needed).
+            StorageFullError: it waits for disk space (retry-after).
+            BusyError: it waits for file descriptors (retry-after).
+        """
+        if qs in self.failed:
+            raise StorageFailureError(f"{qs} had an fsync failure; restart needed")
+        why = self.full.get(qs)
+        if why is None:
+            return
+        if is_out_of_descriptors(why):
+            raise out_of_descriptors_error(why, f"flush {qs} (waiting for descriptors)",
+                                           self.retry_after_ms)
+        raise StorageFullError(f"{qs} waits for disk space (an fsync failed for lack of space)",
+                               retry_after_ms=self.retry_after_ms)
 
     def mark_dirty(self, qs: Flushable) -> None:
         """Note that ``qs`` has unflushed writes (wakes the thread in sync mode)."""
@@ -272,6 +315,14 @@ class Flusher:
                         f"fsync failed for lack of space, not yet durable: {exc}",
                         retry_after_ms=self.retry_after_ms))
                     continue
+                if is_out_of_descriptors(exc) and isinstance(qs, Rewritable):
+                    if qs not in self.full:
+                        log.warning("%s: flush postponed, out of file descriptors (%s); "
+                                    "retried until they are free", qs, exc)
+                    self.full[qs] = exc
+                    qs.on_flush_failed(out_of_descriptors_error(
+                        exc, "flush (not yet durable)", self.retry_after_ms))
+                    continue
                 self.failed.add(qs)
                 qs.on_flush_failed(StorageFailureError(f"fsync failed: {exc}"))
                 continue
@@ -281,16 +332,20 @@ class Flusher:
 
     def retry_full(self, space_back: bool) -> None:
         """On the loop thread (housekeeping): rewrite and fsync the tails of flushables whose
-        fsync failed with ENOSPC/EDQUOT, when ``space_back``. One whose tail cannot be read
-        back whole goes to ``failed`` (restart needed); one that is still full waits."""
+        fsync failed with ENOSPC/EDQUOT, when ``space_back``, and of those whose flush could
+        not open a file (EMFILE/ENFILE), always. One whose tail cannot be read back whole goes
+        to ``failed`` (restart needed); one that is still short of space or descriptors waits."""
         self.space_back = space_back
-        if not space_back or not self.full:
-            return
-        for qs in list(self.full):
+        for qs, why in list(self.full.items()):
+            if is_disk_full(why) and not self.space_back:
+                continue
             assert isinstance(qs, Rewritable)
             try:
                 durable = qs.rewrite_undurable()
             except OSError as exc:
+                if is_out_of_descriptors(exc):
+                    self.full[qs] = exc
+                    return  # none free: the others would fail alike
                 if not is_disk_full(exc):
                     self._give_up(qs, exc)
                     continue
@@ -299,12 +354,14 @@ class Flusher:
                 self.space_back = False
                 if self.on_disk_full is not None:
                     self.on_disk_full(exc)
-                return
+                continue
             except Exception as exc:  # noqa: BLE001 - anything else: restart needed
                 self._give_up(qs, exc)
                 continue
             del self.full[qs]
-            log.warning("%s: tail written again after the disk was full; back in service", qs)
+            log.warning("%s: tail written again after %s; back in service", qs,
+                        "the disk was full" if is_disk_full(why) else
+                        "file descriptors ran out")
             qs.on_flushed(durable, self._sync)
 
     def _give_up(self, qs: Flushable, exc: BaseException) -> None:

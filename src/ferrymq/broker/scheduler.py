@@ -45,16 +45,17 @@ indexes the scheduled batches a crash left unindexed (deduplicated by position a
 A fired entry is written only after the copy is fsynced, so a crash can deliver a message twice,
 never zero times. Entries due while the broker was down fire right after start.
 
-A full disk (ENOSPC/EDQUOT) needs no restart. An fsync of the bucket files (or the watermark
-checkpoint) that fails for lack of space puts the scheduler in the flusher's ``full`` set: no
-watermark is checkpointed past entries whose fsync failed, cancels are answered STORAGE_FULL,
-and once space is back :meth:`Scheduler.rewrite_undurable` reads every bucket file back
-(CRC-checked), writes it again in place and fsyncs it through a new descriptor before the next
-checkpoint. Entries that could not be written are indexed again from the log (the queue's
-watermark is held at the first of them) by the maintenance tick once space is back; due
-messages whose copy could not be appended, or whose fired entries could not be written, are
-tried again then too; a copy whose fsync failed for lack of space is settled once the queue's
-tail was written again.
+A full disk (ENOSPC/EDQUOT) needs no restart, and neither does running out of file descriptors
+(EMFILE/ENFILE), which is handled the same way (without telling the disk watermark). An fsync of
+the bucket files (or the watermark checkpoint) that fails for lack of space puts the scheduler
+in the flusher's ``full`` set: no watermark is checkpointed past entries whose fsync failed,
+cancels are answered STORAGE_FULL, and once space is back :meth:`Scheduler.rewrite_undurable`
+reads every bucket file back (CRC-checked), writes it again in place and fsyncs it through a new
+descriptor before the next checkpoint. Entries that could not be written are indexed again from
+the log (the queue's watermark is held at the first of them) by the maintenance tick once space
+is back; due messages whose copy could not be appended, or whose fired entries could not be
+written, are tried again then too; a copy whose fsync failed for lack of space is settled once
+the queue's tail was written again.
 
 Everything runs on the event-loop thread except :meth:`Scheduler.flush_blocking` (the flusher
 thread: fsync of bucket files, watermark checkpoint).
@@ -76,6 +77,8 @@ from typing import TYPE_CHECKING
 
 from ferrymq._faults import enospc_point
 from ferrymq._time import Clock
+from ferrymq.broker.descriptors import is_resource_shortage
+from ferrymq.broker.flusher import flush_postponed
 from ferrymq.broker.watermarks import is_disk_full
 from ferrymq.errors import (
     BrokerError,
@@ -84,7 +87,6 @@ from ferrymq.errors import (
     LogClosedError,
     NotScheduledError,
     OffsetOutOfRangeError,
-    StorageFullError,
 )
 from ferrymq.protocol.records import (
     ATTR_SCHEDULED,
@@ -778,14 +780,14 @@ class Scheduler:
         try:
             res = qs.log.append(batch, now_ms=self.clock.wall_ms())
         except OSError as exc:
-            if not is_disk_full(exc):
+            if not is_resource_shortage(exc):
                 log.error("%s: cannot append %d due scheduled messages: %s; they will be "
                           "delivered after a restart", qs, len(records), exc)
                 return
-            if self.flusher.on_disk_full is not None:
+            if is_disk_full(exc) and self.flusher.on_disk_full is not None:
                 self.flusher.on_disk_full(exc)
             log.warning("%s: cannot append %d due scheduled messages (%s); they are delivered "
-                        "once space is back", qs, len(records), exc)
+                        "once space (or a descriptor) is back", qs, len(records), exc)
             self._refire.append((qs, records, items))
             return
         except (BrokerError, LogClosedError) as exc:
@@ -799,7 +801,7 @@ class Scheduler:
         self.fired += len(items)
 
         def copied(exc: BaseException | None) -> None:
-            if isinstance(exc, StorageFullError) and qs not in self.flusher.failed:
+            if flush_postponed(exc) and qs not in self.flusher.failed:
                 _wait_sorted(qs, res.last_offset + 1, copied)  # durable after the rewrite
                 return
             if exc is not None:
@@ -820,9 +822,10 @@ class Scheduler:
                 self.store.append(start, encode_entries(ents))
                 self._write_seq += 1
             except OSError as exc:
-                if is_disk_full(exc):  # the bucket stays (firing > 0) until they are written
+                if is_resource_shortage(exc):  # the bucket stays (firing > 0) until written
                     log.warning("schedule bucket %d: cannot write %d fired entries (%s); "
-                                "written once space is back", start, len(ents), exc)
+                                "written once space (or a descriptor) is back", start,
+                                len(ents), exc)
                     self._unsettled.append(
                         (tid, q, [(off, due, start) for _k, due, _t, _q, off, _s in ents], kind))
                     continue

@@ -57,6 +57,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from ferrymq._time import Clock
 from ferrymq.broker.delivery.letters import StoredRecord, stored_record
+from ferrymq.broker.flusher import flush_postponed
 from ferrymq.errors import (
     BrokerError,
     BusyError,
@@ -358,11 +359,7 @@ class TransactionManager:
         batch = encode_batch([RecordInput(rec.body, rec.timestamp, rec.tag, rec.sharding_key,
                                           rec.keys, encode_properties(props))])
         qs = self.half
-        if qs in self.flusher.failed:
-            raise StorageFailureError(f"{qs} had an fsync failure; restart needed")
-        if qs in self.flusher.full:
-            raise StorageFullError(f"{qs}: an fsync failed for lack of space",
-                                   retry_after_ms=cfg.busy_retry_after_ms)
+        self.flusher.check_writable(qs)
         try:
             res = qs.log.append(batch, now_ms=now)
         except OSError as exc:  # nothing was stored (the segment cut the file back)
@@ -457,11 +454,7 @@ class TransactionManager:
                                           rec.keys, encode_properties(props))],
                              attributes=ATTR_SCHEDULED if scheduled else 0)
         now = self.clock.wall_ms()
-        if qs in self.flusher.failed:
-            raise StorageFailureError(f"{qs} had an fsync failure; restart needed")
-        if qs in self.flusher.full:
-            raise StorageFullError(f"{qs}: an fsync failed for lack of space; waiting for space",
-                                   retry_after_ms=self.config.busy_retry_after_ms)
+        self.flusher.check_writable(qs)
         dues = None
         if scheduled:
             hdr = validate_batch(batch, max_message_bytes=1 << 30, max_records=1)
@@ -480,15 +473,16 @@ class TransactionManager:
         copy_id = encode_msg_id(qs.topic_id, qs.queue, res.base_offset)
 
         def copied(exc: BaseException | None) -> None:
-            if isinstance(exc, StorageFullError) and qs not in self.flusher.failed:
+            if flush_postponed(exc) and qs not in self.flusher.failed:
                 # the copy is written: the flusher's rewrite makes it durable once space is
                 # back, then this runs again and writes the op (h.ending stays: no 2nd copy)
                 _wait_durable(qs, res.last_offset + 1, copied)
                 if not fut.done():
-                    fut.set_exception(StorageFullError(
-                        f"committed copy not fsynced yet for lack of space ({exc.message}); "
-                        "the commit completes once space is back",
-                        retry_after_ms=self.config.busy_retry_after_ms))
+                    back = ("space is back" if isinstance(exc, StorageFullError)
+                            else "file descriptors are free")
+                    fut.set_exception(type(exc)(
+                        f"committed copy not fsynced yet ({exc.message}); the commit completes "
+                        f"once {back}", retry_after_ms=self.config.busy_retry_after_ms))
                 return
             h.ending = None
             if exc is not None:  # stays pending: a later commit or check writes another copy

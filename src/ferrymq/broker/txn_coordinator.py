@@ -57,6 +57,7 @@ import msgpack
 
 from ferrymq._faults import crash_point
 from ferrymq._time import Clock
+from ferrymq.broker.flusher import flush_postponed
 from ferrymq.broker.groups import check_group_name
 from ferrymq.broker.handlers.offsets import check_offsets
 from ferrymq.broker.transactions import _wait_durable
@@ -227,13 +228,9 @@ class TxnCoordinator:
         return res.last_offset + 1
 
     def _check_space(self, qs: QueueState) -> None:
-        """Refuse to go on with ``qs`` while its fsync failed (ENOSPC: until its tail is
-        written again; anything else: until a restart)."""
-        if qs in self.flusher.failed:
-            raise StorageFailureError(f"{qs} had an fsync failure; restart needed")
-        if qs in self.flusher.full:
-            raise StorageFullError(f"{qs}: an fsync failed for lack of space; waiting for space",
-                                   retry_after_ms=self.config.busy_retry_after_ms)
+        """Refuse to go on with ``qs`` while its fsync failed (ENOSPC, EMFILE: until its tail
+        is written again; anything else: until a restart)."""
+        self.flusher.check_writable(qs)
 
     def _save(self, meta: TxnMeta) -> int:
         meta.updated_ms = self.clock.wall_ms()
@@ -254,6 +251,8 @@ class TxnCoordinator:
                 fut.set_exception(StorageFullError(
                     f"{qs} not fsynced for lack of space: {exc.message}",
                     retry_after_ms=self.config.busy_retry_after_ms))
+            elif flush_postponed(exc):
+                fut.set_exception(exc)
             else:
                 fut.set_exception(StorageFailureError(f"{qs} not fsynced: {exc}"))
 

@@ -81,7 +81,6 @@ from ferrymq.errors import (
     MemberConflictError,
     NonEmptyGroupError,
     StorageFailureError,
-    StorageFullError,
     UnknownGroupError,
     UnknownMemberError,
     UnknownTopicError,
@@ -555,9 +554,7 @@ class DeliveryManager:
         store = self.stores[g.name]
         if store.failed is not None:
             raise StorageFailureError(f"delivery journal of {g.name} had an fsync failure")
-        if store in self.flusher.full:
-            raise StorageFullError(f"delivery journal of {g.name} waits for disk space",
-                                   retry_after_ms=self.config.busy_retry_after_ms)
+        self.flusher.check_writable(store)
         try:
             pos = store.append(record)
         except OSError as exc:

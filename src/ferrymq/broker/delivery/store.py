@@ -29,7 +29,8 @@ from typing import Any
 import msgpack
 
 from ferrymq._faults import enospc_point
-from ferrymq.errors import CorruptRecordError, StorageFullError
+from ferrymq.broker.flusher import flush_postponed
+from ferrymq.errors import CorruptRecordError
 from ferrymq.storage import read_checkpoint, write_checkpoint
 from ferrymq.storage.journal import Journal
 
@@ -132,8 +133,8 @@ class GroupStore:
 
     def on_flush_failed(self, exc: BaseException) -> None:
         """Fail every waiter; later appends fail too until a restart, unless the disk was
-        full (then the flusher rewrites the tail once space is back)."""
-        if not isinstance(exc, StorageFullError):
+        full or descriptors ran out (then the flusher rewrites the tail once they are back)."""
+        if not flush_postponed(exc):
             self.failed = exc
         w = list(self.waiters)
         self.waiters.clear()

@@ -30,7 +30,6 @@ from ferrymq.errors import (
     BrokerShuttingDownError,
     InvalidRequestError,
     StorageFailureError,
-    StorageFullError,
 )
 from ferrymq.protocol import messages as m
 from ferrymq.protocol.messages import Durability
@@ -66,11 +65,7 @@ def produce(
             if srv.shutting_down:
                 raise BrokerShuttingDownError("broker is shutting down")
             qs = srv.topics.queue(topic, queue)
-            if qs in srv.flusher.failed:
-                raise StorageFailureError(f"{topic}/{queue} had an fsync failure; restart needed")
-            if qs in srv.flusher.full:
-                raise StorageFullError(f"{topic}/{queue}: an fsync failed for lack of space; "
-                                       "waiting for space", retry_after_ms=cfg.busy_retry_after_ms)
+            srv.flusher.check_writable(qs)
             h = validate_batch(batch, max_message_bytes=cfg.max_message_bytes,
                                max_records=cfg.max_batch_records)
             txn_end = -1
@@ -96,7 +91,7 @@ def produce(
             continue
         except OSError as exc:  # the segment cut the file back: nothing of it was stored
             err = (srv.watermarks.full_error(exc) if is_disk_full(exc)
-                   else StorageFailureError(f"write failed: {exc}"))
+                   else srv.flusher.write_error(exc, f"to {topic}/{queue}"))
             results.append((topic, queue, err.code, str(err)[:1024], -1, -1, -1, 0, -1, []))
             continue
         dups = [] if plan is None else srv.dedup.on_append(plan, qs, res.base_offset,

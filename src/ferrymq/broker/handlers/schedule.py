@@ -18,7 +18,6 @@ from ferrymq.errors import (
     BrokerError,
     BrokerShuttingDownError,
     StorageFailureError,
-    StorageFullError,
 )
 from ferrymq.protocol import messages as m
 
@@ -33,17 +32,13 @@ def cancel_scheduled(
     srv = conn.server
     if srv.shutting_down:
         raise BrokerShuttingDownError("broker is shutting down")
-    if srv.scheduler in srv.flusher.failed:
-        raise StorageFailureError("the scheduler's files had an fsync failure; restart needed")
-    if srv.scheduler in srv.flusher.full:
-        raise StorageFullError("the scheduler's files wait for disk space (an fsync failed "
-                               "for lack of space)", retry_after_ms=srv.config.busy_retry_after_ms)
+    srv.flusher.check_writable(srv.scheduler)
     try:
         seq = srv.scheduler.cancel(req.msg_id)
     except OSError as exc:  # the cancelled entry was not written: nothing changed
         if is_disk_full(exc):
             raise srv.watermarks.full_error(exc) from None
-        raise StorageFailureError(f"cannot write the cancelled entry: {exc}") from None
+        raise srv.flusher.write_error(exc, "the cancelled entry") from None
     if not srv.sync_flush:
         return m.Empty()
     fut: asyncio.Future[m.Empty] = asyncio.get_running_loop().create_future()
