@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 import signal
 import socket
 import subprocess
@@ -38,9 +39,12 @@ class BrokerProcess:
     """``ferrymq broker`` in a subprocess: start, kill -9, terminate, restart on the same port."""
 
     def __init__(self, data_dir: Path, *, port: int = 0, flush: str = "sync",
-                 extra: list[str] | None = None, env: dict[str, str] | None = None) -> None:
+                 extra: list[str] | None = None, env: dict[str, str] | None = None,
+                 nofile: int | None = None) -> None:
+        """``nofile``: the broker's RLIMIT_NOFILE (soft and hard: it cannot raise it)."""
         self.data_dir = data_dir
         self.env = env
+        self.nofile = nofile
         self.port = port or free_port()
         self.flush = flush
         self.extra = extra or []
@@ -65,6 +69,7 @@ class BrokerProcess:
              str(self.data_dir), "--flush", self.flush, *self.extra],
             stdout=subprocess.DEVNULL, stderr=log,
             env={**os.environ, **self.env} if self.env else None,
+            preexec_fn=None if self.nofile is None else self._limit_descriptors,
         )
         log.close()
         deadline = time.monotonic() + timeout
@@ -76,6 +81,16 @@ class BrokerProcess:
                 raise RuntimeError(f"broker exited with {self.proc.returncode}:\n{text}")
             time.sleep(0.02)
         raise RuntimeError("broker did not start in time")
+
+    def _limit_descriptors(self) -> None:
+        """In the child, before exec: lower RLIMIT_NOFILE to ``nofile``."""
+        assert self.nofile is not None
+        resource.setrlimit(resource.RLIMIT_NOFILE, (self.nofile, self.nofile))
+
+    def open_descriptors(self) -> int:
+        """How many descriptors the broker process holds now."""
+        assert self.proc is not None
+        return len(os.listdir(f"/proc/{self.proc.pid}/fd"))
 
     def kill9(self) -> None:
         """SIGKILL and reap."""

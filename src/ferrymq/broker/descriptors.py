@@ -59,7 +59,7 @@ log = logging.getLogger("ferrymq.broker")
 
 RESERVED_DESCRIPTORS = 64
 """Descriptors kept for the process itself (see the module docstring); measured: an idle broker
-with uvloop, AIO and one delivery group holds about 20."""
+(uvloop, AIO, flusher) holds 15."""
 MIN_OPEN_SEGMENTS = 16
 """Fewest segment files the descriptor cache may hold: below it, a handful of busy queues would
 reopen files on every request."""

@@ -277,7 +277,7 @@ class Flusher:
             try:
                 target = qs.flush_begin()
             except Exception as exc:  # noqa: BLE001 - any failure must reach the waiters
-                log.critical("fsync of %s failed: %s", qs, exc)
+                _log_failure(qs, exc)
                 results.append((qs, -1, exc))
                 continue
             if target is None:
@@ -299,7 +299,7 @@ class Flusher:
                         err = OSError(errs[i], os.strerror(errs[i]))
                     durable = fq.flush_end(end, err is None)
                     if err is not None:
-                        log.critical("fsync of %s failed: %s", fq, err)
+                        _log_failure(fq, err)
                     results.append((fq, -1, err) if err is not None else (fq, durable, None))
         results += [_flush_one(qs) for qs in rest]
         return results
@@ -378,5 +378,12 @@ def _flush_one(qs: Flushable) -> tuple[Flushable, int, BaseException | None]:
     try:
         return qs, qs.flush_blocking(), None
     except Exception as exc:  # noqa: BLE001 - any failure must reach the waiters
-        log.critical("fsync of %s failed: %s", qs, exc)
+        _log_failure(qs, exc)
         return qs, -1, exc
+
+
+def _log_failure(qs: Flushable, exc: BaseException) -> None:
+    """A failed fsync is CRITICAL; a flush that could not open a file is only postponed (the
+    loop thread says so once, see ``Flusher._on_flushed``)."""
+    if not is_out_of_descriptors(exc):
+        log.critical("fsync of %s failed: %s", qs, exc)

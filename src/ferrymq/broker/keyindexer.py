@@ -31,6 +31,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ferrymq.broker.descriptors import is_resource_shortage
 from ferrymq.errors import CorruptRecordError, OffsetOutOfRangeError
 from ferrymq.protocol import messages as m
 from ferrymq.protocol.records import (
@@ -73,6 +74,7 @@ class KeyIndexer:
         self.config = config
         self.indexes: dict[tuple[int, int], KeyIndex] = {}
         self._rr = 0
+        self._paused = False
 
     def _open(self, qs: QueueState) -> KeyIndex:
         key = (qs.topic_id, qs.queue)
@@ -97,9 +99,24 @@ class KeyIndexer:
 
     async def tick(self) -> None:
         """Index newly visible data of every queue, within the per-tick budget, in slices of
-        SLICE_BYTES with the event loop free to serve requests between them."""
+        SLICE_BYTES with the event loop free to serve requests between them. Out of disk
+        space or file descriptors, it pauses (one warning) and goes on at a later tick."""
         if not self.config.key_index_enabled:
             return
+        try:
+            await self._tick()
+        except OSError as exc:
+            if not is_resource_shortage(exc):
+                raise
+            if not self._paused:
+                log.warning("key indexing paused: %s; it goes on once there is room", exc)
+            self._paused = True
+            return
+        if self._paused:
+            log.info("key indexing goes on")
+            self._paused = False
+
+    async def _tick(self) -> None:
         self.forget_deleted()
         queues = list(self.topics.all_queues())
         if not queues:

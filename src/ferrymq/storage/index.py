@@ -87,6 +87,7 @@ class OffsetIndex(IndexFile):
         index = cls(path, base_offset)
         index._relative_offsets = rel
         index._positions = pos
+        index._unsaved = False
         return index
 
     def __len__(self) -> int:
@@ -116,12 +117,15 @@ class OffsetIndex(IndexFile):
             raise ValueError(f"index entry ({offset}, {position}) is not after the last one")
         self._relative_offsets.append(rel)
         self._positions.append(position)
+        self._unsaved = True
 
     def truncate_to_position(self, position: int) -> None:
         """Drop every entry whose position is >= ``position`` (in memory)."""
         keep = bisect_right(self._positions, position - 1)
-        del self._relative_offsets[keep:]
-        del self._positions[keep:]
+        if keep < len(self._positions):
+            del self._relative_offsets[keep:]
+            del self._positions[keep:]
+            self._unsaved = True
 
     def to_bytes(self) -> bytes:
         """The file image of the index."""

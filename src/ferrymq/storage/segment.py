@@ -423,11 +423,11 @@ class Segment:
             self._file.fsync()
 
     def write_index_files(self) -> None:
-        """Write both index files from memory, atomically (each durable when this returns),
-        and fsync the ``.txnindex`` if it was appended to: a sealed segment's flush and a
-        close."""
-        self.index.write_file()
-        self.timeindex.write_file()
+        """Write both index files from memory, atomically, if their entries changed since
+        they were loaded or written (each durable when this returns), and fsync the
+        ``.txnindex`` if it was appended to: a sealed segment's flush, a close, recovery."""
+        self.index.save()
+        self.timeindex.save()
         self.txnindex.fsync()
 
     def truncate_to(self, position: int) -> None:

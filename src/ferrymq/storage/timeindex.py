@@ -58,6 +58,7 @@ class TimeIndex(IndexFile):
             index._times_ms.append(t)
             index._relative_offsets.append(rel)
             last_t, last_rel = t, rel
+        index._unsaved = False
         return index
 
     def __len__(self) -> int:
@@ -84,6 +85,7 @@ class TimeIndex(IndexFile):
             return
         self._times_ms.append(time_ms)
         self._relative_offsets.append(rel)
+        self._unsaved = True
 
     def truncate_to_offset(self, offset: int) -> None:
         """Drop every entry whose offset is >= ``offset`` (in memory)."""
@@ -91,8 +93,10 @@ class TimeIndex(IndexFile):
         keep = len(self._relative_offsets)
         while keep and self._relative_offsets[keep - 1] >= rel:
             keep -= 1
-        del self._times_ms[keep:]
-        del self._relative_offsets[keep:]
+        if keep < len(self._times_ms):
+            del self._times_ms[keep:]
+            del self._relative_offsets[keep:]
+            self._unsaved = True
 
     def to_bytes(self) -> bytes:
         """The file image of the index."""

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from storage_support import build_batch
+
+from ferrymq.storage import Log, LogConfig
+from ferrymq.storage.files import INDEX_SUFFIX, segment_file_name
 from ferrymq.storage.index import OffsetIndex
 from ferrymq.storage.timeindex import TimeIndex
 
@@ -86,3 +90,24 @@ def test_time_index_lookup_and_persistence(tmp_path: Path) -> None:
     assert ti.last_entry == (1000, 10)
     path.write_bytes(b"\x00" * 13)
     assert TimeIndex.load(path, 10, max_relative_offset=100) is None
+
+
+def test_index_files_are_written_at_close_only_when_they_changed(tmp_path: Path) -> None:
+    """The active segment's indexes live in memory; a close writes them if they changed, so
+    closing an idle log costs no index write (brokers with many idle queues)."""
+    config = LogConfig(index_interval_bytes=100)
+    log, _ = Log.open(tmp_path, config, clean_shutdown=True, now_ms=0)
+    for t in range(5):
+        log.append(build_batch(2, b"x" * 50), now_ms=1000 + t)
+    index = tmp_path / segment_file_name(0, INDEX_SUFFIX)
+    assert not index.exists()  # nothing written while appending
+    log.close()
+    written = index.stat().st_ino
+    assert OffsetIndex.load(index, 0, size_bytes=10**6, max_relative_offset=100) is not None
+    log, _ = Log.open(tmp_path, config, clean_shutdown=True, now_ms=0)
+    log.close()
+    assert index.stat().st_ino == written  # unchanged: not rewritten
+    log, _ = Log.open(tmp_path, config, clean_shutdown=True, now_ms=0)
+    log.append(build_batch(2, b"y" * 50), now_ms=2000)
+    log.close()
+    assert index.stat().st_ino != written
