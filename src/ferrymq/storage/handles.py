@@ -31,6 +31,9 @@ one the writes went through (an fsync after reopening would not report a writeba
 the old descriptor's file saw; fsyncgate). After a failed fsync the handle stays dirty, hence
 open.
 
+Lock order: the cache's :attr:`FileHandles.lock` is a leaf, taken under a log's ``_flush_lock``
+(pins) and never while waiting for anything else; a close under it is one ``close(2)``.
+
 The capacity is soft: when every open handle is dirty or pinned (more queues written than
 ``capacity`` before the next flush), a handle is opened anyway; once they were flushed, the
 owner's :meth:`FileHandles.trim` (the broker calls it after each flush round) or its next open
