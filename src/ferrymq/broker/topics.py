@@ -406,6 +406,7 @@ class TopicRegistry:
             InvalidTopicNameError, InvalidConfigError, OSError: as :meth:`create`.
         """
         check_topic_name(name)
+        self._check_limits(name, queues)  # before taking a creation from the client's share
         rate = self.auto_create_rate
         if rate is not None:
             wait_s = rate.take(who)
