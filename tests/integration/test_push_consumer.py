@@ -546,7 +546,7 @@ def test_sync_push_consumer_runs_handlers_on_its_threads(broker: Broker) -> None
 def test_sync_slow_handler_does_not_starve_heartbeats(broker: Broker) -> None:
     produce(broker, "t", 1, queues=1)
     seen: list[int] = []
-    consumer = PushConsumer(broker.address, "gh", threads=1, session_timeout=1.0,
+    consumer = PushConsumer(broker.address, "gh", threads=1, session_timeout_s=1.0,
                             invisible_duration=1.0)
 
     @consumer.subscribe("t")
@@ -878,13 +878,22 @@ def test_start_against_a_closed_port_fails_with_the_connection_error() -> None:
         c.close()
 
 
-def test_reconnect_timeout_is_a_deprecated_alias(broker: Broker) -> None:
-    with pytest.warns(DeprecationWarning, match="reconnect_timeout_s"):
-        c = PushConsumer(broker.address, "g", reconnect_timeout=7.0)
+def _timeouts(c: AsyncPushConsumer) -> dict[str, float]:
+    return {"reconnect_timeout_s": c._session.reconnect_timeout_s,
+            "request_timeout_s": c._session.request_timeout_s,
+            "session_timeout_s": c._core.session_timeout_ms / 1000}
+
+
+@pytest.mark.parametrize("old", ["reconnect_timeout", "request_timeout", "session_timeout"])
+def test_timeouts_without_unit_are_deprecated_aliases(broker: Broker, old: str) -> None:
+    """Every client names its timeouts in seconds with ``_s`` (the pull consumer's names); the
+    push consumer's older names still work and warn."""
+    with pytest.warns(DeprecationWarning, match=f"{old}_s"):
+        c = PushConsumer(broker.address, "g", **{old: 7.0})
     try:
-        assert c._async._session.reconnect_timeout_s == 7.0
+        assert _timeouts(c._async)[f"{old}_s"] == 7.0
     finally:
         c.close()
-    with pytest.warns(DeprecationWarning, match="reconnect_timeout_s"):
-        a = AsyncPushConsumer(broker.address, "g", reconnect_timeout=8.0)
-    assert a._session.reconnect_timeout_s == 8.0
+    with pytest.warns(DeprecationWarning, match=f"{old}_s"):
+        a = AsyncPushConsumer(broker.address, "g", **{old: 8.0})
+    assert _timeouts(a)[f"{old}_s"] == 8.0

@@ -313,10 +313,14 @@ def test_a_closed_port_fails_fast_with_the_connection_error() -> None:
     assert time.monotonic() - t0 < 10  # not the 30 s request timeout of a heartbeat
 
 
-def test_reconnect_timeout_is_a_deprecated_alias(broker: Broker) -> None:
-    with pytest.warns(DeprecationWarning, match="reconnect_timeout_s"):
-        c = SimpleConsumer(broker.address, "g", reconnect_timeout=7.0)
+@pytest.mark.parametrize("old", ["reconnect_timeout", "request_timeout", "session_timeout"])
+def test_timeouts_without_unit_are_deprecated_aliases(broker: Broker, old: str) -> None:
+    with pytest.warns(DeprecationWarning, match=f"{old}_s"):
+        c = SimpleConsumer(broker.address, "g", **{old: 7.0})
     try:
-        assert c._async._session.reconnect_timeout_s == 7.0
+        got = {"reconnect_timeout_s": c._async._session.reconnect_timeout_s,
+               "request_timeout_s": c._async._session.request_timeout_s,
+               "session_timeout_s": c._async._core.session_timeout_ms / 1000}
+        assert got[f"{old}_s"] == 7.0
     finally:
         c.close()

@@ -31,7 +31,7 @@ def main() -> None:
 
     signal.signal(signal.SIGTERM, on_term)
     out = open(path, "a", buffering=1)  # noqa: SIM115 - line-buffered for the life of the process
-    c = SimpleConsumer(address, group, session_timeout=4.0, invisible_duration=invisible)
+    c = SimpleConsumer(address, group, session_timeout_s=4.0, invisible_duration=invisible)
     c.subscribe(topic)
     out.write(json.dumps({"f": "start", "w": name, "t": time.monotonic_ns()}) + "\n")
     while not stop:

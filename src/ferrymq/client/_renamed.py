@@ -9,8 +9,13 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-RENAMED = {"reconnect_timeout": "reconnect_timeout_s"}
-"""Deprecated option name -> its current name (same meaning and unit)."""
+RENAMED = {
+    "reconnect_timeout": "reconnect_timeout_s",
+    "request_timeout": "request_timeout_s",
+    "session_timeout": "session_timeout_s",
+}
+"""Deprecated option name -> its current name (same meaning and unit): the push and simple
+consumers' names before every client used the pull consumer's."""
 
 
 def warn_renamed(old: str, *, stacklevel: int = 3) -> str:
@@ -19,6 +24,15 @@ def warn_renamed(old: str, *, stacklevel: int = 3) -> str:
     warnings.warn(f"the option {old}= is deprecated; use {new}= (same meaning, in seconds)",
                   DeprecationWarning, stacklevel=stacklevel)
     return new
+
+
+def renamed(old: str, old_value: float | None, value: float) -> float:
+    """The value of an option whose deprecated name ``old`` a constructor also takes: the old
+    name's value when it was given (warning), else the current name's ``value``."""
+    if old_value is None:
+        return value
+    warn_renamed(old, stacklevel=4)
+    return old_value
 
 
 def rename_options(options: dict[str, Any], *, stacklevel: int = 3) -> dict[str, Any]:

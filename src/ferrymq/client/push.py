@@ -24,7 +24,7 @@ four kinds of tasks on its event loop, all owned by the consumer and stopped by 
 Heartbeats come from the delivery core's own task. With :class:`AsyncPushConsumer` the handlers
 run on the same event loop: an ``async def`` handler that blocks (``time.sleep``, CPU work,
 blocking I/O) stalls fetching, acking, lease renewal *and heartbeats*, and the broker evicts the
-member after ``session_timeout``; run blocking work with ``asyncio.to_thread`` or use the
+member after ``session_timeout_s``; run blocking work with ``asyncio.to_thread`` or use the
 thread-pool :class:`PushConsumer`, whose handlers run in worker threads while the loop thread
 keeps fetching, acking and heartbeating.
 
@@ -73,7 +73,7 @@ from types import TracebackType
 from typing import Any, TypeVar, overload
 
 from ferrymq.client._delivery import DeliveryCore, LeasedMessage
-from ferrymq.client._renamed import rename_options, warn_renamed
+from ferrymq.client._renamed import rename_options, renamed
 from ferrymq.client._session import Auth, Session, TLSOption
 from ferrymq.client._threads import HandlerThreads, PoolClosedError
 from ferrymq.client.retry import Backoff
@@ -250,7 +250,7 @@ class AsyncPushConsumer:
             renewed while this member holds it, so it matters only when the member dies.
         batch_size: messages per handler call; above 1 handlers receive a ``list`` (of one
             topic, possibly shorter than ``batch_size``).
-        session_timeout: seconds without a heartbeat after which the broker evicts the member.
+        session_timeout_s: seconds without a heartbeat after which the broker evicts the member.
         consume_timeout: seconds a message may stay with this member (buffered plus handled)
             before its lease is no longer renewed (RocketMQ's consumeTimeout, 15 min): a
             handler that hangs then loses the message, which is redelivered (counted as a
@@ -267,11 +267,12 @@ class AsyncPushConsumer:
             :meth:`start` (default: the consumer logs a warning, waits for it and consumes it
             from its first message once it exists).
         client_id: sent to the broker (shown in ``ferrymq group describe``).
-        request_timeout: seconds to wait for a broker answer.
+        request_timeout_s: seconds to wait for a broker answer.
         connect_timeout_s: seconds the first connection may take before :meth:`start` fails
             with ``ConnectionClosedError`` ("cannot connect to HOST:PORT").
         reconnect_timeout_s: seconds to keep trying to reconnect before a request fails.
-        reconnect_timeout: deprecated name of ``reconnect_timeout_s``.
+        session_timeout, request_timeout, reconnect_timeout: deprecated names of the options
+            above with ``_s`` (the names every client uses); they warn.
 
     Raises:
         ConfigError: an option is out of range, or ``group`` is not a valid group name.
@@ -290,23 +291,25 @@ class AsyncPushConsumer:
         prefetch_bytes: int = 64 << 20,
         invisible_duration: float = 30.0,
         batch_size: int = 1,
-        session_timeout: float = 30.0,
+        session_timeout_s: float = 30.0,
         consume_timeout: float = 900.0,
         instance_name: str | None = None,
         start_from: str | int | None = None,
         orderly: bool = False,
         require_topic: bool = False,
         client_id: str = "ferrymq-push-consumer",
-        request_timeout: float = 30.0,
+        request_timeout_s: float = 30.0,
         connect_timeout_s: float = 5.0,
         reconnect_timeout_s: float = 60.0,
+        session_timeout: float | None = None,
+        request_timeout: float | None = None,
         reconnect_timeout: float | None = None,
         auth: Auth | None = None,
         tls: TLSOption = None,
     ) -> None:
-        if reconnect_timeout is not None:
-            warn_renamed("reconnect_timeout")
-            reconnect_timeout_s = reconnect_timeout
+        session_timeout_s = renamed("session_timeout", session_timeout, session_timeout_s)
+        request_timeout_s = renamed("request_timeout", request_timeout, request_timeout_s)
+        reconnect_timeout_s = renamed("reconnect_timeout", reconnect_timeout, reconnect_timeout_s)
         if mode not in ("clustering", "broadcasting"):
             raise ConfigError(f"mode must be 'clustering' or 'broadcasting', not {mode!r}")
         if concurrency < 1 or batch_size < 1 or prefetch < 1 or prefetch_bytes < 1:
@@ -335,11 +338,11 @@ class AsyncPushConsumer:
         self.prefetch = prefetch
         self.prefetch_bytes = prefetch_bytes
         self.invisible_duration = float(invisible_duration)
-        self._session = Session(servers, client_id=client_id, request_timeout_s=request_timeout,
+        self._session = Session(servers, client_id=client_id, request_timeout_s=request_timeout_s,
                                 connect_timeout_s=connect_timeout_s,
                                 reconnect_timeout_s=reconnect_timeout_s, auth=auth, tls=tls)
         self._core = DeliveryCore(self._session, self.delivery_group,
-                                  session_timeout_s=session_timeout, retry_delays=retry_delays,
+                                  session_timeout_s=session_timeout_s, retry_delays=retry_delays,
                                   max_reconsume=max_reconsume, start_from=start_from,
                                   orderly=orderly, exclusive=broadcasting)
         self._subs: dict[str, _Subscription] = {}

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ferrymq.client._delivery import DeliveryCore, LeasedMessage, raise_first
-from ferrymq.client._renamed import warn_renamed
+from ferrymq.client._renamed import renamed
 from ferrymq.client._session import Auth, Session, TLSOption
 from ferrymq.errors import ConfigError
 from ferrymq.protocol.letters import delivery_group_name_problem
@@ -37,7 +37,7 @@ class AsyncSimpleConsumer:
             group's setting, 16 for a new group).
         retry_delays: the group's retry ladder in seconds (None: keep; RocketMQ's ladder
             10s 30s 1m ... 2h for a new group).
-        session_timeout: seconds without a heartbeat after which the broker evicts this member
+        session_timeout_s: seconds without a heartbeat after which the broker evicts this member
             and gives its leases to the others.
         start_from: where a *new* group starts on each queue: ``"earliest"`` (every retained
             message, the default), ``"latest"`` (only messages sent from now on) or a
@@ -50,11 +50,12 @@ class AsyncSimpleConsumer:
         require_topic: :meth:`subscribe` to a topic that does not exist raises
             ``UnknownTopicError`` (default: a warning, and the topic is consumed once it
             exists).
-        request_timeout: seconds to wait for a broker answer.
+        request_timeout_s: seconds to wait for a broker answer.
         connect_timeout_s: seconds the first connection may take before :meth:`start` fails
             with ``ConnectionClosedError`` ("cannot connect to HOST:PORT").
         reconnect_timeout_s: seconds to keep trying to reconnect before a request fails.
-        reconnect_timeout: deprecated name of ``reconnect_timeout_s``.
+        session_timeout, request_timeout, reconnect_timeout: deprecated names of the options
+            above with ``_s`` (the names every client uses); they warn.
 
     Raises:
         ConfigError: an option is out of range, or ``group`` is not a valid group name.
@@ -70,20 +71,22 @@ class AsyncSimpleConsumer:
         await_duration: float = 5.0,
         max_reconsume: int | None = None,
         retry_delays: Sequence[float] | None = None,
-        session_timeout: float = 30.0,
+        session_timeout_s: float = 30.0,
         start_from: str | int = "earliest",
         orderly: bool = False,
         require_topic: bool = False,
-        request_timeout: float = 30.0,
+        request_timeout_s: float = 30.0,
         connect_timeout_s: float = 5.0,
         reconnect_timeout_s: float = 60.0,
+        session_timeout: float | None = None,
+        request_timeout: float | None = None,
         reconnect_timeout: float | None = None,
         auth: Auth | None = None,
         tls: TLSOption = None,
     ) -> None:
-        if reconnect_timeout is not None:
-            warn_renamed("reconnect_timeout")
-            reconnect_timeout_s = reconnect_timeout
+        session_timeout_s = renamed("session_timeout", session_timeout, session_timeout_s)
+        request_timeout_s = renamed("request_timeout", request_timeout, request_timeout_s)
+        reconnect_timeout_s = renamed("reconnect_timeout", reconnect_timeout, reconnect_timeout_s)
         if invisible_duration <= 0 or await_duration < 0:
             raise ConfigError("invisible_duration must be > 0 and await_duration >= 0")
         problem = delivery_group_name_problem(group)
@@ -93,10 +96,10 @@ class AsyncSimpleConsumer:
         self.invisible_duration = invisible_duration
         self.await_duration = await_duration
         self.require_topic = require_topic
-        self._session = Session(servers, client_id=client_id, request_timeout_s=request_timeout,
+        self._session = Session(servers, client_id=client_id, request_timeout_s=request_timeout_s,
                                 connect_timeout_s=connect_timeout_s,
                                 reconnect_timeout_s=reconnect_timeout_s, auth=auth, tls=tls)
-        self._core = DeliveryCore(self._session, group, session_timeout_s=session_timeout,
+        self._core = DeliveryCore(self._session, group, session_timeout_s=session_timeout_s,
                                   retry_delays=retry_delays, max_reconsume=max_reconsume,
                                   start_from=start_from, orderly=orderly)
         self._started = False
