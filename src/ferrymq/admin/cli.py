@@ -208,11 +208,10 @@ class CliState:
         Raises:
             ConnectionClosedError: no broker answered within ``--connect-timeout``.
         """
-        with AdminClient(self.server, reconnect_timeout_s=self.connect_timeout_s,
+        with AdminClient(self.server, connect_timeout_s=self.connect_timeout_s,
+                         reconnect_timeout_s=self.connect_timeout_s,
                          **self.client_options) as client:
-            # Connect first: requests retry a lost connection for request_timeout_s (30 s),
-            # the handshake gives up after reconnect_timeout_s.
-            client.hello()
+            client.hello()  # connect first: a wrong address fails within connect_timeout_s
             yield client
 
 
@@ -513,6 +512,7 @@ def consume(state: CliState, topic_name: str, group: str, tags: str, start: Posi
     received = 0
     with _StopFlag() as stop, PullConsumer(
         state.server, group=group, auto_offset_reset="latest",
+        connect_timeout_s=state.connect_timeout_s,
         reconnect_timeout_s=max(state.connect_timeout_s, 1.0), **state.client_options,
     ) as consumer:
         consumer.subscribe(topic_name, tags)

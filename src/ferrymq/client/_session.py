@@ -4,9 +4,20 @@ Theory of operation
 -------------------
 :class:`Session` hands out the current :class:`Transport`, opening a new one (HELLO handshake
 included) when there is none or the last one died. Connection attempts go round the server list
-with jittered exponential backoff until ``reconnect_timeout_s`` (the seeds' 断线重连). Requests
-that are safe to repeat (reads, metadata, commits, idempotent produce batches) are retried across
-reconnects by their callers through :meth:`Session.request`; the producer and consumer build on it.
+with jittered exponential backoff, each attempt bounded by ``connect_timeout_s``, within a budget:
+
+* the *first* connection of a client gets ``connect_timeout_s`` (default 5 s) in all: a wrong
+  address fails fast with ``ConnectionClosedError("cannot connect to HOST:PORT (connection
+  refused) within connect_timeout_s=5 s")``, naming every address tried and why it failed
+  (connection refused, timed out, name not resolved, ...);
+* once a client was connected, a lost connection is an *outage*: reconnecting gets
+  ``reconnect_timeout_s`` (the seeds' 断线重连), logs one warning when the outage starts and one
+  info line when it ends, however many attempts it takes (attempts are logged at DEBUG).
+
+Requests that are safe to repeat (reads, metadata, commits, idempotent produce batches) are
+retried across reconnects by their callers through :meth:`Session.request`; the producer and
+consumer build on it. A connection that could not be opened within its budget fails the request
+at once (the budget was the retrying).
 
 A keepalive task pings an idle connection every ``keepalive_s``; a ping without an answer within
 ``request_timeout_s`` closes the connection so that the next request reconnects.
@@ -33,7 +44,7 @@ from typing import TypeVar
 from ferrymq._hints import TLS_NEEDED
 from ferrymq._version import __version__
 from ferrymq.client._transport import TLSOption as TLSOption
-from ferrymq.client._transport import Transport, client_tls_context
+from ferrymq.client._transport import Transport, client_tls_context, connect_failure
 from ferrymq.client.retry import Backoff, refused_before_effect
 from ferrymq.errors import (
     AuthenticationFailedError,
@@ -117,8 +128,21 @@ class TopicInfo:
     """The topic's dedup window (0: none): dedup-keyed messages go in dedup batches only then."""
 
 
+def _addresses(addresses: list[tuple[str, int]]) -> str:
+    return ", ".join(f"{h}:{p}" for h, p in addresses)
+
+
 class Session:
-    """Connection management shared by every client type."""
+    """Connection management shared by every client type.
+
+    Args:
+        servers: ``"host:port"`` (or several, comma separated, or a list).
+        connect_timeout_s: the first connection's budget (every address tried, backoff
+            included), and the longest single attempt later.
+        reconnect_timeout_s: after a connection was lost, how long to keep trying to reconnect
+            before the request waiting for it fails.
+        request_timeout_s: a request's deadline (:meth:`request`).
+    """
 
     def __init__(
         self,
@@ -133,6 +157,8 @@ class Session:
         auth: Auth | None = None,
         tls: TLSOption = None,
     ) -> None:
+        if connect_timeout_s <= 0 or reconnect_timeout_s <= 0:
+            raise ConfigError("connect_timeout_s and reconnect_timeout_s must be > 0")
         self.addresses = parse_servers(servers)
         self._auth = check_auth(auth)
         self._tls: ssl.SSLContext | None = client_tls_context(tls)
@@ -148,6 +174,7 @@ class Session:
         self._conn: Transport | None = None
         self._connecting: asyncio.Future[Transport] | None = None
         self._next_addr = 0
+        self._outage_since: float | None = None  # loop time the current outage began
         self._closed = False
         self._keepalive: asyncio.Task[None] | None = None
         self.topics: dict[str, TopicInfo] = {}
@@ -165,10 +192,13 @@ class Session:
         return conn if conn is not None and conn.is_open else None
 
     async def connection(self) -> Transport:
-        """The open connection, reconnecting (with backoff) if needed.
+        """The open connection, connecting (with backoff) if needed.
 
         Raises:
-            ConnectionClosedError: no broker answered within ``reconnect_timeout_s``.
+            ConnectionClosedError: no broker answered within ``connect_timeout_s`` (the first
+                connection) or ``reconnect_timeout_s`` (after a lost one); the message names
+                every address tried and why it failed.
+            AuthenticationFailedError: the broker refused the credentials (not retried).
         """
         conn = self._conn
         if conn is not None and conn.is_open:
@@ -181,47 +211,81 @@ class Session:
 
     async def _connect(self) -> Transport:
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.reconnect_timeout_s
+        first = self.hello is None
+        budget_name = "connect_timeout_s" if first else "reconnect_timeout_s"
+        budget = self.connect_timeout_s if first else self.reconnect_timeout_s
+        deadline = loop.time() + budget
+        if not first and self._outage_since is None:
+            self._outage_since = loop.time()
+            lost = self._conn
+            log.warning("lost the connection to the broker (%s); reconnecting to %s for up to "
+                        "reconnect_timeout_s=%g s", lost.close_reason if lost else "not open",
+                        _addresses(self.addresses), budget)
+        failures: dict[tuple[str, int], str] = {}
         attempt = 0
-        last: BaseException | None = None
         while not self._closed:
-            host, port = self.addresses[self._next_addr % len(self.addresses)]
-            opened = False
-            try:
-                conn = await Transport.connect(host, port, self.connect_timeout_s, self._tls)
-                opened = True
-                try:
-                    hello = await conn.request(
-                        m.HelloRequest(self.client_id, __version__), m.HelloResponse,
-                        self.connect_timeout_s,
-                    )
-                    if self._auth is not None:
-                        await self._authenticate(conn)
-                except BaseException:
-                    conn.close()
-                    raise
-            except (ConnectionClosedError, FerryMQTimeoutError) as exc:
-                if isinstance(exc.__cause__, ssl.SSLError):
-                    raise  # a TLS mismatch or an untrusted certificate: retrying cannot help
-                last = exc
-                if opened and self._tls is None and isinstance(exc, ConnectionClosedError):
-                    last = ConnectionClosedError(
-                        f"{exc} during the handshake (if the broker's port is TLS, {TLS_NEEDED})")
+            host, port = addr = self.addresses[self._next_addr % len(self.addresses)]
+            # every address gets its turn within the budget, none more than connect_timeout_s
+            untried = max(1, len(self.addresses) - len(failures))
+            timeout = min(self.connect_timeout_s, max(deadline - loop.time(), 0.0) / untried)
+            result = await self._attempt(host, port, max(timeout, 0.001))
+            if isinstance(result, str):
+                failures[addr] = result
+                log.debug("connecting to %s:%d failed: %s", host, port, result)
                 self._next_addr += 1
                 attempt += 1
                 if loop.time() >= deadline:
                     break
                 await asyncio.sleep(min(self.backoff.delay(attempt), max(0.0, deadline - loop.time())))
                 continue
-            if self._conn is not None:
+            conn = result
+            if self._outage_since is not None:
                 self.reconnects += 1
-                log.info("reconnected to %s:%d", host, port)
-            self.hello = hello
+                log.info("reconnected to %s:%d after %.1f s", host, port,
+                         loop.time() - self._outage_since)
+                self._outage_since = None
             self._conn = conn
             if self._keepalive is None or self._keepalive.done():
                 self._keepalive = loop.create_task(self._keepalive_loop())
             return conn
-        raise ConnectionClosedError(f"no broker reachable at {self.addresses}: {last}")
+        if not failures:
+            raise ConnectionClosedError("client is closed")
+        tried = ", ".join(f"{h}:{p} ({why})" for (h, p), why in failures.items())
+        raise ConnectionClosedError(
+            f"cannot {'connect' if first else 'reconnect'} to {tried} within "
+            f"{budget_name}={budget:g} s")
+
+    async def _attempt(self, host: str, port: int, timeout_s: float) -> Transport | str:
+        """One connection attempt, handshake included: the open connection (``self.hello`` set),
+        or why it failed when another attempt may succeed.
+
+        Raises:
+            ConnectionClosedError: a TLS handshake failed (retrying cannot help).
+            AuthenticationFailedError, BrokerError: the broker refused us.
+        """
+        try:
+            conn = await Transport.connect(host, port, timeout_s, self._tls)
+        except ConnectionClosedError as exc:
+            if isinstance(exc.__cause__, ssl.SSLError):
+                raise  # a TLS mismatch or an untrusted certificate: retrying cannot help
+            return connect_failure(exc.__cause__ or exc)
+        try:
+            hello = await conn.request(
+                m.HelloRequest(self.client_id, __version__), m.HelloResponse, timeout_s)
+            if self._auth is not None:
+                await self._authenticate(conn)
+        except ConnectionClosedError as exc:
+            conn.close()
+            hint = "" if self._tls is not None else f" (if the broker's port is TLS, {TLS_NEEDED})"
+            return f"closed during the handshake: {exc}{hint}"
+        except FerryMQTimeoutError:
+            conn.close()
+            return f"no answer to the handshake within {timeout_s:.3g} s"
+        except BaseException:
+            conn.close()
+            raise
+        self.hello = hello
+        return conn
 
     async def _authenticate(self, conn: Transport) -> None:
         assert self._auth is not None
@@ -249,8 +313,8 @@ class Session:
                 continue
             try:
                 await conn.request(m.PingRequest(), m.Empty, self.request_timeout_s)
-            except (ConnectionClosedError, FerryMQTimeoutError, BrokerError):
-                conn.close()
+            except (ConnectionClosedError, FerryMQTimeoutError, BrokerError) as exc:
+                conn.close(f"keepalive ping failed: {exc}")
 
     async def request(
         self,
@@ -283,6 +347,12 @@ class Session:
             remaining = deadline - loop.time()
             try:
                 conn = await asyncio.wait_for(self.connection(), max(remaining, 0.001))
+            except TimeoutError:
+                raise FerryMQTimeoutError(
+                    f"{req.API_KEY.name}: not sent: no connection to the broker within "
+                    f"{total:.3g} s (still trying to reconnect)") from None
+            # a ConnectionClosedError from connection() propagates: its budget was the retrying
+            try:
                 return await conn.request(req, resp_type, max(remaining, 0.001))
             except TimeoutError:
                 raise FerryMQTimeoutError(f"{req.API_KEY.name}: no answer in {total:.3g} s") from None

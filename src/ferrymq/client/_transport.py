@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import socket
 import ssl
 from typing import TypeVar, cast
 
@@ -79,6 +80,20 @@ def client_tls_context(tls: TLSOption = True, *, cert_file: str | None = None,
     return ctx
 
 
+def connect_failure(exc: BaseException) -> str:
+    """Why a connection attempt failed, in the words a user looks for: "connection refused",
+    "timed out", "name not resolved", or the system's message for other socket errors."""
+    if isinstance(exc, socket.gaierror):
+        return "name not resolved"
+    if isinstance(exc, TimeoutError):  # asyncio's timeout and a socket's ETIMEDOUT alike
+        return "timed out"
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror[:1].lower() + exc.strerror[1:]
+    return str(exc) or type(exc).__name__
+
+
 class Transport(asyncio.BufferedProtocol):
     """A connected socket to one broker."""
 
@@ -121,7 +136,8 @@ class Transport(asyncio.BufferedProtocol):
                 f"TLS handshake with {host}:{port} failed: {exc.reason or exc} (is the broker's "
                 f"port TLS, and is its certificate trusted for {host!r}?)") from exc
         except (OSError, TimeoutError) as exc:
-            raise ConnectionClosedError(f"cannot connect to {host}:{port}: {exc}") from exc
+            raise ConnectionClosedError(
+                f"cannot connect to {host}:{port} ({connect_failure(exc)})") from exc
         return proto
 
     # -- asyncio.Protocol ------------------------------------------------------------------
@@ -245,9 +261,9 @@ class Transport(asyncio.BufferedProtocol):
             ) from None
         return decode_response(payload, resp_type)
 
-    def close(self) -> None:
-        """Close the connection; pending requests fail."""
-        self._fail(ConnectionClosedError("closed by client"))
+    def close(self, reason: str = "closed by client") -> None:
+        """Close the connection; pending requests fail with ``reason``."""
+        self._fail(ConnectionClosedError(reason))
 
 
 def decode_response(payload: bytes | memoryview, resp_type: type[B]) -> B:

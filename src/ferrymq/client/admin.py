@@ -111,17 +111,22 @@ class AsyncAdminClient:
     Args:
         servers: ``"host:port"``.
         request_timeout_s: deadline of each request.
-        reconnect_timeout_s: how long to keep trying to reach the broker.
+        connect_timeout_s: how long the first connection may take (made by the first request,
+            or on entering ``with``): after it, ``ConnectionClosedError`` names every address
+            tried and why it failed (connection refused, timed out, name not resolved).
+        reconnect_timeout_s: after a connection was lost, how long to keep trying to reconnect.
     """
 
     def __init__(
         self, servers: str | list[str] = "127.0.0.1:9876", *, request_timeout_s: float = 30.0,
+        connect_timeout_s: float = 5.0,
         reconnect_timeout_s: float = 10.0,
         auth: Auth | None = None,
         tls: TLSOption = None,
     ) -> None:
         self._session = Session(servers, client_id="ferrymq-admin",
                                 request_timeout_s=request_timeout_s,
+                                connect_timeout_s=connect_timeout_s,
                                 reconnect_timeout_s=reconnect_timeout_s,
                                 auth=auth, tls=tls)
 

@@ -95,6 +95,12 @@ class AsyncPullConsumer:
         session_timeout_s: the broker drops a member silent this long.
         heartbeat_interval_s: how often a member heartbeats.
         request_timeout_s: deadline of one request.
+        connect_timeout_s: how long the first connection may take (the constructor of the
+            blocking ``PullConsumer`` fails after it with ``ConnectionClosedError("cannot
+            connect to HOST:PORT (connection refused) ...")``), and the longest single attempt
+            later.
+        reconnect_timeout_s: after a connection was lost, how long to keep trying to reconnect
+            before the waiting request fails (one warning is logged per outage).
         isolation: "read_committed" (default): only messages of committed transactions, up to
             the last stable offset; "read_uncommitted": everything written, aborted
             transactions too (never the transaction markers).
@@ -114,6 +120,7 @@ class AsyncPullConsumer:
         session_timeout_s: float = 15.0,
         heartbeat_interval_s: float = 3.0,
         request_timeout_s: float = 30.0,
+        connect_timeout_s: float = 5.0,
         reconnect_timeout_s: float = 60.0,
         isolation: str = "read_committed",
         auth: Auth | None = None,
@@ -130,6 +137,7 @@ class AsyncPullConsumer:
             raise ConfigError("fetch sizes must be > 0")
         self.group = group
         self._session = Session(servers, client_id=client_id, request_timeout_s=request_timeout_s,
+                                connect_timeout_s=connect_timeout_s,
                                 reconnect_timeout_s=reconnect_timeout_s,
                                 auth=auth, tls=tls)
         self._client_id = client_id
@@ -261,6 +269,8 @@ class AsyncPullConsumer:
             except UnknownMemberError:
                 self._member_id = ""
                 self._need_join = True
+            except (ConnectionClosedError, FerryMQTimeoutError) as exc:
+                log.debug("heartbeat failed: %s", exc)  # an outage: the session warned once
             except FerryMQError as exc:
                 log.warning("heartbeat failed: %s", exc)
 
@@ -428,7 +438,7 @@ class AsyncPullConsumer:
         exc = fut.exception()
         if exc is not None:
             if isinstance(exc, (ConnectionClosedError, FerryMQTimeoutError)):
-                log.info("fetch failed (%s); will retry", exc)
+                log.debug("fetch failed (%s); will retry", exc)  # the session logs outages
                 return
             raise exc
 

@@ -203,6 +203,13 @@ class AsyncProducer:
         max_buffer_bytes: ``send`` waits while this much is buffered (back-pressure).
         delivery_timeout_s: give up on a message after this long (retries included).
         request_timeout_s: one request's deadline.
+        connect_timeout_s: how long the first connection may take (every address tried; the
+            constructor of the blocking ``Producer`` fails after it with
+            ``ConnectionClosedError("cannot connect to HOST:PORT (connection refused) ...")``),
+            and the longest single connection attempt later.
+        reconnect_timeout_s: after a connection was lost, how long to keep trying to reconnect
+            before the waiting request fails (None: ``delivery_timeout_s``; messages are retried
+            until their own delivery timeout either way). One warning is logged per outage.
         idempotent: stamp producer id and sequence numbers so retries are stored once.
         max_request_bytes: ready batches go out in requests of at most this many bytes (a
             larger batch goes alone), each written as soon as it is encoded, so the broker
@@ -237,6 +244,7 @@ class AsyncProducer:
         delivery_timeout_s: float = 120.0,
         request_timeout_s: float = 30.0,
         connect_timeout_s: float = 5.0,
+        reconnect_timeout_s: float | None = None,
         idempotent: bool = True,
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
         max_in_flight_per_queue: int = DEFAULT_MAX_IN_FLIGHT_PER_QUEUE,
@@ -265,7 +273,8 @@ class AsyncProducer:
             raise ConfigError(f"max_in_flight_per_queue must be 1..{MAX_IN_FLIGHT_PER_QUEUE}")
         self._session = Session(servers, client_id=client_id, request_timeout_s=request_timeout_s,
                                 connect_timeout_s=connect_timeout_s,
-                                reconnect_timeout_s=delivery_timeout_s,
+                                reconnect_timeout_s=(delivery_timeout_s if reconnect_timeout_s
+                                                     is None else reconnect_timeout_s),
                                 auth=auth, tls=tls)
         self._linger_s = linger_ms / 1000
         self._batch_max_bytes = batch_max_bytes

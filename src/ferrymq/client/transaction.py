@@ -117,7 +117,12 @@ class AsyncTransactionProducer:
         check_interval: seconds between check-backs.
         max_checks: check-backs before the broker rolls the message back.
         client_id: shown in ``message status``.
-        request_timeout_s, connect_timeout_s: per request / connection attempt.
+        request_timeout_s: one request's deadline.
+        connect_timeout_s: how long the first connection may take (the constructor of the
+            blocking ``TransactionProducer`` fails after it with ``ConnectionClosedError``
+            naming every address tried and why), and the longest single attempt later.
+        reconnect_timeout_s: after a connection was lost, how long to keep trying to reconnect
+            before the waiting request fails.
         queue_selector: ``selector(message, queue_count) -> queue`` overriding the default.
         auto_create_topics: ask the broker to create unknown topics.
         poll_wait_s: how long one check-back long poll waits.
@@ -136,6 +141,7 @@ class AsyncTransactionProducer:
         client_id: str = "ferrymq-txn-producer",
         request_timeout_s: float = 30.0,
         connect_timeout_s: float = 5.0,
+        reconnect_timeout_s: float = 60.0,
         queue_selector: QueueSelector | None = None,
         auto_create_topics: bool = True,
         poll_wait_s: float = 5.0,
@@ -156,6 +162,7 @@ class AsyncTransactionProducer:
         self._max_checks = max_checks
         self._session = Session(servers, client_id=client_id, request_timeout_s=request_timeout_s,
                                 connect_timeout_s=connect_timeout_s,
+                                reconnect_timeout_s=reconnect_timeout_s,
                                 auth=auth, tls=tls)
         self._request_timeout_s = request_timeout_s
         self._selector = queue_selector
