@@ -43,8 +43,8 @@ from typing import TypeVar
 
 from ferrymq._hints import TLS_NEEDED
 from ferrymq._version import __version__
+from ferrymq.client._transport import TIMED_OUT, Transport, client_tls_context, connect_failure
 from ferrymq.client._transport import TLSOption as TLSOption
-from ferrymq.client._transport import Transport, client_tls_context, connect_failure
 from ferrymq.client.retry import Backoff, refused_before_effect
 from ferrymq.errors import (
     AuthenticationFailedError,
@@ -230,7 +230,8 @@ class Session:
             timeout = min(self.connect_timeout_s, max(deadline - loop.time(), 0.0) / untried)
             result = await self._attempt(host, port, max(timeout, 0.001))
             if isinstance(result, str):
-                failures[addr] = result
+                if result != TIMED_OUT or timeout >= self.connect_timeout_s or addr not in failures:
+                    failures[addr] = result  # (an attempt the budget cut short says less)
                 log.debug("connecting to %s:%d failed: %s", host, port, result)
                 self._next_addr += 1
                 attempt += 1

@@ -80,13 +80,17 @@ def client_tls_context(tls: TLSOption = True, *, cert_file: str | None = None,
     return ctx
 
 
+TIMED_OUT = "timed out"
+"""What :func:`connect_failure` says of an attempt that ran out of time."""
+
+
 def connect_failure(exc: BaseException) -> str:
     """Why a connection attempt failed, in the words a user looks for: "connection refused",
     "timed out", "name not resolved", or the system's message for other socket errors."""
     if isinstance(exc, socket.gaierror):
         return "name not resolved"
     if isinstance(exc, TimeoutError):  # asyncio's timeout and a socket's ETIMEDOUT alike
-        return "timed out"
+        return TIMED_OUT
     if isinstance(exc, ConnectionRefusedError):
         return "connection refused"
     if isinstance(exc, OSError) and exc.strerror:
