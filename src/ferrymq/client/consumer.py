@@ -9,8 +9,17 @@ soon as messages are handed out and the buffer runs low, the next fetch starts, 
 overlaps the application's work. ``commit()`` stores positions: everything before them counts as
 consumed by the group.
 
+What auto-commit stores (at-least-once): a batch counts as *finished* when the application calls
+``poll()`` again. Each queue also has a *finished position*, set to its position when ``poll()``
+is entered, and to the new offset by a seek, a reset or an explicit commit. Auto-commits (every
+``auto_commit_interval_s`` inside ``poll()``, before a rebalance, in ``close()`` and so on leaving
+a ``with`` block, cleanly or on an exception such as Ctrl-C) store finished positions only, so
+the batch the application was working on when it stopped is read again by the group, never
+skipped. ``commit()`` without arguments stores everything returned so far: the application says
+it is done with it.
+
 With ``subscribe`` the broker assigns queues (see ``broker/groups.py``); a heartbeat task keeps
-the membership alive and, when the group rebalances, the consumer commits what it consumed
+the membership alive and, when the group rebalances, the consumer commits what it finished
 (auto-commit), rejoins and continues from the committed offsets of its new queues. With
 ``assign`` the application picks queues and no heartbeats are sent.
 
@@ -73,6 +82,7 @@ _TXN_BITS = ATTR_TRANSACTIONAL | ATTR_CONTROL
 @dataclass(eq=False)
 class _QueueState:
     position: int | None = None  # next offset to hand out (None: not resolved yet)
+    finished: int | None = None  # position when poll() was last entered: what auto-commit stores
     fetch_position: int | None = None
     epoch: int = 0
     topic_id: int = -1
@@ -83,11 +93,20 @@ class _QueueState:
 class AsyncPullConsumer:
     """Pulls messages by offset, alone or as a member of a consumer group (asyncio).
 
+    Commits are at-least-once: a batch returned by :meth:`poll` counts as finished when the
+    application calls :meth:`poll` again. Auto-commit (periodic, before a rebalance, on
+    :meth:`close` and on leaving ``async with``, cleanly or on an exception) stores only
+    finished batches, so an interrupted loop loses nothing: the group reads the unfinished batch
+    again. :meth:`commit` without arguments stores everything returned so far (call it after
+    the last batch when stopping cleanly, or that batch is read again).
+
     Args:
         servers: ``"host:port"`` (or several, comma separated).
         group: the consumer group (offsets are committed per group).
         client_id: shown in group listings.
-        auto_commit: commit positions every ``auto_commit_interval_s`` and on close.
+        auto_commit: commit finished positions every ``auto_commit_interval_s`` (checked in
+            :meth:`poll`), before a rebalance and on close.
+        auto_commit_interval_s: seconds between two periodic auto-commits.
         auto_offset_reset: where a queue without a committed offset starts: "latest" or
             "earliest".
         fetch_max_bytes: bytes asked for per fetch (over all queues).
@@ -232,7 +251,7 @@ class AsyncPullConsumer:
     async def _join(self) -> None:
         if self._auto_commit and self._generation >= 0:
             with contextlib.suppress(FerryMQError):
-                await self.commit()
+                await self._commit_finished()
         topics = sorted(self._subscriptions)
         resp = await self._session.request(
             m.JoinGroupRequest(self.group, self._member_id, self._client_id, topics,
@@ -247,7 +266,7 @@ class AsyncPullConsumer:
         # positions come from the committed offsets: they may have moved (reset-offset)
         self._set_assignment([(t, q) for t, q in resp.assignment])
         for st in self._queues.values():
-            st.position = st.fetch_position = None
+            st.position = st.fetch_position = st.finished = None
             st.buffered = 0
         self._buffer.clear()
         self._head = 0
@@ -301,7 +320,7 @@ class AsyncPullConsumer:
         for tq in missing:
             st = self._queues[tq]
             if tq in committed:
-                st.position = st.fetch_position = committed[tq]
+                st.position = st.fetch_position = st.finished = committed[tq]
                 self._committed_positions[tq] = committed[tq]
             else:
                 unresolved.append(tq)
@@ -318,7 +337,7 @@ class AsyncPullConsumer:
                 raise error_for_code(code, f"list offsets of {t}/{q}")
             st = self._queues.get((t, q))
             if st is not None:
-                st.position = st.fetch_position = off
+                st.position = st.fetch_position = st.finished = off
                 st.epoch += 1
         wanted = set(queues)
         self._drop_buffered(wanted.__contains__)
@@ -335,17 +354,34 @@ class AsyncPullConsumer:
         return {(t, q): o for t, q, o in resp.offsets if (t, q) in self._queues}
 
     async def commit(self, offsets: dict[TopicQueue, int] | None = None) -> None:
-        """Commit positions (or the given offsets: the next offset to consume per queue).
+        """Commit everything :meth:`poll` returned so far (its positions), or the given offsets
+        (the next offset to consume per queue). Either counts as finished for auto-commit too.
 
         Raises:
             IllegalGenerationError: the group rebalanced: these queues may belong to another
                 member now (rejoin happens on the next poll).
         """
         if offsets is None:
-            offsets = {
-                tq: st.position for tq, st in self._queues.items()
-                if st.position is not None and self._committed_positions.get(tq) != st.position
-            }
+            offsets = self._uncommitted(lambda st: st.position)
+        for tq, off in offsets.items():
+            st = self._queues.get(tq)
+            if st is not None:
+                st.finished = off
+        await self._store_offsets(offsets)
+
+    async def _commit_finished(self) -> None:
+        """Auto-commit: store the finished positions (see the module docstring)."""
+        await self._store_offsets(self._uncommitted(lambda st: st.finished))
+
+    def _uncommitted(self, pick: Callable[[_QueueState], int | None]) -> dict[TopicQueue, int]:
+        out: dict[TopicQueue, int] = {}
+        for tq, st in self._queues.items():
+            off = pick(st)
+            if off is not None and self._committed_positions.get(tq) != off:
+                out[tq] = off
+        return out
+
+    async def _store_offsets(self, offsets: dict[TopicQueue, int]) -> None:
         if not offsets:
             return
         generation = self._generation if self._subscriptions else -1
@@ -362,11 +398,12 @@ class AsyncPullConsumer:
         self._last_commit = asyncio.get_running_loop().time()
 
     async def seek(self, topic: str, queue: int, offset: int) -> None:
-        """Continue ``topic``/``queue`` from ``offset``."""
+        """Continue ``topic``/``queue`` from ``offset`` (also what auto-commit stores for it
+        until the next batch is finished)."""
         st = self._queues.get((topic, queue))
         if st is None:
             raise ClientError(f"{topic}/{queue} is not assigned to this consumer")
-        st.position = st.fetch_position = offset
+        st.position = st.fetch_position = st.finished = offset
         st.epoch += 1
         self._drop_buffered(lambda tq: tq == (topic, queue))
 
@@ -389,11 +426,16 @@ class AsyncPullConsumer:
         """Messages from the assigned queues: returns as soon as some are there, or an empty
         list after ``timeout`` seconds.
 
+        Calling it marks the messages the previous calls returned as finished: auto-commit
+        (periodic here, and on rebalance and close) stores only those.
+
         Raises:
             ConnectionClosedError: the broker stayed unreachable beyond ``reconnect_timeout_s``.
         """
         if self._closed:
             raise ClientError("consumer is closed")
+        for st in self._queues.values():
+            st.finished = st.position
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(timeout, 0.0)
         while True:
@@ -569,20 +611,22 @@ class AsyncPullConsumer:
         now = asyncio.get_running_loop().time()
         if now - self._last_commit >= self._auto_commit_interval_s:
             try:
-                await self.commit()
+                await self._commit_finished()
             except (IllegalGenerationError, UnknownMemberError, RebalanceInProgressError):
                 self._need_join = True
             except FerryMQError as exc:
                 log.warning("auto-commit failed: %s", exc)
 
     async def close(self) -> None:
-        """Commit (auto-commit mode), leave the group, close the connection."""
+        """Commit the finished batches (auto-commit mode: not the batch the last :meth:`poll`
+        returned, which the application may not have finished; :meth:`commit` first if it
+        did), leave the group, close the connection."""
         if self._closed:
             return
         try:
             if self._auto_commit and self._started:
                 with contextlib.suppress(FerryMQError):
-                    await self.commit()
+                    await self._commit_finished()
             if self._member_id:
                 with contextlib.suppress(FerryMQError):
                     await self._session.request(m.LeaveGroupRequest(self.group, self._member_id),
