@@ -188,7 +188,12 @@ def _chain(src: asyncio.Future[SendResult], dst: concurrent.futures.Future[SendR
 
 class PullConsumer:
     """Pulls messages by offset (blocking API). See
-    :class:`~ferrymq.client.consumer.AsyncPullConsumer` for the options."""
+    :class:`~ferrymq.client.consumer.AsyncPullConsumer` for the options.
+
+    At-least-once: a batch :meth:`poll` returned counts as finished when you call :meth:`poll`
+    again. Auto-commit (every ``auto_commit_interval_s``, before a rebalance, on :meth:`close`
+    and on leaving ``with``, also on Ctrl-C) commits finished batches only, so an interrupted
+    loop skips nothing; :meth:`commit` commits everything returned so far."""
 
     def __init__(self, servers: str | list[str] = "127.0.0.1:9876", group: str = "default",
                  **options: Any) -> None:
@@ -211,11 +216,12 @@ class PullConsumer:
         return self._async.assignment()
 
     def poll(self, timeout: float = 1.0, max_messages: int = 500) -> list[ReceivedMessage]:
-        """Messages, or [] after ``timeout`` seconds."""
+        """Messages, or [] after ``timeout`` seconds; the batches returned before count as
+        finished (auto-commit stores them)."""
         return _run(self._async.poll(timeout, max_messages))
 
     def commit(self, offsets: dict[TopicQueue, int] | None = None) -> None:
-        """Commit positions (or the given next offsets)."""
+        """Commit everything :meth:`poll` returned so far (or the given next offsets)."""
         _run(self._async.commit(offsets))
 
     def committed(self) -> dict[TopicQueue, int]:
@@ -243,7 +249,8 @@ class PullConsumer:
         _run(self._async.seek_to_end())
 
     def close(self) -> None:
-        """Commit (auto-commit), leave the group, close."""
+        """Commit the finished batches (auto-commit; not the last batch :meth:`poll` returned:
+        :meth:`commit` first if it is done), leave the group, close."""
         _run(self._async.close())
 
     def __enter__(self) -> PullConsumer:
