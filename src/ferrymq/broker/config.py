@@ -112,6 +112,10 @@ class BrokerConfig:
     retention_check_interval_ms: int = _f(60_000, "How often retention runs.")
     default_session_timeout_ms: int = _f(15_000, "Consumer session timeout when the client sends 0.")
     max_session_timeout_ms: int = _f(300_000, "Longest consumer session timeout accepted.")
+    max_member_topics: int = _f(
+        1000, "Most topics one consumer-group member may subscribe to (topics not created yet "
+              "included: a member may wait for them)."
+    )
     default_invisible_ms: int = _f(
         30_000, "Lease of a received message when the client asks for 0 (then redelivered)."
     )
@@ -314,7 +318,7 @@ class BrokerConfig:
             "max_write_buffer_bytes", "idle_timeout_ms", "default_queues", "max_queues",
             "segment_bytes", "segment_ms", "index_interval_bytes",
             "retention_check_interval_ms", "default_session_timeout_ms",
-            "max_session_timeout_ms", "shutdown_timeout_ms", "default_invisible_ms",
+            "max_session_timeout_ms", "max_member_topics", "shutdown_timeout_ms", "default_invisible_ms",
             "max_invisible_ms", "max_in_flight_per_member", "max_receive_messages",
             "delivery_journal_bytes", "delivery_ack_history", "delivery_tick_ms",
             "max_orderly_held", "max_retry_loaded", "key_index_bytes_per_tick",

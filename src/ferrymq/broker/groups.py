@@ -7,7 +7,13 @@ its share of the queues. The broker assigns (RocketMQ's "averagely" strategy: me
 id, each topic's queues split into contiguous ranges), so clients need no leader election.
 
 Every change of membership or subscription bumps the generation. Members learn of it from their
-next heartbeat (``REBALANCE_IN_PROGRESS``) and rejoin to get their new share. A commit that carries
+next heartbeat (``REBALANCE_IN_PROGRESS``) and rejoin to get their new share. A member may
+subscribe to a topic that does not exist yet (a consumer started before its producers): it gets
+no queues of it until the topic is created. The broker's housekeeping hands the current queue
+counts to :meth:`GroupCoordinator.sync_queue_counts` twice a second; when a topic subscribed to
+is created, deleted or changes its queue count, the groups reading it rebalance (Kafka's
+consumers notice new partitions by refreshing metadata; here the broker assigns, so the broker
+notices). A commit that carries
 an older generation is refused (``ILLEGAL_GENERATION``): a member that lost a queue cannot move its
 offset back. Commits with generation -1 come from consumers that ``assign`` queues themselves and
 from admin tools; they are not fenced. Members that stop heartbeating are removed after their
@@ -21,6 +27,8 @@ other state)::
     join (known,     -                STABLE, gen+1 if its topics changed
       same topics)
     leave / expire   -                EMPTY if last, else STABLE; gen+1
+    queue counts of  -                STABLE, gen+1 if a member subscribes to one
+      topics change
 
 Committed offsets survive restarts: each group's offsets are one checkpoint file
 (``groups/<group>``), rewritten atomically (write, fsync, rename) on every commit. Deleting a
@@ -116,6 +124,7 @@ class GroupCoordinator:
     def __init__(self, data_dir: Path) -> None:
         self._dir = data_dir / "groups"
         self.groups: dict[str, Group] = {}
+        self._queue_counts: dict[str, int] = {}  # as of the last sync_queue_counts()
 
     def load(self) -> None:
         """Read every group's committed offsets."""
@@ -183,20 +192,38 @@ class GroupCoordinator:
             if new_topics != m.topics:
                 m.topics = new_topics
                 changed = True
-        if changed:
+        if changed or self._plan_changed(g, queue_counts):  # (queue counts may have changed)
             self._rebalance(g, queue_counts)
-        else:
-            # the queue counts may have changed (topics created since): recompute, same gen
-            fresh = assign_averagely(list(g.members.values()), queue_counts)
-            if any(fresh[mid] != mm.assignment for mid, mm in g.members.items()):
-                self._rebalance(g, queue_counts)
         return g, m
+
+    @staticmethod
+    def _plan_changed(g: Group, queue_counts: dict[str, int]) -> bool:
+        fresh = assign_averagely(list(g.members.values()), queue_counts)
+        return any(fresh[mid] != mm.assignment for mid, mm in g.members.items())
 
     def _rebalance(self, g: Group, queue_counts: dict[str, int]) -> None:
         g.generation += 1
         plan = assign_averagely(list(g.members.values()), queue_counts)
         for mid, m in g.members.items():
             m.assignment = plan[mid]
+
+    def sync_queue_counts(self, queue_counts: dict[str, int]) -> list[str]:
+        """Rebalance the groups whose assignment changes because a topic a member subscribes
+        to was created, deleted or resized since the last call; return their names. Cheap when
+        nothing changed (one dict comparison)."""
+        if queue_counts == self._queue_counts:
+            return []
+        old, self._queue_counts = self._queue_counts, dict(queue_counts)
+        changed = {t for t in old.keys() | queue_counts.keys() if old.get(t) != queue_counts.get(t)}
+        out: list[str] = []
+        for g in self.groups.values():
+            read = changed.intersection(t for m in g.members.values() for t in m.topics)
+            if read and self._plan_changed(g, queue_counts):  # members who joined since have it
+                self._rebalance(g, queue_counts)
+                log.info("group %s: generation %d: topics created, deleted or resized: %s",
+                         g.name, g.generation, ", ".join(sorted(read)[:10]))
+                out.append(g.name)
+        return out
 
     def heartbeat(self, name: str, member_id: str, generation: int, now_ms: int) -> None:
         """Keep a member alive.

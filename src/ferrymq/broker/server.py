@@ -240,6 +240,7 @@ class BrokerServer:
         self.dedup = Deduplicator(self.topics, max_keys=cfg.dedup_max_keys)
         self.dedup.load(self.clock.wall_ms())
         self.groups.load()
+        self.groups.sync_queue_counts({n: len(t.queues) for n, t in self.topics.topics.items()})
         self.producer_ids.load()
         log.info("opened %d topics in %.3f s (%s)", len(self.topics.topics), loop.time() - t0,
                  "new data directory" if fresh else
@@ -372,6 +373,7 @@ class BrokerServer:
                 self.flusher.retry_full(self.watermarks.disk_ok)
                 counts = {n: len(t.queues) for n, t in self.topics.topics.items()}
                 self.groups.expire(self.now_monotonic_ms(), counts)
+                self.groups.sync_queue_counts(counts)  # topics created: their readers rebalance
                 now = self.clock.monotonic()
                 idle_s = cfg.idle_timeout_ms / 1000
                 stall_s = cfg.write_stall_timeout_ms / 1000

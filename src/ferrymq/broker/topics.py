@@ -64,6 +64,12 @@ INTERNAL_PREFIX = "%"
 """Internal topics' names start with it (clients cannot create such names)."""
 
 
+def valid_topic_name(name: str) -> bool:
+    """Whether ``name`` is a topic name that may exist (a user's or an internal one)."""
+    return name not in (".", "..") and bool(
+        TOPIC_NAME.fullmatch(name) or INTERNAL_TOPIC_NAME.fullmatch(name))
+
+
 def check_topic_name(name: str, *, internal_ok: bool = False) -> None:
     """Raise InvalidTopicNameError unless ``name`` is a valid topic name."""
     if name in (".", "..") or not (

@@ -38,6 +38,7 @@ import contextlib
 import logging
 import secrets
 import ssl
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -126,6 +127,11 @@ class TopicInfo:
     queues: int
     dedup_window_ms: int = 0
     """The topic's dedup window (0: none): dedup-keyed messages go in dedup batches only then."""
+
+
+def _topic_error(code: int, name: str) -> BrokerError:
+    what = ErrorCode(code).name if code in ErrorCode._value2member_map_ else str(code)
+    return error_for_code(code, f"{what.lower().replace('_', ' ')}: {name!r}")
 
 
 def _addresses(addresses: list[tuple[str, int]]) -> str:
@@ -384,12 +390,28 @@ class Session:
             if tname != name:
                 continue
             if code:
-                what = ErrorCode(code).name if code in ErrorCode._value2member_map_ else str(code)
-                raise error_for_code(code, f"{what.lower().replace('_', ' ')}: {name!r}")
+                raise _topic_error(code, name)
             info = TopicInfo(tname, tid, queues, window)
             self.topics[name] = info
             return info
         raise UnknownTopicError(f"unknown topic {name!r}")
+
+    async def existing_topics(self, names: Iterable[str]) -> dict[str, TopicInfo]:
+        """Fresh metadata of those of ``names`` that exist now (one request, nothing created).
+
+        Raises:
+            InvalidTopicNameError: a name no topic can have.
+        """
+        resp = await self.request(m.MetadataRequest(sorted(set(names)), False),
+                                  m.MetadataResponse)
+        out: dict[str, TopicInfo] = {}
+        for tname, tid, queues, code, window in resp.topics:
+            if code == ErrorCode.UNKNOWN_TOPIC:
+                continue
+            if code:
+                raise _topic_error(code, tname)
+            out[tname] = self.topics[tname] = TopicInfo(tname, tid, queues, window)
+        return out
 
     async def close(self) -> None:
         """Close the connection and stop the keepalive."""

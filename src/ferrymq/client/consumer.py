@@ -23,6 +23,11 @@ the membership alive and, when the group rebalances, the consumer commits what i
 (auto-commit), rejoins and continues from the committed offsets of its new queues. With
 ``assign`` the application picks queues and no heartbeats are sent.
 
+A topic that does not exist yet is waited for (``_missing_topics.py``: one warning, a metadata
+check at most every second): a member joins with it anyway and the broker gives it the topic's
+queues once the topic is created (the group rebalances); an assigned queue of a missing topic is
+read from when its topic appears. ``require_topic=True`` raises ``UnknownTopicError`` instead.
+
 A queue with no committed offset starts at ``auto_offset_reset`` ("latest" or "earliest"), as
 after an OFFSET_OUT_OF_RANGE (retention deleted the data under a committed offset).
 A seek drops what was buffered for that queue; results of a fetch started before the seek are
@@ -38,6 +43,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from ferrymq.client._missing_topics import MissingTopics
 from ferrymq.client._session import Auth, Session, TLSOption
 from ferrymq.client.message import BatchContext, ReceivedMessage, received_messages
 from ferrymq.errors import (
@@ -108,7 +114,12 @@ class AsyncPullConsumer:
             :meth:`poll`), before a rebalance and on close.
         auto_commit_interval_s: seconds between two periodic auto-commits.
         auto_offset_reset: where a queue without a committed offset starts: "latest" or
-            "earliest".
+            "earliest". This also holds for a topic created after :meth:`subscribe`: with
+            "latest", messages written to it before the consumer noticed it (within about a
+            second) are not read; use "earliest" for a consumer that may start first.
+        require_topic: :meth:`subscribe` and :meth:`assign` raise ``UnknownTopicError`` for a
+            topic that does not exist (default False: wait for it to be created, logging one
+            warning, checking at most every second).
         fetch_max_bytes: bytes asked for per fetch (over all queues).
         queue_fetch_max_bytes: bytes asked for per queue per fetch.
         session_timeout_s: the broker drops a member silent this long.
@@ -141,6 +152,7 @@ class AsyncPullConsumer:
         request_timeout_s: float = 30.0,
         connect_timeout_s: float = 5.0,
         reconnect_timeout_s: float = 60.0,
+        require_topic: bool = False,
         isolation: str = "read_committed",
         auth: Auth | None = None,
         tls: TLSOption = None,
@@ -159,6 +171,8 @@ class AsyncPullConsumer:
                                 connect_timeout_s=connect_timeout_s,
                                 reconnect_timeout_s=reconnect_timeout_s,
                                 auth=auth, tls=tls)
+        self._require_topic = require_topic
+        self._missing = MissingTopics(self._session)
         self._client_id = client_id
         self._auto_commit = auto_commit
         self._auto_commit_interval_s = auto_commit_interval_s
@@ -201,28 +215,47 @@ class AsyncPullConsumer:
 
     async def subscribe(self, topic: str, tags: str = "*") -> None:
         """Consume ``topic`` (messages matching ``tags``) as a member of the group; queues are
-        spread over the group's members.
+        spread over the group's members. A topic that does not exist yet is waited for (one
+        warning; its queues come once it is created) unless ``require_topic=True``.
 
         Raises:
-            UnknownTopicError: the topic does not exist.
+            UnknownTopicError: the topic does not exist and ``require_topic=True``.
+            InvalidTopicNameError: no topic can have this name.
             InvalidRequestError: a malformed tag expression.
         """
         if self._manual is not None:
             raise ClientError("assign() and subscribe() cannot be mixed")
         parse_tag_expression(tags)
-        await self._session.topic(topic, auto_create=False)
+        waiting = not await self._missing.check(topic, require=self._require_topic)
+        before = self._subscriptions.get(topic)
         self._subscriptions[topic] = tags
         self._need_join = True
-        await self._join()
+        try:
+            await self._join()
+        except BaseException:  # refused (e.g. max_member_topics): not subscribed after all
+            if before is None:
+                del self._subscriptions[topic]
+                if waiting:
+                    self._missing.discard(topic)
+            else:
+                self._subscriptions[topic] = before
+            raise
 
     async def assign(self, queues: list[TopicQueue]) -> None:
-        """Consume exactly these queues, outside group membership (no rebalancing)."""
+        """Consume exactly these queues, outside group membership (no rebalancing). Queues of
+        a topic that does not exist yet are read once it is created (one warning) unless
+        ``require_topic=True``.
+
+        Raises:
+            UnknownTopicError: a topic does not exist and ``require_topic=True``.
+            InvalidTopicNameError: no topic can have this name.
+        """
         if self._subscriptions:
             raise ClientError("assign() and subscribe() cannot be mixed")
-        for topic, _ in queues:
-            await self._session.topic(topic, auto_create=False)
+        for topic in sorted({t for t, _ in queues}):
+            await self._missing.check(topic, require=self._require_topic)
         self._manual = list(queues)
-        self._set_assignment(self._manual)
+        self._set_assignment([tq for tq in self._manual if tq[0] not in self._missing])
 
     def assignment(self) -> list[TopicQueue]:
         """The queues this consumer reads now."""
@@ -439,6 +472,8 @@ class AsyncPullConsumer:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(timeout, 0.0)
         while True:
+            if self._missing:
+                await self._read_appeared_topics()
             if self._need_join and self._subscriptions:
                 await self._join()
             if self._buffer:
@@ -604,6 +639,15 @@ class AsyncPullConsumer:
         st.buffered += n
         if st.buffered == 0 and st.position is not None:
             st.position = max(st.position, nxt)
+
+    async def _read_appeared_topics(self) -> None:
+        """Start reading the awaited topics that exist now (a rejoin gets their queues)."""
+        if not await self._missing.appeared():
+            return
+        if self._subscriptions:
+            self._need_join = True
+        elif self._manual is not None:
+            self._set_assignment([tq for tq in self._manual if tq[0] not in self._missing])
 
     async def _maybe_auto_commit(self) -> None:
         if not self._auto_commit:

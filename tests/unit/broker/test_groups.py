@@ -49,3 +49,26 @@ def test_offsets_survive_reload(tmp_path: Path) -> None:
     again = GroupCoordinator(tmp_path)
     again.load()
     assert again.committed("g.1") == {("t", 0): 7, ("t", 1): 9}
+
+
+def test_a_member_waits_for_a_topic_and_gets_its_queues_when_it_is_created(
+        tmp_path: Path) -> None:
+    gc = GroupCoordinator(tmp_path)
+    gc.load()
+    gc.sync_queue_counts({"t": 2})
+    g, m = gc.join("g", "", "c", "h", ["t", "later"], 1000, now_ms=0, queue_counts={"t": 2})
+    assert g.generation == 1 and m.assignment == [("t", 0), ("t", 1)]
+    other, _ = gc.join("o", "", "c", "h", ["t"], 1000, now_ms=0, queue_counts={"t": 2})
+    assert gc.sync_queue_counts({"t": 2}) == []  # nothing changed: nothing to do
+    assert gc.sync_queue_counts({"t": 2, "later": 3}) == ["g"]  # only the group reading it
+    assert g.generation == 2 and other.generation == 1
+    assert m.assignment == [("later", 0), ("later", 1), ("later", 2), ("t", 0), ("t", 1)]
+    with pytest.raises(RebalanceInProgressError):  # the member learns it from its heartbeat
+        gc.heartbeat("g", m.member_id, 1, now_ms=10)
+    # a group that joined after the topic was created already has its share: left alone
+    late, _ = gc.join("late", "", "c", "h", ["new"], 1000, now_ms=0, queue_counts={"new": 1})
+    assert gc.sync_queue_counts({"t": 2, "later": 3, "new": 1}) == []
+    assert late.generation == 1
+    # deleted: its queues are taken away
+    assert gc.sync_queue_counts({"t": 2, "new": 1}) == ["g"]
+    assert m.assignment == [("t", 0), ("t", 1)]

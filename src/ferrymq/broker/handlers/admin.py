@@ -6,6 +6,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from ferrymq._version import __version__
+from ferrymq.broker.topics import valid_topic_name
 from ferrymq.errors import InvalidTopicNameError, UnknownTopicError
 from ferrymq.protocol import messages as m
 from ferrymq.protocol.codes import ErrorCode
@@ -58,8 +59,9 @@ def metadata(conn: BrokerConnection, req: m.MetadataRequest) -> m.MetadataRespon
             except InvalidTopicNameError:
                 out.append((name, -1, 0, ErrorCode.INVALID_TOPIC_NAME, 0))
                 continue
-        if t is None:
-            out.append((name, -1, 0, ErrorCode.UNKNOWN_TOPIC, 0))
+        if t is None:  # a name that could never exist is told apart from one not created yet
+            out.append((name, -1, 0, ErrorCode.UNKNOWN_TOPIC if valid_topic_name(name)
+                        else ErrorCode.INVALID_TOPIC_NAME, 0))
         else:
             out.append((t.name, t.topic_id, len(t.queues), 0, t.dedup_window_ms))
     return m.MetadataResponse(out)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ferrymq.errors import UnknownGroupError
+from ferrymq.broker.topics import check_topic_name
+from ferrymq.errors import InvalidRequestError, UnknownGroupError
 from ferrymq.protocol import messages as m
 
 if TYPE_CHECKING:
@@ -16,14 +17,26 @@ def _queue_counts(conn: BrokerConnection) -> dict[str, int]:
 
 
 def join_group(conn: BrokerConnection, req: m.JoinGroupRequest) -> m.JoinGroupResponse:
-    """Join or rejoin; returns the member's queues for the current generation."""
+    """Join or rejoin; returns the member's queues for the current generation. A topic that
+    does not exist yet may be subscribed to: its queues are assigned once it is created (the
+    coordinator rebalances, see :meth:`GroupCoordinator.sync_queue_counts`).
+
+    Raises:
+        InvalidTopicNameError: no topic can have one of the names.
+        InvalidRequestError: more than ``max_member_topics`` topics.
+    """
     srv = conn.server
     timeout = srv.config.session_timeout_ms(req.session_timeout_ms)
+    limit = srv.config.max_member_topics
+    if len(req.topics) > limit and len(set(req.topics)) > limit:
+        raise InvalidRequestError(f"a member may subscribe to at most max_member_topics="
+                                  f"{limit} topics, not {len(set(req.topics))}")
     for t in req.topics:
-        srv.topics.get(t)
-    counts = {t: n for t, n in _queue_counts(conn).items()}
+        if t not in srv.topics.topics:
+            check_topic_name(t, internal_ok=True)
     g, member = srv.groups.join(req.group, req.member_id, req.client_id or conn.client_id,
-                                conn.peer, req.topics, timeout, srv.now_monotonic_ms(), counts)
+                                conn.peer, req.topics, timeout, srv.now_monotonic_ms(),
+                                _queue_counts(conn))
     return m.JoinGroupResponse(g.generation, member.member_id, list(member.assignment),
                                len(g.members))
 
