@@ -34,9 +34,10 @@ def test_subscribe_waits_for_the_topic_and_reads_it_from_auto_offset_reset(
     checks: list[float] = []
     real = Session.existing_topics
 
-    async def counted(self: Session, names: Iterable[str]) -> dict[str, TopicInfo]:
+    async def counted(self: Session, names: Iterable[str],
+                      timeout_s: float | None = None) -> dict[str, TopicInfo]:
         checks.append(time.monotonic())  # counts the metadata checks; the real one runs
-        return await real(self, names)
+        return await real(self, names, timeout_s=timeout_s)
 
     monkeypatch.setattr(Session, "existing_topics", counted)
     with PullConsumer(broker.address, "billing", auto_offset_reset="earliest") as c:
@@ -136,3 +137,14 @@ def test_a_member_subscribes_to_at_most_max_member_topics(tmp_path: Path) -> Non
         with pytest.raises(InvalidRequestError, match="max_member_topics=2"):
             c.subscribe("c")
         c.subscribe("b", "x || y")  # the refused topic was not kept: the member still joins
+
+
+def test_waiting_for_a_topic_does_not_hold_poll_during_an_outage(tmp_path: Path) -> None:
+    b = Broker(tmp_path / "d", port=0).start()
+    with PullConsumer(b.address, "g", reconnect_timeout_s=60) as c:
+        c.subscribe("later")
+        b.stop()
+        for _ in range(6):  # the checks for the topic (one a second) meet the lost broker
+            t0 = time.monotonic()
+            assert c.poll(timeout=0.5) == []
+            assert time.monotonic() - t0 < 2.5

@@ -76,9 +76,10 @@ class MissingTopics:
                     "%g s)", topic, self._recheck_s)
         return False
 
-    async def appeared(self) -> list[str]:
+    async def appeared(self, timeout_s: float | None = None) -> list[str]:
         """The awaited topics that exist now (no longer awaited); asks the broker at most
-        every ``recheck_s``, returns [] in between or when the broker cannot be asked."""
+        every ``recheck_s`` (waiting at most ``timeout_s`` for the answer; default: the
+        session's request timeout), returns [] in between or when the broker cannot be asked."""
         if not self._topics:
             return []
         loop = asyncio.get_running_loop()
@@ -87,7 +88,7 @@ class MissingTopics:
         self._next_check = loop.time() + self._recheck_s
         try:
             found = sorted(self._topics.intersection(
-                await self._session.existing_topics(self._topics)))
+                await self._session.existing_topics(self._topics, timeout_s=timeout_s)))
         except FerryMQError as exc:  # unreachable for now: the next check asks again
             log.debug("checking for topics %s failed: %s", self.names, exc)
             return []

@@ -396,14 +396,16 @@ class Session:
             return info
         raise UnknownTopicError(f"unknown topic {name!r}")
 
-    async def existing_topics(self, names: Iterable[str]) -> dict[str, TopicInfo]:
-        """Fresh metadata of those of ``names`` that exist now (one request, nothing created).
+    async def existing_topics(self, names: Iterable[str], *,
+                              timeout_s: float | None = None) -> dict[str, TopicInfo]:
+        """Fresh metadata of those of ``names`` that exist now (one request, nothing created;
+        ``timeout_s`` as in :meth:`request`).
 
         Raises:
             InvalidTopicNameError: a name no topic can have.
         """
         resp = await self.request(m.MetadataRequest(sorted(set(names)), False),
-                                  m.MetadataResponse)
+                                  m.MetadataResponse, timeout_s=timeout_s)
         out: dict[str, TopicInfo] = {}
         for tname, tid, queues, code, window in resp.topics:
             if code == ErrorCode.UNKNOWN_TOPIC:

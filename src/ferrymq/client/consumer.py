@@ -80,6 +80,8 @@ _COMMIT_RETRY = frozenset({ErrorCode.BROKER_SHUTTING_DOWN, ErrorCode.STORAGE_ERR
                            ErrorCode.REQUEST_TIMED_OUT, ErrorCode.BUSY})
 DEFAULT_FETCH_MAX_BYTES = 4 * 1024 * 1024
 MAX_POLL_WAIT_S = 30.0
+MIN_CHECK_WAIT_S = 1.0
+"""Least time poll() gives a check for awaited topics (it may outlast a shorter poll timeout)."""
 
 
 _TXN_BITS = ATTR_TRANSACTIONAL | ATTR_CONTROL
@@ -472,8 +474,8 @@ class AsyncPullConsumer:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(timeout, 0.0)
         while True:
-            if self._missing:
-                await self._read_appeared_topics()
+            if self._missing:  # (an outage must not hold poll() for a whole request timeout)
+                await self._read_appeared_topics(max(deadline - loop.time(), MIN_CHECK_WAIT_S))
             if self._need_join and self._subscriptions:
                 await self._join()
             if self._buffer:
@@ -640,9 +642,9 @@ class AsyncPullConsumer:
         if st.buffered == 0 and st.position is not None:
             st.position = max(st.position, nxt)
 
-    async def _read_appeared_topics(self) -> None:
+    async def _read_appeared_topics(self, timeout_s: float) -> None:
         """Start reading the awaited topics that exist now (a rejoin gets their queues)."""
-        if not await self._missing.appeared():
+        if not await self._missing.appeared(timeout_s):
             return
         if self._subscriptions:
             self._need_join = True
