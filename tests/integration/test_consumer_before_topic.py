@@ -28,8 +28,10 @@ def _poll_until(c: PullConsumer, n: int, timeout: float) -> list[ReceivedMessage
     return got
 
 
-def test_subscribe_waits_for_the_topic_and_reads_it_from_auto_offset_reset(
-        broker: Broker, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("reset", ["earliest", "latest"])
+def test_subscribe_waits_for_the_topic_and_reads_it_from_its_first_message(
+        broker: Broker, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch,
+        reset: str) -> None:
     caplog.set_level(logging.INFO, logger="ferrymq.client")
     checks: list[float] = []
     real = Session.existing_topics
@@ -40,7 +42,7 @@ def test_subscribe_waits_for_the_topic_and_reads_it_from_auto_offset_reset(
         return await real(self, names, timeout_s=timeout_s)
 
     monkeypatch.setattr(Session, "existing_topics", counted)
-    with PullConsumer(broker.address, "billing", auto_offset_reset="earliest") as c:
+    with PullConsumer(broker.address, "billing", auto_offset_reset=reset) as c:
         c.subscribe("orders")  # no producer has created it yet
         t0 = time.monotonic()
         while time.monotonic() - t0 < 3.0:
@@ -51,7 +53,8 @@ def test_subscribe_waits_for_the_topic_and_reads_it_from_auto_offset_reset(
         t1 = time.monotonic()
         got = _poll_until(c, 20, timeout=10)
         noticed_after = time.monotonic() - t1
-    # the messages produced before the consumer noticed the topic are read (earliest)
+    # the messages produced before the consumer noticed the topic are read, also with
+    # "latest": all of a topic created after the subscription is newer than the subscription
     assert sorted(m.body.decode() for m in got) == sorted(f"o{i}" for i in range(20))
     assert noticed_after < 3.0
     # about one metadata check a second while waiting: no busy loop, no request storm

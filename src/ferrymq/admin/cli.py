@@ -51,12 +51,7 @@ from ferrymq.broker.auth import User, read_users_file, update_users_file
 from ferrymq.client._transport import client_tls_context
 from ferrymq.client.message import Message, ReceivedMessage, SendResult
 from ferrymq.client.sync import AdminClient, Producer, PullConsumer
-from ferrymq.errors import (
-    FerryMQError,
-    UnknownGroupError,
-    UnknownTopicError,
-    UserAlreadyExistsError,
-)
+from ferrymq.errors import FerryMQError, UnknownGroupError, UserAlreadyExistsError
 from ferrymq.protocol import messages as m
 from ferrymq.protocol.auth import SALT_BYTES, ScramCredential, check_user_name
 from ferrymq.protocol.dedup import check_dedup_key
@@ -517,8 +512,15 @@ def consume(state: CliState, topic_name: str, group: str, tags: str, start: Posi
     """
     printer = state.printer
     received = 0
-    with _StopFlag() as stop, _subscribed(state, topic_name, group, tags) as (consumer, waiting):
-        if start is not None and not waiting:
+    with _StopFlag() as stop, PullConsumer(
+        state.server, group=group, auto_offset_reset="latest",
+        connect_timeout_s=state.connect_timeout_s,
+        reconnect_timeout_s=max(state.connect_timeout_s, 1.0), **state.client_options,
+    ) as consumer:
+        # a missing topic: the consumer says on stderr that it waits, and reads the topic from
+        # its first message once created (seeks find no queue of it to move)
+        consumer.subscribe(topic_name, tags)
+        if start is not None:
             _seek(consumer, topic_name, start)
         last_news = time.monotonic()
         while not stop.event.is_set():
@@ -537,30 +539,6 @@ def consume(state: CliState, topic_name: str, group: str, tags: str, start: Posi
                 if count is not None and received >= count:
                     break
         consumer.commit()
-
-
-@contextlib.contextmanager
-def _subscribed(state: CliState, topic_name: str, group: str,
-                tags: str) -> Iterator[tuple[PullConsumer, bool]]:
-    """A consumer subscribed to ``topic_name``, and whether it waits for the topic to be
-    created: then it reads the topic from its first message (every message of a topic created
-    after the command started is new to it). The waiting consumer's warning ("topic ... does
-    not exist yet: waiting for it to be created") is the line the user sees on stderr."""
-    options: dict[str, Any] = {
-        "group": group, "connect_timeout_s": state.connect_timeout_s,
-        "reconnect_timeout_s": max(state.connect_timeout_s, 1.0), **state.client_options}
-    with PullConsumer(state.server, auto_offset_reset="latest", require_topic=True,
-                      **options) as consumer:
-        try:
-            consumer.subscribe(topic_name, tags)
-        except UnknownTopicError:
-            pass
-        else:
-            yield consumer, False
-            return
-    with PullConsumer(state.server, auto_offset_reset="earliest", **options) as consumer:
-        consumer.subscribe(topic_name, tags)
-        yield consumer, True
 
 
 def _seek(consumer: PullConsumer, topic_name: str, start: Position) -> None:

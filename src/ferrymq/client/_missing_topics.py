@@ -9,8 +9,10 @@ a missing topic registers it here: :meth:`MissingTopics.check` logs one warning 
 fail-fast behaviour for catching typos), and :meth:`MissingTopics.appeared`, called from the
 consumer's loop as often as it likes, asks the broker at most every ``recheck_s`` (one small
 METADATA request without auto-creation: no busy loop, no request storm) and returns the topics
-that exist now, logging one info line for each. The consumer then reads them from where its
-start position says (``auto_offset_reset`` / ``start_from``).
+that exist now, logging one info line for each. :attr:`MissingTopics.waited` keeps every topic
+waited for: the consumer reads such a topic from its first message, whatever its start position
+says for other topics, since everything in a topic created after the subscription is newer than
+the subscription (push and simple consumers do the same on the broker).
 
 A name no topic can have is refused at once (``InvalidTopicNameError``): only a valid name is
 worth waiting for.
@@ -43,6 +45,8 @@ class MissingTopics:
         self._session = session
         self._recheck_s = recheck_s
         self._topics: set[str] = set()
+        self.waited: set[str] = set()
+        """Every topic waited for, also those that exist by now."""
         self._next_check = 0.0
 
     def __contains__(self, topic: object) -> bool:
@@ -71,6 +75,7 @@ class MissingTopics:
         if require:
             raise UnknownTopicError(f"unknown topic {topic!r} (require_topic=True)")
         self._topics.add(topic)
+        self.waited.add(topic)
         self._next_check = asyncio.get_running_loop().time() + self._recheck_s
         log.warning("topic %r does not exist yet: waiting for it to be created (checking every "
                     "%g s)", topic, self._recheck_s)
@@ -98,5 +103,6 @@ class MissingTopics:
         return found
 
     def discard(self, topic: str) -> None:
-        """Stop waiting for ``topic``."""
+        """Forget ``topic`` (it was not subscribed to after all)."""
         self._topics.discard(topic)
+        self.waited.discard(topic)

@@ -26,7 +26,9 @@ the membership alive and, when the group rebalances, the consumer commits what i
 A topic that does not exist yet is waited for (``_missing_topics.py``: one warning, a metadata
 check at most every second): a member joins with it anyway and the broker gives it the topic's
 queues once the topic is created (the group rebalances); an assigned queue of a missing topic is
-read from when its topic appears. ``require_topic=True`` raises ``UnknownTopicError`` instead.
+read from when its topic appears. Such a topic is read from its first message (where no offset
+is committed), also with "latest": all of it is newer than the subscription.
+``require_topic=True`` raises ``UnknownTopicError`` instead.
 
 A queue with no committed offset starts at ``auto_offset_reset`` ("latest" or "earliest"), as
 after an OFFSET_OUT_OF_RANGE (retention deleted the data under a committed offset).
@@ -116,9 +118,9 @@ class AsyncPullConsumer:
             :meth:`poll`), before a rebalance and on close.
         auto_commit_interval_s: seconds between two periodic auto-commits.
         auto_offset_reset: where a queue without a committed offset starts: "latest" or
-            "earliest". This also holds for a topic created after :meth:`subscribe`: with
-            "latest", messages written to it before the consumer noticed it (within about a
-            second) are not read; use "earliest" for a consumer that may start first.
+            "earliest". A topic this consumer waited for (created after :meth:`subscribe` or
+            :meth:`assign`) starts at its first message either way: all of it is newer than
+            the subscription.
         require_topic: :meth:`subscribe` and :meth:`assign` raise ``UnknownTopicError`` for a
             topic that does not exist (default False: wait for it to be created, logging one
             warning, checking at most every second).
@@ -359,10 +361,16 @@ class AsyncPullConsumer:
                 self._committed_positions[tq] = committed[tq]
             else:
                 unresolved.append(tq)
-        if unresolved:
-            await self._reset_to(unresolved, self._reset)
+        waited = [tq for tq in unresolved if tq[0] in self._missing.waited]
+        if waited:  # created after the subscription: all of it is new to this consumer
+            await self._reset_to(waited, OffsetSpec.EARLIEST)
+        rest = [tq for tq in unresolved if tq[0] not in self._missing.waited]
+        if rest:
+            await self._reset_to(rest, self._reset)
 
     async def _reset_to(self, queues: list[TopicQueue], spec: int) -> None:
+        if not queues:
+            return
         resp = await self._session.request(
             m.ListOffsetsRequest([(t, q, spec) for t, q in queues], self._isolation),
             m.ListOffsetsResponse
