@@ -18,12 +18,18 @@ TLS_NEEDED = "pass tls="
 """The broker's port may be TLS, and the client spoke plain TCP."""
 DELETE_DLQ = "delete_dlq=True"
 """A group's dead letters are deleted with it only when asked."""
+CONNECT_TIMEOUT = "(connect_timeout_s)"
+"""The budget of a client's first connection ran out."""
+RECONNECT_TIMEOUT = "(reconnect_timeout_s)"
+"""The budget of a reconnection ran out."""
 
 CLI_HINTS: dict[str, str] = {
     AUTH_NEEDED: "--user NAME with --password, or env FERRYMQ_USER and FERRYMQ_PASSWORD",
     AUTH_OFF: "connect without --user (and unset env FERRYMQ_USER)",
     TLS_NEEDED: "use --tls, or --tls-ca FILE to trust its CA (env FERRYMQ_TLS, FERRYMQ_TLS_CA)",
     DELETE_DLQ: "--delete-dlq",
+    CONNECT_TIMEOUT: "(--connect-timeout)",
+    RECONNECT_TIMEOUT: "(--connect-timeout)",
 }
 """Each Python hint and what the ``ferrymq`` command line says instead."""
 

@@ -8,7 +8,7 @@ with jittered exponential backoff, each attempt bounded by ``connect_timeout_s``
 
 * the *first* connection of a client gets ``connect_timeout_s`` (default 5 s) in all: a wrong
   address fails fast with ``ConnectionClosedError("cannot connect to HOST:PORT (connection
-  refused) within connect_timeout_s=5 s")``, naming every address tried and why it failed
+  refused) within 5 s (connect_timeout_s)")``, naming every address tried and why it failed
   (connection refused, timed out, name not resolved, ...);
 * once a client was connected, a lost connection is an *outage*: reconnecting gets
   ``reconnect_timeout_s`` (the seeds' 断线重连), logs one warning when the outage starts and one
@@ -42,7 +42,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from ferrymq._hints import TLS_NEEDED
+from ferrymq._hints import CONNECT_TIMEOUT, RECONNECT_TIMEOUT, TLS_NEEDED
 from ferrymq._version import __version__
 from ferrymq.client._transport import TIMED_OUT, Transport, client_tls_context, connect_failure
 from ferrymq.client._transport import TLSOption as TLSOption
@@ -218,7 +218,7 @@ class Session:
     async def _connect(self) -> Transport:
         loop = asyncio.get_running_loop()
         first = self.hello is None
-        budget_name = "connect_timeout_s" if first else "reconnect_timeout_s"
+        budget_name = CONNECT_TIMEOUT if first else RECONNECT_TIMEOUT
         budget = self.connect_timeout_s if first else self.reconnect_timeout_s
         deadline = loop.time() + budget
         if not first and self._outage_since is None:
@@ -259,8 +259,8 @@ class Session:
             raise ConnectionClosedError("client is closed")
         tried = ", ".join(f"{h}:{p} ({why})" for (h, p), why in failures.items())
         raise ConnectionClosedError(
-            f"cannot {'connect' if first else 'reconnect'} to {tried} within "
-            f"{budget_name}={budget:g} s")
+            f"cannot {'connect' if first else 'reconnect'} to {tried} within {budget:g} s "
+            f"{budget_name}")
 
     async def _attempt(self, host: str, port: int, timeout_s: float) -> Transport | str:
         """One connection attempt, handshake included: the open connection (``self.hello`` set),
