@@ -65,6 +65,9 @@ log = logging.getLogger("ferrymq.client")
 B = TypeVar("B", bound=m.Body)
 
 DEFAULT_PORT = 9876
+MIN_ATTEMPT_S = 0.05
+"""A connection attempt is not started with less of its budget left than this: it could only
+time out (and a refused port would be reported as timed out)."""
 
 Auth = tuple[str, str]
 """``(user, secret)`` -- the seeds' (app key, app secret)."""
@@ -244,6 +247,8 @@ class Session:
                 if loop.time() >= deadline:
                     break
                 await asyncio.sleep(min(self.backoff.delay(attempt), max(0.0, deadline - loop.time())))
+                if deadline - loop.time() < MIN_ATTEMPT_S:
+                    break
                 continue
             conn = result
             if self._outage_since is not None:

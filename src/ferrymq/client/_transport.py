@@ -121,20 +121,21 @@ class Transport(asyncio.BufferedProtocol):
                 handshake its ``__cause__`` is the ``ssl.SSLError``.
         """
         loop = asyncio.get_running_loop()
-
-        async def open_() -> Transport:
-            sock = await _sockets.connect(host, port)
+        deadline = loop.time() + timeout_s
+        try:
+            sock = await asyncio.wait_for(_sockets.connect(host, port), timeout_s)
+            # Not cancelled from outside: once create_connection made a transport, the transport
+            # owns the socket (a cancelled TLS transport may still be flushing its shutdown;
+            # closing the socket under it let the next socket reuse a descriptor asyncio still
+            # had registered: "File descriptor N is used by transport"). asyncio's own TLS
+            # handshake timeout bounds the rest.
             try:
                 _, proto = await loop.create_connection(
                     cls, sock=sock, ssl=tls, server_hostname=host if tls else None,
-                    ssl_handshake_timeout=timeout_s if tls else None)
-            except BaseException:
+                    ssl_handshake_timeout=max(deadline - loop.time(), 0.001) if tls else None)
+            except Exception:  # the transport, if any, is closed by asyncio
                 sock.close()
                 raise
-            return proto
-
-        try:
-            proto = await asyncio.wait_for(open_(), timeout_s)
         except ssl.SSLError as exc:
             raise ConnectionClosedError(
                 f"TLS handshake with {host}:{port} failed: {exc.reason or exc} (is the broker's "
