@@ -7,8 +7,9 @@ A member registers with its first subscription, never before: the broker checks 
 subscription before it creates the group, so a consumer whose start fails (a bad topic name,
 no right to read it) leaves no group behind. A subscribed topic that does not exist yet is not
 an error (unless ``require_topic``): :meth:`DeliveryCore.check_topics` logs one warning naming
-it, the broker records the subscription and starts delivering the topic, from its first
-message, once it exists (a long poll looks for it every second).
+it (:class:`~ferrymq.client._missing_topics.MissingTopics`, as for the pull consumer), the
+broker records the subscription and starts delivering the topic, from its first message, once
+it exists (a long poll looks for it every second).
 :class:`LeasedMessage` is a :class:`~ferrymq.client.message.ReceivedMessage` that also carries
 its receipt and ``reconsume_times``; for a redelivered message (a letter of the group's retry
 queue) it shows the original topic, queue, offset and id, and hides the ``%`` properties.
@@ -21,6 +22,7 @@ import contextlib
 import logging
 from collections.abc import Sequence
 
+from ferrymq.client._missing_topics import MissingTopics
 from ferrymq.client._session import Session
 from ferrymq.client.message import BatchContext, ReceivedMessage
 from ferrymq.errors import (
@@ -33,7 +35,6 @@ from ferrymq.errors import (
     InvalidReceiptError,
     UnknownGroupError,
     UnknownMemberError,
-    UnknownTopicError,
     error_for_code,
 )
 from ferrymq.protocol import messages as m
@@ -190,8 +191,9 @@ class DeliveryCore:
         )
         self.max_reconsume = -1 if max_reconsume is None else max_reconsume
         self.subscriptions: dict[str, str] = {}
-        self.awaiting: set[str] = set()
-        """Subscribed topics that did not exist when checked (warned about once each)."""
+        self.awaiting = MissingTopics(session)
+        """Subscribed topics that did not exist when checked (warned about once each); the
+        broker delivers them once they exist, so only the first message of one ends the wait."""
         self.member_id = ""
         self.members = 0
         self._hb_task: asyncio.Task[None] | None = None
@@ -212,23 +214,10 @@ class DeliveryCore:
 
         Raises:
             UnknownTopicError: ``require`` and a topic does not exist.
+            InvalidTopicNameError: a name no topic can have.
         """
-        todo = [t for t in topics if t not in self.awaiting]
-        if not todo:
-            return
-        resp = await self.session.request(m.MetadataRequest(todo, False), m.MetadataResponse)
-        found = {name for name, _, _, code, _ in resp.topics if not code}
-        for topic in todo:
-            if topic in found:
-                continue
-            if require:
-                raise UnknownTopicError(
-                    f"topic {topic!r} does not exist (require_topic=True: create it first, or "
-                    f"leave require_topic off to wait for it)")
-            self.awaiting.add(topic)
-            log.warning("delivery group %s: topic %r does not exist yet; waiting for it "
-                        "(its messages are delivered from the first one once it is created)",
-                        self.group, topic)
+        for topic in topics:
+            await self.awaiting.check(topic, require=require)
 
     async def heartbeat(self) -> None:
         """Register or refresh this member (and the group's retry policy)."""
@@ -296,7 +285,7 @@ class DeliveryCore:
         raise AssertionError("unreachable")
 
     def _arrived(self, msgs: list[LeasedMessage]) -> None:
-        for topic in {x.topic for x in msgs} & self.awaiting:
+        for topic in {x.topic for x in msgs}.intersection(self.awaiting.names):
             self.awaiting.discard(topic)
             log.info("delivery group %s: topic %r exists now; receiving", self.group, topic)
 

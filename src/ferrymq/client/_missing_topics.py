@@ -73,7 +73,9 @@ class MissingTopics:
         if topic in await self._session.existing_topics([topic]):
             return True
         if require:
-            raise UnknownTopicError(f"unknown topic {topic!r} (require_topic=True)")
+            raise UnknownTopicError(
+                f"topic {topic!r} does not exist (require_topic=True: create it first, or leave "
+                "require_topic off to wait for it)")
         self._topics.add(topic)
         self.waited.add(topic)
         self._next_check = asyncio.get_running_loop().time() + self._recheck_s
