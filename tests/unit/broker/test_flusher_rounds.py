@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from ferrymq.broker import flusher as flusher_module
-from ferrymq.broker.flusher import PARALLEL_AFTER_S, Flusher
+from ferrymq.broker.flusher import Flusher
 from ferrymq.errors import StorageFailureError
 from ferrymq.storage.aio import AioFsync
 
@@ -53,7 +53,14 @@ async def _round(flusher: Flusher, files: list[_File]) -> set[str]:
     return {t for f in files for t in f.threads}
 
 
-def test_parallel_only_after_a_slow_round() -> None:
+SLOW_ROUND_S = 0.1
+"""The slow-round threshold these tests pin (the broker's is 2 ms): a round of instant fsyncs
+on a crowded CI machine can take a few ms, never 100."""
+
+
+def test_parallel_only_after_a_slow_round(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(flusher_module, "PARALLEL_AFTER_S", SLOW_ROUND_S)
+
     async def main() -> None:
         flusher = Flusher(asyncio.get_running_loop(), sync=True, interval_ms=200, threads=4,
                           aio=False)
@@ -63,7 +70,7 @@ def test_parallel_only_after_a_slow_round() -> None:
             assert await _round(flusher, fast) == {"ferrymq-flusher"}
             assert await _round(flusher, fast) == {"ferrymq-flusher"}
             assert flusher.parallel_rounds == 0
-            slow = [_File(PARALLEL_AFTER_S * 2) for _ in range(4)]
+            slow = [_File(SLOW_ROUND_S * 2) for _ in range(4)]
             assert await _round(flusher, slow) == {"ferrymq-flusher"}  # learnt after it
             threads = await _round(flusher, slow)
             assert "ferrymq-flusher" in threads and len(threads) >= 2  # now on the pool too
@@ -79,12 +86,14 @@ def test_parallel_only_after_a_slow_round() -> None:
     asyncio.run(main())
 
 
-def test_one_thread_never_uses_a_pool() -> None:
+def test_one_thread_never_uses_a_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(flusher_module, "PARALLEL_AFTER_S", SLOW_ROUND_S)
+
     async def main() -> None:
         flusher = Flusher(asyncio.get_running_loop(), sync=True, interval_ms=200, threads=1)
         flusher.start()
         try:
-            slow = [_File(PARALLEL_AFTER_S * 2) for _ in range(3)]
+            slow = [_File(SLOW_ROUND_S * 2) for _ in range(3)]
             for _ in range(3):
                 assert await _round(flusher, slow) == {"ferrymq-flusher"}
             assert flusher.parallel_rounds == 0
