@@ -451,9 +451,10 @@ class PolicyViolationError(BrokerError):
     """A broker limit refused it (`max_topics`, `max_total_queues`, ...); nothing was created.
 
     The message names the limit and its value (`max_topics`, `max_total_queues`,
-    `auto_create_topics_per_minute`). Not retriable as it is: the limit stays until the
-    operator raises it or topics are deleted (a per-minute limit carries a retry-after: when
-    the next creation would be allowed).
+    `auto_create_topics_per_minute`, `max_delivery_groups`, `max_consumer_groups`). Not
+    retriable as it is: the limit stays until the operator raises it or topics or groups are
+    deleted (a per-minute limit carries a retry-after: when the next creation would be
+    allowed).
     """
 
     code = ErrorCode.POLICY_VIOLATION

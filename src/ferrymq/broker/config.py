@@ -95,10 +95,26 @@ class BrokerConfig:
         "POLICY_VIOLATION with a retry-after. Explicit creation (`ferrymq topic create`) is "
         "bounded by max_topics and max_total_queues only.",
     )
+    max_delivery_groups: int = _f(
+        10_000,
+        "Most delivery groups (push and simple consumers; each broadcasting consumer is one) "
+        "on the broker; a new one beyond it is refused with POLICY_VIOLATION naming this "
+        "limit, before anything is created. Each costs memory, a directory with a snapshot "
+        "and a journal, and work at every delivery tick while it has members; its journal's "
+        "descriptor is in the descriptor cache (max_open_segments), closed while it is idle.",
+    )
+    max_consumer_groups: int = _f(
+        10_000,
+        "Most pull consumer groups (PullConsumer: committed offsets) on the broker; a new one "
+        "beyond it (a join, a commit or an offset reset naming an unknown group) is refused "
+        "with POLICY_VIOLATION naming this limit. Each costs memory and an offsets file; no "
+        "descriptor.",
+    )
     max_open_segments: int = _f(
         0,
-        "Most segment files kept open at once over all queues (a least-recently-used cache: "
-        "idle queues' files are closed, and opened again on use). 0: what the descriptor "
+        "Most segment files (and delivery-group journals) kept open at once over all queues "
+        "and groups (a least-recently-used cache: idle queues' and groups' files are closed, "
+        "and opened again on use). 0: what the descriptor "
         "limit (RLIMIT_NOFILE, raised to its hard limit at start) leaves after connections; "
         "the start log says the numbers (docs/operations.md).",
     )
@@ -329,7 +345,7 @@ class BrokerConfig:
             "txn_id_expiration_ms", "auth_timeout_ms", "max_connections_per_ip",
             "max_write_queue_bytes", "write_stall_timeout_ms", "disk_check_interval_ms",
             "busy_retry_after_ms", "max_topics", "max_total_queues",
-            "auto_create_topics_per_minute",
+            "auto_create_topics_per_minute", "max_delivery_groups", "max_consumer_groups",
         )
         for name in positive:
             if getattr(self, name) <= 0:

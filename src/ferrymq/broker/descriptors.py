@@ -7,16 +7,16 @@ for Kafka; the hard limit is the operator's: ``ulimit -Hn``, systemd's ``LimitNO
 container's ``--ulimit nofile``) and splits what it got (:func:`plan_descriptors`):
 
 * :data:`RESERVED_DESCRIPTORS` for the process itself: standard streams, the data directory's
-  lock, the listener, the event loop's and AIO's descriptors, the delivery groups' journals and
-  the scheduler's bucket files, and the short-lived ones (atomic writes, directory fsyncs,
-  checkpoints, key-index files);
+  lock, the listener, the event loop's and AIO's descriptors, the scheduler's bucket files, and
+  the short-lived ones (atomic writes, directory fsyncs, checkpoints, key-index files);
 * connections: ``max_connections``, at most three quarters of the rest;
-* segment files: the rest (or ``max_open_segments``), the capacity of the descriptor cache
-  that all queues share (:mod:`ferrymq.storage.handles`).
+* segment files and delivery-group journals: the rest (or ``max_open_segments``), the capacity
+  of the descriptor cache that all queues and groups share (:mod:`ferrymq.storage.handles`).
 
-So the number of queues is not bounded by descriptors: an idle queue holds none, a queue in use
-holds one (its active segment's ``.log``; more while a consumer reads old segments), and the
-budget says how many can be in use at once before files are closed and opened again. The start
+So the number of queues (and of delivery groups) is not bounded by descriptors: an idle queue
+or group holds none, a queue in use holds one (its active segment's ``.log``; more while a
+consumer reads old segments), a group in use one (its journal), and the budget says how many
+can be in use at once before files are closed and opened again. The start
 log says it (:meth:`DescriptorBudget.describe`). The broker refuses to start (``ConfigError``)
 when the limit cannot hold the reserve, :data:`MIN_OPEN_SEGMENTS` segment files and
 :data:`MIN_CONNECTIONS` connections, or when ``max_open_segments`` leaves fewer than
@@ -119,7 +119,8 @@ class DescriptorBudget:
         raised_from: the soft limit before the broker raised it (== ``limit``: not raised).
         reserved: kept for the process itself.
         connections: room left for connections.
-        open_segments: capacity of the descriptor cache of segment files.
+        open_segments: capacity of the descriptor cache of segment files and delivery-group
+            journals.
     """
 
     limit: int
@@ -128,15 +129,16 @@ class DescriptorBudget:
     connections: int
     open_segments: int
 
-    def describe(self, max_total_queues: int) -> str:
+    def describe(self, max_total_queues: int, max_delivery_groups: int) -> str:
         """The start log's sentence."""
         raised = (f" (soft limit raised from {self.raised_from})"
                   if self.raised_from != self.limit else "")
-        return (f"descriptor limit {self.limit}{raised}: serves any number of queues (at most "
-                f"max_total_queues={max_total_queues}), {self.open_segments} of them in use at "
-                f"once without reopening files (segment files open at most: max_open_segments, "
-                f"idle queues hold none); room for {self.connections} connections, "
-                f"{self.reserved} reserved")
+        return (f"descriptor limit {self.limit}{raised}: serves any number of queues and "
+                f"delivery groups (at most max_total_queues={max_total_queues}, "
+                f"max_delivery_groups={max_delivery_groups}), {self.open_segments} of them in "
+                f"use at once without reopening files (segment files and group journals open at "
+                f"most: max_open_segments, idle queues and groups hold none); room for "
+                f"{self.connections} connections, {self.reserved} reserved")
 
 
 def plan_descriptors(limit: int, *, max_connections: int, max_open_segments: int,

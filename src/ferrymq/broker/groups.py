@@ -30,6 +30,9 @@ other state)::
     queue counts of  -                STABLE, gen+1 if a member subscribes to one
       topics change
 
+A new group beyond ``max_consumer_groups`` (a join, a commit or an offset reset that names an
+unknown group) is refused with POLICY_VIOLATION before it exists (:meth:`GroupCoordinator.check_new`).
+
 Committed offsets survive restarts: each group's offsets are one checkpoint file
 (``groups/<group>``), rewritten atomically (write, fsync, rename) on every commit. Deleting a
 group (``ferrymq group delete``, only while it has no member) removes that file: a member that
@@ -53,6 +56,7 @@ from ferrymq.errors import (
     IllegalGenerationError,
     InvalidRequestError,
     NonEmptyGroupError,
+    PolicyViolationError,
     RebalanceInProgressError,
     UnknownGroupError,
     UnknownMemberError,
@@ -121,10 +125,12 @@ def assign_averagely(
 class GroupCoordinator:
     """All groups of this broker."""
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, *, max_groups: int = 0) -> None:
         self._dir = data_dir / "groups"
         self.groups: dict[str, Group] = {}
         self._queue_counts: dict[str, int] = {}  # as of the last sync_queue_counts()
+        self.max_groups = max_groups
+        """Most groups (``max_consumer_groups``; 0: no limit): see :meth:`check_new`."""
 
     def load(self) -> None:
         """Read every group's committed offsets."""
@@ -161,10 +167,32 @@ class GroupCoordinator:
             raise UnknownGroupError(f"unknown group {name!r}")
         return g
 
-    def _get_or_create(self, name: str) -> Group:
+    def check_new(self, name: str) -> None:
+        """Refuse to create the group ``name`` (unless it exists) when the broker has
+        ``max_groups`` groups.
+
+        Raises:
+            PolicyViolationError: naming ``max_consumer_groups``.
+        """
+        n = len(self.groups)
+        if self.max_groups and n >= self.max_groups and name not in self.groups:
+            raise PolicyViolationError(
+                f"consumer group {name[:249]!r} not created: the broker has {n} consumer "
+                f"groups, max_consumer_groups={self.max_groups} (delete unused ones: ferrymq "
+                "group delete)")
+
+    def _get_or_create(self, name: str, *, limited: bool = True) -> Group:
+        """The group ``name``, created if new (within ``max_groups`` when ``limited``).
+
+        Raises:
+            InvalidRequestError: not a valid group name.
+            PolicyViolationError: see :meth:`check_new`.
+        """
         check_group_name(name)
         g = self.groups.get(name)
         if g is None:
+            if limited:
+                self.check_new(name)
             g = self.groups[name] = Group(name)
         return g
 
@@ -291,8 +319,9 @@ class GroupCoordinator:
 
     def apply_txn_offsets(self, name: str, offsets: dict[tuple[str, int], int]) -> None:
         """Store offsets a committed transaction carried (durably, before returning).
-        Idempotent: recovery may apply the same offsets again."""
-        g = self._get_or_create(name)
+        Idempotent: recovery may apply the same offsets again. Not limited by ``max_groups``
+        (checked when the offsets joined the transaction: a commit is never half-applied)."""
+        g = self._get_or_create(name, limited=False)
         self._save(g, {**g.offsets, **offsets})
 
     def committed(self, name: str) -> dict[tuple[str, int], int]:

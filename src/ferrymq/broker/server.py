@@ -99,7 +99,7 @@ class BrokerServer:
         self.transactions: TransactionManager
         self.txn: TxnCoordinator
         self.dedup: Deduplicator
-        self.groups = GroupCoordinator(self.data_dir)
+        self.groups = GroupCoordinator(self.data_dir, max_groups=config.max_consumer_groups)
         self.producer_ids = ProducerIdManager(self.data_dir)
         self._server: asyncio.Server | None = None
         self._lock_file: IO[bytes] | None = None
@@ -163,7 +163,7 @@ class BrokerServer:
         self.transactions.start()
         log.info("FerryMQ %s broker listening on %s:%d (data %s, flush %s)", __version__,
                  self.address[0], self.address[1], self.data_dir.resolve(), self.config.flush)
-        log.info("%s", self.descriptors.describe(cfg.max_total_queues))
+        log.info("%s", self.descriptors.describe(cfg.max_total_queues, cfg.max_delivery_groups))
         if cfg.max_connections > self.descriptors.connections:
             log.warning("max_connections=%d is above the %d connections the descriptor limit "
                         "leaves room for: connections beyond those are refused when accepted "

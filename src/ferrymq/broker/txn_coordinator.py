@@ -590,6 +590,8 @@ class TxnCoordinator:
         meta = self._meta(req.transactional_id, req.producer_id, req.producer_epoch)
         check_group_name(req.group)
         g = self.groups.groups.get(req.group)
+        if g is None:
+            self.groups.check_new(req.group)
         if req.generation >= 0:
             if g is None or req.member_id not in g.members:
                 raise UnknownMemberError(f"group {req.group!r} has no member {req.member_id!r}")

@@ -14,6 +14,13 @@ flusher thread calls :meth:`Journal.flush`, which fsyncs and returns the byte po
 durable. Appends and fsyncs may interleave: the position returned is the one read before the
 fsync started, so it never claims more than was covered.
 
+The descriptor is a :class:`~ferrymq.storage.handles.FileHandle` of a cache the owner passes
+(the broker's one cache, shared with every segment file), so a journal nobody writes to holds
+no descriptor: the cache closes it once an fsync covered its writes, and the next append opens
+it again. A broker with many delivery groups therefore holds at most the cache's capacity of
+descriptors for them, not one per group. An append that cannot get a descriptor (EMFILE,
+ENFILE) raises ``OSError`` before writing anything.
+
 :func:`Journal.open` replays the file. A record whose length or CRC does not check, and
 everything after it, is a torn tail from a crash during an append: it is truncated and reported
 (``dropped_bytes``). Records are only ever appended after earlier ones were written, so the
@@ -36,6 +43,7 @@ import msgpack
 from ferrymq.errors import CorruptRecordError, LogClosedError
 from ferrymq.protocol.records import crc32c
 from ferrymq.storage.files import rewrite_in_place
+from ferrymq.storage.handles import FileHandle, FileHandles
 
 __all__ = ["MAX_JOURNAL_RECORD_BYTES", "Journal"]
 
@@ -43,14 +51,16 @@ MAX_JOURNAL_RECORD_BYTES = 16 << 20
 """Largest record accepted (and believed on replay: a larger length is a torn tail)."""
 
 _HEAD = struct.Struct("<II")
+_FLAGS = os.O_RDWR | os.O_APPEND
 
 
 class Journal:
-    """One journal file. ``append`` on one thread, ``flush`` from any."""
+    """One journal file. ``append`` on one thread (the owner of its descriptor cache), ``flush``
+    from any."""
 
-    def __init__(self, path: Path, fd: int, size: int) -> None:
+    def __init__(self, path: Path, handle: FileHandle, size: int) -> None:
         self.path = path
-        self._fd = fd
+        self._handle = handle
         self._size = size
         self._durable = size
         self._lock = threading.Lock()  # size, durable, closed
@@ -59,10 +69,17 @@ class Journal:
         self.dropped_bytes = 0
 
     @classmethod
-    def open(cls, path: Path) -> tuple[Journal, list[Any]]:
+    def open(cls, path: Path, handles: FileHandles | None = None) -> tuple[Journal, list[Any]]:
         """Open (or create) the journal at ``path``; return it and its records in order.
 
         A torn tail is truncated (see :attr:`dropped_bytes`).
+
+        Args:
+            path: the journal file.
+            handles: the descriptor cache its descriptor lives in (None: a cache of its own).
+
+        Raises:
+            OSError: the file cannot be read, created or repaired (EMFILE, ENOSPC, ...).
         """
         data = path.read_bytes() if path.exists() else b""
         records: list[Any] = []
@@ -81,11 +98,17 @@ class Journal:
             except Exception:  # noqa: BLE001 - a CRC-valid but undecodable record: stop here
                 break
             pos = end
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
-        j = cls(path, fd, pos)
+        handle = (handles or FileHandles()).register(path, _FLAGS,
+                                                     create_flags=_FLAGS | os.O_CREAT)
+        j = cls(path, handle, pos)
         if pos < n:
-            os.ftruncate(fd, pos)
-            os.fsync(fd)
+            try:
+                fd = handle.get()
+                os.ftruncate(fd, pos)
+                os.fsync(fd)  # before the handle may be evicted: it holds no unsynced write
+            except BaseException:
+                handle.close()
+                raise
             j.dropped_bytes = n - pos
         return j, records
 
@@ -105,7 +128,8 @@ class Journal:
         Raises:
             LogClosedError: the journal is closed.
             ValueError: the record is larger than MAX_JOURNAL_RECORD_BYTES.
-            OSError: the write failed.
+            OSError: the write failed, or no descriptor could be opened for it (nothing
+                written).
         """
         if self._closed:
             raise LogClosedError(f"journal {self.path} is closed")
@@ -113,16 +137,47 @@ class Journal:
         if len(payload) > MAX_JOURNAL_RECORD_BYTES:
             raise ValueError(f"journal record of {len(payload)} bytes")
         buf = _HEAD.pack(len(payload), crc32c(payload)) + payload
+        handle = self._handle
+        fd = handle.get()
         with self._lock:
-            written = os.write(self._fd, buf)
+            try:
+                written = os.write(fd, buf)
+            except OSError:
+                handle.wrote()  # it may have written part of it: keep it open until fsynced
+                raise
+            handle.wrote()
             if written != len(buf):  # a short write (no space for the rest): cut it back
                 try:
-                    os.ftruncate(self._fd, self._size)
+                    os.ftruncate(fd, self._size)
                 except OSError:  # a torn tail that cannot be cut: refuse to go on
                     self._closed = True
                 raise OSError(errno.ENOSPC, f"short write to {self.path} (no space left)")
             self._size += len(buf)
             return self._size
+
+    def hold(self) -> None:
+        """Open the descriptor now if it is closed, and keep it open until :meth:`release`
+        (owner thread): a caller about to change state and journal it checks this way, before
+        changing anything, that the appends will have a descriptor.
+
+        Raises:
+            LogClosedError: the journal is closed.
+            OSError: no descriptor (EMFILE, ENFILE) or the file is gone.
+        """
+        if self._closed:
+            raise LogClosedError(f"journal {self.path} is closed")
+        self._handle.get()
+        if self._handle.pin() is None:  # cannot be: get() opened it on this thread
+            raise LogClosedError(f"journal {self.path} is closed")
+
+    def release(self) -> None:
+        """End a :meth:`hold`."""
+        self._handle.unpin()
+
+    @property
+    def is_open(self) -> bool:
+        """Whether its descriptor is open now (an idle journal's is closed by the cache)."""
+        return self._handle.fd is not None
 
     def flush(self) -> int:
         """fsync; return the byte position now durable."""
@@ -131,7 +186,7 @@ class Journal:
                 if self._closed:
                     return self._durable
                 target = self._size
-            os.fsync(self._fd)
+            self._handle.fsync()  # closed: every write was fsynced before it was closed
             with self._lock:
                 if target > self._durable:
                     self._durable = target
@@ -153,7 +208,7 @@ class Journal:
                 if self._closed:
                     raise LogClosedError(f"journal {self.path} is closed")
                 start, end = self._durable, self._size
-            data = os.pread(self._fd, end - start, start)
+            data = os.pread(self._handle.get(), end - start, start)
             pos = 0
             while pos + _HEAD.size <= len(data):
                 length, crc = _HEAD.unpack_from(data, pos)
@@ -175,7 +230,7 @@ class Journal:
                 return
             self._closed = True
             try:
-                os.fsync(self._fd)
+                self._handle.fsync()
                 self._durable = self._size
             finally:
-                os.close(self._fd)
+                self._handle.close()

@@ -31,17 +31,18 @@ def test_plan_of_a_roomy_limit() -> None:
     b = plan_descriptors(20_000, max_connections=10_000, max_open_segments=0, raised_from=1024)
     assert (b.reserved, b.connections, b.open_segments) == (RESERVED_DESCRIPTORS, 10_000,
                                                            20_000 - RESERVED_DESCRIPTORS - 10_000)
-    text = b.describe(40_000)
+    text = b.describe(40_000, 10_000)
     assert "descriptor limit 20000 (soft limit raised from 1024)" in text
     assert f"{b.open_segments} of them in use at once" in text
     assert "max_total_queues=40000" in text and "room for 10000 connections" in text
+    assert "max_delivery_groups=10000" in text and "group journals" in text
 
 
 def test_plan_of_a_small_limit_keeps_a_quarter_for_files() -> None:
     b = plan_descriptors(256, max_connections=10_000, max_open_segments=0)
     assert b.connections + b.open_segments + b.reserved == 256
     assert b.open_segments == 48 and b.connections == 144
-    assert "raised" not in b.describe(10)
+    assert "raised" not in b.describe(10, 10)
 
 
 def test_plan_refuses_a_limit_too_small() -> None:

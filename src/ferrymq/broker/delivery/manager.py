@@ -80,6 +80,7 @@ from ferrymq.errors import (
     InvalidRequestError,
     MemberConflictError,
     NonEmptyGroupError,
+    PolicyViolationError,
     StorageFailureError,
     UnknownGroupError,
     UnknownMemberError,
@@ -224,6 +225,7 @@ class DeliveryManager:
         self.scheduler = scheduler  # runs the retry ladder (see the module docstring)
         self.sync = config.flush == "sync"
         self.dir = data_dir / "delivery"
+        self.handles = topics.handles  # the journals' descriptors share the segments' cache
         self.groups: dict[str, DeliveryGroup] = {}
         self.stores: dict[str, GroupStore] = {}
         self._next_lease = 1
@@ -256,7 +258,7 @@ class DeliveryManager:
             self._remove_deleted(d)
 
     def _load_group(self, d: Path) -> DeliveryGroup:
-        store, snap, records = GroupStore.load(d)
+        store, snap, records = GroupStore.load(d, self.handles)
         g = DeliveryGroup(d.name, list(DEFAULT_RETRY_DELAYS_MS), DEFAULT_MAX_RECONSUME)
         if snap is not None:
             self._apply_snapshot(g, snap)
@@ -543,10 +545,28 @@ class DeliveryManager:
         return g
 
     def _get_or_create(self, name: str) -> DeliveryGroup:
+        """The group ``name``; a new one within ``max_delivery_groups`` (checked first).
+
+        Raises:
+            InvalidRequestError: not a valid group name.
+            PolicyViolationError: the broker has ``max_delivery_groups`` groups.
+            OSError: its files cannot be created (nothing is left).
+        """
         g = self.groups.get(name)
         if g is None:
             check_delivery_group_name(name)
-            g = self._load_group(self.dir / name)
+            limit = self.config.max_delivery_groups
+            if len(self.groups) >= limit:
+                raise PolicyViolationError(
+                    f"delivery group {name!r} not created: the broker has {len(self.groups)} "
+                    f"delivery groups, max_delivery_groups={limit} (delete unused ones: ferrymq "
+                    "group delete)")
+            d = self.dir / name
+            try:
+                g = self._load_group(d)
+            except BaseException:
+                shutil.rmtree(d, ignore_errors=True)
+                raise
             log.info("created delivery group %s", name)
         return g
 
@@ -580,6 +600,7 @@ class DeliveryManager:
         refused first heartbeat leaves no group behind.
 
         Raises:
+            PolicyViolationError: a new group beyond ``max_delivery_groups``.
             InvalidRequestError: a bad policy, or ``orderly`` differs from the group's (fixed
                 when the group was created).
             InvalidTopicNameError: a subscription names an impossible topic.

@@ -5,10 +5,15 @@ Files in ``<data_dir>/delivery/<group>/``::
     state         checkpoint (msgpack map): the group's state as of journal generation G
     journal.<G>   every change since that snapshot (see ferrymq.storage.journal)
 
-Loading reads ``state`` (if any), then replays ``journal.<G>``. Compaction writes a new
-snapshot with generation G+1 (atomic), starts ``journal.<G+1>`` and deletes the old journal; a
-crash in between leaves either the old snapshot with its journal or the new snapshot with an
-empty (or missing) journal, both complete. Stray journals of other generations are deleted.
+Loading reads ``state`` (if any), then replays ``journal.<G>``. Compaction creates an empty
+``journal.<G+1>``, writes a new snapshot with generation G+1 (atomic) and deletes the old
+journal; a crash (or a failure: no descriptor, no space) in between leaves either the old
+snapshot with its journal or the new snapshot with an empty journal, both complete. Stray
+journals of other generations are deleted.
+
+The journal's descriptor lives in the broker's descriptor cache
+(:class:`~ferrymq.storage.handles.FileHandles`, shared with the segment files): an idle group
+holds none.
 
 The store is a :class:`~ferrymq.broker.flusher.Flushable`: appends are fsynced by the broker's
 group-commit flusher, and :meth:`GroupStore.when_durable` runs a callback once a position is
@@ -20,6 +25,7 @@ Any other fsync failure fails every later append until a restart.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections import deque
 from collections.abc import Callable
@@ -32,6 +38,7 @@ from ferrymq._faults import enospc_point
 from ferrymq.broker.flusher import flush_postponed
 from ferrymq.errors import CorruptRecordError
 from ferrymq.storage import read_checkpoint, write_checkpoint
+from ferrymq.storage.handles import FileHandles
 from ferrymq.storage.journal import Journal
 
 log = logging.getLogger("ferrymq.broker")
@@ -49,19 +56,27 @@ Callback = Callable[[BaseException | None], None]
 class GroupStore:
     """The snapshot and journal of one delivery group."""
 
-    def __init__(self, directory: Path, gen: int, journal: Journal) -> None:
+    def __init__(self, directory: Path, gen: int, journal: Journal,
+                 handles: FileHandles | None = None) -> None:
         self.directory = directory
         self.gen = gen
         self.journal = journal
+        self.handles = handles
         self.waiters: deque[tuple[int, Callback]] = deque()
         self.failed: BaseException | None = None
 
     @classmethod
-    def load(cls, directory: Path) -> tuple[GroupStore, dict[str, Any] | None, list[Any]]:
+    def load(cls, directory: Path, handles: FileHandles | None = None
+             ) -> tuple[GroupStore, dict[str, Any] | None, list[Any]]:
         """Open the group's files: the store, its snapshot (None: new group), journal records.
+
+        Args:
+            directory: the group's directory (created if missing).
+            handles: the descriptor cache the journal's descriptor lives in.
 
         Raises:
             CorruptRecordError: the snapshot is damaged (refused: it is authoritative).
+            OSError: a file cannot be read or created (EMFILE, ENOSPC, ...).
         """
         directory.mkdir(parents=True, exist_ok=True)
         raw = read_checkpoint(directory / STATE_FILE)
@@ -78,11 +93,11 @@ class GroupStore:
         for p in directory.glob("journal.*"):
             if p.name != f"journal.{gen}":
                 p.unlink()
-        journal, records = Journal.open(directory / f"journal.{gen}")
+        journal, records = Journal.open(directory / f"journal.{gen}", handles)
         if journal.dropped_bytes:
             log.warning("delivery journal %s: dropped a torn tail of %d bytes", journal.path,
                         journal.dropped_bytes)
-        return cls(directory, gen, journal), snap, records
+        return cls(directory, gen, journal, handles), snap, records
 
     def append(self, record: list[Any]) -> int:
         """Journal one change; the position to wait for."""
@@ -98,14 +113,29 @@ class GroupStore:
             self.waiters.append((pos, cb))
 
     def rotate(self, snapshot: dict[str, Any]) -> None:
-        """Write ``snapshot`` as generation G+1 and start an empty journal for it."""
+        """Write ``snapshot`` as generation G+1 and start an empty journal for it. The new
+        journal is created first: when that or the snapshot fails, nothing changed.
+
+        Raises:
+            OSError: a file cannot be created or written (the old generation stays in use).
+        """
         new_gen = self.gen + 1
         snapshot = {**snapshot, "v": SNAPSHOT_VERSION, "gen": new_gen}
-        write_checkpoint(self.directory / STATE_FILE, msgpack.packb(snapshot, use_bin_type=True))
+        path = self.directory / f"journal.{new_gen}"
+        path.unlink(missing_ok=True)  # left by a rotation that failed
+        new, _ = Journal.open(path, self.handles)
+        try:
+            write_checkpoint(self.directory / STATE_FILE,
+                             msgpack.packb(snapshot, use_bin_type=True))
+        except BaseException:
+            new.close()
+            path.unlink(missing_ok=True)
+            raise
         old = self.journal
-        self.journal, _ = Journal.open(self.directory / f"journal.{new_gen}")
+        self.journal = new
         self.gen = new_gen
-        old.close()
+        with contextlib.suppress(OSError):  # superseded by the snapshot: its fsync is moot
+            old.close()
         old.path.unlink(missing_ok=True)
 
     def close(self) -> None:
@@ -130,6 +160,9 @@ class GroupStore:
         w = self.waiters
         while w and w[0][0] <= durable:
             w.popleft()[1](None)
+        h = self.handles  # the journal may be evictable now: back to the cache's capacity
+        if h is not None and h.open_count > h.capacity:
+            h.trim()
 
     def on_flush_failed(self, exc: BaseException) -> None:
         """Fail every waiter; later appends fail too until a restart, unless the disk was
