@@ -802,7 +802,7 @@ class Scheduler:
 
         def copied(exc: BaseException | None) -> None:
             if flush_postponed(exc) and qs not in self.flusher.failed:
-                _wait_sorted(qs, res.last_offset + 1, copied)  # durable after the rewrite
+                qs.wait_durable(res.last_offset + 1, copied)  # durable after the rewrite
                 return
             if exc is not None:
                 log.error("%s: copies of %d scheduled messages not fsynced (%s); they will be "
@@ -810,7 +810,7 @@ class Scheduler:
                 return
             self._settle(tid, q, items, FIRED)
 
-        _wait_sorted(qs, res.last_offset + 1, copied)
+        qs.wait_durable(res.last_offset + 1, copied)
 
     def _settle(self, tid: int, q: int, items: Iterable[Item], kind: int) -> None:
         """Write fired (or cancelled) entries for fired items; they leave the in-flight count."""
@@ -1073,17 +1073,6 @@ class Scheduler:
     def pending(self) -> int:
         """Scheduled messages not yet due (all topics)."""
         return sum(self._topic_pending.values())
-
-
-def _wait_sorted(qs: QueueState, end: int, cb: Callable[[BaseException | None], None]) -> None:
-    """Run ``cb`` when ``qs`` is durable up to ``end`` (its flush waiters stay sorted)."""
-    fw = qs.flush_waiters
-    if fw and fw[-1][0] > end:  # keep the deque sorted (see the produce handler)
-        entries = sorted([*fw, (end, cb)], key=lambda e: e[0])
-        fw.clear()
-        fw.extend(entries)
-    else:
-        fw.append((end, cb))
 
 
 def _position(_ctx: None, _buf: bytes, p: int, _off: int) -> int:

@@ -129,6 +129,17 @@ class QueueState:
         while fw and fw[0][0] <= durable:
             fw.popleft()[1](None)
 
+    def wait_durable(self, end: int, cb: Callable[[BaseException | None], None]) -> None:
+        """Run ``cb(None)`` once offsets below ``end`` are durable (``cb(exc)`` if the fsync
+        fails); the waiters stay sorted by end, as :meth:`on_durable` needs."""
+        fw = self.flush_waiters
+        if fw and fw[-1][0] > end:
+            entries = sorted([*fw, (end, cb)], key=lambda e: e[0])
+            fw.clear()
+            fw.extend(entries)
+        else:
+            fw.append((end, cb))
+
     def fail_flush_waiters(self, exc: BaseException) -> None:
         """Fail every send still waiting for an fsync (the fsync failed). A callback may wait
         again (a committed copy waiting for the rewrite after ENOSPC): it stays queued."""

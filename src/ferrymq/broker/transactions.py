@@ -814,10 +814,4 @@ def _wait_durable(qs: QueueState, end: int, cb: Callable[[BaseException | None],
     if qs.log.durable_offset >= end and not qs.flush_waiters:
         cb(None)
         return
-    fw = qs.flush_waiters
-    if fw and fw[-1][0] > end:
-        items = sorted([*fw, (end, cb)], key=lambda e: e[0])
-        fw.clear()
-        fw.extend(items)
-    else:
-        fw.append((end, cb))
+    qs.wait_durable(end, cb)

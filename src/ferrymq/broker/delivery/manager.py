@@ -32,6 +32,20 @@ sync flush mode; leases are journaled with their wall-clock deadline, so after a
 acked message is never redelivered and a leased one stays invisible until its lease ends, and a
 member that comes back with its member id can still ack it.
 
+Running out of file descriptors (EMFILE, ENFILE) or disk space is not fatal here either, and
+changes nothing half-way: every change is journaled *before* it is applied in memory (a lease,
+an ack, a policy, a tag filter, a failure retried in place), and a move writes the message's
+copy before it finishes the original, so a failure of either leaves the group as it was. A
+request that meets it is answered BUSY or STORAGE_FULL with a retry-after (a RECEIVE that
+already leased messages returns them instead); a multi-step request stops at the failed step
+and says which of its entries were not done. Before a change, the group's journal descriptor
+is opened and held (:meth:`~ferrymq.storage.journal.Journal.hold`), so its appends cannot meet
+EMFILE half-way. Time-driven work (expired leases, departed members' leases: :meth:`tick`)
+that cannot be done stays where it is (the lease stays leased, so nobody else gets the message)
+and is tried again at every tick, with one warning per episode. A finish that is already in
+memory but could not be journaled waits in its store's ``deferred`` records and is journaled at
+the next ticks (its nack is answered once that is durable).
+
 Everything here runs on the event-loop thread.
 """
 
@@ -69,7 +83,8 @@ from ferrymq.broker.delivery.state import (
     SourceCursor,
     TagFilter,
 )
-from ferrymq.broker.delivery.store import GroupStore
+from ferrymq.broker.delivery.store import Callback, GroupStore
+from ferrymq.broker.flusher import flush_postponed
 from ferrymq.broker.groups import has_live_members
 from ferrymq.broker.scheduler import CANCELLED_STATE, NOT_SCHEDULED
 from ferrymq.broker.topics import check_topic_name
@@ -229,6 +244,10 @@ class DeliveryManager:
         self.groups: dict[str, DeliveryGroup] = {}
         self.stores: dict[str, GroupStore] = {}
         self._next_lease = 1
+        self._short: BrokerError | None = None
+        """What made time-driven work wait (no descriptor, no space) in the current episode:
+        warned once when it starts, told when it is over."""
+        self._short_seen = False  # a shortage met since the last tick
 
     # -- time ----------------------------------------------------------------------------------
 
@@ -513,21 +532,42 @@ class DeliveryManager:
         }
 
     def compact(self, force: bool = False) -> None:
-        """Fold long journals into snapshots (only between moves: see the module docstring)."""
+        """Fold long journals into snapshots (only between moves: see the module docstring).
+        A journal that cannot be rotated now (no descriptor, no space) stays as it is and is
+        tried again at the next tick."""
+        limit = self.config.delivery_journal_bytes
+        full = self.flusher.full
         for name, store in self.stores.items():
+            if not force and store.journal.size <= limit:
+                continue
             g = self.groups[name]
-            if (force or store.journal.size > self.config.delivery_journal_bytes) and (
-                g.pending_moves == 0 and not store.waiters and store.failed is None
-            ):
+            if g.pending_moves or store.waiters or store.failed is not None or store.deferred \
+                    or store in full:
+                continue
+            try:
                 store.rotate(self.snapshot(g))
+            except OSError as exc:
+                err = self._shortage(exc, f"compact the delivery journal of {name}")
+                if err is None:
+                    raise
+                self._note_short(err)
 
     def close(self) -> None:
-        """Snapshot and close every group (clean shutdown)."""
+        """Snapshot and close every group (clean shutdown). A group that cannot be snapshotted
+        (no descriptor, no space) keeps its journal, which the next start replays."""
         for name, store in self.stores.items():
             g = self.groups[name]
             try:
-                if g.pending_moves == 0 and store.failed is None:
+                if store.deferred:
+                    with contextlib.suppress(BrokerError):
+                        self._journal_deferred(g)
+                if g.pending_moves == 0 and store.failed is None and not store.deferred:
                     store.rotate(self.snapshot(g))
+            except OSError as exc:
+                if self._shortage(exc, "") is None:
+                    raise
+                log.warning("delivery group %s: no snapshot at shutdown (%s); its journal is "
+                            "replayed at the next start", name, exc)
             finally:
                 store.close()
 
@@ -544,43 +584,147 @@ class DeliveryManager:
             raise UnknownGroupError(f"unknown delivery group {name[:200]!r}")
         return g
 
-    def _get_or_create(self, name: str) -> DeliveryGroup:
-        """The group ``name``; a new one within ``max_delivery_groups`` (checked first).
+    def _create(self, name: str) -> DeliveryGroup:
+        """A new group's state and files, within ``max_delivery_groups`` (checked first).
 
         Raises:
             InvalidRequestError: not a valid group name.
             PolicyViolationError: the broker has ``max_delivery_groups`` groups.
             OSError: its files cannot be created (nothing is left).
         """
-        g = self.groups.get(name)
-        if g is None:
-            check_delivery_group_name(name)
-            limit = self.config.max_delivery_groups
-            if len(self.groups) >= limit:
-                raise PolicyViolationError(
-                    f"delivery group {name!r} not created: the broker has {len(self.groups)} "
-                    f"delivery groups, max_delivery_groups={limit} (delete unused ones: ferrymq "
-                    "group delete)")
-            d = self.dir / name
-            try:
-                g = self._load_group(d)
-            except BaseException:
-                shutil.rmtree(d, ignore_errors=True)
-                raise
-            log.info("created delivery group %s", name)
+        check_delivery_group_name(name)
+        limit = self.config.max_delivery_groups
+        if len(self.groups) >= limit:
+            raise PolicyViolationError(
+                f"delivery group {name!r} not created: the broker has {len(self.groups)} "
+                f"delivery groups, max_delivery_groups={limit} (delete unused ones: ferrymq "
+                "group delete)")
+        d = self.dir / name
+        try:
+            g = self._load_group(d)
+        except BaseException:
+            shutil.rmtree(d, ignore_errors=True)
+            raise
+        log.info("created delivery group %s", name)
         return g
 
+    def _drop_new(self, g: DeliveryGroup) -> None:
+        """Undo :meth:`_create` of a group nothing was journaled for."""
+        del self.groups[g.name]
+        with contextlib.suppress(OSError):
+            self.stores.pop(g.name).close()
+        shutil.rmtree(self.dir / g.name, ignore_errors=True)
+
     def _journal(self, g: DeliveryGroup, record: list[Any]) -> int:
+        """Append one change to the group's journal (before applying it); the position to
+        wait for.
+
+        Raises:
+            StorageFailureError: the journal had an fsync failure (restart needed).
+            StorageFullError, BusyError: no space or no descriptor (with a retry-after);
+                nothing was written.
+        """
         store = self.stores[g.name]
-        if store.failed is not None:
-            raise StorageFailureError(f"delivery journal of {g.name} had an fsync failure")
-        self.flusher.check_writable(store)
+        self._check_store(g, store)
         try:
             pos = store.append(record)
         except OSError as exc:
             raise self.flusher.write_error(exc, f"the delivery journal of {g.name}") from exc
         self.flusher.mark_dirty(store)
         return pos
+
+    def _check_store(self, g: DeliveryGroup, store: GroupStore) -> None:
+        if store.failed is not None:
+            raise StorageFailureError(f"delivery journal of {g.name} had an fsync failure")
+        self.flusher.check_writable(store)
+
+    @contextlib.contextmanager
+    def _writing(self, g: DeliveryGroup) -> Iterator[None]:
+        """Around a change of ``g``: refuse it before anything changed when its journal cannot
+        take writes, and hold the journal's descriptor open meanwhile (the cache cannot close
+        it between two appends, so they meet no EMFILE).
+
+        Raises:
+            StorageFailureError, StorageFullError, BusyError: as :meth:`_journal`.
+        """
+        store = self.stores[g.name]
+        self._check_store(g, store)
+        journal = store.journal
+        try:
+            journal.hold()
+        except OSError as exc:
+            raise self.flusher.write_error(exc, f"the delivery journal of {g.name}") from exc
+        try:
+            yield
+        finally:
+            journal.release()
+
+    def _shortage(self, exc: BaseException, what: str) -> BrokerError | None:
+        """The retriable answer for a failure for lack of descriptors or disk space (BUSY or
+        STORAGE_FULL with the retry-after: ``exc`` itself when it is one already), None for any
+        other failure."""
+        if flush_postponed(exc):
+            return exc
+        if isinstance(exc, OSError):
+            return self.flusher.shortage_error(exc, what)
+        return None
+
+    def _note_short(self, err: BrokerError) -> None:
+        """Time-driven work waits for descriptors or space: warn once per episode."""
+        self._short_seen = True
+        if self._short is None:
+            self._short = err
+            log.warning("delivery groups: %s; expired leases, departed members' leases and "
+                        "journal records wait and are retried at every tick", err)
+
+    def _journal_or_defer(self, g: DeliveryGroup, record: list[Any],
+                          cb: Callback | None = None) -> int:
+        """Journal a change already applied in memory that may come after later records (a
+        finish, a DLQ floor). When no descriptor or space is there, keep it in the store's
+        ``deferred`` records (journaled again at every tick) and return -1; ``cb`` is told
+        once it is durable (or failed for good).
+
+        Raises:
+            StorageFailureError: the journal failed for good (``cb`` was not told).
+        """
+        store = self.stores[g.name]
+        if store.deferred:  # keep their order
+            store.deferred.append((record, cb))
+            return -1
+        try:
+            pos = self._journal(g, record)
+        except BrokerError as exc:
+            if self._shortage(exc, "") is None:
+                raise
+            self._note_short(exc)
+            store.deferred.append((record, cb))
+            return -1
+        if cb is not None:
+            store.when_durable(pos, cb, sync=self.sync)
+        return pos
+
+    def _journal_deferred(self, g: DeliveryGroup) -> None:
+        """Journal the deferred records of ``g`` (tick).
+
+        Raises:
+            BrokerError: still no descriptor or space (the rest stay deferred), or the
+                journal failed for good (their waiters are told).
+        """
+        store = self.stores[g.name]
+        while store.deferred:
+            record, cb = store.deferred[0]
+            try:
+                pos = self._journal(g, record)
+            except BrokerError as exc:
+                if self._shortage(exc, "") is None:
+                    failed, store.deferred = store.deferred, []
+                    for _rec, c in failed:
+                        if c is not None:
+                            c(exc)
+                raise
+            store.deferred.pop(0)
+            if cb is not None:
+                store.when_durable(pos, cb, sync=self.sync)
 
     def when_durable(self, group: str, pos: int, cb: Callable[[BaseException | None], None]) -> None:
         """Run ``cb`` once journal position ``pos`` of ``group`` is durable."""
@@ -624,29 +768,33 @@ class DeliveryManager:
             raise InvalidRequestError(f"max_reconsume must be 0..{MAX_RECONSUME_LIMIT}")
         if start_from < m.OffsetSpec.EARLIEST:
             raise InvalidRequestError(f"start_from must be -1, -2 or a timestamp, not {start_from}")
-        is_new = name not in self.groups
-        if not is_new and self.groups[name].orderly != orderly:
-            kind = "orderly" if self.groups[name].orderly else "concurrent (not orderly)"
+        g0 = self.groups.get(name)
+        if g0 is not None and g0.orderly != orderly:
+            kind = "orderly" if g0.orderly else "concurrent (not orderly)"
             raise InvalidRequestError(
                 f"delivery group {name!r} is {kind}: that is fixed when a group is created; "
-                f"use {'orderly=True' if self.groups[name].orderly else 'another group name'}")
+                f"use {'orderly=True' if g0.orderly else 'another group name'}")
         now = self._now()
-        if not is_new and member_id not in self.groups[name].members:
-            self._admit(self.groups[name], client_id, host, exclusive, now)
-        g = self._get_or_create(name)
-        g.awaited.update(t for t in missing if not any(k[0] == t for k in g.sources))
+        if g0 is not None and member_id not in g0.members:
+            self._admit(g0, client_id, host, exclusive, now)
+        g = g0 if g0 is not None else self._create(name)
         pos = -1
         new_delays = retry_delays_ms if retry_delays_ms is not None else g.retry_delays_ms
         new_max = max_reconsume if max_reconsume >= 0 else g.max_reconsume
-        new_start = start_from if is_new else g.start_from
-        if (new_delays != g.retry_delays_ms or new_max != g.max_reconsume
-                or new_start != g.start_from or orderly != g.orderly):
+        new_start = start_from if g0 is None else g.start_from
+        if (g0 is None or new_delays != g.retry_delays_ms or new_max != g.max_reconsume
+                or new_start != g.start_from):
+            try:
+                pos = self._journal(g, ["P", list(new_delays), new_max, new_start, orderly])
+            except BaseException:
+                if g0 is None:
+                    self._drop_new(g)
+                raise
             g.retry_delays_ms = list(new_delays)
             g.max_reconsume = new_max
             g.start_from = new_start
             g.orderly = orderly
-            pos = self._journal(g, ["P", g.retry_delays_ms, g.max_reconsume, g.start_from,
-                                    g.orderly])
+        g.awaited.update(t for t in missing if not any(k[0] == t for k in g.sources))
         if not member_id:
             member_id = f"{client_id or 'consumer'}-{uuid.uuid4().hex[:12]}"
         mem = g.members.get(member_id)
@@ -707,12 +855,13 @@ class DeliveryManager:
         return g, mem
 
     def leave(self, name: str, member_id: str) -> None:
-        """A member leaves: its leases go back to the group at once, without counting."""
+        """A member leaves: its leases go back to the group at once, without counting (or at
+        the next ticks, when no descriptor or space lets them move now)."""
         g = self.group(name)
         if g.members.pop(member_id, None) is None:
             raise UnknownMemberError(f"member {member_id[:100]!r} is not in group {name!r}")
-        self._release_member(g, member_id, counts=False, reason="consumer left")
         log.info("delivery group %s: member %s left", name, member_id)
+        self._release_member(g, member_id, counts=False, reason="consumer left")
 
     def check_deletable(self, name: str, delete_dlq: bool) -> int:
         """Raise unless the group ``name`` may be deleted now; its dead letters (0 for a group
@@ -728,8 +877,8 @@ class DeliveryManager:
             return 0
         if g.members:
             raise has_live_members("delivery", name, list(g.members.values()))
-        if g.pending_moves:
-            raise BusyError(f"delivery group {name!r} is still moving {g.pending_moves} "
+        if g.pending_moves or g.returning or self.stores[name].deferred:
+            raise BusyError(f"delivery group {name!r} is still handing back or moving "
                             "messages to its retry or dead-letter queue",
                             retry_after_ms=self.config.busy_retry_after_ms)
         dead = self._dlq_size(g)
@@ -760,7 +909,8 @@ class DeliveryManager:
         (self.dir / name).rename(gone)
         fsync_directory(self.dir)
         del self.groups[name]
-        self.stores.pop(name).close()
+        with contextlib.suppress(OSError):  # renamed away: its last fsync is moot
+            self.stores.pop(name).close()
         g.wake()
         self._remove_deleted(gone)
         log.info("delivery group %s: deleted (%d dead letters with it)", name, dead)
@@ -778,9 +928,36 @@ class DeliveryManager:
         fsync_directory(self.dir)
 
     def _release_member(self, g: DeliveryGroup, member_id: str, *, counts: bool, reason: str) -> None:
-        for lease in [ls for ls in g.leases.values() if ls.member == member_id]:
-            for off in sorted(lease.offsets):
-                self._fail(g, lease.key, off, lease, counts=counts, delay_ms=0, reason=reason)
+        """Hand the leases of a member that is gone back to the group: now, or at the next
+        ticks when no descriptor or space lets them move (they stay leased meanwhile, so
+        nobody else gets them)."""
+        g.returning.extend((ls, counts, reason) for ls in g.leases.values()
+                           if ls.member == member_id)
+        try:
+            self._return_leases(g)
+        except (OSError, BrokerError) as exc:
+            err = self._shortage(exc, f"hand back the leases of {member_id}")
+            if err is None:
+                raise
+            self._note_short(err)
+
+    def _return_leases(self, g: DeliveryGroup) -> None:
+        """Move the messages of ``g.returning`` on (retry queue, DLQ, or in place), oldest
+        first; what cannot move now stays there.
+
+        Raises:
+            BrokerError, OSError: no descriptor or space (or a failed journal) for the next.
+        """
+        ret = g.returning
+        if not ret:
+            return
+        with self._writing(g):
+            while ret:
+                lease, counts, reason = ret[0]
+                for off in sorted(lease.offsets):
+                    self._fail(g, lease.key, off, lease, counts=counts, delay_ms=0,
+                               reason=reason)
+                ret.popleft()
 
     # -- receive ------------------------------------------------------------------------------
 
@@ -790,8 +967,31 @@ class DeliveryManager:
     ) -> tuple[list[m.Delivery], int]:
         """Lease what is available now: due retries first, then new messages.
 
-        Returns the deliveries and the journal position to wait for (-1: none).
+        Returns the deliveries and the journal position to wait for (-1: none). When a step
+        meets no descriptor or space, what was leased before it is returned; nothing was.
+
+        Raises:
+            BusyError, StorageFullError: no descriptor or space, and nothing was leased (with
+                a retry-after; nothing changed).
+            StorageFailureError: the group's journal failed (restart needed).
         """
+        out: list[m.Delivery] = []
+        try:
+            with self._writing(g):
+                return self._receive(g, member_id, subscriptions, max_messages, max_bytes,
+                                     invisible_ms, out)
+        except (OSError, BrokerError) as exc:
+            err = self._shortage(exc, f"receive for delivery group {g.name}")
+            if err is None:
+                raise
+            if not out:
+                raise err from exc
+            return out, self.stores[g.name].journal.size  # all of it journaled
+
+    def _receive(
+        self, g: DeliveryGroup, member_id: str, subscriptions: list[tuple[str, str]],
+        max_messages: int, max_bytes: int, invisible_ms: int, out: list[m.Delivery],
+    ) -> tuple[list[m.Delivery], int]:
         cfg = self.config
         now = self._now()
         deadline = now + invisible_ms
@@ -799,7 +999,6 @@ class DeliveryManager:
         room = min(max_messages, cfg.max_receive_messages,
                    cfg.max_in_flight_per_member - g.in_flight.get(member_id, 0))
         budget = min(max_bytes, cfg.max_fetch_bytes)
-        out: list[m.Delivery] = []
         pos = -1
         if room <= 0 or budget <= 0:
             return out, pos
@@ -845,8 +1044,8 @@ class DeliveryManager:
                 continue
             expression = dict(subscriptions)[topic]  # as ``filters``: the last of a topic wins
             since = {q: cur.next for (t, q), cur in g.sources.items() if t == topic}
-            self._set_tag_filter(g, topic, expression, since)
             pos = self._journal(g, ["T", topic, expression, [[q, o] for q, o in since.items()]])
+            self._set_tag_filter(g, topic, expression, since)
         return pos
 
     def _set_tag_filter(self, g: DeliveryGroup, topic: str, expression: str,
@@ -887,22 +1086,23 @@ class DeliveryManager:
             if off not in rc.ready:
                 continue
             letter = rc.ready[off]
-            lease = Lease(self._lease_id(), member_id, (g.retry_topic, 0), deadline,
+            lease = Lease(self._next_lease, member_id, (g.retry_topic, 0), deadline,
                           letter.reconsume)
+            pos = self._journal(g, ["L", g.retry_topic, 0, lease.lease_id, member_id,
+                                    deadline_wall, letter.reconsume, [[off, 1]]])
+            self._next_lease += 1
             rc.lease(off, lease)
             g.add_lease(lease, 1)
             taken.add(off)
             out.append((g.retry_topic, 0, qs.topic_id, lease.lease_id, letter.reconsume, off, off,
                         batch))
-            pos = self._journal(g, ["L", g.retry_topic, 0, lease.lease_id, member_id,
-                                    deadline_wall, letter.reconsume, [[off, 1]]])
             room -= 1
             budget -= len(batch)
         gone = [o for o in cands if o not in taken and o < lg.start_offset]
         if gone:  # deleted by retention before anyone got them
+            pos = self._journal(g, ["A", g.retry_topic, 0, _runs(gone)])
             for o in gone:
                 rc.finish(o)
-            pos = self._journal(g, ["A", g.retry_topic, 0, _runs(gone)])
             rc.advance_floor()
         return room, budget, pos
 
@@ -1035,8 +1235,9 @@ class DeliveryManager:
         lg = qs.log
         cur = g.sources.get(key)
         if cur is None:  # journaled, so a restart does not move a "latest" start
-            cur = g.sources[key] = SourceCursor(qs.topic, qs.queue, self._start(g, qs))
-            self._journal(g, ["N", qs.topic, qs.queue, cur.next])
+            start = self._start(g, qs)
+            self._journal(g, ["N", qs.topic, qs.queue, start])
+            cur = g.sources[key] = SourceCursor(qs.topic, qs.queue, start)
         if cur.next < lg.start_offset:  # retention deleted what this group never got
             cur.skip_to(lg.start_offset)
         end = qs.lso  # transactions: nothing past the first open one (read_committed)
@@ -1095,20 +1296,22 @@ class DeliveryManager:
                 break
             chunk = min(max(budget - used, 1), chunk * 4)
         if not offsets:
+            pos = self._journal(g, ["N", qs.topic, qs.queue, new_next])
             cur.skip_to(new_next)
-            return 0, 0, self._journal(g, ["N", qs.topic, qs.queue, new_next])
-        lease = Lease(self._lease_id(), member_id, key, deadline, 0)
+            return 0, 0, pos
+        lease = Lease(self._next_lease, member_id, key, deadline, 0)
+        runs = [[offsets[0], len(offsets)]] if not gaps else _runs(offsets)
+        pos = self._journal(g, ["L", qs.topic, qs.queue, lease.lease_id, member_id, deadline_wall,
+                                0, runs])
+        self._next_lease += 1
         cur.lease(offsets, lease)
-        cur.skip_to(new_next)
         g.add_lease(lease, len(offsets))
         batches = b"".join(parts)
         out.append((qs.topic, qs.queue, qs.topic_id, lease.lease_id, 0, offsets[0], offsets[-1],
                     batches))
-        runs = [[offsets[0], len(offsets)]] if not gaps else _runs(offsets)
-        pos = self._journal(g, ["L", qs.topic, qs.queue, lease.lease_id, member_id, deadline_wall,
-                                0, runs])
-        if new_next > offsets[-1] + 1:
+        if new_next > offsets[-1] + 1:  # (when this cannot be journaled, it is scanned again)
             pos = self._journal(g, ["N", qs.topic, qs.queue, new_next])
+        cur.skip_to(new_next)
         return len(offsets), len(batches), pos
 
     def _receive_orderly(
@@ -1117,25 +1320,75 @@ class DeliveryManager:
     ) -> tuple[int, int, int]:
         """Lease heads of sharding keys from one queue of an orderly group (see orderly.py):
         ready ones first (failed ones whose backoff ended, next messages of finished keys), then
-        new ones from the scan position."""
+        new ones from the scan position. A read or a journal write that fails (no descriptor,
+        no space) puts back what the call took: the scan position and the ready heads."""
         key = (qs.topic, qs.queue)
         lg = qs.log
         pos = -1
         cur = g.sources.get(key)
         if cur is None:
-            cur = g.sources[key] = OrderlyCursor(qs.topic, qs.queue, self._start(g, qs))
-            pos = self._journal(g, ["N", qs.topic, qs.queue, cur.next])
+            first = self._start(g, qs)
+            pos = self._journal(g, ["N", qs.topic, qs.queue, first])
+            cur = g.sources[key] = OrderlyCursor(qs.topic, qs.queue, first)
         assert isinstance(cur, OrderlyCursor)
         if cur.next < lg.start_offset:
             cur.skip_to(lg.start_offset)
         taken: dict[int, list[tuple[list[int], bytes]]] = {}  # reconsume -> (offsets, batch)
-        n = used = 0
         gone: list[int] = []
+        examined: list[int] = []  # what the scan made pending (undone if it is not journaled)
+        start = cur.next
         ready = cur.take_ready(self._now())
+        try:
+            n = self._orderly_scan(cur, lg, qs.lso, tags, ready, room, budget, taken, gone,
+                                   examined)
+            if cur.next > start:
+                pos = self._journal(g, ["N", qs.topic, qs.queue, cur.next])
+        except BaseException:
+            cur.rewind(start, examined)
+            cur.unready(ready)
+            raise
+        if gone:  # filtered out or deleted: finished for the group, without an ack time
+            pos = max(pos, self._journal_or_defer(g, ["A", qs.topic, qs.queue, _runs(gone)]))
+        total = 0
+        groups = [(r, parts) for r, parts in taken.items() if parts]
+        for i, (reconsume, parts) in enumerate(groups):
+            lease = Lease(self._next_lease, member_id, key, deadline, reconsume)
+            offsets = [o for offs, _ in parts for o in offs]
+            try:
+                pos = self._journal(g, ["L", qs.topic, qs.queue, lease.lease_id, member_id,
+                                        deadline_wall, reconsume, _runs(offsets)])
+            except BaseException:  # these and the rest stay pending, ready again
+                cur.unready(o for _, rest in groups[i:] for offs, _ in rest for o in offs)
+                raise
+            self._next_lease += 1
+            cur.lease(offsets, lease)
+            g.add_lease(lease, len(offsets))
+            batches = b"".join(part for _, part in parts)
+            out.append((qs.topic, qs.queue, qs.topic_id, lease.lease_id, reconsume, min(offsets),
+                        max(offsets), batches))
+            total += len(batches)
+        cur.advance_floor()
+        return n, total, pos
+
+    def _orderly_scan(
+        self, cur: OrderlyCursor, lg: Log, end: int, tags: frozenset[str] | None,
+        ready: list[int], room: int, budget: int,
+        taken: dict[int, list[tuple[list[int], bytes]]], gone: list[int], examined: list[int],
+    ) -> int:
+        """The reading part of :meth:`_receive_orderly`: the ready heads' records (into
+        ``taken`` by attempt count; those past the byte budget back to ready), then new
+        messages from the scan position up to ``end`` (every one examined is added to
+        ``examined``; the deliverable ones to ``taken[0]``, filtered ones to ``gone``).
+        Returns how many messages it took.
+
+        Raises:
+            OSError: a read met no descriptor (the caller undoes the scan).
+        """
+        n = used = 0
         if ready:
             if len(ready) > room:
                 cur.unready(ready[room:])
-                ready = ready[:room]
+                del ready[room:]
             failures = cur.failures
             got: set[int] = set()
             for offs, part in self._read_offsets(lg, ready, budget, failures):
@@ -1151,10 +1404,9 @@ class DeliveryManager:
                         gone.append(off)
                     else:  # past the byte budget
                         cur.unready([off])
-        end = qs.lso
+            ready[:] = [o for o in ready if o in got]  # the rest were dealt with here
         limit = self.config.max_orderly_held
-        start = cur.next
-        txf = _txn_filter(lg, start, end)
+        txf = _txn_filter(lg, cur.next, end)
         chunk = min(budget, RECEIVE_FIRST_READ_BYTES)
         fresh = taken.setdefault(0, [])
         stop = False
@@ -1185,6 +1437,7 @@ class DeliveryManager:
                         cur.next = o + 1
                         gone.append(o)
                         continue
+                    examined.append(o)
                     if cur.examine(o, str(mv[t1:s1], "utf-8", "replace") if s1 > t1 else ""):
                         keep.append(rec)
                         n += 1
@@ -1197,26 +1450,7 @@ class DeliveryManager:
             if cur.next == before:
                 break
             chunk = min(max(budget - used, 1), chunk * 4)
-        if cur.next > start:
-            pos = self._journal(g, ["N", qs.topic, qs.queue, cur.next])
-        if gone:  # filtered out or deleted: finished for the group, without an ack time
-            pos = self._journal(g, ["A", qs.topic, qs.queue, _runs(gone)])
-        total = 0
-        for reconsume, parts in taken.items():
-            if not parts:
-                continue
-            lease = Lease(self._lease_id(), member_id, key, deadline, reconsume)
-            offsets = [o for offs, _ in parts for o in offs]
-            cur.lease(offsets, lease)
-            g.add_lease(lease, len(offsets))
-            batches = b"".join(part for _, part in parts)
-            out.append((qs.topic, qs.queue, qs.topic_id, lease.lease_id, reconsume, min(offsets),
-                        max(offsets), batches))
-            pos = self._journal(g, ["L", qs.topic, qs.queue, lease.lease_id, member_id,
-                                    deadline_wall, reconsume, _runs(offsets)])
-            total += len(batches)
-        cur.advance_floor()
-        return n, total, pos
+        return n
 
     def _read_offsets(
         self, lg: Log, offsets: list[int], budget: int, alone: Container[int],
@@ -1274,11 +1508,6 @@ class DeliveryManager:
             return qs.log.start_offset if qs.topic in g.awaited else qs.lso
         return min(qs.log.offset_for_time(g.start_from), qs.lso)
 
-    def _lease_id(self) -> int:
-        i = self._next_lease
-        self._next_lease += 1
-        return i
-
     # -- ack, nack, change invisible ----------------------------------------------------------
 
     def _lookup(
@@ -1312,42 +1541,61 @@ class DeliveryManager:
         self, g: DeliveryGroup, entries: list[m.AckEntry]
     ) -> tuple[list[tuple[str, int, int, int]], int]:
         """Finish leased messages; returns the refused ones and the journal position to wait
-        for."""
+        for. Each entry is journaled, then applied. When one meets no descriptor or space, the
+        request is refused if nothing was acked yet (nothing changed); else that entry's and
+        the later entries' offsets come back with the retriable code, the earlier ones are
+        acked.
+
+        Raises:
+            BusyError, StorageFullError: no descriptor or space (nothing changed).
+            StorageFailureError: the group's journal failed.
+        """
         failed: list[tuple[str, int, int, int]] = []
         pos = -1
-        for topic, queue, lease_id, offsets in entries:
-            key = (topic, queue)
-            cursor: SourceCursor | OrderlyCursor | RetryCursor | None = (
-                g.retry if topic == g.retry_topic else g.sources.get(key)
-            )
-            if cursor is None:
-                failed.extend((topic, queue, o, _BAD_RECEIPT) for o in offsets)
-                continue
-            leased = cursor.leased
-            done: list[int] = []
-            held: Lease | None = None
-            letters = g.retry.letters if cursor is g.retry else None
-            origins: list[list[Any]] = []
-            for o in offsets:
-                lease = leased.get(o)
-                if lease is None or lease.lease_id != lease_id:
-                    failed.append((topic, queue, o, _BAD_RECEIPT))
+        with self._writing(g):
+            for i, (topic, queue, lease_id, offsets) in enumerate(entries):
+                key = (topic, queue)
+                cursor: SourceCursor | OrderlyCursor | RetryCursor | None = (
+                    g.retry if topic == g.retry_topic else g.sources.get(key)
+                )
+                if cursor is None:
+                    failed.extend((topic, queue, o, _BAD_RECEIPT) for o in offsets)
                     continue
-                if letters is not None and (letter := letters.get(o)) is not None:
-                    origins.append([letter.topic, letter.queue, letter.offset])
-                cursor.finish(o)
-                done.append(o)
-                held = lease
-            if held is not None:
+                leased = cursor.leased
+                done: list[int] = []
+                held: Lease | None = None
+                letters = g.retry.letters if cursor is g.retry else None
+                origins: list[list[Any]] = []
+                for o in offsets:
+                    lease = leased.get(o)
+                    if lease is None or lease.lease_id != lease_id:
+                        failed.append((topic, queue, o, _BAD_RECEIPT))
+                        continue
+                    if letters is not None and (letter := letters.get(o)) is not None:
+                        origins.append([letter.topic, letter.queue, letter.offset])
+                    done.append(o)
+                    held = lease
+                if held is None:
+                    continue
+                rec: list[Any] = ["A", topic, queue, _runs(done), self.clock.wall_ms()]
+                if letters is not None:
+                    rec.append(origins)
+                try:
+                    p = self._journal(g, rec)
+                except BrokerError as exc:
+                    if pos < 0 or self._shortage(exc, "") is None:
+                        raise
+                    code = int(exc.code)
+                    failed.extend((topic, queue, o, code) for o in done)
+                    failed.extend((t, q, o, code) for t, q, _l, offs in entries[i + 1:]
+                                  for o in offs)
+                    break
+                pos = p
+                for o in done:
+                    cursor.finish(o)
                 g.drop_from_lease(held, len(done))
                 if isinstance(cursor, OrderlyCursor) and cursor.ready:
                     g.wake()  # next messages of these keys can go
-                runs = _runs(done)
-                wall = self.clock.wall_ms()
-                rec: list[Any] = ["A", topic, queue, runs, wall]
-                if letters is not None:
-                    rec.append(origins)
-                pos = self._journal(g, rec)
                 self._remember_acks(g, rec)
                 cursor.advance_floor()
         return failed, pos
@@ -1367,59 +1615,97 @@ class DeliveryManager:
         """Give messages back for a later attempt (or the dead-letter queue). Returns the
         results and, in sync mode, what to wait for before answering: each nacked message's
         new state (its retry copy and the journal record that finishes the original) durable,
-        so that a nack answered survives a crash as an ack does."""
+        so that a nack answered survives a crash as an ack does.
+
+        When a message cannot be moved (no descriptor, no space) it stays leased: the request
+        is refused if nothing was nacked yet, else that entry and the later ones get the
+        retriable code.
+
+        Raises:
+            InvalidRequestError: a delay above MAX_RETRY_DELAY_MS (nothing done).
+            BusyError, StorageFullError: no descriptor or space (nothing changed).
+        """
+        if any(e[4] > MAX_RETRY_DELAY_MS for e in entries):
+            raise InvalidRequestError(f"nack delay must be at most {MAX_RETRY_DELAY_MS} ms")
         results: list[tuple[int, int]] = []
         waits: list[asyncio.Future[None]] = []
-        for topic, queue, offset, lease_id, delay_ms, reason, counts in entries:
-            lease = self._lookup(g, topic, queue, offset, lease_id)
-            if lease is None:
-                results.append((_BAD_RECEIPT, -1))
-                continue
-            if delay_ms > MAX_RETRY_DELAY_MS:
-                raise InvalidRequestError(f"nack delay must be at most {MAX_RETRY_DELAY_MS} ms")
-            done = None
-            if self.sync:
-                fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-                waits.append(fut)
-                done = functools.partial(_settle_future, fut)
-            self._fail(g, lease.key, offset, lease, counts=counts, delay_ms=delay_ms,
-                       reason=reason or "consumer asked to retry later", on_durable=done)
-            results.append((_OK, -1))
+        with self._writing(g):
+            for i, (topic, queue, offset, lease_id, delay_ms, reason, counts) in \
+                    enumerate(entries):
+                lease = self._lookup(g, topic, queue, offset, lease_id)
+                if lease is None:
+                    results.append((_BAD_RECEIPT, -1))
+                    continue
+                fut: asyncio.Future[None] | None = None
+                if self.sync:
+                    fut = asyncio.get_running_loop().create_future()
+                try:
+                    self._fail(g, lease.key, offset, lease, counts=counts, delay_ms=delay_ms,
+                               reason=reason or "consumer asked to retry later",
+                               on_durable=None if fut is None
+                               else functools.partial(_settle_future, fut))
+                except (OSError, BrokerError) as exc:
+                    err = self._shortage(exc, f"nack in delivery group {g.name}")
+                    if err is None:
+                        raise
+                    if all(code != _OK for code, _ in results):
+                        raise err from exc
+                    results.extend((int(err.code), -1) for _ in entries[i:])
+                    break
+                if fut is not None:
+                    waits.append(fut)
+                results.append((_OK, -1))
         return results, waits
 
     def change_invisible(
         self, g: DeliveryGroup, member_id: str, entries: list[tuple[str, int, int, int, int]]
     ) -> tuple[list[tuple[int, int]], int]:
-        """New leases (new receipts) ending ``invisible_ms`` from now."""
-        results: list[tuple[int, int]] = []
+        """New leases (new receipts) ending ``invisible_ms`` from now: one per old lease and
+        time, each journaled before it replaces the old one. When one meets no descriptor or
+        space, the request is refused if nothing changed yet; else its entries and the later
+        ones get the retriable code (they keep their old leases).
+
+        Raises:
+            InvalidRequestError: an invisible time out of range (nothing done).
+            BusyError, StorageFullError: no descriptor or space (nothing changed).
+        """
+        for entry in entries:
+            self.check_invisible(entry[4])
+        results: list[tuple[int, int]] = [(_BAD_RECEIPT, -1)] * len(entries)
         now = self._now()
         wall = self.clock.wall_ms()
         pos = -1
-        new: dict[tuple[tuple[str, int], int, int], Lease] = {}
-        for topic, queue, offset, lease_id, invisible_ms in entries:
-            self.check_invisible(invisible_ms)
+        plan: dict[tuple[tuple[str, int], int, int], list[tuple[int, Lease, int]]] = {}
+        for i, (topic, queue, offset, lease_id, invisible_ms) in enumerate(entries):
             old = self._lookup(g, topic, queue, offset, lease_id)
-            if old is None:
-                results.append((_BAD_RECEIPT, -1))
-                continue
-            k = (old.key, lease_id, invisible_ms)
-            lease = new.get(k)
-            if lease is None:
-                lease = new[k] = Lease(self._lease_id(), member_id, old.key, now + invisible_ms,
-                                       old.reconsume)
+            if old is not None:
+                plan.setdefault((old.key, lease_id, invisible_ms), []).append((i, old, offset))
+        with self._writing(g):
+            steps = list(plan.items())
+            for j, ((key, _, inv), items) in enumerate(steps):
+                lease = Lease(self._next_lease, member_id, key, now + inv, items[0][1].reconsume)
+                try:
+                    p = self._journal(g, ["C", key[0], key[1], lease.lease_id, lease.member,
+                                          wall + inv, lease.reconsume,
+                                          _runs(o for _, _, o in items)])
+                except BrokerError as exc:
+                    if pos < 0 or self._shortage(exc, "") is None:
+                        raise
+                    for _k, rest in steps[j:]:
+                        for i, _old, _o in rest:
+                            results[i] = (int(exc.code), -1)
+                    break
+                pos = p
+                self._next_lease += 1
                 g.add_lease(lease, 0)
-            old.offsets.discard(offset)
-            g.drop_from_lease(old)
-            lease.offsets.add(offset)
-            g.in_flight[member_id] = g.in_flight.get(member_id, 0) + 1
-            if old.key[0] == g.retry_topic:
-                g.retry.leased[offset] = lease
-            else:
-                g.sources[old.key].leased[offset] = lease
-            results.append((_OK, lease.lease_id))
-        for (key, _, inv), lease in new.items():
-            pos = self._journal(g, ["C", key[0], key[1], lease.lease_id, lease.member,
-                                    wall + inv, lease.reconsume, _runs(lease.offsets)])
+                cursor = g.retry if key[0] == g.retry_topic else g.sources[key]
+                for i, old, offset in items:
+                    old.offsets.discard(offset)
+                    g.drop_from_lease(old)
+                    lease.offsets.add(offset)
+                    g.in_flight[member_id] = g.in_flight.get(member_id, 0) + 1
+                    cursor.leased[offset] = lease
+                    results[i] = (_OK, lease.lease_id)
         return results, pos
 
     def check_invisible(self, invisible_ms: int) -> None:
@@ -1444,11 +1730,11 @@ class DeliveryManager:
         old = cur.failures.get(offset)
         f = Failure(reconsume, now + delay_ms, old.since_wall if old is not None else wall,
                     reason[:MAX_REASON_CHARS])
+        pos = self._journal(g, ["F", cur.topic, cur.queue, offset, reconsume, wall + delay_ms,
+                                f.since_wall, f.reason])
         lease = cur.fail(offset, f, now)
         if lease is not None:
             g.drop_from_lease(lease)
-        pos = self._journal(g, ["F", cur.topic, cur.queue, offset, reconsume, wall + delay_ms,
-                                f.since_wall, f.reason])
         if delay_ms == 0:
             g.wake()
         return pos
@@ -1476,9 +1762,10 @@ class DeliveryManager:
         f = cur.failures.get(offset)
         lease = cur.leased.get(offset) or Lease(0, "", (topic, queue), 0,
                                                 f.reconsume if f is not None else 0)
-        self._fail(g, (topic, queue), offset, lease, counts=False, delay_ms=0,
-                   reason="skipped on purpose (ferrymq group skip)"
-                   + (f"; last failure: {f.reason}" if f is not None else ""), dead=True)
+        with self._writing(g):
+            self._fail(g, (topic, queue), offset, lease, counts=False, delay_ms=0,
+                       reason="skipped on purpose (ferrymq group skip)"
+                       + (f"; last failure: {f.reason}" if f is not None else ""), dead=True)
 
     def _internal_queue(self, name: str, *, create: bool) -> QueueState | None:
         t = self.topics.topics.get(name)
@@ -1517,13 +1804,23 @@ class DeliveryManager:
     def _fail(
         self, g: DeliveryGroup, key: tuple[str, int], offset: int, lease: Lease, *,
         counts: bool, delay_ms: int, reason: str, dead: bool = False,
-        on_durable: Callable[[BaseException | None], None] | None = None,
+        on_durable: Callback | None = None,
     ) -> None:
         """A delivery failed (or is handed back): move the message on, then finish it here.
 
         An orderly group keeps the message where it is (retried in place) unless it is dead;
         ``dead`` sends it to the dead-letter queue whatever its count. ``on_durable`` (sync
-        mode) is told when the message's new state is durable."""
+        mode) is told when the message's new state is durable.
+
+        The copy is written before anything changes: when it cannot be (no descriptor to read
+        the message or to write the copy, no space), this raises and the message is still
+        leased as it was, so no letter is written twice and nobody else gets it meanwhile.
+
+        Raises:
+            BrokerError: the journal or the target queue refuses writes (BUSY or STORAGE_FULL
+                with a retry-after, STORAGE_ERROR).
+            OSError: no descriptor or no space to read the message or write its copy.
+        """
         reconsume = lease.reconsume + (1 if counts else 0)
         cur = g.sources.get(key)
         if isinstance(cur, OrderlyCursor) and not dead and reconsume <= g.max_reconsume:
@@ -1531,12 +1828,12 @@ class DeliveryManager:
             if on_durable is not None:
                 self.when_durable(g.name, pos, on_durable)
             return
-        self._finish(g, key, offset)
         record = self._read_record(g, key, offset)
         if record is None:  # deleted by retention (or the topic was deleted): nothing to move
+            pos = self._journal(g, ["A", key[0], key[1], [[offset, 1]]])
             log.warning("delivery group %s: %s/%d@%d is gone; dropped from the group", g.name,
                         key[0], key[1], offset)
-            pos = self._journal(g, ["A", key[0], key[1], [[offset, 1]]])
+            self._finish(g, key, offset)
             self._advance(g, [key])
             if on_durable is not None:
                 self.when_durable(g.name, pos, on_durable)
@@ -1568,13 +1865,11 @@ class DeliveryManager:
         batch = make_letter(record, letter, deliver_at=due_wall if scheduled else None)
         qs = self._retry_queue(g) if not dead else self._internal_queue(target, create=True)
         assert qs is not None
-        try:
-            res = qs.log.append(batch, now_ms=wall)
-        except OSError as exc:  # keep the message where it is: redelivered after a restart
-            log.error("delivery group %s: cannot write %s: %s", g.name, target, exc)
-            if on_durable is not None:
-                on_durable(None)  # still leased: redelivered when its lease ends
-            return
+        self.flusher.check_writable(qs)
+        res = qs.log.append(batch, now_ms=wall)  # OSError: nothing stored, nothing changed
+        # the copy is written: the original is finished here (journaled once the copy is
+        # durable: a crash in between delivers the message twice, never zero times)
+        self._finish(g, key, offset)
         if scheduled and not res.duplicate:  # the scheduler makes a copy visible when due
             self.scheduler.on_append(qs, batch, res.base_offset, res.append_time_ms)
         self.flusher.mark_dirty(qs)
@@ -1582,8 +1877,12 @@ class DeliveryManager:
             qs.advance(qs.log.end_offset)
         g.pending_moves += 1
         g.moving[origin.msg_id] = ("DEAD" if dead else "RETRYING", letter)
+        end = res.last_offset + 1
 
         def moved(exc: BaseException | None) -> None:
+            if flush_postponed(exc) and qs not in self.flusher.failed:
+                qs.wait_durable(end, moved)  # durable once the flusher wrote its tail again
+                return
             g.pending_moves -= 1
             g.moving.pop(origin.msg_id, None)
             if exc is not None:
@@ -1591,55 +1890,88 @@ class DeliveryManager:
                 if on_durable is not None:
                     on_durable(exc)
                 return
-            pos = -1
+            if self.groups.get(g.name) is not g:  # deleted meanwhile
+                if on_durable is not None:
+                    on_durable(None)
+                return
             try:
-                pos = self._journal(g, ["A", key[0], key[1], [[offset, 1]]])
+                self._journal_or_defer(g, ["A", key[0], key[1], [[offset, 1]]], on_durable)
             except BrokerError as e:
                 log.error("delivery group %s: %s", g.name, e)
                 if on_durable is not None:
                     on_durable(e)
             self._advance(g, [key])
-            if on_durable is not None and pos >= 0:
-                self.when_durable(g.name, pos, on_durable)
 
         if self.sync:
-            qs.flush_waiters.append((res.last_offset + 1, moved))
+            qs.wait_durable(end, moved)
         else:
             moved(None)
 
     # -- time passes ---------------------------------------------------------------------------
 
     def tick(self) -> None:
-        """Expire leases, evict silent members, wake receivers of due orderly retries, compact.
-        (Receivers of retry letters are woken by the retry queue: see :meth:`wakeups`.)"""
+        """Expire leases, evict silent members, hand back departed members' leases, journal
+        deferred records, wake receivers of due orderly retries, compact. (Receivers of retry
+        letters are woken by the retry queue: see :meth:`wakeups`.) Work that meets no
+        descriptor or space waits for the next tick (one warning per episode, see the module
+        docstring)."""
         now = self._now()
-        for g in self.groups.values():
-            for mid, mem in list(g.members.items()):
-                if now - mem.last_heartbeat > mem.session_timeout_ms:
-                    self._evict(g, mid, f"consumer {mid} evicted: no heartbeat for "
-                                        f"{mem.session_timeout_ms} ms")
-            exp = g.expiry
-            while exp and exp[0][0] <= now:
-                deadline, lease_id = heapq.heappop(exp)
-                lease = g.leases.get(lease_id)
-                if lease is None or lease.deadline != deadline:
-                    continue
-                for off in sorted(lease.offsets):
-                    self._fail(g, lease.key, off, lease, counts=True, delay_ms=0,
-                               reason="lease expired before an ack")
-            held = g.retry.held
-            if held:  # letters of an older broker whose due time came
-                due = [o for o, until in held.items() if until <= now]
-                for off in due:
-                    del held[off]
-                if due:
-                    g.wake()
-            if g.waiters and g.orderly and any(
-                (d := c.next_due()) is not None and d <= now
-                for c in g.sources.values() if isinstance(c, OrderlyCursor)
-            ):
-                g.wake()
+        self._short_seen = False
+        for g in list(self.groups.values()):
+            if not (g.members or g.expiry or g.returning or g.retry.held
+                    or self.stores[g.name].deferred):
+                continue  # idle: nothing can be due
+            try:
+                self._tick_group(g, now)
+            except (OSError, BrokerError) as exc:
+                err = exc if isinstance(exc, StorageFailureError) else self._shortage(
+                    exc, f"serve delivery group {g.name}")
+                if err is None:
+                    raise
+                self._note_short(err)
         self.compact()
+        if self._short is not None and not self._short_seen:
+            log.warning("delivery groups: the work that waited (%s) is done", self._short)
+            self._short = None
+
+    def _tick_group(self, g: DeliveryGroup, now: int) -> None:
+        """One group's part of :meth:`tick`.
+
+        Raises:
+            BrokerError, OSError: no descriptor or space (or a failed journal) for what was
+                due; it stays due.
+        """
+        if self.stores[g.name].deferred:
+            self._journal_deferred(g)
+        for mid, mem in list(g.members.items()):
+            if now - mem.last_heartbeat > mem.session_timeout_ms:
+                self._evict(g, mid, f"consumer {mid} evicted: no heartbeat for "
+                                    f"{mem.session_timeout_ms} ms")
+        if g.returning:
+            self._return_leases(g)
+        exp = g.expiry
+        if exp and exp[0][0] <= now:
+            with self._writing(g):
+                while exp and exp[0][0] <= now:
+                    deadline, lease_id = exp[0]
+                    lease = g.leases.get(lease_id)
+                    if lease is not None and lease.deadline == deadline:
+                        for off in sorted(lease.offsets):
+                            self._fail(g, lease.key, off, lease, counts=True, delay_ms=0,
+                                       reason="lease expired before an ack")
+                    heapq.heappop(exp)  # only once all of it moved: else tried again
+        held = g.retry.held
+        if held:  # letters of an older broker whose due time came
+            due = [o for o, until in held.items() if until <= now]
+            for off in due:
+                del held[off]
+            if due:
+                g.wake()
+        if g.waiters and g.orderly and any(
+            (d := c.next_due()) is not None and d <= now
+            for c in g.sources.values() if isinstance(c, OrderlyCursor)
+        ):
+            g.wake()
 
     # -- admin -------------------------------------------------------------------------------
 
@@ -1898,8 +2230,9 @@ class DeliveryManager:
                 count = max(0, end - first)
             if dry_run or stop <= g.dlq_floor:
                 return m.DlqAdminResponse(first, stop, count), -1
+            pos = self._journal(g, ["D", stop])
             g.dlq_floor = stop
-            return m.DlqAdminResponse(first, stop, count), self._journal(g, ["D", stop])
+            return m.DlqAdminResponse(first, stop, count), pos
         if action != m.DlqAction.REDRIVE:
             raise InvalidRequestError(f"unknown DLQ action {action}")
         first, end, recs = self._dlq_records(
@@ -1907,38 +2240,53 @@ class DeliveryManager:
         stop = recs[-1].offset + 1 if recs else first
         if dry_run or not recs:
             return m.DlqAdminResponse(first, stop, len(recs)), -1
-        qs = self._retry_queue(g)
-        wall = self.clock.wall_ms()
-        count = 0
-        last_end = 0
-        for r in recs:
-            try:
-                origin = read_letter(r)
-            except CorruptRecordError:
-                continue
-            letter = origin._replace(reconsume=0, due_wall=wall, reason="redriven from DLQ",
-                                     dead_wall=-1)
-            res = qs.log.append(make_letter(r, letter), now_ms=wall)  # visible: due now
-            last_end = res.last_offset + 1
-            count += 1
-        self.flusher.mark_dirty(qs)
-        if not self.sync:
-            qs.advance(qs.log.end_offset)
-        g.dlq_floor = stop
+        with self._writing(g):
+            qs = self._retry_queue(g)
+            self.flusher.check_writable(qs)
+            wall = self.clock.wall_ms()
+            count = 0
+            last_end = 0
+            for r in recs:
+                try:
+                    origin = read_letter(r)
+                except CorruptRecordError:
+                    continue
+                letter = origin._replace(reconsume=0, due_wall=wall,
+                                         reason="redriven from DLQ", dead_wall=-1)
+                try:
+                    res = qs.log.append(make_letter(r, letter), now_ms=wall)  # visible: due now
+                except OSError as exc:  # stop here: what was copied is redriven, no more
+                    err = self._shortage(exc, f"redrive dead letters of {g.name}")
+                    if err is None or not count:
+                        raise
+                    stop = r.offset
+                    break
+                last_end = res.last_offset + 1
+                count += 1
+            self.flusher.mark_dirty(qs)
+            if not self.sync:
+                qs.advance(qs.log.end_offset)
+            pos = self._journal(g, ["D", stop]) if not self.sync else -1
+            g.dlq_floor = stop
         g.pending_moves += 1
-        pos = self._journal(g, ["D", stop]) if not self.sync else -1
 
         def moved(exc: BaseException | None) -> None:
+            if flush_postponed(exc) and qs not in self.flusher.failed:
+                qs.wait_durable(last_end, moved)  # durable once the flusher wrote it again
+                return
             g.pending_moves -= 1
             if exc is not None:
                 log.error("delivery group %s: redrive failed: %s", g.name, exc)
                 return
             if self.sync:
-                self._journal(g, ["D", stop])
+                try:
+                    self._journal_or_defer(g, ["D", stop])
+                except BrokerError as e:
+                    log.error("delivery group %s: %s", g.name, e)
             g.wake()
 
         if self.sync and last_end:
-            qs.flush_waiters.append((last_end, moved))
+            qs.wait_durable(last_end, moved)
         else:
             moved(None)
         return m.DlqAdminResponse(first, stop, count), pos

@@ -84,6 +84,26 @@ class OrderlyCursor:
         self.heads[key] = offset
         return True
 
+    def rewind(self, start: int, examined: list[int]) -> None:
+        """Undo a scan whose new position could not be journaled: ``examined`` are the
+        offsets :meth:`examine` took since the position was ``start`` (rising, none leased or
+        finished since); they are not pending any more and the scan goes back to ``start``."""
+        for o in reversed(examined):
+            self.pending.discard(o)
+            key = self.key_of.pop(o, "")
+            if key:
+                if self.heads.get(key) == o:
+                    del self.heads[key]
+                else:  # held behind its key's head, last in line
+                    q = self.held[key]
+                    q.pop()
+                    self.held_count -= 1
+                    if not q:
+                        del self.held[key]
+            if self._order and self._order[-1] == o:
+                self._order.pop()
+        self.next = start
+
     def lease(self, offsets: Iterable[int], lease: Lease) -> None:
         """Hand ``offsets`` (pending, deliverable, popped from ``ready`` or just examined)."""
         for o in offsets:

@@ -295,6 +295,10 @@ class DeliveryGroup:
     # topics a member subscribed to before they existed: their cursors start at the topic's
     # beginning whatever ``start_from`` says (everything in them is newer than the subscription)
     awaited: set[str] = field(default_factory=set)
+    # leases of members that left or were evicted, handed back to the group by the tick (at
+    # once, unless no descriptor or space lets it move them): (lease, counts as an attempt,
+    # reason)
+    returning: deque[tuple[Lease, bool, str]] = field(default_factory=deque)
 
     def record_acks(self, topic: str, queue: int, runs: list[list[int]], wall_ms: int,
                     limit: int) -> None:

@@ -64,6 +64,10 @@ class GroupStore:
         self.handles = handles
         self.waiters: deque[tuple[int, Callback]] = deque()
         self.failed: BaseException | None = None
+        self.deferred: list[tuple[list[Any], Callback | None]] = []
+        """Records whose change is already in the group's memory but could not be journaled
+        (no descriptor, no space), with who waits for them: journaled again at every tick
+        (only records that may come after later ones: finishes and DLQ floors)."""
 
     @classmethod
     def load(cls, directory: Path, handles: FileHandles | None = None

@@ -22,6 +22,7 @@ space is back.
 from __future__ import annotations
 
 import asyncio
+import functools
 from typing import TYPE_CHECKING, cast
 
 from ferrymq.broker.watermarks import is_disk_full
@@ -127,15 +128,8 @@ def produce(
         if remaining[0] == 0 and not fut.done():
             fut.set_result(m.ProduceResponse(results))
 
-    for qs, end, idx in waits:
-        fw = qs.flush_waiters
-        cb = (end, lambda exc, i=idx: done(i, exc))
-        if fw and fw[-1][0] > end:  # a retried duplicate still waiting: keep the deque sorted
-            items = sorted([*fw, cb], key=lambda e: e[0])
-            fw.clear()
-            fw.extend(items)
-        else:
-            fw.append(cb)
+    for qs, end, idx in waits:  # (a retried duplicate may wait for an earlier end)
+        qs.wait_durable(end, functools.partial(done, idx))
     return fut
 
 
