@@ -45,7 +45,7 @@ from ferrymq.errors import (
     UnknownTopicError,
 )
 from ferrymq.protocol import messages as m
-from tests.helpers import free_port, wait_for
+from tests.helpers import BrokerProcess, free_port, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -897,3 +897,168 @@ def test_timeouts_without_unit_are_deprecated_aliases(broker: Broker, old: str) 
     with pytest.warns(DeprecationWarning, match=f"{old}_s"):
         a = AsyncPushConsumer(broker.address, "g", **{old: 8.0})
     assert _timeouts(a)[f"{old}_s"] == 8.0
+
+
+# --- ephemeral broadcasting groups (issue 18 §3) -------------------------------------------------
+
+
+def group_names(address: str) -> set[str]:
+    with AdminClient(address) as admin:
+        return {g[0] for g in admin.list_groups()}
+
+
+def topic_names(address: str) -> set[str]:
+    with AdminClient(address) as admin:
+        return {t[0] for t in admin.list_topics()}
+
+
+def left_nothing(broker: Broker, group: str) -> bool:
+    """No trace of ``group``: not listed, no retry or dead-letter topic, no files."""
+    delivery = broker.server.data_dir / "delivery"
+    return (group not in group_names(broker.address)
+            and not {f"%RETRY%{group}", f"%DLQ%{group}"} & topic_names(broker.address)
+            and not any(p.name.startswith(group) for p in delivery.iterdir()))
+
+
+def fail_first(got: list[tuple[bytes, int]]) -> Callable[[LeasedMessage], ConsumeResult]:
+    def handle(msg: LeasedMessage) -> ConsumeResult:
+        got.append((msg.body, msg.reconsume_times))
+        return ConsumeResult.FAILURE if msg.reconsume_times == 0 else ConsumeResult.SUCCESS
+    return handle
+
+
+def test_a_broadcasting_consumer_without_instance_name_leaves_no_group(broker: Broker) -> None:
+    """Its group (state, journal, retry topic) is removed once it leaves; one with an
+    instance_name stays and resumes its progress."""
+    produce(broker, "t", 0, queues=2)
+    got: list[tuple[bytes, int]] = []
+    kept: list[tuple[bytes, int]] = []
+    eph = PushConsumer(broker.address, "bc", mode="broadcasting", retry_delays=[0.1])
+    eph.subscribe("t", "*", fail_first(got))
+    named = PushConsumer(broker.address, "bc", mode="broadcasting", instance_name="node-1",
+                         retry_delays=[0.1])
+    named.subscribe("t", "*", fail_first(kept))
+    with eph, named:
+        produce(broker, "t", 3, prefix="a")
+        wait_for(lambda: len(got) == 6 and len(kept) == 6)  # each failed once, then done
+        assert broker.server.delivery.groups[eph.delivery_group].ephemeral
+        assert not broker.server.delivery.groups["bc.node-1"].ephemeral
+        assert {eph.delivery_group, "bc.node-1"} <= group_names(broker.address)
+        assert f"%RETRY%{eph.delivery_group}" in topic_names(broker.address)
+        run(eventually(lambda: all_acked(broker.address, eph.delivery_group)))
+    wait_for(lambda: left_nothing(broker, eph.delivery_group), timeout=5)
+    assert "bc.node-1" in group_names(broker.address)
+    produce(broker, "t", 4, prefix="b")  # while node-1 is down
+    later: list[tuple[bytes, int]] = []
+    again = PushConsumer(broker.address, "bc", mode="broadcasting", instance_name="node-1")
+    again.subscribe("t", "*", lambda msg: later.append((msg.body, msg.reconsume_times)))
+    with again:  # resumes: gets what was sent meanwhile, nothing it acked before
+        wait_for(lambda: len(later) >= 4)
+        time.sleep(0.3)
+    assert sorted(later) == [(f"b{i}".encode(), 0) for i in range(4)]
+
+
+EPHEMERAL_SCRIPT = textwrap.dedent("""
+    import sys, threading
+    from ferrymq import PushConsumer
+
+    c = PushConsumer(sys.argv[1], "bk", mode="broadcasting", session_timeout_s=2.0)
+    c.subscribe("t", "*", lambda msg: None)
+    c.start()
+    print(c.delivery_group, flush=True)
+    threading.Event().wait()  # until kill -9
+""")
+
+
+def test_a_killed_broadcasting_consumer_without_instance_name_leaves_no_group(
+        broker: Broker) -> None:
+    produce(broker, "t", 0, queues=1)
+    with member_process(EPHEMERAL_SCRIPT, broker.address) as (proc, lines):
+        name = lines.get(timeout=20).strip()
+        assert name.startswith("bk.") and name in group_names(broker.address)
+        proc.kill()
+        proc.wait(10)
+        t0 = time.monotonic()
+        assert name in group_names(broker.address)  # until its session expires (2 s)
+        wait_for(lambda: left_nothing(broker, name), timeout=10)
+        assert time.monotonic() - t0 >= 1.5
+
+
+def test_an_ephemeral_group_with_dead_letters_is_kept_until_they_are_handled(
+        broker: Broker, caplog: pytest.LogCaptureFixture) -> None:
+    """Dead letters are not dropped silently (as group delete without --delete-dlq): the group
+    stays without members, with a warning, until its DLQ is purged or redriven."""
+    produce(broker, "t", 0, queues=1)
+    c = PushConsumer(broker.address, "bd", mode="broadcasting", max_reconsume=0)
+    c.subscribe("t", "*", lambda msg: ConsumeResult.FAILURE)
+    with c:
+        produce(broker, "t", 1, prefix="doomed")
+        run(eventually(lambda: describe_dlq(broker.address, c.delivery_group)))
+    time.sleep(0.5)  # a few ticks
+    assert c.delivery_group in group_names(broker.address)
+    assert any("dead letters" in r.getMessage() and c.delivery_group in r.getMessage()
+               for r in caplog.records)
+    with AdminClient(broker.address) as admin:
+        assert [d.body for d in admin.dlq_list(c.delivery_group)] == [b"doomed0"]
+        admin.dlq_purge(c.delivery_group)
+    wait_for(lambda: left_nothing(broker, c.delivery_group), timeout=5)
+
+
+async def describe_dlq(address: str, group: str) -> bool:
+    return (await describe(address, group)).dlq_size == 1
+
+
+def test_ephemeral_is_asked_for_by_the_client_and_a_durable_member_keeps_the_group(
+        broker: Broker) -> None:
+    produce(broker, "t", 0, queues=1)
+
+    def heartbeat(member: str, ephemeral: bool) -> m.ConsumerHeartbeatResponse:
+        return run(request(broker.address, m.ConsumerHeartbeatRequest(
+            "mixed", member, "c", [("t", "*")], 30_000, None, -1, -1, False, False, ephemeral),
+            m.ConsumerHeartbeatResponse))
+
+    first = heartbeat("", True)
+    assert first.ephemeral
+    second = heartbeat("", False)  # a durable member: the group is durable for good
+    assert not second.ephemeral and not heartbeat(first.member_id, True).ephemeral
+    for member in (first.member_id, second.member_id):
+        run(request(broker.address, m.ConsumerLeaveRequest("mixed", member), m.Empty))
+    time.sleep(0.3)
+    assert "mixed" in group_names(broker.address)
+
+
+def test_an_ephemeral_group_outlives_a_broker_restart_only_with_its_member(
+        tmp_path: Path) -> None:
+    """Members are not kept across a broker restart: an ephemeral group's member that comes
+    back within its session keeps the group and its progress; a group whose member does not
+    come back is removed after max_session_timeout_ms (here 3 s)."""
+    env = {"FERRYMQ_MAX_SESSION_TIMEOUT_MS": "3000"}
+    with BrokerProcess(tmp_path / "data", env=env) as b:
+        with AdminClient(b.address) as admin:
+            admin.create_topic("t", 1)
+        got: list[bytes] = []
+        c = PushConsumer(b.address, "br", mode="broadcasting", session_timeout_s=2.0)
+        c.subscribe("t", "*", lambda msg: got.append(msg.body))
+        with c, Producer(b.address) as p:
+            p.send(Message("t", b"before"))
+            wait_for(lambda: got == [b"before"])
+            assert b.terminate() == 0
+            b.start()
+            p.send(Message("t", b"after"))
+            wait_for(lambda: got == [b"before", b"after"], timeout=20)
+            time.sleep(3.5)  # past the restart's grace: its member is back, the group stays
+            assert c.delivery_group in group_names(b.address)
+        wait_for(lambda: c.delivery_group not in group_names(b.address), timeout=5)
+
+        gone = PushConsumer(b.address, "br", mode="broadcasting", session_timeout_s=2.0,
+                            reconnect_timeout_s=1.0)
+        gone.subscribe("t", "*", lambda msg: None)
+        gone.start()
+        assert b.terminate() == 0
+        gone.close()  # cannot tell the broker: it is down
+        b.start()
+        t0 = time.monotonic()
+        assert gone.delivery_group in group_names(b.address)
+        wait_for(lambda: gone.delivery_group not in group_names(b.address), timeout=10)
+        assert time.monotonic() - t0 >= 2.0
+        assert "Traceback" not in b.log_text()

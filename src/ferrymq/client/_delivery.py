@@ -165,9 +165,12 @@ class DeliveryCore:
         start_from: str | int = "earliest",
         orderly: bool = False,
         exclusive: bool = False,
+        ephemeral: bool = False,
     ) -> None:
         self.orderly = orderly
         self.exclusive = exclusive
+        self.ephemeral = ephemeral
+        """Ask for a group the broker removes once it has no members (see heartbeat)."""
         if start_from == "earliest":
             self.start_from = int(m.OffsetSpec.EARLIEST)
         elif start_from == "latest":
@@ -226,10 +229,15 @@ class DeliveryCore:
                 self.group, self.member_id, self.session.client_id,
                 sorted(self.subscriptions.items()), self.session_timeout_ms,
                 self.retry_delays_ms, self.max_reconsume, self.start_from, self.orderly,
-                self.exclusive,
+                self.exclusive, self.ephemeral,
             ),
             m.ConsumerHeartbeatResponse,
         )
+        if self.ephemeral and not resp.ephemeral and not self.member_id:
+            log.warning("delivery group %s is kept by the broker after this consumer leaves "
+                        "(the broker predates ephemeral groups, or a durable member shares the "
+                        "group): remove it with 'ferrymq group delete %s'", self.group,
+                        self.group)
         self.member_id = resp.member_id
         self.members = resp.members
 

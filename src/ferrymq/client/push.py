@@ -226,9 +226,12 @@ class AsyncPushConsumer:
     ``<group>.<instance_name>`` (sanitized to ``[A-Za-z0-9._-]``), with its own progress,
     retries and dead-letter queue ``%DLQ%<group>.<instance_name>``. Without ``instance_name``
     the name is ``<hostname>-<pid>-<n>`` (the n-th such consumer of ``group`` in this
-    process): a restarted process is a new member, starting at the end of each queue. Give a
-    stable ``instance_name`` to keep progress across restarts; the broker refuses a second
-    live consumer with the same name (:class:`~ferrymq.errors.MemberConflictError`). A new
+    process) and the group is ephemeral: the broker removes it (progress, retry queue) once
+    the consumer closes or its session times out, unless it holds dead letters; a restarted
+    process is a new member, starting at the end of each queue. Give a stable
+    ``instance_name`` to keep progress across restarts (the group is then durable); the broker
+    refuses a second live consumer with the same name
+    (:class:`~ferrymq.errors.MemberConflictError`). A new
     broadcasting group starts at the end of each queue (``start_from="latest"``); a clustering
     group at the beginning.
 
@@ -255,7 +258,8 @@ class AsyncPushConsumer:
             before its lease is no longer renewed (RocketMQ's consumeTimeout, 15 min): a
             handler that hangs then loses the message, which is redelivered (counted as a
             failure) and the hung handler's late result is refused.
-        instance_name: this member's name (broadcasting: part of its group's name).
+        instance_name: this member's name (broadcasting: part of its group's name, which is
+            then durable; without it the group is ephemeral, see above).
         start_from: where a *new* group starts: ``"earliest"``, ``"latest"`` or a timestamp
             in ms (default: ``"earliest"`` clustering, ``"latest"`` broadcasting).
         orderly: messages of one sharding key are handled one at a time, in send order,
@@ -344,7 +348,8 @@ class AsyncPushConsumer:
         self._core = DeliveryCore(self._session, self.delivery_group,
                                   session_timeout_s=session_timeout_s, retry_delays=retry_delays,
                                   max_reconsume=max_reconsume, start_from=start_from,
-                                  orderly=orderly, exclusive=broadcasting)
+                                  orderly=orderly, exclusive=broadcasting,
+                                  ephemeral=broadcasting and not instance_name)
         self._subs: dict[str, _Subscription] = {}
         # the buffer: (message, bytes charged to prefetch_bytes), in delivery order
         self._buffer: collections.deque[tuple[LeasedMessage, int]] = collections.deque()

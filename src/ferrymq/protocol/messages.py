@@ -861,11 +861,14 @@ class ResetOffsetsRequest(Request):
 
 @dataclass(frozen=True, slots=True)
 class ConsumerHeartbeatResponse(Body):
-    """The member id to use from now on, and how many members the group has."""
+    """The member id to use from now on, how many members the group has, and whether the
+    group is ephemeral (added after release: a broker that predates it sends none, and its
+    groups are all durable)."""
 
     member_id: str
     members: int
-    SCHEMA = (STR, INT)
+    ephemeral: bool = False
+    SCHEMA = (STR, INT, BOOL)
 
 
 @dataclass(frozen=True, slots=True)
@@ -880,6 +883,10 @@ class ConsumerHeartbeatRequest(Request):
 message per sharding key at a time, in order); it is fixed when the group is created.
 ``exclusive`` says the member must be the group's only live member (a broadcasting consumer's
 own group): a new member is refused with ``MEMBER_CONFLICT`` while another one is live.
+``ephemeral`` (added after release; an older broker ignores it and keeps the group) asks for a
+group the broker removes, with its state and retry queue, once it has no members (a
+broadcasting consumer without an ``instance_name``); it is taken when the group is created, and
+a heartbeat without it makes the group durable for good.
 
 A subscription may name a topic that does not exist yet: the member is registered and the
 group starts delivering it once it exists (see docs/delivery.md)."""
@@ -894,9 +901,11 @@ group starts delivering it once it exists (see docs/delivery.md)."""
     start_from: int
     orderly: bool = False
     exclusive: bool = False
+    ephemeral: bool = False
     API_KEY = ApiKey.CONSUMER_HEARTBEAT
     RESPONSE = ConsumerHeartbeatResponse
-    SCHEMA = (STR, STR, STR, lst(tup(STR, STR)), INT, opt(lst(INT)), INT, INT, BOOL, BOOL)
+    SCHEMA = (STR, STR, STR, lst(tup(STR, STR)), INT, opt(lst(INT)), INT, INT, BOOL, BOOL,
+              BOOL)
 
 
 Delivery = tuple[str, int, int, int, int, int, int, bytes | memoryview]

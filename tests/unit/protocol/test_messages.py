@@ -69,7 +69,10 @@ SAMPLES: list[m.Body] = [
     m.ConsumerHeartbeatRequest("g", "", "c", [("orders", "a || b")], 30_000, None, -1, -2),
     m.ConsumerHeartbeatRequest("g", "m-1", "c", [], 30_000, [100, 200], 3, 1700000000000),
     m.ConsumerHeartbeatRequest("g", "m-2", "c", [], 30_000, None, -1, -2, True),
+    m.ConsumerHeartbeatRequest("g", "m-3", "c", [("t", "*")], 2_000, None, -1, -1, False, True,
+                               True),
     m.ConsumerHeartbeatResponse("m-1", 2),
+    m.ConsumerHeartbeatResponse("m-1", 1, True),
     m.ReceiveRequest("g", "m-1", [("orders", "*")], 32, 1 << 20, 30_000, 500),
     m.ReceiveResponse(30_000, [("orders", 0, 1, 7, 0, 0, 0, BATCH),
                                ("%RETRY%g", 0, 2, 8, 3, 5, 5, b"")]),
@@ -253,6 +256,11 @@ def test_fields_added_later_default_when_an_older_peer_leaves_them_out() -> None
     assert m.ListOffsetsRequest.decode(msgpack.packb([[["t", 0, -1]]])).isolation == 0
     with pytest.raises(RemoteProtocolError):  # a field without a default is still required
         m.FetchRequest.decode(msgpack.packb([500, 1, 1024]))
+    hb = m.ConsumerHeartbeatRequest("g", "", "c", [], 1, None, -1, -1, False, True, True)
+    before_ephemeral = msgpack.unpackb(hb.encode())[:-1]  # a client that predates it
+    assert not m.ConsumerHeartbeatRequest.decode(msgpack.packb(before_ephemeral)).ephemeral
+    answer = msgpack.unpackb(m.ConsumerHeartbeatResponse("m", 1, True).encode())[:-1]
+    assert not m.ConsumerHeartbeatResponse.decode(msgpack.packb(answer)).ephemeral
     with_lag = m.DescribeDeliveryResponse("g", [], [], 0, 0, 0, [1000], 16, True, [], [7])
     before_lag = msgpack.unpackb(with_lag.encode())[:-1]  # a broker that predates ``lag``
     assert m.DescribeDeliveryResponse.decode(msgpack.packb(before_lag)).lag == []

@@ -32,6 +32,13 @@ sync flush mode; leases are journaled with their wall-clock deadline, so after a
 acked message is never redelivered and a leased one stays invisible until its lease ends, and a
 member that comes back with its member id can still ack it.
 
+An *ephemeral* group (a broadcasting consumer without an instance name asks for one in its
+heartbeat) is removed like ``group delete`` removes a group (state, journal, retry queue) once
+it has no members: at the next tick after its member left or was evicted, or
+``max_session_timeout_ms`` after a broker start that found it (members are not kept across a
+restart; a member that comes back in time keeps it). One holding dead letters is kept until
+they are redriven or purged. A heartbeat that does not ask for it makes the group durable.
+
 Running out of file descriptors (EMFILE, ENFILE) or disk space is not fatal here either, and
 changes nothing half-way: every change is journaled *before* it is applied in memory (a lease,
 an ack, a policy, a tag filter, a failure retried in place), and a move writes the message's
@@ -158,6 +165,9 @@ RECEIVE_FIRST_READ_BYTES = 64 * 1024
 """RECEIVE reads a queue in steps starting at this size (growing 4x) until the lease is full."""
 ORDERLY_READ_GAP = 4096
 """Orderly RECEIVE reads ready heads closer than this many offsets in one sequential pass."""
+DLQ_RECHECK_MS = 60_000
+"""An ephemeral group without members kept for its dead letters is looked at again this often
+(and at once after a DLQ purge or redrive)."""
 MAX_REDRIVE_BATCH = 10_000
 """Most dead letters one DLQ_ADMIN redrive moves (the CLI loops for more)."""
 MAX_RETRY_SCAN = 100_000
@@ -248,6 +258,10 @@ class DeliveryManager:
         """What made time-driven work wait (no descriptor, no space) in the current episode:
         warned once when it starts, told when it is over."""
         self._short_seen = False  # a shortage met since the last tick
+        self._idle_ephemeral: dict[str, int] = {}
+        """Ephemeral groups without members -> monotonic ms when they are removed."""
+        self._kept_for_dlq: set[str] = set()  # of those, kept for their dead letters (warned)
+        self._unfinished_deletes: set[Path] = set()  # deleted groups' files left to remove
 
     # -- time ----------------------------------------------------------------------------------
 
@@ -275,6 +289,10 @@ class DeliveryManager:
         for d in deleted:
             log.warning("delivery group %s: finishing its deletion", d.name[:-len(DELETED_SUFFIX)])
             self._remove_deleted(d)
+        # members are not kept across a restart: an ephemeral group's come back within their
+        # session, or it is removed as if they had left
+        grace = self._now() + self.config.max_session_timeout_ms
+        self._idle_ephemeral.update((g.name, grace) for g in self.groups.values() if g.ephemeral)
 
     def _load_group(self, d: Path) -> DeliveryGroup:
         store, snap, records = GroupStore.load(d, self.handles)
@@ -321,6 +339,7 @@ class DeliveryManager:
         g.max_reconsume = int(snap["max"])
         g.start_from = int(snap.get("start", m.OffsetSpec.EARLIEST))
         g.orderly = bool(snap.get("orderly", False))
+        g.ephemeral = bool(snap.get("ephemeral", False))
         g.dlq_floor = int(snap["dlq_floor"])
         self._next_lease = max(self._next_lease, int(snap["lease_seq"]))
         for topic, queue, floor, nxt, leases, *orderly in snap["sources"]:
@@ -391,6 +410,8 @@ class DeliveryManager:
             g.start_from = int(rec[3])
             if len(rec) > 4:
                 g.orderly = bool(rec[4])
+            if len(rec) > 5:
+                g.ephemeral = bool(rec[5])
         elif kind == "D":
             g.dlq_floor = max(g.dlq_floor, int(rec[1]))
         elif kind == "T":
@@ -518,6 +539,7 @@ class DeliveryManager:
             "dlq_floor": g.dlq_floor,
             "lease_seq": self._next_lease,
             "orderly": g.orderly,
+            "ephemeral": g.ephemeral,
             "sources": [
                 [c.topic, c.queue, c.floor, c.next, leases(c.leased)]
                 + ([_runs(c.pending), [
@@ -734,7 +756,8 @@ class DeliveryManager:
         self, name: str, member_id: str, client_id: str, host: str,
         subscriptions: list[tuple[str, str]], session_timeout_ms: int,
         retry_delays_ms: list[int] | None, max_reconsume: int, start_from: int,
-        orderly: bool = False, *, exclusive: bool = False, link: MemberLink | None = None,
+        orderly: bool = False, *, exclusive: bool = False, ephemeral: bool = False,
+        link: MemberLink | None = None,
     ) -> tuple[DeliveryGroup, DeliveryMember, int]:
         """Register or refresh a member; returns (group, member, journal position or -1).
 
@@ -742,6 +765,10 @@ class DeliveryManager:
         member, RECEIVE skips it until it exists, and the group then starts it at its
         beginning (``awaited``). Everything is checked before the group is created, so a
         refused first heartbeat leaves no group behind.
+
+        ``ephemeral`` asks for a group the broker removes once it has no members (see
+        :meth:`_remove_idle_ephemeral`); it is taken when the group is created, and a group
+        becomes durable for good when a member heartbeats without it.
 
         Raises:
             PolicyViolationError: a new group beyond ``max_delivery_groups``.
@@ -782,10 +809,12 @@ class DeliveryManager:
         new_delays = retry_delays_ms if retry_delays_ms is not None else g.retry_delays_ms
         new_max = max_reconsume if max_reconsume >= 0 else g.max_reconsume
         new_start = start_from if g0 is None else g.start_from
+        new_ephemeral = ephemeral if g0 is None else g.ephemeral and ephemeral
         if (g0 is None or new_delays != g.retry_delays_ms or new_max != g.max_reconsume
-                or new_start != g.start_from):
+                or new_start != g.start_from or new_ephemeral != g.ephemeral):
             try:
-                pos = self._journal(g, ["P", list(new_delays), new_max, new_start, orderly])
+                pos = self._journal(g, ["P", list(new_delays), new_max, new_start, orderly,
+                                        new_ephemeral])
             except BaseException:
                 if g0 is None:
                     self._drop_new(g)
@@ -794,6 +823,10 @@ class DeliveryManager:
             g.max_reconsume = new_max
             g.start_from = new_start
             g.orderly = orderly
+            if g.ephemeral and not new_ephemeral:
+                log.info("delivery group %s: durable now (a member joined without asking for "
+                         "an ephemeral group)", name)
+            g.ephemeral = new_ephemeral
         g.awaited.update(t for t in missing if not any(k[0] == t for k in g.sources))
         if not member_id:
             member_id = f"{client_id or 'consumer'}-{uuid.uuid4().hex[:12]}"
@@ -803,7 +836,10 @@ class DeliveryManager:
                 member_id, client_id, host, now, session_timeout_ms, list(subscriptions),
                 exclusive, link,
             )
-            log.info("delivery group %s: member %s joined from %s", name, member_id, host)
+            self._idle_ephemeral.pop(name, None)
+            self._kept_for_dlq.discard(name)
+            log.info("delivery group %s: member %s joined from %s%s", name, member_id, host,
+                     " (ephemeral group)" if g.ephemeral else "")
         else:
             mem.last_heartbeat = now
             mem.session_timeout_ms = session_timeout_ms
@@ -895,7 +931,8 @@ class DeliveryManager:
         group (``start_from``).
 
         The directory is renamed first (``<group>~deleted``, fsynced): from then on the group is
-        gone, and a crash before the rest is done is finished by :meth:`load`.
+        gone, and a crash before the rest is done is finished by :meth:`load`; what cannot be
+        removed now for lack of descriptors or space is removed by a later tick.
 
         Raises:
             NonEmptyGroupError, BusyError: see :meth:`check_deletable`.
@@ -907,14 +944,31 @@ class DeliveryManager:
             return None
         gone = self.dir / f"{name}{DELETED_SUFFIX}"
         (self.dir / name).rename(gone)
-        fsync_directory(self.dir)
+        try:
+            fsync_directory(self.dir)
+        except OSError as exc:  # the rename is done; a crash before it is durable undoes it
+            if self._shortage(exc, "") is None:
+                raise
         del self.groups[name]
+        self._idle_ephemeral.pop(name, None)
+        self._kept_for_dlq.discard(name)
         with contextlib.suppress(OSError):  # renamed away: its last fsync is moot
             self.stores.pop(name).close()
         g.wake()
-        self._remove_deleted(gone)
+        self._finish_delete(gone)
         log.info("delivery group %s: deleted (%d dead letters with it)", name, dead)
         return dead
+
+    def _finish_delete(self, d: Path) -> None:
+        """:meth:`_remove_deleted`, or at a later tick when descriptors or space are short."""
+        try:
+            self._remove_deleted(d)
+        except OSError as exc:
+            err = self._shortage(exc, f"remove the files of the deleted delivery group {d.name}")
+            if err is None:
+                raise
+            self._note_short(err)
+            self._unfinished_deletes.add(d)
 
     def _remove_deleted(self, d: Path) -> None:
         """Remove a deleted group's retry and dead-letter topics, then its directory (unless a
@@ -930,9 +984,11 @@ class DeliveryManager:
     def _release_member(self, g: DeliveryGroup, member_id: str, *, counts: bool, reason: str) -> None:
         """Hand the leases of a member that is gone back to the group: now, or at the next
         ticks when no descriptor or space lets them move (they stay leased meanwhile, so
-        nobody else gets them)."""
+        nobody else gets them). An ephemeral group left without members is removed soon."""
         g.returning.extend((ls, counts, reason) for ls in g.leases.values()
                            if ls.member == member_id)
+        if g.ephemeral and not g.members:
+            self._idle_ephemeral[g.name] = self._now()
         try:
             self._return_leases(g)
         except (OSError, BrokerError) as exc:
@@ -1911,10 +1967,10 @@ class DeliveryManager:
 
     def tick(self) -> None:
         """Expire leases, evict silent members, hand back departed members' leases, journal
-        deferred records, wake receivers of due orderly retries, compact. (Receivers of retry
-        letters are woken by the retry queue: see :meth:`wakeups`.) Work that meets no
-        descriptor or space waits for the next tick (one warning per episode, see the module
-        docstring)."""
+        deferred records, wake receivers of due orderly retries, remove ephemeral groups left
+        without members, compact. (Receivers of retry letters are woken by the retry queue:
+        see :meth:`wakeups`.) Work that meets no descriptor or space waits for the next tick
+        (one warning per episode, see the module docstring)."""
         now = self._now()
         self._short_seen = False
         for g in list(self.groups.values()):
@@ -1929,6 +1985,11 @@ class DeliveryManager:
                 if err is None:
                     raise
                 self._note_short(err)
+        if self._idle_ephemeral:
+            self._remove_idle_ephemeral(now)
+        for d in list(self._unfinished_deletes):
+            self._unfinished_deletes.discard(d)
+            self._finish_delete(d)
         self.compact()
         if self._short is not None and not self._short_seen:
             log.warning("delivery groups: the work that waited (%s) is done", self._short)
@@ -1972,6 +2033,41 @@ class DeliveryManager:
             for c in g.sources.values() if isinstance(c, OrderlyCursor)
         ):
             g.wake()
+
+    def _remove_idle_ephemeral(self, now: int) -> None:
+        """Remove the ephemeral groups whose last member left or was evicted (or that got no
+        member within ``max_session_timeout_ms`` of a broker start), as :meth:`delete` does,
+        once nothing of theirs is moving. One with dead letters is kept (they are not dropped
+        silently: see docs/delivery.md) and looked at again every DLQ_RECHECK_MS."""
+        for name, when in list(self._idle_ephemeral.items()):
+            if when > now:
+                continue
+            g = self.groups.get(name)
+            if g is None or g.members or not g.ephemeral:
+                del self._idle_ephemeral[name]
+                continue
+            try:
+                dead = self.check_deletable(name, delete_dlq=False)
+                self.delete(name, delete_dlq=False)
+            except BusyError:
+                continue  # still moving messages: next tick
+            except NonEmptyGroupError:
+                if name not in self._kept_for_dlq:
+                    self._kept_for_dlq.add(name)
+                    log.warning("ephemeral delivery group %s has no members but %d dead letters "
+                                "in %s: kept until they are redriven or purged (ferrymq dlq), or "
+                                "deleted with it (ferrymq group delete %s --delete-dlq)", name,
+                                self._dlq_size(g), g.dlq_topic, name)
+                self._idle_ephemeral[name] = now + DLQ_RECHECK_MS
+                continue
+            except OSError as exc:
+                err = self._shortage(exc, f"remove the ephemeral delivery group {name}")
+                if err is None:
+                    raise
+                self._note_short(err)
+                continue
+            log.info("delivery group %s: removed (ephemeral, no members left)%s", name,
+                     f"; {dead} dead letters with it" if dead else "")
 
     # -- admin -------------------------------------------------------------------------------
 
@@ -2232,6 +2328,7 @@ class DeliveryManager:
                 return m.DlqAdminResponse(first, stop, count), -1
             pos = self._journal(g, ["D", stop])
             g.dlq_floor = stop
+            self._recheck_ephemeral(g)
             return m.DlqAdminResponse(first, stop, count), pos
         if action != m.DlqAction.REDRIVE:
             raise InvalidRequestError(f"unknown DLQ action {action}")
@@ -2268,6 +2365,7 @@ class DeliveryManager:
                 qs.advance(qs.log.end_offset)
             pos = self._journal(g, ["D", stop]) if not self.sync else -1
             g.dlq_floor = stop
+        self._recheck_ephemeral(g)
         g.pending_moves += 1
 
         def moved(exc: BaseException | None) -> None:
@@ -2290,6 +2388,11 @@ class DeliveryManager:
         else:
             moved(None)
         return m.DlqAdminResponse(first, stop, count), pos
+
+    def _recheck_ephemeral(self, g: DeliveryGroup) -> None:
+        """An ephemeral group without members kept for its dead letters: look again now."""
+        if g.name in self._idle_ephemeral:
+            self._idle_ephemeral[g.name] = self._now()
 
 
 _SKIP_BITS = ATTR_SCHEDULED | ATTR_TRANSACTIONAL | ATTR_CONTROL

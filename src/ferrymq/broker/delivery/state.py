@@ -282,6 +282,7 @@ class DeliveryGroup:
     dlq_floor: int = 0
     members: dict[str, DeliveryMember] = field(default_factory=dict)
     orderly: bool = False  # fixed when the group is created
+    ephemeral: bool = False  # removed by the broker once it has no members (see the manager)
     sources: dict[tuple[str, int], SourceCursor | OrderlyCursor] = field(default_factory=dict)
     leases: dict[int, Lease] = field(default_factory=dict)
     in_flight: dict[str, int] = field(default_factory=dict)  # member -> leased messages

@@ -58,9 +58,10 @@ def consumer_heartbeat(
     g, mem, pos = srv.delivery.heartbeat(
         req.group, req.member_id, req.client_id or conn.client_id, conn.peer,
         req.subscriptions, timeout, req.retry_delays_ms, req.max_reconsume, req.start_from,
-        req.orderly, exclusive=req.exclusive, link=conn,
+        req.orderly, exclusive=req.exclusive, ephemeral=req.ephemeral, link=conn,
     )
-    return _after(srv, g.name, pos, m.ConsumerHeartbeatResponse(mem.member_id, len(g.members)))
+    return _after(srv, g.name, pos,
+                  m.ConsumerHeartbeatResponse(mem.member_id, len(g.members), g.ephemeral))
 
 
 def receive(
