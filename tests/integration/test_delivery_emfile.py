@@ -102,10 +102,12 @@ def index(msg: LeasedMessage) -> int:
     return int(msg.body.decode().split("-")[1])
 
 
+ASYNC_ENV = {"FERRYMQ_FLUSH_INTERVAL_MS": "600000"}
+
+
 @pytest.fixture
 def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
-    env = {"FERRYMQ_FLUSH_INTERVAL_MS": "600000", "FERRYMQ_DELIVERY_JOURNAL_BYTES": "4096"}
-    with BrokerProcess(tmp_path / "data", nofile=NOFILE, flush="async", env=env) as b:
+    with BrokerProcess(tmp_path / "data", nofile=NOFILE, flush="async", env=ASYNC_ENV) as b:
         yield b
 
 
@@ -150,7 +152,7 @@ def test_delivery_groups_out_of_descriptors_lose_nothing_and_recover(
     hog_up = threading.Event()
 
     push = PushConsumer(b.address, group=PUSH_GROUP, threads=4, retry_delays=[1],
-                        max_reconsume=3, invisible_duration=INVISIBLE_S)
+                        max_reconsume=3, invisible_duration=30)  # no expiry while settling
 
     @push.subscribe(TOPIC)
     def handle(msg: LeasedMessage) -> ConsumeResult:
@@ -278,3 +280,46 @@ def status(admin: AdminClient, msg_id: str, group: str) -> tuple[str, str, str, 
                                                                  str, int]:
     (row,) = [s for s in admin.message_status(msg_id).statuses if s[0] == group]
     return row
+
+
+def test_a_journal_compaction_out_of_descriptors_waits_and_loses_nothing(tmp_path: Path) -> None:
+    """A group's journal passes delivery_journal_bytes while the broker has no descriptor: the
+    compaction (a new journal, a snapshot) is retried at every tick with one warning, acks go
+    on meanwhile, and it happens once descriptors are free; a restart finds every ack."""
+    env = {**ASYNC_ENV, "FERRYMQ_DELIVERY_JOURNAL_BYTES": "4096"}
+    with BrokerProcess(tmp_path / "data", nofile=NOFILE, flush="async", env=env) as b:
+        with AdminClient(b.address) as admin:
+            admin.create_topic(TOPIC, 1)
+        with Producer(b.address) as p:
+            for i in range(200):
+                p.send(Message(TOPIC, f"m-{i}".encode()))
+        group_dir = tmp_path / "data" / "delivery" / GROUP
+        acked: list[int] = []
+        with SimpleConsumer(b.address, group=GROUP) as c:
+            c.subscribe(TOPIC)
+            msgs = []
+            deadline = time.monotonic() + 10
+            while len(msgs) < 200 and time.monotonic() < deadline:
+                msgs += c.receive(max_messages=200 - len(msgs), invisible_duration=60, wait=0.5)
+            assert len(msgs) == 200
+            c.ack(msgs[0])  # its journal has unsynced writes now: the cache keeps it open
+            acked.append(index(msgs[0]))
+            before = {p.name for p in group_dir.iterdir()}
+            with Hog(b):
+                for msg in msgs[1:]:  # one record each: well past 4096 bytes
+                    c.ack(msg)
+                    acked.append(index(msg))
+                time.sleep(0.5)  # ticks that try to compact
+                assert {p.name for p in group_dir.iterdir()} == before  # nothing half-done
+            wait_for(lambda: any(p.name == "state" for p in group_dir.iterdir()), timeout=10)
+        assert sorted(acked) == list(range(200))
+        text = b.log_text()
+        assert text.count(EPISODE_WARNING) == 1 and "compact the delivery journal" in text
+        assert text.count(EPISODE_END) == 1 and "Traceback" not in text
+        b.kill9()
+        b.start()
+        with SimpleConsumer(b.address, group=GROUP) as c:
+            c.subscribe(TOPIC)
+            assert not c.receive(max_messages=10, invisible_duration=60, wait=1.0)
+        with AdminClient(b.address) as admin:
+            assert sum(admin.describe_delivery(GROUP).lag) == 0
