@@ -15,6 +15,8 @@ from pathlib import Path
 
 from ferrymq import PullConsumer, ReceivedMessage
 
+REQUIRE_ALL_TESTS = os.environ.get("FERRYMQ_REQUIRE_ALL_TESTS", "") not in ("", "0")
+"""Set by ``.ci/run``: a test that would be skipped (or not collected) fails the run instead."""
 LISTEN_RE = re.compile(r"listening on ([\d.]+):(\d+)")
 
 

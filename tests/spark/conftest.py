@@ -12,14 +12,20 @@ from typing import Any
 import pytest
 
 from ferrymq import Broker
+from tests.helpers import REQUIRE_ALL_TESTS
 from tests.spark.helpers import spark_session
 
 _JVM_MODULES = ["test_read.py", "test_sink.py", "test_exactly_once.py", "test_sink_recovery.py",
                 "test_workers_python.py", "test_example_pipeline.py",
                 "test_security.py"]
-if not all(importlib.util.find_spec(m) for m in ("pyspark", "pyarrow", "numpy")):
+_MISSING = ("pyspark, pyarrow or numpy" if not all(
+    importlib.util.find_spec(m) for m in ("pyspark", "pyarrow", "numpy"))
+    else "java" if shutil.which("java") is None and not os.environ.get("JAVA_HOME") else "")
+if _MISSING and REQUIRE_ALL_TESTS:
+    raise RuntimeError(f"the Spark tests need {_MISSING}, and FERRYMQ_REQUIRE_ALL_TESTS is set")
+if _MISSING.startswith("pyspark"):
     collect_ignore_glob = ["test_*.py"]  # pip install -e '.[test]' brings them
-elif shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+elif _MISSING:
     collect_ignore_glob = _JVM_MODULES  # Spark needs a JVM (Java 17+)
 
 
