@@ -4,6 +4,8 @@
   FerryMQ itself only ``ferrymq.protocol`` and ``ferrymq.errors``.
 * ``ferrymq.storage`` does not import the broker or the clients.
 * ``ferrymq.client`` does not import the broker.
+* ``ferrymq.spark`` imports neither the clients nor the broker nor the CLI: it speaks the
+  protocol through its core (``ferrymq.protocol.client``), as the asyncio clients do.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ def _ids(paths: list[Path]) -> list[str]:
 PROTOCOL = _modules("protocol")
 STORAGE = _modules("storage")
 CLIENT = _modules("client")
+SPARK = _modules("spark")
 BANNED_IN_PROTOCOL = {"asyncio", "socket", "os", "time", "selectors", "threading",
                       "subprocess", "<dynamic __import__>", "<dynamic importlib>"}
 
@@ -92,15 +95,26 @@ def test_errors_module_is_sans_io() -> None:
     }
 
 
+def _broker_client_or_cli(path: Path) -> set[str]:
+    """What ``path`` imports of the broker, the clients or the CLI."""
+    return {n for n in _imports(path)
+            if n.startswith(("ferrymq.broker", "ferrymq.client", "ferrymq.admin"))
+            or n in ("ferrymq.Broker", "ferrymq.Producer", "ferrymq.PullConsumer")}
+
+
 @pytest.mark.parametrize("path", STORAGE, ids=_ids(STORAGE))
 def test_storage_does_not_import_broker_or_client(path: Path) -> None:
-    bad = {n for n in _imports(path)
-           if n.startswith(("ferrymq.broker", "ferrymq.client", "ferrymq.admin"))
-           or n in ("ferrymq.Broker", "ferrymq.Producer", "ferrymq.PullConsumer")}
+    bad = _broker_client_or_cli(path)
     assert not bad, f"{path.name} imports {sorted(bad)}"
 
 
 @pytest.mark.parametrize("path", CLIENT, ids=_ids(CLIENT))
 def test_client_does_not_import_broker(path: Path) -> None:
     bad = {n for n in _imports(path) if n.startswith("ferrymq.broker") or n == "ferrymq.Broker"}
+    assert not bad, f"{path.name} imports {sorted(bad)}"
+
+
+@pytest.mark.parametrize("path", SPARK, ids=_ids(SPARK))
+def test_spark_imports_no_client_broker_or_cli(path: Path) -> None:
+    bad = _broker_client_or_cli(path)
     assert not bad, f"{path.name} imports {sorted(bad)}"

@@ -43,12 +43,12 @@ from typing import IO, Any, Literal
 
 import click
 
+from ferrymq._connect import client_tls_context
 from ferrymq._hints import for_cli
 from ferrymq.admin.bench import bench
 from ferrymq.admin.cli_delivery import dlq, message
 from ferrymq.admin.output import Printer
 from ferrymq.broker.auth import User, read_users_file, update_users_file
-from ferrymq.client._transport import client_tls_context
 from ferrymq.client.message import Message, ReceivedMessage, SendResult
 from ferrymq.client.sync import AdminClient, Producer, PullConsumer
 from ferrymq.errors import FerryMQError, UnknownGroupError, UserAlreadyExistsError

@@ -22,12 +22,15 @@ at once (the budget was the retrying).
 A keepalive task pings an idle connection every ``keepalive_s``; a ping without an answer within
 ``request_timeout_s`` closes the connection so that the next request reconnects.
 
+Every new connection starts with the handshake of :class:`~ferrymq.protocol.client.
+ClientHandshake` (HELLO, then SCRAM with ``auth=``), each step sent as an ordinary request.
+
 Security: with ``auth=(user, secret)`` every new connection authenticates right after HELLO
 (SCRAM-SHA-256 style, :mod:`ferrymq.protocol.auth`: the secret never crosses the wire, and the
 broker's signature is checked, so a broker that does not know the user's keys is refused). An
 authentication failure is not retried: it raises
 :class:`~ferrymq.errors.AuthenticationFailedError` at once. ``tls=`` (see
-:data:`~ferrymq.client._transport.TLSOption`) wraps every connection in TLS; a failed TLS
+:data:`~ferrymq._connect.TLSOption`) wraps every connection in TLS; a failed TLS
 handshake (wrong port, untrusted certificate) is not retried either.
 """
 
@@ -42,29 +45,29 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from ferrymq._connect import TIMED_OUT, client_tls_context, connect_failure
+from ferrymq._connect import TLSOption as TLSOption
+from ferrymq._connect import parse_servers as parse_servers
 from ferrymq._hints import CONNECT_TIMEOUT, RECONNECT_TIMEOUT, TLS_NEEDED
 from ferrymq._version import __version__
-from ferrymq.client._transport import TIMED_OUT, Transport, client_tls_context, connect_failure
-from ferrymq.client._transport import TLSOption as TLSOption
+from ferrymq.client._transport import Transport
 from ferrymq.client.retry import Backoff, refused_before_effect
 from ferrymq.errors import (
-    AuthenticationFailedError,
     BrokerError,
     ConfigError,
     ConnectionClosedError,
     FerryMQTimeoutError,
-    RemoteProtocolError,
     UnknownTopicError,
     error_for_code,
 )
 from ferrymq.protocol import messages as m
-from ferrymq.protocol.auth import MECHANISM, NONCE_BYTES, ScramClient, check_user_name
+from ferrymq.protocol.auth import NONCE_BYTES, check_user_name
+from ferrymq.protocol.client import ClientHandshake, HandshakeStep
 from ferrymq.protocol.codes import ErrorCode
 
 log = logging.getLogger("ferrymq.client")
 B = TypeVar("B", bound=m.Body)
 
-DEFAULT_PORT = 9876
 MIN_ATTEMPT_S = 0.05
 """A connection attempt is not started with less of its budget left than this: it could only
 time out (and a refused port would be reported as timed out)."""
@@ -92,33 +95,6 @@ def check_auth(auth: object) -> Auth | None:
     if not secret:
         raise ConfigError("auth=: the secret must not be empty")
     return user, secret
-
-
-def parse_servers(servers: str | list[str] | tuple[str, ...]) -> list[tuple[str, int]]:
-    """``"h1:p1,h2:p2"`` or a list of ``host:port`` into address pairs.
-
-    Raises:
-        ConfigError: an address that does not parse.
-    """
-    items = servers.split(",") if isinstance(servers, str) else list(servers)
-    out: list[tuple[str, int]] = []
-    for item in items:
-        item = item.strip()
-        if not item:
-            continue
-        host, _, port = item.rpartition(":")
-        if not host:
-            host, port = item, str(DEFAULT_PORT)
-        try:
-            p = int(port)
-        except ValueError:
-            raise ConfigError(f"bad server address {item!r}: expected host:port") from None
-        if not 0 < p < 65536:
-            raise ConfigError(f"bad port in {item!r}")
-        out.append((host.strip("[]"), p))
-    if not out:
-        raise ConfigError("no server address given")
-    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,11 +257,15 @@ class Session:
             if isinstance(exc.__cause__, ssl.SSLError):
                 raise  # a TLS mismatch or an untrusted certificate: retrying cannot help
             return connect_failure(exc.__cause__ or exc)
+        auth = self._auth
+        handshake = ClientHandshake(self.client_id, __version__, auth,
+                                    None if auth is None else secrets.token_bytes(NONCE_BYTES))
         try:
-            hello = await conn.request(
-                m.HelloRequest(self.client_id, __version__), m.HelloResponse, timeout_s)
-            if self._auth is not None:
-                await self._authenticate(conn)
+            while (req := handshake.next_request()) is not None:
+                # HELLO gets this attempt's time; each authentication step connect_timeout_s
+                step_timeout = (timeout_s if handshake.step is HandshakeStep.HELLO
+                                else self.connect_timeout_s)
+                handshake.receive(await conn.request(req, req.RESPONSE, step_timeout))
         except ConnectionClosedError as exc:
             conn.close()
             hint = "" if self._tls is not None else f" (if the broker's port is TLS, {TLS_NEEDED})"
@@ -296,26 +276,10 @@ class Session:
         except BaseException:
             conn.close()
             raise
-        self.hello = hello
+        self.hello = handshake.hello
+        if handshake.user is not None:
+            self.user = handshake.user
         return conn
-
-    async def _authenticate(self, conn: Transport) -> None:
-        assert self._auth is not None
-        user, secret = self._auth
-        scram = ScramClient(user, secret, secrets.token_bytes(NONCE_BYTES))
-        timeout = self.connect_timeout_s
-        start = await conn.request(m.AuthStartRequest(MECHANISM, user, scram.client_nonce),
-                                   m.AuthStartResponse, timeout)
-        try:
-            proof = scram.proof(start.salt, start.iterations, start.server_nonce)
-        except RemoteProtocolError as exc:
-            raise AuthenticationFailedError(f"the broker's challenge is not valid: {exc}") from None
-        done = await conn.request(m.AuthFinishRequest(proof), m.AuthFinishResponse, timeout)
-        if not scram.server_signature_ok(done.server_signature):
-            raise AuthenticationFailedError(
-                "the broker could not prove it knows this user's keys (a different broker, or "
-                "someone in between): not using this connection")
-        self.user = done.user
 
     async def _keepalive_loop(self) -> None:
         while not self._closed:

@@ -1,101 +1,41 @@
-"""One client connection: frames out, responses matched to futures by correlation id.
+"""One client connection over asyncio: the sans-IO connection core under a socket.
 
 Theory of operation
 -------------------
-:class:`Transport` is an ``asyncio.BufferedProtocol`` around the sans-IO :class:`FrameDecoder`. Each
-request gets a correlation id and a future; the response resolves it (or raises the broker's
-error as its exception class). Many requests are in flight at once. When the connection drops,
-every pending future fails with :class:`~ferrymq.errors.ConnectionClosedError`; reconnecting is
-the session's job (:mod:`ferrymq.client._session`), not this class's.
+:class:`Transport` is an ``asyncio.BufferedProtocol`` around
+:class:`~ferrymq.protocol.client.ClientConnection`, which does the protocol: correlation ids,
+matching answers, the broker's error codes as exceptions, bad bytes. This class only moves bytes
+and wakes futures: each request's token is its future; the answer resolves it (or raises the
+broker's error as its exception class). Many requests are in flight at once. When the
+connection drops, every pending future fails with
+:class:`~ferrymq.errors.ConnectionClosedError`; reconnecting, and the HELLO and SCRAM handshake
+(:class:`~ferrymq.protocol.client.ClientHandshake`), are the session's job
+(:mod:`ferrymq.client._session`), not this class's.
 
-TLS: :func:`client_tls_context` turns the clients' ``tls=`` option into an ``ssl.SSLContext``
-(``True``: the system's CAs; a path: that CA bundle; a context: as given). The broker's
-certificate is always verified, host name included.
+Addresses, TLS contexts and the words for a failed attempt are :mod:`ferrymq._connect`'s.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
-import socket
 import ssl
 from typing import TypeVar, cast
 
 from ferrymq import _sockets
 from ferrymq._buffers import thread_scratch
-from ferrymq.errors import (
-    ConfigError,
-    ConnectionClosedError,
-    FerryMQTimeoutError,
-    RemoteProtocolError,
-    error_for_code,
-)
-from ferrymq.protocol.frames import (
-    FLAG_ONEWAY,
-    Frame,
-    FrameDecoder,
-    encode_frame_parts,
-    split_response,
+from ferrymq._connect import connect_failure
+from ferrymq.errors import ConnectionClosedError, FerryMQTimeoutError
+from ferrymq.protocol.client import (
+    ClientConnection,
+    ResponseReceived,
+    closed_error,
+    decode_response,
 )
 from ferrymq.protocol.messages import Body, Request
 
+__all__ = ["Transport", "decode_response"]
+
 B = TypeVar("B", bound=Body)
-
-CLIENT_MAX_FRAME_BYTES = 64 * 1024 * 1024
-"""Largest response a client accepts (the broker caps fetches far below this)."""
-
-TLSOption = bool | str | ssl.SSLContext | None
-"""The clients' ``tls=``: None/False plain TCP; True verify with the system's CAs; a path to a
-CA bundle (PEM) to verify with; or a ready ``ssl.SSLContext`` (client certificates, pinning)."""
-
-
-def client_tls_context(tls: TLSOption = True, *, cert_file: str | None = None,
-                       key_file: str | None = None) -> ssl.SSLContext | None:
-    """Build the client's TLS context from a ``tls=`` option.
-
-    Args:
-        tls: see :data:`TLSOption`.
-        cert_file: a client certificate (PEM) to present (with ``key_file``).
-        key_file: its private key.
-
-    Raises:
-        ConfigError: a file cannot be loaded, or ``tls`` is of the wrong type.
-    """
-    if isinstance(tls, ssl.SSLContext):
-        return tls
-    if tls is None or tls is False:
-        if cert_file:
-            raise ConfigError("a TLS client certificate needs tls=")
-        return None
-    if not isinstance(tls, bool | str):
-        raise ConfigError(f"tls= must be a bool, a CA file path or an ssl.SSLContext, "
-                          f"not {type(tls).__name__}")
-    try:
-        ctx = ssl.create_default_context(cafile=None if tls is True else tls)
-        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-        if cert_file:
-            ctx.load_cert_chain(cert_file, key_file)
-    except (OSError, ssl.SSLError) as exc:
-        raise ConfigError(f"cannot load TLS files: {exc}") from None
-    return ctx
-
-
-TIMED_OUT = "timed out"
-"""What :func:`connect_failure` says of an attempt that ran out of time."""
-
-
-def connect_failure(exc: BaseException) -> str:
-    """Why a connection attempt failed, in the words a user looks for: "connection refused",
-    "timed out", "name not resolved", or the system's message for other socket errors."""
-    if isinstance(exc, socket.gaierror):
-        return "name not resolved"
-    if isinstance(exc, TimeoutError):  # asyncio's timeout and a socket's ETIMEDOUT alike
-        return TIMED_OUT
-    if isinstance(exc, ConnectionRefusedError):
-        return "connection refused"
-    if isinstance(exc, OSError) and exc.strerror:
-        return exc.strerror[:1].lower() + exc.strerror[1:]
-    return str(exc) or type(exc).__name__
 
 
 class Transport(asyncio.BufferedProtocol):
@@ -103,13 +43,16 @@ class Transport(asyncio.BufferedProtocol):
 
     def __init__(self) -> None:
         self._transport: asyncio.Transport | None = None
-        self._decoder = FrameDecoder(CLIENT_MAX_FRAME_BYTES, thread_scratch(), preallocate=True)
-        self._pending: dict[int, tuple[asyncio.Future[bytes | memoryview], type[Request]]] = {}
-        self._ids = itertools.count(1)
+        self._conn: ClientConnection[asyncio.Future[bytes | memoryview]] = ClientConnection(
+            scratch=thread_scratch())
         self.closed = asyncio.Event()
-        self.close_reason: BaseException | None = None
         self._drain_waiters: list[asyncio.Future[None]] = []
         self._paused = False
+
+    @property
+    def close_reason(self) -> BaseException | None:
+        """Why the connection ended (None while it is open)."""
+        return self._conn.error
 
     @classmethod
     async def connect(cls, host: str, port: int, timeout_s: float,
@@ -154,34 +97,16 @@ class Transport(asyncio.BufferedProtocol):
             _sockets.tune(sock)
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        return self._decoder.get_buffer(sizehint)
+        return self._conn.get_buffer(sizehint)
 
     def buffer_updated(self, nbytes: int) -> None:
-        try:
-            frames = self._decoder.buffer_updated(nbytes)
-        except RemoteProtocolError as exc:
-            self._fail(exc)
-            return
-        self._handle(frames)
-
-    def _handle(self, frames: list[Frame]) -> None:
-        for f in frames:
-            entry = self._pending.pop(f.correlation_id, None)
-            if entry is None:
-                if f.correlation_id == 0:  # connection-level error from the broker
-                    try:
-                        code, body = split_response(f.payload)
-                    except RemoteProtocolError as exc:
-                        self._fail(exc)
-                        return
-                    self._fail(error_for_code(code, str(body, "utf-8", "replace")))
-                    return
-                continue  # answer to a request we gave up on
-            fut = entry[0]
-            if not fut.done():
-                fut.set_result(f.payload)
-        if self._decoder.error is not None:
-            self._fail(self._decoder.error)
+        for event in self._conn.buffer_updated(nbytes):
+            if isinstance(event, ResponseReceived):
+                fut = event.token
+                if not fut.done():
+                    fut.set_result(event.payload)
+            else:  # ConnectionTerminated: the last event
+                self._fail(event.error)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._fail(ConnectionClosedError(f"connection lost: {exc}" if exc else "connection closed"))
@@ -199,13 +124,9 @@ class Transport(asyncio.BufferedProtocol):
     # -- API -----------------------------------------------------------------------------------
 
     def _fail(self, exc: BaseException) -> None:
-        if self.close_reason is None:
-            self.close_reason = exc
-        pending, self._pending = self._pending, {}
-        for fut, _ in pending.values():
+        for fut in self._conn.close(exc):
             if not fut.done():
-                fut.set_exception(ConnectionClosedError(str(exc)) if not isinstance(
-                    exc, ConnectionClosedError) else exc)
+                fut.set_exception(closed_error(exc))
         for w in self._drain_waiters:
             if not w.done():
                 w.set_result(None)
@@ -221,18 +142,14 @@ class Transport(asyncio.BufferedProtocol):
     @property
     def in_flight(self) -> int:
         """Requests sent and not yet answered."""
-        return len(self._pending)
+        return self._conn.in_flight
 
     def send(self, req: Request, *, oneway: bool = False) -> asyncio.Future[bytes | memoryview]:
         """Write a request now; the future gets the raw response payload."""
         if self.closed.is_set() or self._transport is None:
             raise ConnectionClosedError(str(self.close_reason or "connection closed"))
-        corr = next(self._ids) & 0xFFFFFFFF or next(self._ids)
         fut: asyncio.Future[bytes | memoryview] = asyncio.get_running_loop().create_future()
-        if not oneway:
-            self._pending[corr] = (fut, type(req))
-        self._transport.writelines(encode_frame_parts(
-            req.API_KEY, 1, FLAG_ONEWAY if oneway else 0, corr, req.encode_parts()))
+        self._transport.writelines(self._conn.send(req, fut, oneway=oneway))
         if oneway:
             fut.set_result(b"\x00\x00")
         return fut
@@ -270,10 +187,3 @@ class Transport(asyncio.BufferedProtocol):
         """Close the connection; pending requests fail with ``reason``."""
         self._fail(ConnectionClosedError(reason))
 
-
-def decode_response(payload: bytes | memoryview, resp_type: type[B]) -> B:
-    """Split off the error code; raise the broker's error or decode the body."""
-    code, body = split_response(payload)
-    if code:
-        raise error_for_code(code, str(body, "utf-8", "replace"))
-    return resp_type.decode(body)

@@ -4,8 +4,10 @@ Theory of operation
 -------------------
 Spark calls the data source from short-lived, single-threaded Python workers (planner workers,
 the streaming source runner, executor tasks). An asyncio client with a background loop thread
-would be wasted there, so this module speaks the same sans-IO codec
-(:mod:`ferrymq.protocol.frames`, :mod:`ferrymq.protocol.messages`) over a plain blocking socket.
+would be wasted there, so this module drives the clients' sans-IO connection core
+(:class:`ferrymq.protocol.client.ClientConnection`: correlation ids, answers, the broker's error
+codes as exceptions, bad bytes) over a plain blocking socket; reads land in the core's frame
+decoder, a large answer in a buffer of its own size.
 
 Requests can be *pipelined*: :meth:`BlockingConnection.send` writes a request and returns its
 correlation id, :meth:`BlockingConnection.receive` waits for that answer. An executor reading a
@@ -18,15 +20,14 @@ on a fresh one (every request sent through :meth:`BlockingConnection.request` is
 
 Security (``docs/security.md``): with ``tls`` the socket is wrapped in TLS (the broker's
 certificate and host name are always verified, as in the asyncio client); with a user the
-connection authenticates right after HELLO with the same SCRAM-SHA-256 exchange as
-:class:`ferrymq.client._session.Session` (:class:`ferrymq.protocol.auth.ScramClient`: the secret
-never crosses the wire, and the broker must prove it knows the user's keys). A failed login or
-TLS handshake is never retried: it cannot get better.
+connection authenticates right after HELLO with the handshake the asyncio clients use
+(:class:`ferrymq.protocol.client.ClientHandshake`, SCRAM-SHA-256: the secret never crosses the
+wire, and the broker must prove it knows the user's keys). A failed login or TLS handshake is
+never retried: it cannot get better.
 """
 
 from __future__ import annotations
 
-import itertools
 import secrets
 import socket
 import ssl
@@ -35,26 +36,29 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from ferrymq import _sockets
+from ferrymq._connect import client_tls_context, parse_servers
 from ferrymq._version import __version__
-from ferrymq.client._session import parse_servers
-from ferrymq.client._transport import client_tls_context, decode_response
 from ferrymq.errors import (
     AuthenticationFailedError,
     BrokerError,
     ConnectionClosedError,
     FerryMQTimeoutError,
-    RemoteProtocolError,
 )
 from ferrymq.protocol import messages as m
-from ferrymq.protocol.auth import MECHANISM, NONCE_BYTES, ScramClient
-from ferrymq.protocol.frames import HEADER, HEADER_SIZE, encode_frame_parts
+from ferrymq.protocol.auth import NONCE_BYTES
+from ferrymq.protocol.client import (
+    ClientConnection,
+    ClientHandshake,
+    ConnectionTerminated,
+    Event,
+    closed_error,
+    decode_response,
+)
 
 B = TypeVar("B", bound=m.Body)
 
 DEFAULT_CONNECT_TIMEOUT_S = 5.0
 DEFAULT_REQUEST_TIMEOUT_S = 60.0
-MAX_RESPONSE_BYTES = 64 * 1024 * 1024
-"""Largest answer accepted (the broker caps fetches at ``max_frame_bytes``, 8 MiB by default)."""
 
 
 @dataclass(frozen=True)
@@ -108,7 +112,8 @@ class BlockingConnection:
         self.request_timeout_s = request_timeout_s
         self.hello: m.HelloResponse | None = None
         self._sock: socket.socket | None = None
-        self._ids = itertools.count(1)
+        self._conn: ClientConnection[None] | None = None
+        self._next_id = 1  # carried across reconnects: an id never names two requests
         self._early: dict[int, bytes | memoryview] = {}
 
     # -- connection ------------------------------------------------------------------------
@@ -135,11 +140,9 @@ class BlockingConnection:
                 sock = self._tls_handshake(sock, host, port)
             sock.settimeout(self.request_timeout_s)
             self._sock = sock
+            self._conn = ClientConnection(first_correlation_id=self._next_id)
             try:
-                self.hello = self._request_once(m.HelloRequest(self.client_id, __version__),
-                                                m.HelloResponse)
-                if self.config.user is not None:
-                    self._authenticate()
+                self._handshake()
             except (ConnectionClosedError, FerryMQTimeoutError) as exc:
                 self.close()
                 hint = "" if self._tls is not None else " (if the broker's port is TLS, set option 'tls')"
@@ -168,32 +171,31 @@ class BlockingConnection:
             sock.close()
             raise ConnectionClosedError(f"TLS handshake with {host}:{port} failed: {exc}") from exc
 
-    def _authenticate(self) -> None:
-        """The SCRAM exchange after HELLO (see :mod:`ferrymq.protocol.auth`).
+    def _handshake(self) -> None:
+        """HELLO, then with a user the SCRAM exchange (:class:`ClientHandshake`).
 
         Raises:
             AuthenticationFailedError: a wrong user or secret, or a broker that could not prove
                 it knows the user's keys.
         """
         user, secret = self.config.user, self.config.secret
-        assert user is not None
-        if not secret:
-            raise AuthenticationFailedError("option 'auth.user' needs 'auth.secret'")
-        scram = ScramClient(user, secret, secrets.token_bytes(NONCE_BYTES))
-        start = self._request_once(m.AuthStartRequest(MECHANISM, user, scram.client_nonce),
-                                   m.AuthStartResponse)
-        try:
-            proof = scram.proof(start.salt, start.iterations, start.server_nonce)
-        except RemoteProtocolError as exc:
-            raise AuthenticationFailedError(f"the broker's challenge is not valid: {exc}") from None
-        done = self._request_once(m.AuthFinishRequest(proof), m.AuthFinishResponse)
-        if not scram.server_signature_ok(done.server_signature):
-            raise AuthenticationFailedError(
-                "the broker could not prove it knows this user's keys (a different broker, or "
-                "someone in between): not using this connection")
+        auth: tuple[str, str] | None = None
+        if user is not None:
+            if not secret:
+                raise AuthenticationFailedError("option 'auth.user' needs 'auth.secret'")
+            auth = (user, secret)
+        handshake = ClientHandshake(self.client_id, __version__, auth,
+                                    None if auth is None else secrets.token_bytes(NONCE_BYTES))
+        while (req := handshake.next_request()) is not None:
+            handshake.receive(self._request_once(req, req.RESPONSE))
+        self.hello = handshake.hello
 
     def close(self) -> None:
         """Close the socket (a later request reconnects)."""
+        if self._conn is not None:
+            self._next_id = self._conn.next_correlation_id
+            self._conn.close(ConnectionClosedError("connection closed"))
+            self._conn = None
         if self._sock is not None:
             try:
                 self._sock.close()
@@ -217,8 +219,9 @@ class BlockingConnection:
         if self._sock is None:
             self.connect()
         assert self._sock is not None
-        corr = next(self._ids) & 0xFFFFFFFF or next(self._ids)
-        parts = encode_frame_parts(req.API_KEY, 1, 0, corr, req.encode_parts())
+        assert self._conn is not None
+        corr = self._conn.next_correlation_id
+        parts = self._conn.send(req, None)
         try:
             self._sock.sendall(b"".join(parts))
         except OSError as exc:
@@ -231,38 +234,36 @@ class BlockingConnection:
 
         Raises:
             BrokerError subclass: the broker answered with an error.
-            ConnectionClosedError, FerryMQTimeoutError: the connection failed (it is closed).
+            ConnectionClosedError, FerryMQTimeoutError: the connection failed (it is closed),
+                or the request went out on a connection that has been closed since.
         """
         payload = self._early.pop(corr, None)
         while payload is None:
-            got, body = self._read_frame()
-            if got == corr:
-                payload = body
-            elif got != 0:
-                self._early[got] = body
+            conn = self._conn
+            if conn is None or not conn.is_pending(corr):
+                raise ConnectionClosedError("connection closed")
+            for event in self._read(conn):
+                if isinstance(event, ConnectionTerminated):
+                    self.close()
+                    if payload is None:
+                        raise closed_error(event.error)
+                elif event.correlation_id == corr:
+                    payload = event.payload
+                else:
+                    self._early[event.correlation_id] = event.payload
         return decode_response(payload, resp_type)
 
-    def _read_frame(self) -> tuple[int, memoryview]:
-        header = self._read_exact(HEADER_SIZE)
-        length, _api, _ver, _flags, corr = HEADER.unpack(header)
-        if length > MAX_RESPONSE_BYTES or length < HEADER_SIZE - 4:
-            self.close()
-            raise ConnectionClosedError(f"bad frame length {length} from {self.servers}")
-        return corr, memoryview(self._read_exact(length - (HEADER_SIZE - 4)))
+    def _read(self, conn: ClientConnection[None]) -> list[Event[None]]:
+        """One read from the socket into the connection core: the events it completes.
 
-    def _read_exact(self, n: int) -> bytearray:
+        Raises:
+            ConnectionClosedError, FerryMQTimeoutError: the socket failed or the broker closed
+                it (the connection is closed).
+        """
         sock = self._sock
-        if sock is None:
-            raise ConnectionClosedError("connection closed")
-        buf = bytearray(n)
-        view = memoryview(buf)
-        got = 0
+        assert sock is not None
         try:
-            while got < n:
-                k = sock.recv_into(view[got:])
-                if k == 0:
-                    raise ConnectionClosedError(f"{self.servers} closed the connection")
-                got += k
+            n = sock.recv_into(conn.get_buffer())
         except TimeoutError as exc:
             self.close()
             raise FerryMQTimeoutError(f"no answer from {self.servers} in "
@@ -270,10 +271,10 @@ class BlockingConnection:
         except OSError as exc:
             self.close()
             raise ConnectionClosedError(f"receive from {self.servers}: {exc}") from exc
-        except ConnectionClosedError:
+        if n == 0:
             self.close()
-            raise
-        return buf
+            raise ConnectionClosedError(f"{self.servers} closed the connection")
+        return conn.buffer_updated(n)
 
     def _request_once(self, req: m.Request, resp_type: type[B]) -> B:
         return self.receive(self.send(req), resp_type)
