@@ -22,6 +22,7 @@ from ferrymq.protocol.frames import (
     FrameDecoder,
     encode_frame,
 )
+from ferrymq.protocol.messages import schema
 
 FAST = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 MEDIUM = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -42,8 +43,8 @@ text = st.text(st.characters(exclude_categories=("Cs",)), max_size=12)
 
 
 def from_spec(spec: Any) -> st.SearchStrategy[Any]:
-    """A strategy for values that satisfy one schema node of messages.py."""
-    if isinstance(spec, m._Scalar):
+    """A strategy for values that satisfy one schema node (messages/schema.py)."""
+    if isinstance(spec, schema.Scalar):
         t = spec.types[0]
         if t is int:
             return st.integers(-(2**63), 2**64 - 1)
@@ -55,13 +56,13 @@ def from_spec(spec: Any) -> st.SearchStrategy[Any]:
             return st.booleans()
         if t is float:
             return st.floats(allow_nan=False)
-    if isinstance(spec, m._Opt):
+    if isinstance(spec, schema.Opt):
         return st.none() | from_spec(spec.inner)
-    if isinstance(spec, m._List):
+    if isinstance(spec, schema.ListOf):
         return st.lists(from_spec(spec.inner), max_size=4)
-    if isinstance(spec, m._Tup):
+    if isinstance(spec, schema.Tup):
         return st.tuples(*(from_spec(s) for s in spec.items))
-    if isinstance(spec, m._StrMap):
+    if isinstance(spec, schema.StrMap):
         return st.dictionaries(text, text, max_size=4)
     raise AssertionError(f"no strategy for {spec!r}")
 

@@ -264,3 +264,25 @@ def test_fields_added_later_default_when_an_older_peer_leaves_them_out() -> None
     with_lag = m.DescribeDeliveryResponse("g", [], [], 0, 0, 0, [1000], 16, True, [], [7])
     before_lag = msgpack.unpackb(with_lag.encode())[:-1]  # a broker that predates ``lag``
     assert m.DescribeDeliveryResponse.decode(msgpack.packb(before_lag)).lag == []
+
+
+FAMILIES = ["connection", "topics", "produce", "fetch", "groups", "delivery", "transactions",
+            "users"]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_package_reexports_every_message_type(family: str) -> None:
+    """``m.X`` works for every class and enum a family module defines (a message type added to
+    a family and forgotten in ``messages/__init__.py`` would escape the tests above), and
+    every Request is in REQUESTS."""
+    import importlib
+
+    module = importlib.import_module(f"ferrymq.protocol.messages.{family}")
+    defined = [(name, obj) for name, obj in vars(module).items()
+               if inspect.isclass(obj) and obj.__module__ == module.__name__]
+    assert defined
+    for name, obj in defined:
+        assert name in m.__all__
+        assert getattr(m, name) is obj
+        if issubclass(obj, m.Request):
+            assert m.REQUESTS[obj.API_KEY] is obj

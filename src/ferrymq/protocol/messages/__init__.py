@@ -1,0 +1,235 @@
+"""Request and response types, one pair per API, with their wire encoding.
+
+``from ferrymq.protocol import messages as m`` then ``m.ProduceRequest``: every message type,
+alias and enum is re-exported here, whichever module of the package defines it.
+
+Modules:
+
+* :mod:`.schema`: the machinery: :class:`~.schema.Body` and :class:`~.schema.Request`, field
+  specs (``INT``, ``STR``, ``lst(...)``, ...), the fast paths for bulk bodies, :class:`ApiKey`,
+  and how versions and trailing fields work.
+* One module per API family: :mod:`.connection` (HELLO, PING, authentication, WHOAMI),
+  :mod:`.topics` (metadata, topic admin, find by key, cancel scheduled), :mod:`.produce`,
+  :mod:`.fetch` (and LIST_OFFSETS), :mod:`.groups` (pull groups and their offsets),
+  :mod:`.delivery` (delivery groups: leases, acks, retries, dead letters),
+  :mod:`.transactions` (half messages and exactly-once transactions), :mod:`.users`.
+
+:data:`REQUESTS` maps each api key to its request type (the broker's dispatch table is built
+from it); every :class:`ApiKey` has one (asserted at import).
+"""
+
+from __future__ import annotations
+
+from ferrymq.protocol.messages.connection import (
+    AuthFinishRequest,
+    AuthFinishResponse,
+    AuthStartRequest,
+    AuthStartResponse,
+    HelloRequest,
+    HelloResponse,
+    PingRequest,
+    WhoAmIRequest,
+    WhoAmIResponse,
+)
+from ferrymq.protocol.messages.delivery import (
+    AckEntry,
+    AckRequest,
+    AckResponse,
+    BlockedKey,
+    ChangeInvisibleRequest,
+    ConsumerHeartbeatRequest,
+    ConsumerHeartbeatResponse,
+    ConsumerLeaveRequest,
+    Delivery,
+    DeliveryMember,
+    DeliveryQueue,
+    DescribeDeliveryRequest,
+    DescribeDeliveryResponse,
+    DlqAction,
+    DlqAdminRequest,
+    DlqAdminResponse,
+    MessageGroupStatus,
+    MessageStatusRequest,
+    MessageStatusResponse,
+    NackEntry,
+    NackRequest,
+    Receipt,
+    ReceiptResponse,
+    ReceiveRequest,
+    ReceiveResponse,
+    SkipMessageRequest,
+)
+from ferrymq.protocol.messages.fetch import (
+    FetchEntry,
+    FetchRequest,
+    FetchResponse,
+    FetchResult,
+    FetchTxnInfo,
+    Isolation,
+    ListOffsetsRequest,
+    ListOffsetsResponse,
+    OffsetResult,
+    OffsetSpec,
+)
+from ferrymq.protocol.messages.groups import (
+    CommitOffsetsRequest,
+    CommitOffsetsResponse,
+    DeleteGroupRequest,
+    DeleteGroupResponse,
+    DescribeGroupRequest,
+    DescribeGroupResponse,
+    FetchOffsetsRequest,
+    FetchOffsetsResponse,
+    GroupOffset,
+    HeartbeatRequest,
+    JoinGroupRequest,
+    JoinGroupResponse,
+    LeaveGroupRequest,
+    ListGroupsRequest,
+    ListGroupsResponse,
+    MemberInfo,
+    ResetOffsetsRequest,
+    ResetOffsetsResponse,
+)
+from ferrymq.protocol.messages.produce import (
+    Duplicate,
+    Durability,
+    InitProducerRequest,
+    InitProducerResponse,
+    ProduceEntry,
+    ProduceRequest,
+    ProduceResponse,
+    ProduceResult,
+)
+from ferrymq.protocol.messages.schema import (
+    BOOL,
+    BYTES,
+    FLOAT,
+    INT,
+    MAX_LIST_ITEMS,
+    STR,
+    STRMAP,
+    ApiKey,
+    Body,
+    Empty,
+    Request,
+    astuple_shallow,
+    lst,
+    opt,
+    tup,
+)
+from ferrymq.protocol.messages.topics import (
+    INTERNAL_TOPIC_PREFIX,
+    MAX_NAME_CHARS,
+    CancelScheduledRequest,
+    CreateTopicRequest,
+    CreateTopicResponse,
+    DeleteTopicRequest,
+    DescribeTopicRequest,
+    DescribeTopicResponse,
+    FindByKeyRequest,
+    FindByKeyResponse,
+    KeyMatch,
+    MetadataRequest,
+    MetadataResponse,
+    QueueInfo,
+    TopicMeta,
+    is_internal_topic,
+)
+from ferrymq.protocol.messages.transactions import (
+    AbortStagedRequest,
+    AbortStagedResponse,
+    CommitStagedRequest,
+    CommitStagedResponse,
+    DescribeTxnsRequest,
+    DescribeTxnsResponse,
+    EndTransactionRequest,
+    EndTransactionResponse,
+    EndTxnAction,
+    EndTxnRequest,
+    EndTxnResponse,
+    InitTxnRequest,
+    InitTxnResponse,
+    PrepareTransactionRequest,
+    PrepareTransactionResponse,
+    StagedMember,
+    TransactionState,
+    TxnCheck,
+    TxnCheckPollRequest,
+    TxnCheckPollResponse,
+    TxnDescription,
+    TxnOffsetCommitRequest,
+    TxnState,
+)
+from ferrymq.protocol.messages.users import (
+    DeleteUserRequest,
+    DeleteUserResponse,
+    ListUsersRequest,
+    ListUsersResponse,
+    UpsertUserRequest,
+    UpsertUserResponse,
+    UserInfo,
+)
+
+__all__ = [
+    "REQUESTS",
+    # schema
+    "ApiKey", "BOOL", "BYTES", "Body", "Empty", "FLOAT", "INT", "MAX_LIST_ITEMS", "Request", "STR",
+    "STRMAP", "astuple_shallow", "lst", "opt", "tup",
+    # connection
+    "AuthFinishRequest", "AuthFinishResponse", "AuthStartRequest", "AuthStartResponse",
+    "HelloRequest", "HelloResponse", "PingRequest", "WhoAmIRequest", "WhoAmIResponse",
+    # topics
+    "CancelScheduledRequest", "CreateTopicRequest", "CreateTopicResponse", "DeleteTopicRequest",
+    "DescribeTopicRequest", "DescribeTopicResponse", "FindByKeyRequest", "FindByKeyResponse",
+    "INTERNAL_TOPIC_PREFIX", "KeyMatch", "MAX_NAME_CHARS", "MetadataRequest", "MetadataResponse",
+    "QueueInfo", "TopicMeta", "is_internal_topic",
+    # produce
+    "Duplicate", "Durability", "InitProducerRequest", "InitProducerResponse", "ProduceEntry",
+    "ProduceRequest", "ProduceResponse", "ProduceResult",
+    # fetch
+    "FetchEntry", "FetchRequest", "FetchResponse", "FetchResult", "FetchTxnInfo", "Isolation",
+    "ListOffsetsRequest", "ListOffsetsResponse", "OffsetResult", "OffsetSpec",
+    # groups
+    "CommitOffsetsRequest", "CommitOffsetsResponse", "DeleteGroupRequest", "DeleteGroupResponse",
+    "DescribeGroupRequest", "DescribeGroupResponse", "FetchOffsetsRequest", "FetchOffsetsResponse",
+    "GroupOffset", "HeartbeatRequest", "JoinGroupRequest", "JoinGroupResponse", "LeaveGroupRequest",
+    "ListGroupsRequest", "ListGroupsResponse", "MemberInfo", "ResetOffsetsRequest",
+    "ResetOffsetsResponse",
+    # delivery
+    "AckEntry", "AckRequest", "AckResponse", "BlockedKey", "ChangeInvisibleRequest",
+    "ConsumerHeartbeatRequest", "ConsumerHeartbeatResponse", "ConsumerLeaveRequest", "Delivery",
+    "DeliveryMember", "DeliveryQueue", "DescribeDeliveryRequest", "DescribeDeliveryResponse",
+    "DlqAction", "DlqAdminRequest", "DlqAdminResponse", "MessageGroupStatus",
+    "MessageStatusRequest", "MessageStatusResponse", "NackEntry", "NackRequest", "Receipt",
+    "ReceiptResponse", "ReceiveRequest", "ReceiveResponse", "SkipMessageRequest",
+    # transactions
+    "AbortStagedRequest", "AbortStagedResponse", "CommitStagedRequest", "CommitStagedResponse",
+    "DescribeTxnsRequest", "DescribeTxnsResponse", "EndTransactionRequest",
+    "EndTransactionResponse", "EndTxnAction", "EndTxnRequest", "EndTxnResponse", "InitTxnRequest",
+    "InitTxnResponse", "PrepareTransactionRequest", "PrepareTransactionResponse", "StagedMember",
+    "TransactionState", "TxnCheck", "TxnCheckPollRequest", "TxnCheckPollResponse", "TxnDescription",
+    "TxnOffsetCommitRequest", "TxnState",
+    # users
+    "DeleteUserRequest", "DeleteUserResponse", "ListUsersRequest", "ListUsersResponse",
+    "UpsertUserRequest", "UpsertUserResponse", "UserInfo",
+]
+
+REQUESTS: dict[int, type[Request]] = {
+    cls.API_KEY: cls
+    for cls in (
+        HelloRequest, PingRequest, MetadataRequest, CreateTopicRequest, DeleteTopicRequest,
+        DescribeTopicRequest, InitProducerRequest, ProduceRequest, FetchRequest,
+        ListOffsetsRequest, CommitOffsetsRequest, FetchOffsetsRequest, JoinGroupRequest,
+        HeartbeatRequest, LeaveGroupRequest, ListGroupsRequest, DescribeGroupRequest,
+        ResetOffsetsRequest, ConsumerHeartbeatRequest, ReceiveRequest, AckRequest,
+        NackRequest, ChangeInvisibleRequest, ConsumerLeaveRequest, DescribeDeliveryRequest,
+        MessageStatusRequest, DlqAdminRequest, FindByKeyRequest, CancelScheduledRequest,
+        SkipMessageRequest, PrepareTransactionRequest, EndTransactionRequest,
+        TxnCheckPollRequest, InitTxnRequest, EndTxnRequest, TxnOffsetCommitRequest,
+        CommitStagedRequest, AbortStagedRequest, DescribeTxnsRequest,
+        AuthStartRequest, AuthFinishRequest, WhoAmIRequest,
+        UpsertUserRequest, DeleteUserRequest, ListUsersRequest, DeleteGroupRequest,
+    )
+}
+assert set(REQUESTS) == set(ApiKey), "every ApiKey needs a request type"

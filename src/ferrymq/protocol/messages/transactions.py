@@ -1,0 +1,281 @@
+"""Both kinds of transaction: half messages with check-back (PREPARE_TRANSACTION,
+END_TRANSACTION, TXN_CHECK_POLL) and exactly-once read-process-write transactions (INIT_TXN,
+END_TXN, TXN_OFFSET_COMMIT, COMMIT_STAGED, ABORT_STAGED, DESCRIBE_TXNS; docs/exactly-once.md)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from ferrymq.protocol.messages.groups import CommitOffsetsResponse
+from ferrymq.protocol.messages.schema import (
+    BOOL,
+    BYTES,
+    INT,
+    STR,
+    ApiKey,
+    Body,
+    Request,
+    lst,
+    tup,
+)
+
+# --- half messages with check-back (RocketMQ transactions) -------------------------------------
+
+
+class TransactionState(enum.IntEnum):
+    """A transaction's outcome as a producer reports it (END_TRANSACTION ``state``)."""
+
+    UNKNOWN = 0  # not decided yet: the broker asks the group's checker later
+    COMMIT = 1
+    ROLLBACK = 2
+
+
+@dataclass(frozen=True, slots=True)
+class PrepareTransactionResponse(Body):
+    """The stored half message: ``txn_id`` is its message id (in the internal ``%HALF%``
+    topic), the transaction id that END_TRANSACTION and ``message status`` take."""
+
+    txn_id: str
+    durability: int
+    SCHEMA = (STR, INT)
+
+
+@dataclass(frozen=True, slots=True)
+class PrepareTransactionRequest(Request):
+    """Store a half message: durable, invisible to consumers, bound for ``topic``/``queue``
+    once committed. ``batch`` holds exactly one record (a plain or scheduled batch); the check
+    settings (ms, ms, count; 0: the broker's defaults) are the producer group's."""
+
+    group: str
+    client_id: str
+    topic: str
+    queue: int
+    batch: bytes
+    check_after_ms: int
+    check_interval_ms: int
+    max_checks: int
+    API_KEY = ApiKey.PREPARE_TRANSACTION
+    RESPONSE = PrepareTransactionResponse
+    SCHEMA = (STR, STR, STR, INT, BYTES, INT, INT, INT)
+
+
+@dataclass(frozen=True, slots=True)
+class EndTransactionResponse(Body):
+    """The transaction's state after the request (PREPARED, COMMITTED, ROLLED_BACK) and, when
+    committed, where the committed copy is (``msg_id`` "" and -1s otherwise)."""
+
+    state: str
+    msg_id: str
+    topic: str
+    queue: int
+    offset: int
+    durability: int
+    SCHEMA = (STR, STR, STR, INT, INT, INT)
+
+
+@dataclass(frozen=True, slots=True)
+class EndTransactionRequest(Request):
+    """Commit, roll back, or report UNKNOWN (:class:`TransactionState`) for a half message.
+    Repeating the same outcome is harmless (the first result is answered again)."""
+
+    group: str
+    txn_id: str
+    state: int
+    from_check: bool
+    reason: str
+    API_KEY = ApiKey.END_TRANSACTION
+    RESPONSE = EndTransactionResponse
+    SCHEMA = (STR, STR, INT, BOOL, STR)
+
+
+TxnCheck = tuple[str, str, int, bytes, int]
+"""(transaction id, target topic, target queue, one-record batch (the message as it will be
+committed, ``%TXN_ID`` among its properties), check number (1 = first))."""
+
+
+@dataclass(frozen=True, slots=True)
+class TxnCheckPollResponse(Body):
+    """Half messages whose outcome the broker asks this producer to check."""
+
+    checks: list[TxnCheck]
+    SCHEMA = (lst(tup(STR, STR, INT, BYTES, INT)),)
+
+
+@dataclass(frozen=True, slots=True)
+class TxnCheckPollRequest(Request):
+    """Long poll (up to ``wait_ms``) for transaction checks of ``group``: the broker has no
+    server push, so a transactional producer keeps one of these outstanding and answers each
+    check with END_TRANSACTION (``from_check``)."""
+
+    group: str
+    client_id: str
+    wait_ms: int
+    max_checks: int
+    API_KEY = ApiKey.TXN_CHECK_POLL
+    RESPONSE = TxnCheckPollResponse
+    SCHEMA = (STR, STR, INT, INT)
+
+
+# --- exactly-once transactions (read-process-write; docs/exactly-once.md) ----------------------
+
+
+class EndTxnAction(enum.IntEnum):
+    """END_TXN's ``action``."""
+
+    COMMIT = 1
+    ABORT = 2
+    STAGE = 3
+
+
+class TxnState(enum.IntEnum):
+    """A transactional id's coordinator state (``docs/exactly-once.md``)."""
+
+    EMPTY = 0
+    ONGOING = 1
+    PREPARE_COMMIT = 2
+    PREPARE_ABORT = 3
+    COMPLETE_COMMIT = 4
+    COMPLETE_ABORT = 5
+    STAGED = 6
+
+
+@dataclass(frozen=True, slots=True)
+class InitTxnResponse(Body):
+    """The producer id and epoch to use from now on, and the timeout granted."""
+
+    producer_id: int
+    producer_epoch: int
+    txn_timeout_ms: int
+    SCHEMA = (INT, INT, INT)
+
+
+@dataclass(frozen=True, slots=True)
+class InitTxnRequest(Request):
+    """Start (or restart) a transactional producer: aborts the id's open transaction, bumps the
+    epoch (fencing older instances) and answers once that is durable. ``expected_*`` (-1: none)
+    resume a producer whose transaction the broker timed out."""
+
+    transactional_id: str
+    txn_timeout_ms: int
+    expected_producer_id: int
+    expected_epoch: int
+    API_KEY = ApiKey.INIT_TXN
+    RESPONSE = InitTxnResponse
+    SCHEMA = (STR, INT, INT, INT)
+
+
+@dataclass(frozen=True, slots=True)
+class EndTxnResponse(Body):
+    """The transaction's state after the call (:class:`TxnState`) and how durable it is."""
+
+    state: int
+    durability: int
+    SCHEMA = (INT, INT)
+
+
+@dataclass(frozen=True, slots=True)
+class EndTxnRequest(Request):
+    """Commit, abort or stage (:class:`EndTxnAction`) the open transaction. Stage needs a
+    ``sink_id`` and ``batch_id``; ``staged_ttl_ms`` 0 takes the broker's default."""
+
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    action: int
+    sink_id: str
+    batch_id: int
+    staged_ttl_ms: int
+    API_KEY = ApiKey.END_TXN
+    RESPONSE = EndTxnResponse
+    SCHEMA = (STR, INT, INT, INT, STR, INT, INT)
+
+
+@dataclass(frozen=True, slots=True)
+class TxnOffsetCommitRequest(Request):
+    """Consumer offsets that become the group's committed offsets when the transaction
+    commits (and are dropped if it aborts). ``generation`` -1: not fenced by membership."""
+
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    group: str
+    member_id: str
+    generation: int
+    entries: list[tuple[str, int, int]]
+    API_KEY = ApiKey.TXN_OFFSET_COMMIT
+    RESPONSE = CommitOffsetsResponse
+    SCHEMA = (STR, INT, INT, STR, STR, INT, lst(tup(STR, INT, INT)))
+
+
+StagedMember = tuple[str, int, int]
+"""(transactional id, producer id, producer epoch) of a staged transaction."""
+
+
+@dataclass(frozen=True, slots=True)
+class CommitStagedResponse(Body):
+    """The batch's outcome (:class:`TxnState` COMPLETE_COMMIT) and the sink's last batch id."""
+
+    state: int
+    committed_batch_id: int
+    SCHEMA = (INT, INT)
+
+
+@dataclass(frozen=True, slots=True)
+class CommitStagedRequest(Request):
+    """Commit every staged transaction of one sink batch at once, fenced by
+    (``sink_id``, ``batch_id``): a batch id at or below the sink's last is refused with
+    BATCH_ALREADY_COMMITTED and the staged rows dropped."""
+
+    sink_id: str
+    batch_id: int
+    members: list[StagedMember]
+    API_KEY = ApiKey.COMMIT_STAGED
+    RESPONSE = CommitStagedResponse
+    SCHEMA = (STR, INT, lst(tup(STR, INT, INT)))
+
+
+@dataclass(frozen=True, slots=True)
+class AbortStagedResponse(Body):
+    """How many staged transactions were aborted."""
+
+    aborted: int
+    SCHEMA = (INT,)
+
+
+@dataclass(frozen=True, slots=True)
+class AbortStagedRequest(Request):
+    """Abort staged transactions of one sink batch (``members`` empty: all of them)."""
+
+    sink_id: str
+    batch_id: int
+    members: list[StagedMember]
+    API_KEY = ApiKey.ABORT_STAGED
+    RESPONSE = AbortStagedResponse
+    SCHEMA = (STR, INT, lst(tup(STR, INT, INT)))
+
+
+TxnDescription = tuple[str, int, int, int, int, int, list[tuple[str, int]], list[str], str, int]
+"""(transactional id, producer id, epoch, state (:class:`TxnState`), started ms (0: none),
+timeout ms, queues, groups, sink id, batch id)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DescribeTxnsResponse(Body):
+    """Transactional ids and sink fences (sink id, last committed batch id, at ms)."""
+
+    txns: list[TxnDescription]
+    sinks: list[tuple[str, int, int]]
+    SCHEMA = (lst(tup(STR, INT, INT, INT, INT, INT, lst(tup(STR, INT)), lst(STR), STR, INT)),
+              lst(tup(STR, INT, INT)))
+
+
+@dataclass(frozen=True, slots=True)
+class DescribeTxnsRequest(Request):
+    """Describe transactional ids (``transactional_id`` "": all) and sinks (``sink_id``)."""
+
+    transactional_id: str
+    sink_id: str
+    API_KEY = ApiKey.DESCRIBE_TXNS
+    RESPONSE = DescribeTxnsResponse
+    SCHEMA = (STR, STR)
