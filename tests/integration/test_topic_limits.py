@@ -120,14 +120,16 @@ def _auto_creation_rate_per_connection(broker: ferrymq.Broker) -> None:
 
 
 def test_auto_creation_rate_refills(tmp_path: Path) -> None:
-    with ferrymq.Broker(tmp_path / "d", auto_create_topics_per_minute=60) as b, \
+    # 20 a minute: one comes back every 3 s, so 20 creations on a crowded machine (each with
+    # its fsyncs) fit in the time before the first one returns
+    with ferrymq.Broker(tmp_path / "d", auto_create_topics_per_minute=20) as b, \
             ferrymq.Producer(b.address) as p:
-        for i in range(60):
+        for i in range(20):
             p.send(ferrymq.Message(f"r{i}", b"x"))
-        with pytest.raises(PolicyViolationError, match="auto_create_topics_per_minute=60"):
-            p.send(ferrymq.Message("r60", b"x"))
-        time.sleep(1.1)  # one per second comes back
-        p.send(ferrymq.Message("r60", b"x"))
+        with pytest.raises(PolicyViolationError, match="auto_create_topics_per_minute=20"):
+            p.send(ferrymq.Message("r20", b"x"))
+        time.sleep(3.1)  # one every 3 s comes back
+        p.send(ferrymq.Message("r20", b"x"))
 
 
 def test_auto_creation_rate_is_per_user_with_authentication(tmp_path: Path) -> None:

@@ -54,6 +54,7 @@ from ferrymq.errors import (
 )
 from ferrymq.protocol.dedup import MAX_DEDUP_WINDOW_MS
 from ferrymq.storage import Log, LogConfig, read_checkpoint, write_checkpoint
+from ferrymq.storage.files import fsync_directory
 from ferrymq.storage.handles import FileHandles
 
 log = logging.getLogger("ferrymq.broker")
@@ -291,12 +292,26 @@ class TopicRegistry:
         (self._dir / "meta").mkdir(parents=True, exist_ok=True)
         self._topics_dir.mkdir(parents=True, exist_ok=True)
         raw = read_checkpoint(self._meta_path)
-        if raw is None:
+        meta = msgpack.unpackb(raw, raw=False) if raw is not None else None
+        self._remove_leftovers(set(meta["topics"]) if meta is not None else set())
+        if meta is None:
             return
-        meta = msgpack.unpackb(raw, raw=False)
         self._next_id = meta["next_id"]
         for name, t in meta["topics"].items():
             self._open_topic(name, t["id"], t["queues"], t["config"], t["created_ms"], now_ms)
+
+    def _remove_leftovers(self, listed: set[str]) -> None:
+        """Remove every directory under ``topics/`` that the topic list does not name.
+
+        The list (``meta/topics``) is the commit point of a create and of a delete: a crash
+        after a delete wrote it and before the directory was removed (or while a create made
+        directories it never listed) leaves one, and it must not come back as the data of a
+        later topic of that name."""
+        for path in self._topics_dir.iterdir():
+            if path.name not in listed:
+                log.warning("removing %s: no topic of that name (left by a crash in a topic "
+                            "create or delete)", path)
+                shutil.rmtree(path, ignore_errors=True)
 
     def _log_config(self, overrides: dict[str, str]) -> LogConfig:
         """The log settings of a topic's stored config (checked when it was created)."""
@@ -320,15 +335,24 @@ class TopicRegistry:
         removed) and the error is raised: nothing is registered."""
         cfg = self._log_config(config)
         states: list[QueueState] = []
+        tdir = self._topics_dir / name
         try:
+            if new and tdir.exists():  # not listed, so not data: a leftover put back by hand
+                log.warning("removing %s before creating topic %s: no topic owned it", tdir,
+                            name)
+                shutil.rmtree(tdir)
             for q in range(queues):
-                qdir = self._topics_dir / name / str(q)
+                qdir = tdir / str(q)
                 qdir.mkdir(parents=True, exist_ok=True)
                 lg, report = Log.open(qdir, cfg, clean_shutdown=self._clean, now_ms=now_ms,
                                       handles=self.handles)
                 if getattr(report, "truncated_bytes", 0):
                     log.warning("recovered %s/%d: %s", name, q, report)
                 states.append(QueueState(name, topic_id, q, lg, lg.end_offset))
+            if new:  # the queues' names, then the topic's, durable before the list names it
+                # (each queue's directory is fsynced by its log's first flush)
+                fsync_directory(tdir)
+                fsync_directory(self._topics_dir)
         except BaseException:
             for qs in states:
                 qs.log.close()

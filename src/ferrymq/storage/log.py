@@ -212,6 +212,7 @@ class Log:
         started = time.monotonic()
         handles = handles or FileHandles()
         directory.mkdir(parents=True, exist_ok=True)
+        new = not any(directory.iterdir())
         recovery_point, last_time = _read_recovery_point(directory / RECOVERY_POINT_FILE)
         segments, findings = load_segments(
             directory,
@@ -228,6 +229,9 @@ class Log:
                     break
             producers = ProducerStateManager(directory, producer_id_expiry_ms=config.producer_id_expiry_ms)
             log = cls(directory, config, segments, producers, last_time, recovery_point, handles)
+            # a new log's first segment is named in its directory by the first flush, before
+            # anything written to it is acknowledged in sync mode
+            log._directory_dirty = new
             log._reload_producer_state()
             if findings.txn_batches:
                 rebuild_txn_indexes(segments, findings, log._open_txns_at)

@@ -15,6 +15,7 @@ from ferrymq.storage import LogConfig
 def test_plain_flush_gives_the_active_descriptor_and_holds_the_flush_lock(
         open_log: LogOpener, make_batch: BatchFactory) -> None:
     log, _ = open_log()
+    log.flush()  # a new log's first flush also names its segment in the directory
     log.append(make_batch(2), now_ms=1)
     target = log.flush_begin()
     assert target is not None
@@ -34,6 +35,7 @@ def test_plain_flush_gives_the_active_descriptor_and_holds_the_flush_lock(
 def test_a_failed_fsync_makes_nothing_durable(open_log: LogOpener,
                                               make_batch: BatchFactory) -> None:
     log, _ = open_log()
+    log.flush()  # a new log's first flush also names its segment in the directory
     log.append(make_batch(1), now_ms=1)
     target = log.flush_begin()
     assert target is not None
@@ -41,6 +43,24 @@ def test_a_failed_fsync_makes_nothing_durable(open_log: LogOpener,
     assert log.durable_offset == 0
     assert log.flush() == 1  # the lock was released
     assert log.durable_offset == 1
+
+
+def test_a_new_logs_first_flush_fsyncs_its_directory(open_log: LogOpener,
+                                                      make_batch: BatchFactory) -> None:
+    log, _ = open_log()
+    log.append(make_batch(1), now_ms=1)
+    assert log.flush_begin() is None  # not one fsync: the directory too
+    assert log.flush() == 1
+    log.append(make_batch(1), now_ms=2)
+    target = log.flush_begin()
+    assert target is not None
+    log.flush_end(target[1], True)
+    log.close()
+    reopened, _ = open_log()  # an existing log's directory names its files already
+    reopened.append(make_batch(1), now_ms=3)
+    target = reopened.flush_begin()
+    assert target is not None
+    reopened.flush_end(target[1], True)
 
 
 def test_after_a_roll_the_flush_is_not_one_fsync(open_log: LogOpener,
