@@ -1,0 +1,435 @@
+"""The producer's sender: record batches, PRODUCE requests, in-flight limits, retries, epochs.
+
+Theory of operation
+-------------------
+One task (:meth:`Sender.run`) wakes on the shared ``wake`` event, turns ready buffers of the
+accumulator (:mod:`ferrymq.client._accumulator`) into record batches and ships the ready batches
+of every queue in PRODUCE requests of at most ``max_request_bytes``, writing each as soon as it
+is encoded, so the broker stores one while the next is encoded. A task per request awaits the
+answer and settles the messages' futures.
+
+Idempotence: the broker gives the producer an id; each batch carries the producer id, epoch and
+the queue's next sequence number, fixed when the batch is built. A batch that fails with a
+retriable error, a timeout or a dropped connection is sent again byte for byte after a backoff,
+so the broker stores it once (it answers a duplicate with the first result). Up to
+``max_in_flight_per_queue`` batches of a queue are on the wire at once; a retry goes out only
+when nothing else of its queue is, lowest sequence first, and a batch refused as out of order
+behind a failed one is retried after it, so retries never reorder a queue and messages of one
+sharding key keep their send order. Retries stop at ``delivery_timeout_s``; then the messages
+fail with the last error.
+
+Giving up on a batch leaves its queue's sequence in doubt (the broker may or may not have
+stored it), so the queue starts a new epoch (Kafka's KIP-360): once none of its batches is on
+the wire, its next batches, and those refused as out of order behind the failed one, go out
+under the producer id with the epoch raised by one, from sequence 0. The broker accepts a higher
+epoch at sequence 0 and fences the old one, so a late retry of the old epoch cannot land behind
+them. Only non-transactional producers do this: a transactional one aborts and re-initialises
+(:mod:`ferrymq.client._txn_manager`).
+
+Dedup batches (``ATTR_DEDUP``) carry no producer id or sequence number: the broker may store
+only some of their records (the keys make a retry harmless), and ``duplicates`` in the answer
+map back to the messages by their index.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from ferrymq.client._accumulator import Accumulator, QueueBuffer, Unit, settle
+from ferrymq.client._session import Session
+from ferrymq.client._transport import Transport
+from ferrymq.client.message import DURABILITY_BY_WIRE, Durability, SendResult, SendResults
+from ferrymq.errors import (
+    BrokerError,
+    ConnectionClosedError,
+    FerryMQError,
+    FerryMQTimeoutError,
+    OutOfOrderSequenceError,
+    UnknownTopicError,
+    error_for_code,
+)
+from ferrymq.protocol import messages as m
+from ferrymq.protocol.records import (
+    ATTR_DEDUP,
+    ATTR_TRANSACTIONAL,
+    LARGE_BODY_BYTES,
+    MAX_PRODUCER_EPOCH,
+    NO_PRODUCER_EPOCH,
+    NO_PRODUCER_ID,
+    NO_SEQUENCE,
+    BatchBuffers,
+    encode_batch,
+    encode_batch_buffers,
+    restamp_producer,
+)
+
+if TYPE_CHECKING:
+    from ferrymq.client._txn_manager import TxnManager
+
+log = logging.getLogger("ferrymq.client")
+
+
+@dataclass(eq=False)
+class Batch:
+    """One encoded record batch of a queue, from its first send until it is answered."""
+
+    buf: QueueBuffer
+    data: bytearray | BatchBuffers
+    units: list[Unit]
+    count: int
+    deadline: float
+    seq: int = NO_SEQUENCE
+    attempts: int = 0
+    last_error: BaseException | None = None
+    not_before: float = 0.0
+
+
+@dataclass(eq=False, slots=True)
+class _Request:
+    """The PRODUCE request the sender is filling."""
+
+    batches: list[Batch] = field(default_factory=list)
+    nbytes: int = 0
+
+    def take(self) -> list[Batch]:
+        """Its batches; it starts empty again."""
+        out, self.batches, self.nbytes = self.batches, [], 0
+        return out
+
+
+class Sender:
+    """Ships the accumulator's ready buffers and retries what failed.
+
+    Args:
+        session: the producer's session.
+        acc: the accumulator it drains.
+        wake: set when there may be work (a buffer ready, a retry due, an answer came).
+        request_timeout_s: one request's deadline.
+        delivery_timeout_s: give up on a batch after this long (retries included).
+        idempotent: stamp producer id and sequence numbers.
+        max_in_flight: batches of one queue on the wire at once.
+        max_request_bytes: a PRODUCE request's size (a larger batch goes alone).
+    """
+
+    def __init__(self, session: Session, acc: Accumulator, wake: asyncio.Event, *,
+                 request_timeout_s: float, delivery_timeout_s: float, idempotent: bool,
+                 max_in_flight: int, max_request_bytes: int) -> None:
+        self._session = session
+        self._acc = acc
+        self._wake = wake
+        self._request_timeout_s = request_timeout_s
+        self._delivery_timeout_s = delivery_timeout_s
+        self._idempotent = idempotent
+        self._max_in_flight = max_in_flight
+        self.max_request_bytes = max_request_bytes
+        self.producer_id = NO_PRODUCER_ID
+        self.producer_epoch = NO_PRODUCER_EPOCH
+        self.txn: TxnManager | None = None  # set by a transactional producer
+        self._retry: list[Batch] = []
+        self._in_flight_requests = 0
+        self._idle = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()  # requests in flight (strong references)
+
+    def restart_sequences(self, producer_id: int, producer_epoch: int) -> None:
+        """Send as ``producer_id`` at ``producer_epoch`` from now on: every queue starts again
+        at sequence 0 (a new epoch)."""
+        self.producer_id, self.producer_epoch = producer_id, producer_epoch
+        for b in self._acc.buffers.values():
+            b.next_seq = 0
+
+    # -- flushing ------------------------------------------------------------------------------
+
+    async def flush(self) -> None:
+        """Send everything buffered now and wait until all of it is answered."""
+        self._acc.mark_ready()
+        self._wake.set()
+        while self._pending_work():
+            self._idle.clear()
+            self._wake.set()
+            await self._idle.wait()
+
+    def _pending_work(self) -> bool:
+        return bool(
+            self._in_flight_requests or self._retry or self._acc.unresolved
+            or any(b.records or b.outstanding for b in self._acc.buffers.values())
+        )
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """The sender task: ship what is ready whenever ``wake`` is set."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            now = loop.time()
+            req = _Request()
+            for bt in self._due_retries(now):
+                self._add_to_request(req, bt)
+            for b in self._acc.buffers.values():
+                if b.ready and b.records and not b.retrying and not b.gap and len(b.outstanding) < (
+                        1 if b.units[0].attrs & ATTR_DEDUP else self._max_in_flight):
+                    self._add_to_request(req, self._close_batch(b, now))
+            if req.batches:
+                self._ship(req.take())
+            if not self._pending_work():
+                self._idle.set()
+
+    def _due_retries(self, now: float) -> list[Batch]:
+        """Retries to send now: per queue the one with the lowest sequence, once its wait is
+        over and nothing else of its queue is on the wire (so they are stored in order)."""
+        out: list[Batch] = []
+        if not self._retry:
+            return out
+        keep: list[Batch] = []
+        taken: set[int] = set()
+        for rb in sorted(self._retry, key=lambda x: x.seq):
+            b = rb.buf
+            if (rb.not_before <= now and id(b) not in taken
+                    and len(b.outstanding) == b.retrying + len(b.held)):
+                taken.add(id(b))
+                b.retrying -= 1
+                out.append(rb)
+            else:
+                taken.add(id(b))  # a later retry of this queue waits for this one
+                keep.append(rb)
+        self._retry = keep
+        return out
+
+    def _close_batch(self, b: QueueBuffer, now: float) -> Batch:
+        records, units, nbytes, attrs = self._acc.drain(b)
+        seq = NO_SEQUENCE
+        data: bytearray | BatchBuffers
+        if attrs & ATTR_DEDUP:  # the broker may store fewer records: no sequence numbers
+            data = encode_batch(records, attributes=attrs)
+        else:
+            if self._idempotent:
+                seq = b.next_seq
+                b.next_seq += len(records)
+            if self.txn is not None:
+                attrs |= ATTR_TRANSACTIONAL
+            # large bodies are not copied into the batch: they go to the socket as they are
+            encode = (encode_batch_buffers if nbytes >= len(records) * LARGE_BODY_BYTES
+                      else encode_batch)
+            data = encode(records, producer_id=self.producer_id if b.pid is None else b.pid,
+                          producer_epoch=self.producer_epoch if b.epoch is None else b.epoch,
+                          base_sequence=seq, attributes=attrs)
+        bt = Batch(b, data, units, len(records), now + self._delivery_timeout_s, seq)
+        b.outstanding.append(bt)
+        return bt
+
+    def _add_to_request(self, req: _Request, bt: Batch) -> None:
+        """Add ``bt`` to the request being filled; ship the request once it is full (a batch
+        that does not fit ships the request before it)."""
+        n = len(bt.data)
+        if req.batches and req.nbytes + n > self.max_request_bytes:
+            self._ship(req.take())
+        req.batches.append(bt)
+        req.nbytes += n
+        if req.nbytes >= self.max_request_bytes:
+            self._ship(req.take())
+
+    # -- requests ------------------------------------------------------------------------------
+
+    def _ship(self, batches: list[Batch]) -> None:
+        """Write a PRODUCE request of ``batches`` now if the connection is open (so the broker
+        works on it while the next is encoded); a task awaits the answer (or connects)."""
+        req = m.ProduceRequest(
+            int(self._request_timeout_s * 1000),
+            [(bt.buf.topic.name, bt.buf.queue, bt.data) for bt in batches],
+        )
+        sent: tuple[Transport, asyncio.Future[bytes | memoryview]] | None = None
+        conn = self._session.open_connection
+        if conn is not None:
+            with contextlib.suppress(ConnectionClosedError):  # the task reconnects
+                sent = (conn, conn.send(req))
+        self._in_flight_requests += 1
+        task = asyncio.get_running_loop().create_task(self._send_request(batches, req, sent))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _send_request(
+        self, batches: list[Batch], req: m.ProduceRequest,
+        sent: tuple[Transport, asyncio.Future[bytes | memoryview]] | None,
+    ) -> None:
+        try:
+            try:
+                if sent is None:  # not written yet: (re)connect first
+                    conn = await self._session.connection()
+                    sent = (conn, conn.send(req))
+                conn, fut = sent
+                resp = await conn.response(fut, req, m.ProduceResponse, self._request_timeout_s)
+            except (ConnectionClosedError, FerryMQTimeoutError) as exc:
+                for bt in batches:
+                    self._retry_or_fail(bt, exc)
+                return
+            except BrokerError as exc:
+                for bt in batches:
+                    self._retry_or_fail(bt, exc)
+                return
+            for bt, res in zip(batches, resp.results, strict=False):
+                _t, _q, code, msg, base, _last, _ts, durability, topic_id, dups = res
+                if code:
+                    self._retry_or_fail(bt, error_for_code(code, msg))
+                    continue
+                self._complete(bt, base, DURABILITY_BY_WIRE.get(durability, Durability.NONE),
+                               topic_id, dups)
+        finally:
+            self._in_flight_requests -= 1
+            self._wake.set()
+
+    def _complete(self, bt: Batch, base: int, durability: Durability, topic_id: int,
+                  dups: list[m.Duplicate]) -> None:
+        bt.buf.outstanding.remove(bt)
+        if bt.buf.gap:
+            self._new_epoch_if_settled(bt.buf)
+        topic, queue = bt.buf.topic.name, bt.buf.queue
+        if dups:
+            _complete_with_duplicates(bt, base, durability, topic_id, dups)
+            return
+        off = base
+        for u in bt.units:
+            if u.future is not None and not u.future.done():
+                if u.many:
+                    u.future.set_result(SendResults(topic, queue, off, u.count, durability,
+                                                    topic_id))
+                else:
+                    u.future.set_result(SendResult(topic, queue, off, durability, topic_id))
+            off += u.count
+
+    # -- retries and epochs --------------------------------------------------------------------
+
+    def _retry_or_fail(self, bt: Batch, exc: BaseException) -> None:
+        loop = asyncio.get_running_loop()
+        retriable = isinstance(exc, (ConnectionClosedError, FerryMQTimeoutError)) or (
+            isinstance(exc, BrokerError) and exc.retriable
+        ) or (isinstance(exc, OutOfOrderSequenceError)
+              and any(o.seq < bt.seq for o in bt.buf.outstanding))  # an earlier one failed
+
+        if isinstance(exc, UnknownTopicError):
+            self._session.topics.pop(bt.buf.topic.name, None)
+        bt.attempts += 1
+        bt.last_error = exc
+        b = bt.buf
+        closed = self._acc.closed
+        if (isinstance(exc, OutOfOrderSequenceError) and not retriable and self.txn is None
+                and bt.seq != NO_SEQUENCE and not closed and loop.time() < bt.deadline):
+            # a gap before it (an earlier batch given up, or the broker lost our state): it
+            # goes again under the queue's next epoch
+            b.gap = True
+            b.held.append(bt)
+            self._new_epoch_if_settled(b)
+            return
+        delay = self._session.backoff.delay_after(exc, bt.attempts)  # >= the broker's retry-after
+        if retriable and not closed and loop.time() + delay < bt.deadline:
+            bt.not_before = loop.time() + delay
+            bt.buf.retrying += 1
+            self._retry.append(bt)
+            loop.call_later(delay, self._wake.set)
+            return
+        b.outstanding.remove(bt)
+        if bt.seq != NO_SEQUENCE and self.txn is None:
+            b.gap = True  # stored or not, nobody knows: the queue's sequence is in doubt
+            self._new_epoch_if_settled(b)
+        if retriable:
+            what = (f"{exc.code.name}: " if isinstance(exc, BrokerError) else "")
+            exc = FerryMQTimeoutError(
+                f"not delivered within delivery_timeout_s={self._delivery_timeout_s:g} "
+                f"({bt.attempts} attempts); last error: {what}{exc}")
+        if self.txn is not None:
+            self.txn.send_failed(exc)  # the transaction cannot commit now
+        for u in bt.units:
+            settle(u, exc=exc)
+
+    def _new_epoch_if_settled(self, b: QueueBuffer) -> None:
+        """Start queue ``b`` on a new epoch once none of its batches is on the wire or waits
+        for a retry (so no old-epoch batch can follow): the held batches, in their order, get
+        sequences from 0 and are retried at once; the buffer's batches follow them."""
+        if len(b.outstanding) != len(b.held) or b.pid == NO_PRODUCER_ID:
+            return
+        epoch = (self.producer_epoch if b.epoch is None else b.epoch) + 1
+        if epoch > MAX_PRODUCER_EPOCH:  # 32,767 give-ups on one queue: a new producer id
+            b.pid = NO_PRODUCER_ID  # asking (the buffer waits: gap stays set)
+            task = asyncio.get_running_loop().create_task(self._new_producer_id(b))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            return
+        self._restart_queue(b, self.producer_id if b.pid is None else b.pid, epoch)
+
+    async def _new_producer_id(self, b: QueueBuffer) -> None:
+        attempt = 0
+        while not self._acc.closed:
+            try:
+                resp = await self._session.request(m.InitProducerRequest(None),
+                                                   m.InitProducerResponse)
+            except FerryMQError as exc:
+                attempt += 1
+                await asyncio.sleep(self._session.backoff.delay_after(exc, attempt))
+                continue
+            self._restart_queue(b, resp.producer_id, resp.producer_epoch)
+            return
+
+    def _restart_queue(self, b: QueueBuffer, pid: int, epoch: int) -> None:
+        held = sorted(b.held, key=lambda x: x.seq)
+        log.info("%s/%d: a batch was given up or refused out of order; producer %d goes on "
+                 "at epoch %d from sequence 0 (%d batches re-sent)", b.topic.name, b.queue,
+                 pid, epoch, len(held))
+        b.held.clear()
+        b.gap = False
+        b.pid = None if pid == self.producer_id else pid
+        b.epoch = epoch
+        b.next_seq = 0
+        now = asyncio.get_running_loop().time()
+        for bt in held:
+            restamp_producer(bt.data, pid, epoch, b.next_seq)
+            bt.seq = b.next_seq
+            b.next_seq += bt.count
+            bt.not_before = now
+            b.retrying += 1
+            self._retry.append(bt)
+        self._wake.set()
+
+    def fail_everything(self, exc: BaseException) -> None:
+        """Fail every message not answered yet: buffered, waiting for a retry or held (the
+        producer is closed)."""
+        self._acc.fail_buffered(exc)
+        for bt in self._retry:
+            for u in bt.units:
+                settle(u, exc=exc)
+            if bt in bt.buf.outstanding:
+                bt.buf.outstanding.remove(bt)
+        self._retry.clear()
+        for b in self._acc.buffers.values():
+            b.retrying = 0
+            for bt in b.held:
+                for u in bt.units:
+                    settle(u, exc=exc)
+                b.outstanding.remove(bt)
+            b.held.clear()
+
+
+def _complete_with_duplicates(bt: Batch, base: int, durability: Durability, topic_id: int,
+                              dups: list[m.Duplicate]) -> None:
+    """Settle the units of a dedup batch the broker stored only in part: a record listed in
+    ``dups`` gets the stored original's place, the others the stored offsets in order."""
+    topic, queue = bt.buf.topic.name, bt.buf.queue
+    originals = {i: (q, off) for i, q, off in dups}
+    stored = base
+    i = 0
+    for u in bt.units:
+        out: list[SendResult] = []
+        for _ in range(u.count):
+            orig = originals.get(i)
+            if orig is None:
+                out.append(SendResult(topic, queue, stored, durability, topic_id))
+                stored += 1
+            else:
+                out.append(SendResult(topic, orig[0], orig[1], durability, topic_id,
+                                      duplicate=True))
+            i += 1
+        if u.future is not None and not u.future.done():
+            u.future.set_result(out if u.many else out[0])
