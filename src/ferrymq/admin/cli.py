@@ -49,6 +49,15 @@ from ferrymq.admin.bench import bench
 from ferrymq.admin.cli_delivery import dlq, message
 from ferrymq.admin.output import Printer
 from ferrymq.broker.auth import User, read_users_file, update_users_file
+from ferrymq.client.admin import (
+    DeliveryGroupDescription,
+    GroupDescription,
+    GroupListing,
+    QueueOffset,
+    TopicDescription,
+    TopicListing,
+    UserInfo,
+)
 from ferrymq.client.message import Message, ReceivedMessage, SendResult
 from ferrymq.client.sync import AdminClient, Producer, PullConsumer
 from ferrymq.errors import FerryMQError, UnknownGroupError, UserAlreadyExistsError
@@ -354,9 +363,9 @@ def topic_list(state: CliState, internal: bool) -> None:
     """List topics with their ids and queue counts (the broker's own %-named topics only with
     --internal)."""
     with state.admin() as admin:
-        topics: list[m.TopicMeta] = admin.list_topics()
+        topics: list[TopicListing] = admin.list_topics()
     if not internal:
-        topics = [t for t in topics if not m.is_internal_topic(t[0])]
+        topics = [t for t in topics if not m.is_internal_topic(t.name)]
     state.printer.topics(topics, internal)
 
 
@@ -366,8 +375,8 @@ def topic_list(state: CliState, internal: bool) -> None:
 def topic_describe(state: CliState, name: str) -> None:
     """Show per-queue offsets (first, last = end-1, end), bytes, segments, last append time."""
     with state.admin() as admin:
-        resp: m.DescribeTopicResponse = admin.describe_topic(name)
-    state.printer.topic(resp)
+        described: TopicDescription = admin.describe_topic(name)
+    state.printer.topic(described)
 
 
 @topic.command("delete")
@@ -566,7 +575,7 @@ def group_list(state: CliState) -> None:
     """List consumer groups (state STABLE, ...) and delivery groups (state DELIVERY) with their
     number of live members."""
     with state.admin() as admin:
-        groups: list[tuple[str, str, int]] = admin.list_groups()
+        groups: list[GroupListing] = admin.list_groups()
     state.printer.groups(groups)
 
 
@@ -583,8 +592,8 @@ def group_describe(state: CliState, name: str) -> None:
     age of the oldest unfinished message; also when no member is online.
     """
     with state.admin() as admin:
-        consumer: m.DescribeGroupResponse | None = None
-        delivery: m.DescribeDeliveryResponse | None = None
+        consumer: GroupDescription | None = None
+        delivery: DeliveryGroupDescription | None = None
         with contextlib.suppress(UnknownGroupError):
             consumer = admin.describe_group(name)
         with contextlib.suppress(UnknownGroupError):
@@ -650,7 +659,7 @@ def group_reset_offset(state: CliState, name: str, topic_name: str, target: Posi
     """
     with state.admin() as admin:
         if target.kind == "time":
-            offsets: list[tuple[str, int, int]] = admin.reset_offsets_to_time(
+            offsets: list[QueueOffset] = admin.reset_offsets_to_time(
                 name, topic_name, target.value)
         elif target.kind == "offset":
             offsets = admin.reset_offsets(name, topic_name, to=target.value)
@@ -806,12 +815,12 @@ def user_list(state: CliState, users_file: str | None) -> None:
     those of --users-file."""
     if users_file is None:
         with _over_the_wire(state).admin() as client:
-            rows: list[m.UserInfo] = client.list_users()
+            rows: list[UserInfo] = client.list_users()
         state.printer.users(rows)
         return
     users = read_users_file(users_file).values()
-    state.printer.users([(u.name, u.admin, u.produce, u.consume, u.groups,
-                          u.produce_bytes_per_s) for u in users])
+    state.printer.users([UserInfo(u.name, u.admin, list(u.produce), list(u.consume),
+                                  list(u.groups), u.produce_bytes_per_s) for u in users])
 
 
 @cli.command()

@@ -1,16 +1,42 @@
 """The asyncio admin client: topics, groups, offsets, delivery groups, dead letters, messages by
-id or key, users. The CLI is a thin layer over it."""
+id or key, users. The CLI is a thin layer over it.
+
+Its answers are typed results with named fields (:mod:`ferrymq.client._admin_results`,
+re-exported here), made from the broker's wire answers.
+"""
 
 from __future__ import annotations
 
 import secrets
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
 
+from ferrymq.client._admin_results import (
+    BlockedKey,
+    CommittedOffset,
+    DeadLetter,
+    DeliveryGroupDescription,
+    DeliveryMember,
+    DeliveryQueue,
+    DeliveryStatus,
+    GroupDescription,
+    GroupListing,
+    GroupMember,
+    KeyMatch,
+    KeySearch,
+    MessageStatus,
+    OffsetLookup,
+    QueueDescription,
+    QueueOffset,
+    SinkFence,
+    TopicDescription,
+    TopicListing,
+    TxnDescription,
+    TxnsDescription,
+    UserInfo,
+)
 from ferrymq.client._session import Auth, Session, TLSOption
 from ferrymq.client.message import BatchContext, ReceivedMessage
 from ferrymq.errors import (
-    CorruptRecordError,
     InvalidRequestError,
     OffsetOutOfRangeError,
     UnknownTopicError,
@@ -19,20 +45,42 @@ from ferrymq.errors import (
 from ferrymq.protocol import messages as m
 from ferrymq.protocol.auth import DEFAULT_ITERATIONS, SALT_BYTES, ScramCredential
 from ferrymq.protocol.codes import ErrorCode
-from ferrymq.protocol.letters import Letter, parse_letter, user_properties
 from ferrymq.protocol.messages import DlqAction, OffsetSpec
 from ferrymq.protocol.records import (
     ATTR_SCHEDULED,
-    Record,
     check_stored_batch,
     decode_msg_id,
     decode_records,
-    encode_msg_id,
     iter_batches,
     walk_records,
 )
 
-__all__ = ["DLQ_PREFIX", "AsyncAdminClient", "DeadLetter"]
+__all__ = [
+    "DLQ_PREFIX",
+    "AsyncAdminClient",
+    "BlockedKey",
+    "CommittedOffset",
+    "DeadLetter",
+    "DeliveryGroupDescription",
+    "DeliveryMember",
+    "DeliveryQueue",
+    "DeliveryStatus",
+    "GroupDescription",
+    "GroupListing",
+    "GroupMember",
+    "KeyMatch",
+    "KeySearch",
+    "MessageStatus",
+    "OffsetLookup",
+    "QueueDescription",
+    "QueueOffset",
+    "SinkFence",
+    "TopicDescription",
+    "TopicListing",
+    "TxnDescription",
+    "TxnsDescription",
+    "UserInfo",
+]
 
 DLQ_PREFIX = "%DLQ%"
 """Dead letters of group ``G`` live in topic ``%DLQ%G`` (one queue)."""
@@ -41,68 +89,6 @@ DLQ_FETCH_BYTES = 1024 * 1024
 """Bytes per FETCH while listing dead letters."""
 MAX_DLQ_SCAN = 100_000
 """Most dead letters :meth:`AsyncAdminClient.dlq_get` looks through for one id."""
-
-
-@dataclass(frozen=True, slots=True)
-class DeadLetter:
-    """A message in a delivery group's dead-letter queue (``%DLQ%<group>``), not yet redriven
-    or purged.
-
-    Attributes:
-        group: the delivery group.
-        dlq_offset: its offset in the dead-letter queue.
-        dlq_msg_id: its id in the dead-letter queue.
-        topic, queue, offset, msg_id: where the message was first stored, and its id there.
-        attempts: deliveries that failed before it was dead-lettered.
-        reason: why the last delivery failed.
-        dead_ms: when it was dead-lettered (ms since the epoch; -1 if unknown).
-        born_ms: when the producer created it.
-        tag, keys, sharding_key, body: as sent.
-        properties: the user properties (the broker's ``%`` bookkeeping removed).
-    """
-
-    group: str
-    dlq_offset: int
-    dlq_msg_id: str
-    topic: str
-    queue: int
-    offset: int
-    msg_id: str
-    attempts: int
-    reason: str
-    dead_ms: int
-    born_ms: int
-    tag: str | None
-    keys: tuple[str, ...]
-    sharding_key: str | None
-    properties: dict[str, str]
-    body: bytes
-
-    @classmethod
-    def from_record(cls, group: str, topic_id: int, r: Record) -> DeadLetter:
-        """A dead letter from a record of ``%DLQ%<group>`` (missing letter fields: -1 / "")."""
-        try:
-            letter = parse_letter(r.properties)
-        except CorruptRecordError:  # not written by a broker: show what there is
-            letter = Letter("", -1, -1, "", -1, reason=r.properties.get("%REASON", ""))
-        return cls(
-            group=group,
-            dlq_offset=r.offset,
-            dlq_msg_id=encode_msg_id(topic_id, 0, r.offset),
-            topic=letter.topic,
-            queue=letter.queue,
-            offset=letter.offset,
-            msg_id=letter.msg_id,
-            attempts=letter.reconsume,
-            reason=letter.reason,
-            dead_ms=letter.dead_wall,
-            born_ms=r.timestamp,
-            tag=r.tag,
-            keys=r.keys,
-            sharding_key=r.sharding_key,
-            properties=user_properties(r.properties),
-            body=r.body,
-        )
 
 
 class AsyncAdminClient:
@@ -163,22 +149,25 @@ class AsyncAdminClient:
         """Delete a topic and its data."""
         await self._session.request(m.DeleteTopicRequest(name), m.Empty, retry=False)
 
-    async def list_topics(self) -> list[m.TopicMeta]:
+    async def list_topics(self) -> list[TopicListing]:
         """(name, topic id, queues, error code, dedup window ms) of every topic."""
-        return (await self._session.request(m.MetadataRequest(None, False),
-                                            m.MetadataResponse)).topics
+        resp = await self._session.request(m.MetadataRequest(None, False), m.MetadataResponse)
+        return [TopicListing._make(t) for t in resp.topics]
 
-    async def describe_topic(self, name: str) -> m.DescribeTopicResponse:
+    async def describe_topic(self, name: str) -> TopicDescription:
         """Per-queue offsets and sizes."""
-        return await self._session.request(m.DescribeTopicRequest(name), m.DescribeTopicResponse)
+        return TopicDescription.from_wire(
+            await self._session.request(m.DescribeTopicRequest(name), m.DescribeTopicResponse))
 
-    async def list_groups(self) -> list[tuple[str, str, int]]:
+    async def list_groups(self) -> list[GroupListing]:
         """(group, state, members) of every group."""
-        return (await self._session.request(m.ListGroupsRequest(), m.ListGroupsResponse)).groups
+        resp = await self._session.request(m.ListGroupsRequest(), m.ListGroupsResponse)
+        return [GroupListing._make(g) for g in resp.groups]
 
-    async def describe_group(self, group: str) -> m.DescribeGroupResponse:
+    async def describe_group(self, group: str) -> GroupDescription:
         """Members, assignment, committed offsets and lag."""
-        return await self._session.request(m.DescribeGroupRequest(group), m.DescribeGroupResponse)
+        return GroupDescription.from_wire(
+            await self._session.request(m.DescribeGroupRequest(group), m.DescribeGroupResponse))
 
     async def delete_group(self, group: str, *, delete_dlq: bool = False) -> m.DeleteGroupResponse:
         """Delete a group that has no live member: the consumer (pull) group of that name with
@@ -203,7 +192,7 @@ class AsyncAdminClient:
         return await self._session.request(m.DeleteGroupRequest(group, delete_dlq),
                                            m.DeleteGroupResponse, retry=False)
 
-    async def reset_offsets(self, group: str, topic: str, *, to: str | int) -> list[tuple[str, int, int]]:
+    async def reset_offsets(self, group: str, topic: str, *, to: str | int) -> list[QueueOffset]:
         """Move a group's offsets on a topic: ``to`` is "earliest", "latest", an offset (int)
         or a timestamp in ms given as ``("time", ms)`` via :meth:`reset_offsets_to_time`."""
         if to == "earliest":
@@ -212,31 +201,34 @@ class AsyncAdminClient:
             req = m.ResetOffsetsRequest(group, topic, OffsetSpec.LATEST, False)
         else:
             req = m.ResetOffsetsRequest(group, topic, int(to), True)
-        return (await self._session.request(req, m.ResetOffsetsResponse, retry=False)).offsets
+        return await self._reset_offsets(req)
 
     async def reset_offsets_to_time(
         self, group: str, topic: str, timestamp_ms: int
-    ) -> list[tuple[str, int, int]]:
+    ) -> list[QueueOffset]:
         """Move a group's offsets on a topic to the first message stored at or after a time."""
-        req = m.ResetOffsetsRequest(group, topic, timestamp_ms, False)
-        return (await self._session.request(req, m.ResetOffsetsResponse, retry=False)).offsets
+        return await self._reset_offsets(m.ResetOffsetsRequest(group, topic, timestamp_ms, False))
 
-    async def list_offsets(self, entries: list[tuple[str, int, int]]) -> list[m.OffsetResult]:
+    async def _reset_offsets(self, req: m.ResetOffsetsRequest) -> list[QueueOffset]:
+        resp = await self._session.request(req, m.ResetOffsetsResponse, retry=False)
+        return [QueueOffset._make(x) for x in resp.offsets]
+
+    async def list_offsets(self, entries: list[tuple[str, int, int]]) -> list[OffsetLookup]:
         """Offsets by spec (-1 latest, -2 earliest, or a timestamp in ms)."""
-        return (await self._session.request(m.ListOffsetsRequest(entries),
-                                            m.ListOffsetsResponse)).results
+        resp = await self._session.request(m.ListOffsetsRequest(entries), m.ListOffsetsResponse)
+        return [OffsetLookup._make(x) for x in resp.results]
 
     # -- delivery groups -------------------------------------------------------------------------
 
-    async def describe_delivery(self, group: str) -> m.DescribeDeliveryResponse:
+    async def describe_delivery(self, group: str) -> DeliveryGroupDescription:
         """A delivery group's members, per-queue progress and lag, retry and DLQ sizes and
         retry policy (also when no member is online).
 
         Raises:
             UnknownGroupError: no delivery group has this name.
         """
-        return await self._session.request(m.DescribeDeliveryRequest(group),
-                                           m.DescribeDeliveryResponse)
+        return DeliveryGroupDescription.from_wire(await self._session.request(
+            m.DescribeDeliveryRequest(group), m.DescribeDeliveryResponse))
 
     async def skip_message(self, group: str, msg_id: str) -> None:
         """Send a stuck message of an orderly group to its dead-letter queue on purpose, so its
@@ -249,7 +241,7 @@ class AsyncAdminClient:
         """
         await self._session.request(m.SkipMessageRequest(group, msg_id), m.Empty)
 
-    async def message_status(self, msg_id: str) -> m.MessageStatusResponse:
+    async def message_status(self, msg_id: str) -> MessageStatus:
         """Where a message is, and its state in each delivery group that reads its topic:
         WAITING, DELIVERED (member, lease until), CONSUMED, FILTERED (its tag does not match the
         group's tag expression: never delivered), RETRYING (attempt, next at) or DEAD (reason).
@@ -258,8 +250,8 @@ class AsyncAdminClient:
             InvalidRequestError: not a message id, or the message is not stored (any more).
             UnknownTopicError: its topic was deleted.
         """
-        return await self._session.request(m.MessageStatusRequest(msg_id),
-                                           m.MessageStatusResponse)
+        return MessageStatus.from_wire(await self._session.request(
+            m.MessageStatusRequest(msg_id), m.MessageStatusResponse))
 
     async def cancel_scheduled(self, msg_id: str) -> None:
         """Cancel a scheduled message that is not yet due (as ``Producer.cancel``).
@@ -286,7 +278,7 @@ class AsyncAdminClient:
             raise InvalidRequestError(
                 f"not a message id: {msg_id[:64]!r} (28 hex digits: topic id, queue, offset)"
             ) from None
-        name = next((t[0] for t in await self.list_topics() if t[1] == topic_id), None)
+        name = next((t.name for t in await self.list_topics() if t.topic_id == topic_id), None)
         if name is None:
             raise UnknownTopicError(
                 f"message {msg_id}: no topic has id {topic_id} (was it deleted?)")
@@ -439,7 +431,7 @@ class AsyncAdminClient:
 
     # -- messages by key -----------------------------------------------------------------------
 
-    async def find_by_key(self, topic: str, key: str, limit: int = 32) -> m.FindByKeyResponse:
+    async def find_by_key(self, topic: str, key: str, limit: int = 32) -> KeySearch:
         """Messages of ``topic`` whose keys include ``key``, newest first (by stored time), at
         most ``limit`` (RocketMQ's query by key; served from the broker's key index).
 
@@ -449,8 +441,8 @@ class AsyncAdminClient:
         Raises:
             UnknownTopicError, InvalidRequestError: empty key, key with NUL, bad limit.
         """
-        return await self._session.request(m.FindByKeyRequest(topic, key, limit),
-                                           m.FindByKeyResponse)
+        return KeySearch.from_wire(await self._session.request(
+            m.FindByKeyRequest(topic, key, limit), m.FindByKeyResponse))
 
     # -- exactly-once transactions ---------------------------------------------------------------
 
@@ -481,11 +473,11 @@ class AsyncAdminClient:
         return resp.aborted
 
     async def describe_transactions(self, transactional_id: str = "",
-                                    sink_id: str = "") -> m.DescribeTxnsResponse:
+                                    sink_id: str = "") -> TxnsDescription:
         """Transactional ids (state, producer id and epoch, queues and groups of the open
         transaction) and sink fences (last committed batch id per sink)."""
-        return await self._session.request(m.DescribeTxnsRequest(transactional_id, sink_id),
-                                           m.DescribeTxnsResponse)
+        return TxnsDescription.from_wire(await self._session.request(
+            m.DescribeTxnsRequest(transactional_id, sink_id), m.DescribeTxnsResponse))
 
     # -- users (the admin right; the broker must have authentication on) -----------------------
 
@@ -571,11 +563,12 @@ class AsyncAdminClient:
                                            retry=False)
         return resp.connections_closed
 
-    async def list_users(self) -> list[m.UserInfo]:
+    async def list_users(self) -> list[UserInfo]:
         """Every user with its rights, sorted by name: ``(name, admin, produce, consume,
         groups, produce_bytes_per_s)``. Credentials are never sent.
 
         Raises:
             AccessDeniedError, AuthenticationDisabledError: as in :meth:`upsert_user`.
         """
-        return (await self._session.request(m.ListUsersRequest(), m.ListUsersResponse)).users
+        resp = await self._session.request(m.ListUsersRequest(), m.ListUsersResponse)
+        return [UserInfo._make(u) for u in resp.users]

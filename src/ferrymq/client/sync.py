@@ -18,7 +18,14 @@ from typing import Any, TypeVar
 
 from ferrymq.client._delivery import LeasedMessage
 from ferrymq.client._renamed import rename_options
-from ferrymq.client.admin import AsyncAdminClient, DeadLetter
+from ferrymq.client.admin import (
+    AsyncAdminClient,
+    DeadLetter,
+    DeliveryGroupDescription,
+    KeySearch,
+    MessageStatus,
+    UserInfo,
+)
 from ferrymq.client.consumer import AsyncPullConsumer, TopicQueue
 from ferrymq.client.message import Message, ReceivedMessage, SendResult
 from ferrymq.client.producer import AsyncProducer, StagedHandle
@@ -344,7 +351,7 @@ class AdminClient:
         """See :meth:`ferrymq.client.admin.AsyncAdminClient.delete_group`."""
         return _run(self._async.delete_group(group, delete_dlq=delete_dlq))
 
-    def describe_delivery(self, group: str) -> m.DescribeDeliveryResponse:
+    def describe_delivery(self, group: str) -> DeliveryGroupDescription:
         """A delivery group's members, progress, lag, retry and DLQ sizes, retry policy."""
         return _run(self._async.describe_delivery(group))
 
@@ -352,7 +359,7 @@ class AdminClient:
         """See :meth:`ferrymq.client.admin.AsyncAdminClient.skip_message`."""
         _run(self._async.skip_message(group, msg_id))
 
-    def message_status(self, msg_id: str) -> m.MessageStatusResponse:
+    def message_status(self, msg_id: str) -> MessageStatus:
         """A message's state in each delivery group that reads its topic."""
         return _run(self._async.message_status(msg_id))
 
@@ -382,7 +389,7 @@ class AdminClient:
         """Drop dead letters (0: all)."""
         return _run(self._async.dlq_purge(group, max_messages, dry_run))
 
-    def find_by_key(self, topic: str, key: str, limit: int = 32) -> m.FindByKeyResponse:
+    def find_by_key(self, topic: str, key: str, limit: int = 32) -> KeySearch:
         """Messages of ``topic`` carrying ``key``, newest first."""
         return _run(self._async.find_by_key(topic, key, limit))
 
@@ -408,7 +415,7 @@ class AdminClient:
         """See :meth:`ferrymq.client.admin.AsyncAdminClient.remove_user` (connections closed)."""
         return _run(self._async.remove_user(name))
 
-    def list_users(self) -> list[m.UserInfo]:
+    def list_users(self) -> list[UserInfo]:
         """Every user with its rights (never credentials)."""
         return _run(self._async.list_users())
 
