@@ -190,12 +190,14 @@ def test_scheduled_messages_are_their_own_kind() -> None:
 def test_send_batch_keyless_messages_share_one_queue_per_call() -> None:
     async def main() -> None:
         _, acc, _ = _parts(sticky_queue_bytes=0)
-        msgs = [Message("t", b"x") for _ in range(5)] + [Message("t", b"y", sharding_key="k")]
+        rr_queue = acc._rr.pick("t", 4)  # where this call's keyless messages go (random start)
+        key = next(k for k in "abcdefgh" if queue_for_key(k, 4) != rr_queue)
+        msgs = [Message("t", b"x") for _ in range(5)] + [Message("t", b"y", sharding_key=key)]
         futs = acc.enqueue_batch(msgs)
         assert [idxs for idxs, _ in futs] == [[0, 1, 2, 3, 4], [5]]
-        keyless = [b for b in acc.buffers.values() if any(r.body == b"x" for r in b.records)]
-        assert len(keyless) == 1 and len(keyless[0].units) == 1
-        assert acc.buffers["t", queue_for_key("k", 4)].records[-1].body == b"y"
+        assert [r.body for r in acc.buffers["t", rr_queue].records] == [b"x"] * 5
+        assert len(acc.buffers["t", rr_queue].units) == 1  # one unit: one record batch
+        assert [r.body for r in acc.buffers["t", queue_for_key(key, 4)].records] == [b"y"]
 
     _run(main())
 
