@@ -34,6 +34,12 @@ A queue with no committed offset starts at ``auto_offset_reset`` ("latest" or "e
 after an OFFSET_OUT_OF_RANGE (retention deleted the data under a committed offset).
 A seek drops what was buffered for that queue; results of a fetch started before the seek are
 ignored for it (a per-queue epoch).
+
+Where each part lives: this module is the public :class:`AsyncPullConsumer` (subscriptions and
+assignments, positions, commits and seeks, the poll loop and its FETCH requests); the buffer of
+fetched messages and each queue's offsets are :mod:`ferrymq.client._pull_buffer` (no I/O); the
+group membership (JOIN_GROUP, the heartbeat task, LEAVE_GROUP) is
+:mod:`ferrymq.client._pull_group`.
 """
 
 from __future__ import annotations
@@ -41,19 +47,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import deque
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 
 from ferrymq.client._missing_topics import MissingTopics
+from ferrymq.client._pull_buffer import FetchBuffer, QueueState
+from ferrymq.client._pull_buffer import TopicQueue as TopicQueue  # re-exported: its old home
+from ferrymq.client._pull_group import GroupMembership
 from ferrymq.client._session import Auth, Session, TLSOption
-from ferrymq.client.message import BatchContext, ReceivedMessage, received_messages
+from ferrymq.client.message import ReceivedMessage
 from ferrymq.errors import (
     BrokerError,
     ClientError,
     ConfigError,
     ConnectionClosedError,
-    CorruptRecordError,
     FerryMQError,
     FerryMQTimeoutError,
     IllegalGenerationError,
@@ -63,20 +69,10 @@ from ferrymq.errors import (
 )
 from ferrymq.protocol import messages as m
 from ferrymq.protocol.codes import ErrorCode
-from ferrymq.protocol.markers import ReadCommittedFilter
 from ferrymq.protocol.messages import Isolation, OffsetSpec
-from ferrymq.protocol.records import (
-    ATTR_CONTROL,
-    ATTR_SCHEDULED,
-    ATTR_TRANSACTIONAL,
-    check_stored_batch,
-    iter_batches,
-)
 from ferrymq.protocol.tags import parse_tag_expression
 
 log = logging.getLogger("ferrymq.client")
-
-TopicQueue = tuple[str, int]
 # Group-fencing errors are "retriable" only after a rejoin: never resend the same commit blindly.
 _COMMIT_RETRY = frozenset({ErrorCode.BROKER_SHUTTING_DOWN, ErrorCode.STORAGE_ERROR,
                            ErrorCode.REQUEST_TIMED_OUT, ErrorCode.BUSY})
@@ -84,20 +80,6 @@ DEFAULT_FETCH_MAX_BYTES = 4 * 1024 * 1024
 MAX_POLL_WAIT_S = 30.0
 MIN_CHECK_WAIT_S = 1.0
 """Least time poll() gives a check for awaited topics (it may outlast a shorter poll timeout)."""
-
-
-_TXN_BITS = ATTR_TRANSACTIONAL | ATTR_CONTROL
-
-
-@dataclass(eq=False)
-class _QueueState:
-    position: int | None = None  # next offset to hand out (None: not resolved yet)
-    finished: int | None = None  # position when poll() was last entered: what auto-commit stores
-    fetch_position: int | None = None
-    epoch: int = 0
-    topic_id: int = -1
-    high_watermark: int = -1
-    buffered: int = 0  # messages of this queue in the consumer's buffer
 
 
 class AsyncPullConsumer:
@@ -177,30 +159,32 @@ class AsyncPullConsumer:
                                 auth=auth, tls=tls)
         self._require_topic = require_topic
         self._missing = MissingTopics(self._session)
-        self._client_id = client_id
         self._auto_commit = auto_commit
         self._auto_commit_interval_s = auto_commit_interval_s
         self._reset = OffsetSpec.LATEST if auto_offset_reset == "latest" else OffsetSpec.EARLIEST
         self._fetch_max_bytes = fetch_max_bytes
         self._queue_fetch_max_bytes = queue_fetch_max_bytes
-        self._session_timeout_ms = int(session_timeout_s * 1000)
-        self._heartbeat_interval_s = heartbeat_interval_s
+        self._membership = GroupMembership(self._session, group, client_id,
+                                           int(session_timeout_s * 1000), heartbeat_interval_s)
         self._subscriptions: dict[str, str] = {}
         self._manual: list[TopicQueue] | None = None
-        self._queues: dict[TopicQueue, _QueueState] = {}
-        # chunks of messages, each from one queue in offset order; [0] is read from index _head
-        self._buffer: deque[list[ReceivedMessage]] = deque()
-        self._head = 0
+        self._queues: dict[TopicQueue, QueueState] = {}
+        self._buffer = FetchBuffer()
         self._fetch: asyncio.Task[None] | None = None
-        self._member_id = ""
-        self._generation = -1
-        self._need_join = False
-        self._heartbeat: asyncio.Task[None] | None = None
         self._last_commit = 0.0
         self._committed_positions: dict[TopicQueue, int] = {}
         self._closed = False
         self._started = False
-        self._corrupt: list[CorruptRecordError] = []  # raised by poll once the buffer is empty
+
+    @property
+    def _member_id(self) -> str:
+        """The member id in the group ("": not a member); a transaction's offsets name it."""
+        return self._membership.member_id
+
+    @property
+    def _generation(self) -> int:
+        """The group generation this member joined (-1: none)."""
+        return self._membership.generation
 
     # -- subscription ------------------------------------------------------------------------
 
@@ -233,7 +217,7 @@ class AsyncPullConsumer:
         waiting = not await self._missing.check(topic, require=self._require_topic)
         before = self._subscriptions.get(topic)
         self._subscriptions[topic] = tags
-        self._need_join = True
+        self._membership.need_join = True
         try:
             await self._join()
         except BaseException:  # refused (e.g. max_member_topics): not subscribed after all
@@ -267,68 +251,23 @@ class AsyncPullConsumer:
 
     def _set_assignment(self, queues: list[TopicQueue]) -> None:
         old = self._queues
-        self._queues = {tq: old.get(tq) or _QueueState() for tq in queues}
+        self._queues = {tq: old.get(tq) or QueueState() for tq in queues}
         for st in self._queues.values():
             st.epoch += 1
-        self._drop_buffered(lambda tq: tq not in self._queues)
-
-    def _drop_buffered(self, drop: Callable[[TopicQueue], bool]) -> None:
-        """Forget buffered messages of the queues ``drop`` selects; recount the rest."""
-        if self._buffer and self._head:
-            self._buffer[0] = self._buffer[0][self._head :]
-        self._head = 0
-        self._buffer = deque(
-            c for c in self._buffer if c and not drop((c[0].topic, c[0].queue))
-        )
-        for st in self._queues.values():
-            st.buffered = 0
-        for c in self._buffer:
-            self._queues[(c[0].topic, c[0].queue)].buffered += len(c)
+        self._buffer.drop(self._queues, lambda tq: tq not in self._queues)
 
     async def _join(self) -> None:
-        if self._auto_commit and self._generation >= 0:
+        if self._auto_commit and self._membership.generation >= 0:
             with contextlib.suppress(FerryMQError):
                 await self._commit_finished()
-        topics = sorted(self._subscriptions)
-        resp = await self._session.request(
-            m.JoinGroupRequest(self.group, self._member_id, self._client_id, topics,
-                               self._session_timeout_ms),
-            m.JoinGroupResponse,
-        )
-        self._member_id = resp.member_id
-        self._generation = resp.generation
-        self._need_join = False
-        log.info("group %s: member %s generation %d assigned %s", self.group, self._member_id,
-                 self._generation, resp.assignment)
+        assignment = await self._membership.join(sorted(self._subscriptions))
         # positions come from the committed offsets: they may have moved (reset-offset)
-        self._set_assignment([(t, q) for t, q in resp.assignment])
+        self._set_assignment(assignment)
         for st in self._queues.values():
             st.position = st.fetch_position = st.finished = None
             st.buffered = 0
         self._buffer.clear()
-        self._head = 0
-        if self._heartbeat is None or self._heartbeat.done():
-            self._heartbeat = asyncio.get_running_loop().create_task(self._heartbeat_loop())
-
-    async def _heartbeat_loop(self) -> None:
-        while not self._closed:
-            await asyncio.sleep(self._heartbeat_interval_s)
-            if not self._member_id:
-                continue
-            try:
-                await self._session.request(
-                    m.HeartbeatRequest(self.group, self._member_id, self._generation), m.Empty,
-                    timeout_s=self._session_timeout_ms / 1000, retry=False,
-                )
-            except (RebalanceInProgressError, IllegalGenerationError):
-                self._need_join = True
-            except UnknownMemberError:
-                self._member_id = ""
-                self._need_join = True
-            except (ConnectionClosedError, FerryMQTimeoutError) as exc:
-                log.debug("heartbeat failed: %s", exc)  # an outage: the session warned once
-            except FerryMQError as exc:
-                log.warning("heartbeat failed: %s", exc)
+        self._membership.start_heartbeat()
 
     # -- positions -----------------------------------------------------------------------------
 
@@ -383,7 +322,7 @@ class AsyncPullConsumer:
                 st.position = st.fetch_position = st.finished = off
                 st.epoch += 1
         wanted = set(queues)
-        self._drop_buffered(wanted.__contains__)
+        self._buffer.drop(self._queues, wanted.__contains__)
 
     def position(self) -> dict[TopicQueue, int]:
         """Next offset to be returned, per assigned queue (resolved ones)."""
@@ -416,7 +355,7 @@ class AsyncPullConsumer:
         """Auto-commit: store the finished positions (see the module docstring)."""
         await self._store_offsets(self._uncommitted(lambda st: st.finished))
 
-    def _uncommitted(self, pick: Callable[[_QueueState], int | None]) -> dict[TopicQueue, int]:
+    def _uncommitted(self, pick: Callable[[QueueState], int | None]) -> dict[TopicQueue, int]:
         out: dict[TopicQueue, int] = {}
         for tq, st in self._queues.items():
             off = pick(st)
@@ -427,9 +366,9 @@ class AsyncPullConsumer:
     async def _store_offsets(self, offsets: dict[TopicQueue, int]) -> None:
         if not offsets:
             return
-        generation = self._generation if self._subscriptions else -1
+        generation = self._membership.generation if self._subscriptions else -1
         resp = await self._session.request(
-            m.CommitOffsetsRequest(self.group, self._member_id, generation,
+            m.CommitOffsetsRequest(self.group, self._membership.member_id, generation,
                                    [(t, q, o) for (t, q), o in offsets.items()]),
             m.CommitOffsetsResponse,
             retry_codes=_COMMIT_RETRY,
@@ -448,7 +387,7 @@ class AsyncPullConsumer:
             raise ClientError(f"{topic}/{queue} is not assigned to this consumer")
         st.position = st.fetch_position = st.finished = offset
         st.epoch += 1
-        self._drop_buffered(lambda tq: tq == (topic, queue))
+        self._buffer.drop(self._queues, lambda tq: tq == (topic, queue))
 
     async def seek_to_time(self, topic: str, timestamp_ms: int) -> None:
         """Continue every assigned queue of ``topic`` from the first message stored at or after
@@ -484,14 +423,14 @@ class AsyncPullConsumer:
         while True:
             if self._missing:  # (an outage must not hold poll() for a whole request timeout)
                 await self._read_appeared_topics(max(deadline - loop.time(), MIN_CHECK_WAIT_S))
-            if self._need_join and self._subscriptions:
+            if self._membership.need_join and self._subscriptions:
                 await self._join()
             if self._buffer:
                 out = self._take(max_messages)
                 await self._maybe_auto_commit()
                 return out
-            if self._corrupt:
-                raise self._corrupt.pop(0)
+            if self._buffer.corrupt:
+                raise self._buffer.corrupt.pop(0)
             await self._resolve_positions()
             remaining = deadline - loop.time()
             if self._fetch is None or self._fetch.done():
@@ -530,32 +469,9 @@ class AsyncPullConsumer:
             raise exc
 
     def _take(self, n: int) -> list[ReceivedMessage]:
-        buf = self._buffer
-        out: list[ReceivedMessage] = []
-        need = n
-        while need > 0 and buf:
-            chunk = buf[0]
-            head = self._head
-            k = min(need, len(chunk) - head)
-            part = chunk[head : head + k]
-            out += part
-            need -= k
-            if head + k >= len(chunk):
-                buf.popleft()
-                self._head = 0
-            else:
-                self._head = head + k
-            last = part[-1]
-            st = self._queues.get((last.topic, last.queue))
-            if st is not None:
-                st.position = last.offset + 1
-                st.buffered -= k
-                if st.buffered == 0 and st.fetch_position is not None:
-                    # offsets between the last message and the fetch position were filtered
-                    # out by tag on the broker: they count as consumed
-                    st.position = max(st.position, st.fetch_position)
+        out = self._buffer.take(n, self._queues)
         if (self._fetch is None or self._fetch.done()) and self._queues and (
-                not buf or sum(len(c) for c in buf) - self._head < n):
+                not self._buffer or self._buffer.pending() < n):
             # fewer than one more poll's worth is buffered: prefetch while the application works
             if self._fetch is not None:
                 self._fetch_result()
@@ -600,62 +516,18 @@ class AsyncPullConsumer:
             qst.topic_id = topic_id
             qst.high_watermark = hw
             if data:
-                self._decode(topic, queue, qst, data if isinstance(data, bytes) else bytes(data),
-                             aborted.get((topic, queue), ()))
+                self._buffer.add_fetched(topic, queue, qst,
+                                         data if isinstance(data, bytes) else bytes(data),
+                                         aborted.get((topic, queue), ()))
         if reset:
             await self._reset_to(reset, self._reset)
-
-    def _decode(self, topic: str, queue: int, st: _QueueState, data: bytes,
-                aborted: Sequence[tuple[int, int]] = ()) -> None:
-        """Turn fetched batches into messages: per record one ``unpack_from`` and one object;
-        every other field is decoded when the application reads it. Transaction markers, and
-        with read_committed the batches of ``aborted`` transactions, are skipped."""
-        rc = ReadCommittedFilter(aborted) if aborted else None  # none: skip markers only
-        mv = memoryview(data)  # for CRC checks; messages slice the bytes object itself
-        start = st.fetch_position or 0
-        topic_id = st.topic_id
-        nxt = start
-        n = 0
-        for pos, h in iter_batches(mv):
-            check_stored_batch(mv, pos)
-            last = h.last_offset
-            if last < start:
-                continue
-            attrs = h.attributes
-            if attrs & ATTR_SCHEDULED:  # a scheduled original: its copy comes when due
-                nxt = last + 1
-                continue
-            if attrs & _TXN_BITS and (
-                    not rc.keep(h.producer_id, h.base_offset, attrs) if rc is not None
-                    else attrs & ATTR_CONTROL):
-                nxt = last + 1  # a transaction marker, or aborted data
-                continue
-            ctx = BatchContext(topic, queue, topic_id, h.append_time_ms, h.first_timestamp)
-            chunk = received_messages(data, pos, h, start, ctx)
-            if chunk is None:
-                # CRC-valid but malformed inside: a producer bug. Hand out what came before,
-                # raise once (poll), and continue after it so the queue is not blocked.
-                self._corrupt.append(CorruptRecordError(
-                    f"{topic}/{queue}: the batch at offsets {h.base_offset}..{last} is "
-                    "malformed inside (written by a faulty producer); skipped"
-                ))
-                nxt = last + 1
-                break
-            if chunk:
-                self._buffer.append(chunk)
-                n += len(chunk)
-            nxt = last + 1
-        st.fetch_position = nxt
-        st.buffered += n
-        if st.buffered == 0 and st.position is not None:
-            st.position = max(st.position, nxt)
 
     async def _read_appeared_topics(self, timeout_s: float) -> None:
         """Start reading the awaited topics that exist now (a rejoin gets their queues)."""
         if not await self._missing.appeared(timeout_s):
             return
         if self._subscriptions:
-            self._need_join = True
+            self._membership.need_join = True
         elif self._manual is not None:
             self._set_assignment([tq for tq in self._manual if tq[0] not in self._missing])
 
@@ -667,7 +539,7 @@ class AsyncPullConsumer:
             try:
                 await self._commit_finished()
             except (IllegalGenerationError, UnknownMemberError, RebalanceInProgressError):
-                self._need_join = True
+                self._membership.need_join = True
             except FerryMQError as exc:
                 log.warning("auto-commit failed: %s", exc)
 
@@ -681,13 +553,11 @@ class AsyncPullConsumer:
             if self._auto_commit and self._started:
                 with contextlib.suppress(FerryMQError):
                     await self._commit_finished()
-            if self._member_id:
-                with contextlib.suppress(FerryMQError):
-                    await self._session.request(m.LeaveGroupRequest(self.group, self._member_id),
-                                                m.Empty, timeout_s=5.0, retry=False)
+            await self._membership.leave()
         finally:
             self._closed = True
-            for t in (self._heartbeat, self._fetch):
+            self._membership.closed = True
+            for t in (self._membership.heartbeat, self._fetch):
                 if t is not None:
                     t.cancel()
                     with contextlib.suppress(BaseException):
