@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -237,3 +238,81 @@ def test_route_queue_column_then_stable_key_hash_then_sticky() -> None:
         route({"queue": pa.array([4])}, np.array([4]), sticky=0)
     binary = route({"key": pa.array([b"customer-7"])}, np.array([3]), sticky=0)
     assert binary.tolist() == [queue_for_key("customer-7", 3)]
+
+
+def _schema(**columns: object) -> Any:
+    from pyspark.sql.types import StructField, StructType
+
+    return StructType([StructField(n, t) for n, t in columns.items()])  # type: ignore[arg-type]
+
+
+def test_sink_schema_errors_name_the_column() -> None:
+    from pyspark.sql.types import ArrayType, BinaryType, IntegerType, MapType, StringType
+
+    from ferrymq.spark.sink import check_sink_schema
+
+    cases: list[tuple[Any, dict[str, str], str]] = [
+        (_schema(body=BinaryType()), {"topic": "t"},
+         r"needs a 'value' column \(binary or string\); got columns \['body'\]"),
+        (_schema(value=BinaryType()), {}, "needs option 'topic' or a 'topic' column"),
+        (_schema(value=IntegerType()), {"topic": "t"},
+         "column 'value' has type int; expected binary or string"),
+        (_schema(value=StringType(), queue=StringType()), {"topic": "t"},
+         "column 'queue' has type string; expected integer or long"),
+        (_schema(value=BinaryType(), keys=ArrayType(IntegerType())), {"topic": "t"},
+         "'keys' must be array<string>"),
+        (_schema(value=BinaryType(), properties=MapType(StringType(), IntegerType())),
+         {"topic": "t"}, "'properties' must be map<string,string>"),
+    ]
+    for schema, options, message in cases:
+        with pytest.raises(ConfigError, match=message):
+            check_sink_schema(schema, SinkOptions.parse(options))
+
+
+def test_sink_schema_ignores_columns_it_does_not_know() -> None:
+    from pyspark.sql.types import LongType, StringType
+
+    from ferrymq.spark.sink import check_sink_schema
+
+    # a topic copied with readStream...writeStream keeps the source's offset column
+    check_sink_schema(_schema(value=StringType(), topic=StringType(), offset=LongType()),
+                      SinkOptions.parse({}))
+
+
+def test_sink_encoding_refuses_oversized_tags_and_keys() -> None:
+    with pytest.raises(ConfigError, match="'tags' value is longer than 255 bytes"):
+        encode_batches({"value": pa.array([b"v"]), "tags": pa.array(["t" * 256])}, 0,
+                       producer_id=-1, epoch=-1, next_seq=0, max_records=10)
+    with pytest.raises(ConfigError, match="longer than 65535 bytes"):
+        encode_batches({"value": pa.array([b"v"]), "key": pa.array(["k" * 65536])}, 0,
+                       producer_id=-1, epoch=-1, next_seq=0, max_records=10)
+    assert encode_batches({"value": pa.array([], pa.binary())}, 0, producer_id=-1, epoch=-1,
+                          next_seq=0, max_records=10) == []
+
+
+def test_fence_keys_name_the_sink_and_the_batch() -> None:
+    from ferrymq.spark.sink import fence_key
+
+    assert fence_key("/chk/q1", 7) == "/chk/q1#7"
+    assert fence_key("a\x00b", 0) == "ab#0"  # a NUL cannot end up inside a key
+
+
+def test_sink_parts_stay_importable_from_sink() -> None:
+    """The sink's parts moved to private modules; what code imported from
+    ``ferrymq.spark.sink`` keeps working."""
+    import ast
+    import inspect
+
+    import ferrymq.spark.sink as sink
+    from ferrymq.spark import _sink_batches, _sink_commit, _sink_task
+
+    for part in (_sink_batches, _sink_commit, _sink_task):
+        tree = ast.parse(inspect.getsource(part))
+        names = [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
+        names += [t.id for n in tree.body if isinstance(n, ast.Assign)
+                  for t in n.targets if isinstance(t, ast.Name)]
+        public = [n for n in names if not n.startswith("_") and n != "log"]
+        assert public, part
+        for name in public:
+            assert getattr(sink, name) is getattr(part, name), name
+            assert name in sink.__all__, name
