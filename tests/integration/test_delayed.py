@@ -330,7 +330,7 @@ def test_restart_with_pending_messages_and_finished_buckets_deleted(tmp_path: Pa
             soon = p.send(Message("t", b"soon", delay=0.6)).msg_id
         sched = b.server.scheduler
         assert sched.pending == 51
-        assert len(sched._heap) <= 1  # the far bucket is on disk only (look-ahead 0.5 s)
+        assert len(sched.index.heap) <= 1  # the far bucket is on disk only (look-ahead 0.5 s)
         assert sched.lookup(*decode_msg_id(far[0]))[0] == "PENDING"
     with Broker(data, port=0, **cfg) as b, PullConsumer(
         b.address, "g", auto_offset_reset="earliest"

@@ -4,22 +4,17 @@ broker runs; the anchor is resumed across restarts (time while down counts as el
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, cast
 
-from ferrymq.broker.config import BrokerConfig
-from ferrymq.broker.scheduler import Scheduler
+from ferrymq.broker.scheduler.clock import CLOCK_SAVE_MS, SchedulerClock
+from ferrymq.storage.schedule import ScheduleStore
 from ferrymq.testing import FakeClock
 
 HOUR_MS = 3_600_000
 
 
-def make(clock: FakeClock, path: Path) -> Scheduler:
-    return Scheduler(BrokerConfig(), cast(Any, None), cast(Any, None), clock, path)
-
-
-def test_clock_counts_monotonic_time_and_ignores_wall_jumps(tmp_path: Path) -> None:
+def test_clock_counts_monotonic_time_and_ignores_wall_jumps() -> None:
     clock = FakeClock()
-    s = make(clock, tmp_path)
+    s = SchedulerClock(clock)
     t0 = s.now_ms()
     assert t0 == clock.wall_ms() and s.offset_ms() == 0
     clock.advance(1.5)
@@ -32,40 +27,51 @@ def test_clock_counts_monotonic_time_and_ignores_wall_jumps(tmp_path: Path) -> N
     assert s.now_ms() == t0 + 1750
     assert s.offset_ms() == -HOUR_MS
     assert s.to_wall(int(t0) + 2750) == clock.wall_ms() + 1000  # due in 1 s by the wall clock
-    s.store.close()
 
 
-def test_skew_of_a_new_entry_is_clock_minus_append_time_and_small_ones_snap(tmp_path: Path) -> None:
+def test_skew_of_a_new_entry_is_clock_minus_append_time_and_small_ones_snap() -> None:
     clock = FakeClock()
-    s = make(clock, tmp_path)
-    assert s._skew(clock.wall_ms()) == 0
-    assert s._skew(clock.wall_ms() + 2) == 0  # rounding between the clocks
-    assert s._skew(clock.wall_ms() - 40) == 0  # stored 40 ms ago: the delay counts from then
+    s = SchedulerClock(clock)
+    assert s.skew(clock.wall_ms()) == 0
+    assert s.skew(clock.wall_ms() + 2) == 0  # rounding between the clocks
+    assert s.skew(clock.wall_ms() - 40) == 0  # stored 40 ms ago: the delay counts from then
     clock.wall_offset_ms += HOUR_MS
-    assert s._skew(clock.wall_ms()) == -HOUR_MS  # its delay counts from now on this clock
+    assert s.skew(clock.wall_ms()) == -HOUR_MS  # its delay counts from now on this clock
     clock.wall_offset_ms -= 2 * HOUR_MS
     append_time = clock.wall_ms() + 2 * HOUR_MS  # a queue's append time does not go back
-    assert s._skew(append_time) == -HOUR_MS
-    assert (s._skew_lo, s._skew_hi) == (-HOUR_MS, 0)
-    s.store.close()
+    assert s.skew(append_time) == -HOUR_MS
+    assert (s.skew_lo, s.skew_hi) == (-HOUR_MS, 0)
 
 
 def test_a_restart_resumes_the_clock_and_counts_downtime(tmp_path: Path) -> None:
     clock = FakeClock()
-    s = make(clock, tmp_path)
+    s = SchedulerClock(clock)
+    store = ScheduleStore(tmp_path)
     clock.wall_offset_ms -= HOUR_MS  # a backward jump while running
     clock.advance(2.0)
-    s.store.write_watermarks({}, s._clock_meta())
+    store.write_watermarks({}, s.meta())
     t_stop = s.now_ms()
-    s.store.close()
     clock.advance(10.0)  # down for 10 s
-    again = make(clock, tmp_path)
-    again._resume_clock()
+    again = SchedulerClock(clock)
+    again.resume(store.read_clock())
     assert again.now_ms() == t_stop + 10_000  # not held back by the hour
     assert again.offset_ms() == HOUR_MS
-    again.store.close()
     clock.wall_offset_ms -= HOUR_MS  # the wall clock went back while the broker was down
-    third = make(clock, tmp_path)
-    third._resume_clock()
+    third = SchedulerClock(clock)
+    third.resume(store.read_clock())
     assert third.now_ms() == t_stop  # time while down counts as none
-    third.store.close()
+    store.close()
+
+
+def test_a_moved_clock_is_checkpointed_once() -> None:
+    clock = FakeClock()
+    s = SchedulerClock(clock)
+    assert not s.moved(s.meta())
+    clock.wall_offset_ms += CLOCK_SAVE_MS // 2  # rounding noise: not worth a checkpoint
+    assert not s.moved(s.meta())
+    clock.wall_offset_ms += HOUR_MS  # a jump: checkpointed, then counts as saved
+    assert s.moved(s.meta())
+    assert not s.moved(s.meta())
+    s.skew(clock.wall_ms())  # a new skew widens the range: checkpointed too
+    assert s.moved(s.meta())
+    assert not s.moved(s.meta())
