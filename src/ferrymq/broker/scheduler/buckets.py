@@ -373,7 +373,9 @@ class BucketIndex:
         The entry is in the bucket of its fire time ``due + skew``; the skew is one of those
         written (``skew_lo`` .. ``skew_hi``, a single bucket unless the wall clock jumped) or
         it went to a later bucket, which is loaded (it was due already when indexed; then only
-        its pending state is found)."""
+        its pending state is found). That later bucket is the current one, loaded when it came
+        within the look-ahead; should the timer that loads it be later than the look-ahead,
+        its pending entries are not found until the next round loads it."""
         for b in self.buckets.values():
             if b.entries is not None and pos in b.entries:
                 return b, PENDING_ENTRY
