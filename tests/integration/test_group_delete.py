@@ -28,7 +28,7 @@ from ferrymq import (
     SimpleConsumer,
 )
 from ferrymq.admin.cli import cli
-from ferrymq.broker.delivery.manager import DELETED_SUFFIX
+from ferrymq.broker.delivery.lifecycle import DELETED_SUFFIX
 from ferrymq.errors import NonEmptyGroupError, UnknownGroupError
 from tests.helpers import wait_for
 

@@ -208,10 +208,10 @@ def test_state_of_the_previous_format_loads_and_its_letters_wait_for_their_due_t
         async def write_old_letter() -> int:  # what the previous broker wrote for a nack
             dm = srv.delivery
             g = dm.groups["g"]
-            record = dm._read_record(g, ("t", 0), 0)
+            record = dm.queues.read_record(g, ("t", 0), 0)
             assert record is not None
             letter = Letter("t", 0, 0, mid, 1, srv.clock.wall_ms() + delay_ms, "old")
-            qs = dm._retry_queue(g)
+            qs = dm.queues.retry_queue(g)
             qs.log.append(make_letter(record, letter), now_ms=srv.clock.wall_ms())
             return letter.due_wall
 

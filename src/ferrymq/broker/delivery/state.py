@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
@@ -32,6 +32,16 @@ from ferrymq.protocol.letters import Letter
 
 if TYPE_CHECKING:
     from ferrymq.broker.delivery.orderly import OrderlyCursor
+
+DEFAULT_RETRY_DELAYS_MS = [
+    s * 1000 for s in (10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800,
+                       3600, 7200)
+]
+"""RocketMQ's retry ladder: 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h."""
+DEFAULT_MAX_RECONSUME = 16
+MAX_RETRY_DELAY_MS = 24 * 3600 * 1000
+MAX_RECONSUME_LIMIT = 1000
+MAX_RETRY_LADDER = 64
 
 
 @dataclass(eq=False, slots=True)
@@ -352,6 +362,18 @@ class DeliveryGroup:
             self.in_flight.pop(lease.member, None)
         if not lease.offsets:
             self.leases.pop(lease.lease_id, None)
+
+    def expired(self, now: int) -> Iterator[Lease]:
+        """The leases whose deadline passed by ``now``, soonest first. Each one's entry leaves
+        the expiry heap only once the caller is done with it (asked for the next one): when the
+        caller stops half-way (an exception), the lease is expired again the next time."""
+        exp = self.expiry
+        while exp and exp[0][0] <= now:
+            deadline, lease_id = exp[0]
+            lease = self.leases.get(lease_id)
+            if lease is not None and lease.deadline == deadline:
+                yield lease
+            heapq.heappop(exp)
 
     def wake(self) -> None:
         """Wake long-polling receivers (something became available)."""
