@@ -4,7 +4,7 @@ See :mod:`ferrymq.broker.delivery.manager` for the theory of operation and ``doc
 for the semantics users rely on.
 """
 
+from ferrymq.broker.delivery.group import DEFAULT_MAX_RECONSUME, DEFAULT_RETRY_DELAYS_MS
 from ferrymq.broker.delivery.manager import DeliveryManager
-from ferrymq.broker.delivery.state import DEFAULT_MAX_RECONSUME, DEFAULT_RETRY_DELAYS_MS
 
 __all__ = ["DEFAULT_MAX_RECONSUME", "DEFAULT_RETRY_DELAYS_MS", "DeliveryManager"]

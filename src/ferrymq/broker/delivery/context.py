@@ -15,7 +15,7 @@ from ferrymq._time import Clock
 
 if TYPE_CHECKING:
     from ferrymq.broker.config import BrokerConfig
-    from ferrymq.broker.delivery.state import DeliveryGroup
+    from ferrymq.broker.delivery.group import DeliveryGroup
     from ferrymq.broker.delivery.store import GroupStore
     from ferrymq.broker.flusher import Flusher
     from ferrymq.broker.scheduler import Scheduler

@@ -13,13 +13,14 @@ import logging
 from collections.abc import Callable
 
 from ferrymq.broker.delivery.context import DeliveryContext
+from ferrymq.broker.delivery.group import DeliveryGroup
 from ferrymq.broker.delivery.journaling import Journaling
 from ferrymq.broker.delivery.letters import make_letter, read_letter
 from ferrymq.broker.delivery.moves import Moves
 from ferrymq.broker.delivery.orderly import OrderlyCursor
 from ferrymq.broker.delivery.queues import GroupQueues
 from ferrymq.broker.delivery.shortage import Shortage
-from ferrymq.broker.delivery.state import DeliveryGroup, Lease
+from ferrymq.broker.delivery.state import Lease
 from ferrymq.broker.flusher import flush_postponed
 from ferrymq.errors import BrokerError, CorruptRecordError, InvalidRequestError
 from ferrymq.protocol import messages as m

@@ -13,10 +13,10 @@ import logging
 
 from ferrymq.broker.delivery.context import DeliveryContext
 from ferrymq.broker.delivery.deadletters import DeadLetters
+from ferrymq.broker.delivery.group import DeliveryGroup
 from ferrymq.broker.delivery.letters import read_letter, stored_record
 from ferrymq.broker.delivery.orderly import OrderlyCursor
 from ferrymq.broker.delivery.queues import GroupQueues, batches_between
-from ferrymq.broker.delivery.state import DeliveryGroup
 from ferrymq.broker.scheduler import CANCELLED_STATE, NOT_SCHEDULED
 from ferrymq.errors import BrokerError, CorruptRecordError, InvalidRequestError
 from ferrymq.protocol import messages as m

@@ -17,8 +17,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ferrymq.broker.delivery.context import DeliveryContext
+from ferrymq.broker.delivery.group import DeliveryGroup
 from ferrymq.broker.delivery.shortage import Shortage
-from ferrymq.broker.delivery.state import DeliveryGroup
 from ferrymq.broker.delivery.store import Callback, GroupStore
 from ferrymq.errors import BrokerError, StorageFailureError
 

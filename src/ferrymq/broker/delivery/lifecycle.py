@@ -27,12 +27,7 @@ from pathlib import Path
 
 from ferrymq._hints import DELETE_DLQ
 from ferrymq.broker.delivery.context import DeliveryContext
-from ferrymq.broker.delivery.journaling import Journaling
-from ferrymq.broker.delivery.moves import Moves
-from ferrymq.broker.delivery.queues import GroupQueues
-from ferrymq.broker.delivery.recovery import Recovery
-from ferrymq.broker.delivery.shortage import Shortage
-from ferrymq.broker.delivery.state import (
+from ferrymq.broker.delivery.group import (
     MAX_RECONSUME_LIMIT,
     MAX_RETRY_DELAY_MS,
     MAX_RETRY_LADDER,
@@ -40,6 +35,11 @@ from ferrymq.broker.delivery.state import (
     DeliveryMember,
     MemberLink,
 )
+from ferrymq.broker.delivery.journaling import Journaling
+from ferrymq.broker.delivery.moves import Moves
+from ferrymq.broker.delivery.queues import GroupQueues
+from ferrymq.broker.delivery.recovery import Recovery
+from ferrymq.broker.delivery.shortage import Shortage
 from ferrymq.broker.groups import has_live_members
 from ferrymq.broker.topics import check_topic_name
 from ferrymq.errors import (
@@ -226,14 +226,10 @@ class Lifecycle:
                 if g0 is None:
                     self._drop_new(g)
                 raise
-            g.retry_delays_ms = list(new_delays)
-            g.max_reconsume = new_max
-            g.start_from = new_start
-            g.orderly = orderly
             if g.ephemeral and not new_ephemeral:
                 log.info("delivery group %s: durable now (a member joined without asking for "
                          "an ephemeral group)", name)
-            g.ephemeral = new_ephemeral
+            g.set_policy(new_delays, new_max, new_start, orderly, new_ephemeral)
         g.awaited.update(t for t in missing if not any(k[0] == t for k in g.sources))
         if not member_id:
             member_id = f"{client_id or 'consumer'}-{uuid.uuid4().hex[:12]}"
@@ -311,8 +307,7 @@ class Lifecycle:
         """Hand the leases of a member that is gone back to the group: now, or at the next
         ticks when no descriptor or space lets them move (they stay leased meanwhile, so
         nobody else gets them). An ephemeral group left without members is removed soon."""
-        g.returning.extend((ls, counts, reason) for ls in g.leases.values()
-                           if ls.member == member_id)
+        g.hand_back(member_id, counts=counts, reason=reason)
         if g.ephemeral and not g.members:
             self.idle_ephemeral[g.name] = self.ctx.now()
         try:

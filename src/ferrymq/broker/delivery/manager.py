@@ -17,12 +17,12 @@ first heartbeat, lose members that leave or go silent, and are deleted, by hand 
 ones, once empty (:mod:`.lifecycle`). DESCRIBE_DELIVERY and MESSAGE_STATUS read them without
 changing anything (:mod:`.inspection`).
 
-A group's state is pure data with its transitions (:mod:`.state`, :mod:`.orderly`). Every change
-is journaled (:mod:`.journaling`, :mod:`.store`) before it is applied in memory, and answered in
-sync flush mode once durable; leases are journaled with their wall-clock deadline, so after a
-restart (:mod:`.recovery`, replaying :mod:`.replay`) an acked message is never redelivered, a
-leased one stays invisible until its lease ends, and a member that comes back with its member
-id can still ack it.
+A group's state is pure data with its transitions (:mod:`.group`, over the cursors and leases
+of :mod:`.state` and :mod:`.orderly`). Every change is journaled (:mod:`.journaling`,
+:mod:`.store`) before it is applied in memory, and answered in sync flush mode once durable;
+leases are journaled with their wall-clock deadline, so after a restart (:mod:`.recovery`,
+replaying :mod:`.replay`) an acked message is never redelivered, a leased one stays invisible
+until its lease ends, and a member that comes back with its member id can still ack it.
 
 Running out of file descriptors (EMFILE, ENFILE) or disk space is not fatal, and changes nothing
 half-way: a request that meets it is answered BUSY or STORAGE_FULL with a retry-after (a
@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 from ferrymq._time import Clock
 from ferrymq.broker.delivery.context import DeliveryContext
 from ferrymq.broker.delivery.deadletters import DeadLetters
+from ferrymq.broker.delivery.group import DeliveryGroup, DeliveryMember, MemberLink
 from ferrymq.broker.delivery.inspection import Inspection
 from ferrymq.broker.delivery.journaling import Journaling
 from ferrymq.broker.delivery.lifecycle import Lifecycle
@@ -55,7 +56,6 @@ from ferrymq.broker.delivery.receiving import Receiving
 from ferrymq.broker.delivery.recovery import Recovery
 from ferrymq.broker.delivery.settling import Settling
 from ferrymq.broker.delivery.shortage import Shortage
-from ferrymq.broker.delivery.state import DeliveryGroup, DeliveryMember, MemberLink
 from ferrymq.broker.delivery.store import GroupStore
 from ferrymq.errors import BrokerError, StorageFailureError
 from ferrymq.protocol import messages as m

@@ -19,11 +19,12 @@ from __future__ import annotations
 import logging
 
 from ferrymq.broker.delivery.context import DeliveryContext
+from ferrymq.broker.delivery.group import DeliveryGroup, FailureOutcome
 from ferrymq.broker.delivery.journaling import Journaling
 from ferrymq.broker.delivery.letters import make_letter, read_letter
 from ferrymq.broker.delivery.orderly import Failure, OrderlyCursor
 from ferrymq.broker.delivery.queues import GroupQueues
-from ferrymq.broker.delivery.state import DeliveryGroup, Lease
+from ferrymq.broker.delivery.state import Lease
 from ferrymq.broker.delivery.store import Callback
 from ferrymq.broker.flusher import flush_postponed
 from ferrymq.errors import BrokerError, CorruptRecordError
@@ -41,22 +42,6 @@ class Moves:
         self.journaling = journaling
         self.queues = queues
 
-    def finish(self, g: DeliveryGroup, key: tuple[str, int], offset: int) -> None:
-        """The message at ``offset`` of the group's queue ``key`` is done."""
-        cursor = g.retry if key[0] == g.retry_topic else g.sources[key]
-        lease = cursor.finish(offset)
-        if lease is not None:
-            g.drop_from_lease(lease)
-        if isinstance(cursor, OrderlyCursor) and cursor.ready:
-            g.wake()  # the key's next message can go
-
-    def advance(self, g: DeliveryGroup, key: tuple[str, int]) -> None:
-        """Move the floor of the group's cursor of ``key`` past finished offsets."""
-        if key[0] == g.retry_topic:
-            g.retry.advance_floor()
-        else:
-            g.sources[key].advance_floor()
-
     def fail(
         self, g: DeliveryGroup, key: tuple[str, int], offset: int, lease: Lease, *,
         counts: bool, delay_ms: int, reason: str, dead: bool = False,
@@ -64,8 +49,9 @@ class Moves:
     ) -> None:
         """A delivery failed (or is handed back): move the message on, then finish it here.
 
-        An orderly group keeps the message where it is (retried in place) unless it is dead;
-        ``dead`` sends it to the dead-letter queue whatever its count. ``on_durable`` (sync
+        Where it goes is the group's FailureOutcome: an orderly group keeps the message where it
+        is (retried in place) unless it is dead; ``dead`` sends it to the dead-letter queue
+        whatever its count. ``on_durable`` (sync
         mode) is told when the message's new state is durable.
 
         The copy is written before anything changes: when it cannot be (no descriptor to read
@@ -79,8 +65,10 @@ class Moves:
         """
         ctx = self.ctx
         reconsume = lease.reconsume + (1 if counts else 0)
-        cur = g.sources.get(key)
-        if isinstance(cur, OrderlyCursor) and not dead and reconsume <= g.max_reconsume:
+        outcome = g.failure_outcome(key, reconsume, dead=dead)
+        if outcome is FailureOutcome.IN_PLACE:
+            cur = g.sources[key]
+            assert isinstance(cur, OrderlyCursor)
             pos = self._fail_in_place(g, cur, offset, reconsume, delay_ms, reason)
             if on_durable is not None:
                 self.journaling.when_durable(g.name, pos, on_durable)
@@ -90,8 +78,8 @@ class Moves:
             pos = self.journaling.journal(g, ["A", key[0], key[1], [[offset, 1]]])
             log.warning("delivery group %s: %s/%d@%d is gone; dropped from the group", g.name,
                         key[0], key[1], offset)
-            self.finish(g, key, offset)
-            self.advance(g, key)
+            g.finish(key, offset)
+            g.advance_floor(key)
             if on_durable is not None:
                 self.journaling.when_durable(g.name, pos, on_durable)
             return
@@ -104,16 +92,15 @@ class Moves:
             t = ctx.topics.get(key[0])
             origin = Letter(key[0], key[1], offset, encode_msg_id(t.topic_id, key[1], offset), 0)
         wall = ctx.clock.wall_ms()
-        if not dead and reconsume > g.max_reconsume:
-            dead = True
+        if outcome is FailureOutcome.DEAD and not dead:  # failed too often
             reason = f"{reason} (failed {reconsume} times, max_reconsume {g.max_reconsume})"
+        dead = outcome is FailureOutcome.DEAD
         if dead:
             target = g.dlq_topic
             due_wall = wall
         else:
             if delay_ms < 0:
-                ladder = g.retry_delays_ms
-                delay_ms = ladder[min(max(reconsume - 1, 0), len(ladder) - 1)]
+                delay_ms = g.retry_delay_ms(reconsume)
             target = g.retry_topic
             due_wall = wall + delay_ms
         letter = origin._replace(reconsume=reconsume, due_wall=due_wall, reason=reason,
@@ -128,7 +115,7 @@ class Moves:
         res = qs.log.append(batch, now_ms=wall)  # OSError: nothing stored, nothing changed
         # the copy is written: the original is finished here (journaled once the copy is
         # durable: a crash in between delivers the message twice, never zero times)
-        self.finish(g, key, offset)
+        g.finish(key, offset)
         if scheduled and not res.duplicate:  # the scheduler makes a copy visible when due
             ctx.scheduler.on_append(qs, batch, res.base_offset, res.append_time_ms)
         flusher.mark_dirty(qs)
@@ -160,7 +147,7 @@ class Moves:
                 log.error("delivery group %s: %s", g.name, e)
                 if on_durable is not None:
                     on_durable(e)
-            self.advance(g, key)
+            g.advance_floor(key)
 
         if ctx.sync:
             qs.wait_durable(end, moved)
@@ -183,9 +170,5 @@ class Moves:
                     reason[:MAX_REASON_CHARS])
         pos = self.journaling.journal(g, ["F", cur.topic, cur.queue, offset, reconsume,
                                           wall + delay_ms, f.since_wall, f.reason])
-        lease = cur.fail(offset, f, now)
-        if lease is not None:
-            g.drop_from_lease(lease)
-        if delay_ms == 0:
-            g.wake()
+        g.fail_in_place(cur, offset, f, now)
         return pos

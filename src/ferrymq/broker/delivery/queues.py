@@ -14,9 +14,9 @@ from collections.abc import Callable, Container, Iterator
 from typing import TYPE_CHECKING
 
 from ferrymq.broker.delivery.context import DeliveryContext
+from ferrymq.broker.delivery.group import DeliveryGroup
 from ferrymq.broker.delivery.letters import StoredRecord, iter_stored, stored_record
 from ferrymq.broker.delivery.orderly import OrderlyCursor
-from ferrymq.broker.delivery.state import DeliveryGroup
 from ferrymq.errors import BrokerError, InvalidRequestError, UnknownTopicError
 from ferrymq.protocol.letters import Letter
 from ferrymq.protocol.markers import ReadCommittedFilter

@@ -22,13 +22,14 @@ from collections.abc import Container, Iterable
 from typing import TYPE_CHECKING
 
 from ferrymq.broker.delivery.context import DeliveryContext
+from ferrymq.broker.delivery.group import DeliveryGroup
 from ferrymq.broker.delivery.journaling import Journaling
 from ferrymq.broker.delivery.letters import read_letter, stored_record
 from ferrymq.broker.delivery.orderly import OrderlyCursor
 from ferrymq.broker.delivery.queues import SKIP_BITS, GroupQueues, skipped, txn_filter
 from ferrymq.broker.delivery.replay import runs, set_tag_filter
 from ferrymq.broker.delivery.shortage import Shortage
-from ferrymq.broker.delivery.state import DeliveryGroup, Lease, SourceCursor
+from ferrymq.broker.delivery.state import Lease, SourceCursor
 from ferrymq.errors import BrokerError, CorruptRecordError
 from ferrymq.protocol import messages as m
 from ferrymq.protocol.records import ATTR_SCHEDULED, filter_batch, iter_batches, iter_raw_records
@@ -183,8 +184,7 @@ class Receiving:
             pos = self.journaling.journal(g, ["L", g.retry_topic, 0, lease.lease_id, member_id,
                                               deadline_wall, letter.reconsume, [[off, 1]]])
             ctx.next_lease += 1
-            rc.lease(off, lease)
-            g.add_lease(lease, 1)
+            g.grant_letter(off, lease)
             taken.add(off)
             out.append((g.retry_topic, 0, qs.topic_id, lease.lease_id, letter.reconsume, off, off,
                         batch))
@@ -360,8 +360,7 @@ class Receiving:
         pos = journal(g, ["L", qs.topic, qs.queue, lease.lease_id, member_id, deadline_wall, 0,
                           rs])
         ctx.next_lease += 1
-        cur.lease(offsets, lease)
-        g.add_lease(lease, len(offsets))
+        g.grant(cur, offsets, lease)
         batches = b"".join(parts)
         out.append((qs.topic, qs.queue, qs.topic_id, lease.lease_id, 0, offsets[0], offsets[-1],
                     batches))
@@ -420,8 +419,7 @@ class Receiving:
                 cur.unready(o for _, rest in groups[i:] for offs, _ in rest for o in offs)
                 raise
             ctx.next_lease += 1
-            cur.lease(offsets, lease)
-            g.add_lease(lease, len(offsets))
+            g.grant(cur, offsets, lease)
             batches = b"".join(part for _, part in parts)
             out.append((qs.topic, qs.queue, qs.topic_id, lease.lease_id, reconsume, min(offsets),
                         max(offsets), batches))

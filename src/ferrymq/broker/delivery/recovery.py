@@ -16,17 +16,17 @@ from pathlib import Path
 from typing import Any
 
 from ferrymq.broker.delivery.context import DeliveryContext
+from ferrymq.broker.delivery.group import (
+    DEFAULT_MAX_RECONSUME,
+    DEFAULT_RETRY_DELAYS_MS,
+    DeliveryGroup,
+)
 from ferrymq.broker.delivery.journaling import Journaling
 from ferrymq.broker.delivery.letters import read_letter
 from ferrymq.broker.delivery.orderly import OrderlyCursor
 from ferrymq.broker.delivery.queues import GroupQueues
 from ferrymq.broker.delivery.replay import Replay, snapshot
 from ferrymq.broker.delivery.shortage import Shortage
-from ferrymq.broker.delivery.state import (
-    DEFAULT_MAX_RECONSUME,
-    DEFAULT_RETRY_DELAYS_MS,
-    DeliveryGroup,
-)
 from ferrymq.broker.delivery.store import GroupStore
 from ferrymq.errors import BrokerError, CorruptRecordError
 from ferrymq.protocol.letters import Letter

@@ -22,10 +22,11 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, ClassVar
 
+from ferrymq.broker.delivery.group import AckRun, DeliveryGroup, TagFilter
 from ferrymq.broker.delivery.orderly import Failure, OrderlyCursor
-from ferrymq.broker.delivery.state import AckRun, DeliveryGroup, Lease, RetryCursor, TagFilter
+from ferrymq.broker.delivery.state import Lease, RetryCursor
 from ferrymq.errors import CorruptRecordError, InvalidRequestError
 from ferrymq.protocol import messages as m
 from ferrymq.protocol.tags import parse_tag_expression
@@ -188,58 +189,76 @@ class Replay:
                                expand(rs))
 
     def apply(self, g: DeliveryGroup, rec: list[Any]) -> None:
-        """Apply one journal record (see the module docstring).
+        """Apply one journal record: the transition of its kind (see the module docstring).
 
         Raises:
             CorruptRecordError: not a record kind of this broker.
         """
-        kind = rec[0]
-        if kind == "L" or kind == "C":
-            _, topic, queue, lease_id, member, deadline, reconsume, rs = rec
-            key = (topic, queue)
-            offsets = expand(rs)
-            if kind == "C":  # the offsets left their old lease
-                self.forget(g, key, offsets)
-            self.restore_lease(g, key, lease_id, member, deadline, reconsume, offsets)
-        elif kind == "A":
-            _, topic, queue, rs = rec[:4]
-            self.forget(g, (topic, queue), expand(rs), finished=True)
-            if len(rec) > 4:  # an acknowledgement (not a move): remember when
-                remember_acks(g, rec, self.ack_history)
-        elif kind == "N":
-            _, topic, queue, nxt = rec
-            cur = g.sources.get((topic, queue))
-            if cur is None:
-                cur = g.sources[(topic, queue)] = g.new_cursor(topic, queue, nxt)
-            if isinstance(cur, OrderlyCursor):
-                cur.advance_to(nxt)
-            else:
-                cur.next = max(cur.next, nxt)
-        elif kind == "F":
-            _, topic, queue, offset, reconsume, until_wall, since, reason = rec
-            cur = g.sources.get((topic, queue))
-            if isinstance(cur, OrderlyCursor) and offset in cur.pending:
-                lease = cur.leased.pop(offset, None)
-                if lease is not None:
-                    lease.offsets.discard(offset)
-                    g.drop_from_lease(lease)
-                cur.failures[offset] = Failure(reconsume, self.to_mono(until_wall), since,
-                                               reason)
-        elif kind == "P":
-            g.retry_delays_ms = list(rec[1])
-            g.max_reconsume = int(rec[2])
-            g.start_from = int(rec[3])
-            if len(rec) > 4:
-                g.orderly = bool(rec[4])
-            if len(rec) > 5:
-                g.ephemeral = bool(rec[5])
-        elif kind == "D":
-            g.dlq_floor = max(g.dlq_floor, int(rec[1]))
-        elif kind == "T":
-            _, topic, expression, since = rec
-            set_tag_filter(g, topic, expression, {int(q): int(o) for q, o in since})
+        transition = self.TRANSITIONS.get(rec[0])
+        if transition is None:
+            raise CorruptRecordError(f"delivery journal of {g.name}: unknown record {rec[0]!r}")
+        transition(self, g, rec)
+
+    def _leased(self, g: DeliveryGroup, rec: list[Any]) -> None:
+        _, topic, queue, lease_id, member, deadline, reconsume, rs = rec
+        self.restore_lease(g, (topic, queue), lease_id, member, deadline, reconsume, expand(rs))
+
+    def _lease_changed(self, g: DeliveryGroup, rec: list[Any]) -> None:
+        _, topic, queue, lease_id, member, deadline, reconsume, rs = rec
+        key = (topic, queue)
+        offsets = expand(rs)
+        self.forget(g, key, offsets)  # the offsets left their old lease
+        self.restore_lease(g, key, lease_id, member, deadline, reconsume, offsets)
+
+    def _finished(self, g: DeliveryGroup, rec: list[Any]) -> None:
+        _, topic, queue, rs = rec[:4]
+        self.forget(g, (topic, queue), expand(rs), finished=True)
+        if len(rec) > 4:  # an acknowledgement (not a move): remember when
+            remember_acks(g, rec, self.ack_history)
+
+    def _cursor_moved(self, g: DeliveryGroup, rec: list[Any]) -> None:
+        _, topic, queue, nxt = rec
+        cur = g.sources.get((topic, queue))
+        if cur is None:
+            cur = g.sources[(topic, queue)] = g.new_cursor(topic, queue, nxt)
+        if isinstance(cur, OrderlyCursor):
+            cur.advance_to(nxt)
         else:
-            raise CorruptRecordError(f"delivery journal of {g.name}: unknown record {kind!r}")
+            cur.next = max(cur.next, nxt)
+
+    def _failed_in_place(self, g: DeliveryGroup, rec: list[Any]) -> None:
+        _, topic, queue, offset, reconsume, until_wall, since, reason = rec
+        cur = g.sources.get((topic, queue))
+        if isinstance(cur, OrderlyCursor) and offset in cur.pending:
+            lease = cur.leased.pop(offset, None)
+            if lease is not None:
+                lease.offsets.discard(offset)
+                g.drop_from_lease(lease)
+            cur.failures[offset] = Failure(reconsume, self.to_mono(until_wall), since, reason)
+
+    def _policy(self, g: DeliveryGroup, rec: list[Any]) -> None:
+        g.set_policy(rec[1], int(rec[2]), int(rec[3]),
+                     bool(rec[4]) if len(rec) > 4 else None,
+                     bool(rec[5]) if len(rec) > 5 else None)
+
+    def _dlq_floor(self, g: DeliveryGroup, rec: list[Any]) -> None:
+        g.dlq_floor = max(g.dlq_floor, int(rec[1]))
+
+    def _tag_filter(self, g: DeliveryGroup, rec: list[Any]) -> None:
+        _, topic, expression, since = rec
+        set_tag_filter(g, topic, expression, {int(q): int(o) for q, o in since})
+
+    TRANSITIONS: ClassVar[dict[str, Callable[[Replay, DeliveryGroup, list[Any]], None]]] = {
+        "L": _leased,
+        "C": _lease_changed,
+        "A": _finished,
+        "N": _cursor_moved,
+        "F": _failed_in_place,
+        "P": _policy,
+        "D": _dlq_floor,
+        "T": _tag_filter,
+    }
+    """Journal record kind -> its transition (the kinds of the module docstring)."""
 
     def forget(
         self, g: DeliveryGroup, key: tuple[str, int], offsets: list[int], *,

@@ -14,18 +14,12 @@ import functools
 from typing import Any
 
 from ferrymq.broker.delivery.context import DeliveryContext
+from ferrymq.broker.delivery.group import MAX_RETRY_DELAY_MS, DeliveryGroup
 from ferrymq.broker.delivery.journaling import Journaling
 from ferrymq.broker.delivery.moves import Moves
-from ferrymq.broker.delivery.orderly import OrderlyCursor
 from ferrymq.broker.delivery.replay import remember_acks, runs
 from ferrymq.broker.delivery.shortage import Shortage
-from ferrymq.broker.delivery.state import (
-    MAX_RETRY_DELAY_MS,
-    DeliveryGroup,
-    Lease,
-    RetryCursor,
-    SourceCursor,
-)
+from ferrymq.broker.delivery.state import Lease
 from ferrymq.errors import BrokerError, InvalidRequestError
 from ferrymq.protocol import messages as m
 from ferrymq.protocol.codes import ErrorCode
@@ -43,18 +37,6 @@ class Settling:
         self.journaling = journaling
         self.shortage = shortage
         self.moves = moves
-
-    def _lookup(
-        self, g: DeliveryGroup, topic: str, queue: int, offset: int, lease_id: int
-    ) -> Lease | None:
-        if topic == g.retry_topic:
-            lease = g.retry.leased.get(offset)
-        else:
-            cur = g.sources.get((topic, queue))
-            lease = cur.leased.get(offset) if cur is not None else None
-        if lease is None or lease.lease_id != lease_id:
-            return None
-        return lease
 
     def ack(
         self, g: DeliveryGroup, entries: list[m.AckEntry]
@@ -75,10 +57,7 @@ class Settling:
         history = self.ctx.config.delivery_ack_history
         with self.journaling.writing(g):
             for i, (topic, queue, lease_id, offsets) in enumerate(entries):
-                key = (topic, queue)
-                cursor: SourceCursor | OrderlyCursor | RetryCursor | None = (
-                    g.retry if topic == g.retry_topic else g.sources.get(key)
-                )
+                cursor = g.cursor((topic, queue))
                 if cursor is None:
                     failed.extend((topic, queue, o, _BAD_RECEIPT) for o in offsets)
                     continue
@@ -112,13 +91,8 @@ class Settling:
                                   for o in offs)
                     break
                 pos = p
-                for o in done:
-                    cursor.finish(o)
-                g.drop_from_lease(held, len(done))
-                if isinstance(cursor, OrderlyCursor) and cursor.ready:
-                    g.wake()  # next messages of these keys can go
+                g.settle(cursor, done, held)
                 remember_acks(g, rec, history)
-                cursor.advance_floor()
         return failed, pos
 
     def nack(self, g: DeliveryGroup, entries: list[m.NackEntry]
@@ -143,7 +117,7 @@ class Settling:
         with self.journaling.writing(g):
             for i, (topic, queue, offset, lease_id, delay_ms, reason, counts) in \
                     enumerate(entries):
-                lease = self._lookup(g, topic, queue, offset, lease_id)
+                lease = g.lease_of((topic, queue), offset, lease_id)
                 if lease is None:
                     results.append((_BAD_RECEIPT, -1))
                     continue
@@ -190,7 +164,7 @@ class Settling:
         pos = -1
         plan: dict[tuple[tuple[str, int], int, int], list[tuple[int, Lease, int]]] = {}
         for i, (topic, queue, offset, lease_id, invisible_ms) in enumerate(entries):
-            old = self._lookup(g, topic, queue, offset, lease_id)
+            old = g.lease_of((topic, queue), offset, lease_id)
             if old is not None:
                 plan.setdefault((old.key, lease_id, invisible_ms), []).append((i, old, offset))
         with self.journaling.writing(g):
@@ -210,14 +184,8 @@ class Settling:
                     break
                 pos = p
                 ctx.next_lease += 1
-                g.add_lease(lease, 0)
-                cursor = g.retry if key[0] == g.retry_topic else g.sources[key]
-                for i, old, offset in items:
-                    old.offsets.discard(offset)
-                    g.drop_from_lease(old)
-                    lease.offsets.add(offset)
-                    g.in_flight[member_id] = g.in_flight.get(member_id, 0) + 1
-                    cursor.leased[offset] = lease
+                g.renew(key, ((old, offset) for _, old, offset in items), lease)
+                for i, _old, _o in items:
                     results[i] = (_OK, lease.lease_id)
         return results, pos
 

@@ -1,12 +1,16 @@
-"""The in-memory state of a delivery group: cursors over queues, leases, members.
+"""The cursors of a delivery group over its queues, and the leases that hand their messages
+to members.
 
 Pure data and transitions: no I/O, no clock (times are passed in as monotonic milliseconds).
-:mod:`ferrymq.broker.delivery.manager` drives it and journals every change.
+:class:`~ferrymq.broker.delivery.group.DeliveryGroup` holds them; the manager's collaborators
+journal every change before they make it.
 
 A **source cursor** covers one queue of a subscribed topic for one group. First deliveries are
 FIFO: ``next`` is the first offset never delivered; offsets in ``[floor, next)`` are either
 leased (in ``leased``) or finished (acked, or moved to the retry or dead-letter queue).
-``floor`` is the lowest unfinished offset: everything below it is done for this group.
+``floor`` is the lowest unfinished offset: everything below it is done for this group. (An
+orderly group reads its queues through :class:`~ferrymq.broker.delivery.orderly.OrderlyCursor`
+instead.)
 
 The **retry cursor** covers the group's retry queue ``%RETRY%<group>``. A retry letter with a
 delay is stored there as a *scheduled* record: the broker's scheduler holds it (on disk, only the
@@ -21,27 +25,11 @@ at or above ``next``: they only come from the journal after a restart (the scan 
 
 from __future__ import annotations
 
-import asyncio
-import heapq
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from ferrymq.protocol.letters import Letter
-
-if TYPE_CHECKING:
-    from ferrymq.broker.delivery.orderly import OrderlyCursor
-
-DEFAULT_RETRY_DELAYS_MS = [
-    s * 1000 for s in (10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800,
-                       3600, 7200)
-]
-"""RocketMQ's retry ladder: 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h."""
-DEFAULT_MAX_RECONSUME = 16
-MAX_RETRY_DELAY_MS = 24 * 3600 * 1000
-MAX_RECONSUME_LIMIT = 1000
-MAX_RETRY_LADDER = 64
 
 
 @dataclass(eq=False, slots=True)
@@ -220,164 +208,3 @@ class RetryCursor:
     def in_flight(self) -> int:
         """Letters leased now."""
         return len(self.leased)
-
-
-class MemberLink(Protocol):
-    """The connection a member last heartbeated on (the broker's connection object)."""
-
-    @property
-    def closed(self) -> bool:
-        """True once the connection is gone."""
-
-
-@dataclass(eq=False)
-class DeliveryMember:
-    """A live member of a delivery group (a push or simple consumer).
-
-    ``exclusive``: the member must be its group's only live member (a broadcasting consumer).
-    ``link``: the connection of its last heartbeat (None: not known), used to tell whether an
-    exclusive member is still there when another one asks to join (see
-    :meth:`is_live`)."""
-
-    member_id: str
-    client_id: str
-    host: str
-    last_heartbeat: int
-    session_timeout_ms: int
-    subscriptions: list[tuple[str, str]]
-    exclusive: bool = False
-    link: MemberLink | None = None
-
-    def is_live(self, now: int) -> bool:
-        """Heartbeated within its session timeout, on a connection that is still open (a
-        member whose process died closed its connection: the kernel closes it even after
-        kill -9, so a restarted consumer need not wait for the session to expire)."""
-        if now - self.last_heartbeat > self.session_timeout_ms:
-            return False
-        return self.link is None or not self.link.closed
-
-
-@dataclass(slots=True)
-class TagFilter:
-    """The tag expression a group's receives last used on one topic, and from where it is sure
-    to have applied: per queue, the group's ``next`` when it came into use (a queue without an
-    entry was first read under it). ``message status`` says a message whose tag it does not
-    match, at or past that position, was filtered out (never delivered)."""
-
-    expression: str
-    tags: frozenset[str] | None  # parsed; None: every message
-    since: dict[int, int]  # queue -> first offset judged by this expression
-
-
-class AckRun(NamedTuple):
-    """Offsets ``first .. first+length-1`` of ``topic``/``queue`` were acknowledged at
-    ``wall_ms`` (for retry letters: the original message's position)."""
-
-    topic: str
-    queue: int
-    first: int
-    length: int
-    wall_ms: int
-
-
-@dataclass(eq=False)
-class DeliveryGroup:
-    """Everything the broker keeps for one delivery group."""
-
-    name: str
-    retry_delays_ms: list[int]
-    max_reconsume: int
-    start_from: int = -2  # OffsetSpec.EARLIEST: where new cursors start
-    retry: RetryCursor = field(default_factory=lambda: RetryCursor(0))
-    dlq_floor: int = 0
-    members: dict[str, DeliveryMember] = field(default_factory=dict)
-    orderly: bool = False  # fixed when the group is created
-    ephemeral: bool = False  # removed by the broker once it has no members (see the manager)
-    sources: dict[tuple[str, int], SourceCursor | OrderlyCursor] = field(default_factory=dict)
-    leases: dict[int, Lease] = field(default_factory=dict)
-    in_flight: dict[str, int] = field(default_factory=dict)  # member -> leased messages
-    expiry: list[tuple[int, int]] = field(default_factory=list)  # (deadline, lease id)
-    waiters: set[asyncio.Future[None]] = field(default_factory=set)
-    rr: int = 0
-    pending_moves: int = 0
-    moving: dict[str, tuple[str, Letter]] = field(default_factory=dict)  # msg id -> (state, letter)
-    acked: deque[AckRun] = field(default_factory=deque)  # newest last; bounded by the manager
-    tag_filters: dict[str, TagFilter] = field(default_factory=dict)  # topic -> last expression
-    # topics a member subscribed to before they existed: their cursors start at the topic's
-    # beginning whatever ``start_from`` says (everything in them is newer than the subscription)
-    awaited: set[str] = field(default_factory=set)
-    # leases of members that left or were evicted, handed back to the group by the tick (at
-    # once, unless no descriptor or space lets it move them): (lease, counts as an attempt,
-    # reason)
-    returning: deque[tuple[Lease, bool, str]] = field(default_factory=deque)
-
-    def record_acks(self, topic: str, queue: int, runs: list[list[int]], wall_ms: int,
-                    limit: int) -> None:
-        """Remember when these offsets of ``topic``/``queue`` were acknowledged (``message
-        status`` shows it); the oldest runs are forgotten past ``limit``."""
-        acked = self.acked
-        for first, count in runs:
-            acked.append(AckRun(topic, queue, first, count, wall_ms))
-        while len(acked) > limit:
-            acked.popleft()
-
-    def acked_at(self, topic: str, queue: int, offset: int) -> int:
-        """Wall ms when ``offset`` was acknowledged, or -1 if no longer remembered."""
-        for run in reversed(self.acked):
-            if run.queue == queue and run.first <= offset < run.first + run.length \
-                    and run.topic == topic:
-                return run.wall_ms
-        return -1
-
-    def new_cursor(self, topic: str, queue: int, start: int) -> SourceCursor | OrderlyCursor:
-        """A cursor for a queue this group starts reading (orderly or not, as the group)."""
-        from ferrymq.broker.delivery.orderly import OrderlyCursor  # it imports Lease from here
-
-        if self.orderly:
-            return OrderlyCursor(topic, queue, start)
-        return SourceCursor(topic, queue, start)
-
-    @property
-    def retry_topic(self) -> str:
-        """Name of this group's retry queue topic."""
-        return f"%RETRY%{self.name}"
-
-    @property
-    def dlq_topic(self) -> str:
-        """Name of this group's dead-letter topic."""
-        return f"%DLQ%{self.name}"
-
-    def add_lease(self, lease: Lease, count: int) -> None:
-        """Index a new lease of ``count`` messages."""
-        self.leases[lease.lease_id] = lease
-        self.in_flight[lease.member] = self.in_flight.get(lease.member, 0) + count
-        heapq.heappush(self.expiry, (lease.deadline, lease.lease_id))
-
-    def drop_from_lease(self, lease: Lease, count: int = 1) -> None:
-        """``count`` messages left ``lease`` (already removed from its offsets)."""
-        n = self.in_flight.get(lease.member, 0) - count
-        if n > 0:
-            self.in_flight[lease.member] = n
-        else:
-            self.in_flight.pop(lease.member, None)
-        if not lease.offsets:
-            self.leases.pop(lease.lease_id, None)
-
-    def expired(self, now: int) -> Iterator[Lease]:
-        """The leases whose deadline passed by ``now``, soonest first. Each one's entry leaves
-        the expiry heap only once the caller is done with it (asked for the next one): when the
-        caller stops half-way (an exception), the lease is expired again the next time."""
-        exp = self.expiry
-        while exp and exp[0][0] <= now:
-            deadline, lease_id = exp[0]
-            lease = self.leases.get(lease_id)
-            if lease is not None and lease.deadline == deadline:
-                yield lease
-            heapq.heappop(exp)
-
-    def wake(self) -> None:
-        """Wake long-polling receivers (something became available)."""
-        for w in self.waiters:
-            if not w.done():
-                w.set_result(None)
-        self.waiters.clear()
