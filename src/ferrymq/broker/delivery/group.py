@@ -74,6 +74,25 @@ FAILURE_OUTCOMES: dict[tuple[bool, bool, bool], FailureOutcome] = {
 group, is not in an orderly queue: it is retried through the retry queue)."""
 
 
+def split_receipts(cursor: Cursor, offsets: Iterable[int],
+                   lease_id: int) -> tuple[list[int], list[int], Lease | None]:
+    """ACK's receipt check: of ``offsets``, those whose current lease is ``lease_id`` (in
+    order), the others (refused: never leased, finished, or leased again since), and that
+    lease (None when none is current)."""
+    leased = cursor.leased
+    done: list[int] = []
+    refused: list[int] = []
+    held: Lease | None = None
+    for o in offsets:
+        lease = leased.get(o)
+        if lease is None or lease.lease_id != lease_id:
+            refused.append(o)
+            continue
+        done.append(o)
+        held = lease
+    return done, refused, held
+
+
 class MemberLink(Protocol):
     """The connection a member last heartbeated on (the broker's connection object)."""
 

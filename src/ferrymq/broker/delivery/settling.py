@@ -14,7 +14,7 @@ import functools
 from typing import Any
 
 from ferrymq.broker.delivery.context import DeliveryContext
-from ferrymq.broker.delivery.group import MAX_RETRY_DELAY_MS, DeliveryGroup
+from ferrymq.broker.delivery.group import MAX_RETRY_DELAY_MS, DeliveryGroup, split_receipts
 from ferrymq.broker.delivery.journaling import Journaling
 from ferrymq.broker.delivery.moves import Moves
 from ferrymq.broker.delivery.replay import remember_acks, runs
@@ -61,25 +61,16 @@ class Settling:
                 if cursor is None:
                     failed.extend((topic, queue, o, _BAD_RECEIPT) for o in offsets)
                     continue
-                leased = cursor.leased
-                done: list[int] = []
-                held: Lease | None = None
-                letters = g.retry.letters if cursor is g.retry else None
-                origins: list[list[Any]] = []
-                for o in offsets:
-                    lease = leased.get(o)
-                    if lease is None or lease.lease_id != lease_id:
-                        failed.append((topic, queue, o, _BAD_RECEIPT))
-                        continue
-                    if letters is not None and (letter := letters.get(o)) is not None:
-                        origins.append([letter.topic, letter.queue, letter.offset])
-                    done.append(o)
-                    held = lease
+                done, refused, held = split_receipts(cursor, offsets, lease_id)
+                if refused:
+                    failed.extend((topic, queue, o, _BAD_RECEIPT) for o in refused)
                 if held is None:
                     continue
                 rec: list[Any] = ["A", topic, queue, runs(done), clock.wall_ms()]
-                if letters is not None:
-                    rec.append(origins)
+                if cursor is g.retry:  # a retry letter's ack names its original message
+                    letters = g.retry.letters
+                    rec.append([[lt.topic, lt.queue, lt.offset] for o in done
+                                if (lt := letters.get(o)) is not None])
                 try:
                     p = self.journaling.journal(g, rec)
                 except BrokerError as exc:

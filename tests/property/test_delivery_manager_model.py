@@ -1,0 +1,277 @@
+"""Model test of the real DeliveryManager without a socket or a broker process: its real logs
+and journals in a temporary directory, a FakeClock, async flush (the flusher thread is not
+started: nothing waits for an fsync), driven by the calls the handlers make.
+
+Rules: produce (messages with sharding keys, a key always to the same queue), a member joins
+(CONSUMER_HEARTBEAT) or leaves, RECEIVE, ACK (also with receipts that are no longer current),
+NACK, CHANGE_INVISIBLE, time passes (the manager's tick: expired leases), MESSAGE_STATUS, and
+a restart (clean: snapshots; or as after kill -9: the journals replayed).
+
+Invariants, on what the consumers see: a message is never leased twice at once; an acked
+message is never delivered again; no message is delivered after its last attempt; an orderly
+group delivers a key's messages one at a time in send order; a good receipt is accepted and a
+stale one refused; MESSAGE_STATUS agrees. At the end one member drains the group: every message
+ends acked or dead-lettered, and DESCRIBE_DELIVERY reports no lag.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+from pathlib import Path
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
+
+from ferrymq.broker.config import BrokerConfig
+from ferrymq.broker.delivery import DeliveryManager
+from ferrymq.broker.flusher import Flusher
+from ferrymq.broker.scheduler import Scheduler
+from ferrymq.broker.topics import TopicRegistry
+from ferrymq.protocol.codes import ErrorCode
+from ferrymq.protocol.records import RecordInput, decode_records, encode_batch, encode_msg_id
+from ferrymq.storage import LogConfig
+from ferrymq.testing import FakeClock
+
+GROUP = "g"
+SUBS = [("t", "*")]
+KEYS = {"": None, "a": 0, "b": 1, "c": 0}  # sharding key -> its queue (None: any)
+MEMBERS = ["m0", "m1", "m2"]
+SESSION_MS = 600_000
+
+Receipt = tuple[str, int, int, int, bytes]  # topic, queue, offset, lease id, body
+
+
+class ManagerModel(RuleBasedStateMachine):
+    """One delivery group of a real DeliveryManager over a topic of two queues."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dir = Path(tempfile.mkdtemp(prefix="ferrymq-delivery-model-"))
+        self.clock = FakeClock()
+        self.loop = asyncio.new_event_loop()  # the flusher's; never run (async flush)
+        self.config = BrokerConfig(data_dir=str(self.dir), flush="async", max_retry_loaded=4,
+                                   max_orderly_held=3, orderly_retry_ms=20).validate()
+        self.open()
+        self.topics.create("t", 2, {}, self.clock.wall_ms())
+        self.orderly = False
+        self.max_reconsume = 0
+        self.members: set[str] = set()
+        self.sent: list[tuple[bytes, str]] = []  # (body, key) in send order
+        self.acked: set[bytes] = set()
+        self.receipts: list[Receipt] = []
+        self.n = 0
+
+    def open(self) -> None:
+        self.topics = TopicRegistry(self.dir, LogConfig(), sync_visibility=False,
+                                    clean_shutdown=False, max_queues=8)
+        self.topics.open_all(self.clock.wall_ms())
+        flusher = Flusher(self.loop, sync=False, interval_ms=1000)
+        scheduler = Scheduler(self.config, self.topics, flusher, self.clock, self.dir)
+        self.dm = DeliveryManager(self.config, self.topics, flusher, self.clock, self.dir,
+                                  scheduler)
+        self.dm.load()
+
+    def teardown(self) -> None:
+        try:
+            self.drain()
+        finally:
+            self.dm.close()
+            self.topics.close()
+            self.loop.close()
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    # -- helpers ----------------------------------------------------------------------------------
+
+    def heartbeat(self, member: str) -> None:
+        self.dm.heartbeat(GROUP, member, member, "h", SUBS, SESSION_MS, [0], self.max_reconsume,
+                          -2, self.orderly)
+        self.members.add(member)
+
+    def current(self) -> list[Receipt]:
+        g = self.dm.group(GROUP)
+        return [r for r in self.receipts if g.lease_of((r[0], r[1]), r[2], r[3]) is not None]
+
+    def dead(self) -> set[bytes]:
+        t = self.topics.topics.get(f"%DLQ%{GROUP}")
+        if t is None:
+            return set()
+        lg = t.queues[0].log
+        return {r.body for r in decode_records(lg.read(lg.start_offset, 1 << 24))}
+
+    def receive(self, member: str, room: int, invisible_ms: int) -> int:
+        g = self.dm.group(GROUP)
+        leased = {r[4] for r in self.current()}
+        out, _pos = self.dm.receive(g, member, SUBS, room, 1 << 20, invisible_ms)
+        dead = self.dead()
+        got = 0
+        for topic, queue, _tid, lease_id, reconsume, first, last, batches in out:
+            assert reconsume <= self.max_reconsume, "delivered after its last attempt"
+            for r in decode_records(batches):
+                if not first <= r.offset <= last:  # whole stored batches: the client skips
+                    continue
+                body = r.body
+                assert body not in self.acked, f"{body!r} delivered again after its ack"
+                assert body not in leased, f"{body!r} leased twice at once"
+                leased.add(body)
+                key = dict(self.sent)[body]
+                if self.orderly and key:
+                    earlier = [b for b, k in self.sent[:self.sent.index((body, key))] if k == key]
+                    waiting = [b for b in earlier if b not in self.acked and b not in dead]
+                    assert not waiting, f"key {key!r}: {body!r} delivered before {waiting}"
+                self.receipts.append((topic, queue, r.offset, lease_id, body))
+                got += 1
+        return got
+
+    # -- rules ------------------------------------------------------------------------------------
+
+    @initialize(orderly=st.booleans(), max_reconsume=st.integers(0, 2))
+    def create_group(self, orderly: bool, max_reconsume: int) -> None:
+        self.orderly = orderly
+        self.max_reconsume = max_reconsume
+        self.heartbeat("m0")
+
+    @rule(keys=st.lists(st.sampled_from(sorted(KEYS)), min_size=1, max_size=6),
+          queue=st.integers(0, 1))
+    def produce(self, keys: list[str], queue: int) -> None:
+        wall = self.clock.wall_ms()
+        batches: dict[int, list[RecordInput]] = {}
+        for k in keys:
+            body = b"m%d" % self.n
+            self.n += 1
+            q = KEYS[k]
+            batches.setdefault(queue if q is None else q, []).append(
+                RecordInput(body, wall, sharding_key=k.encode()))
+            self.sent.append((body, k))
+        for q, recs in batches.items():
+            qs = self.topics.queue("t", q)
+            qs.log.append(encode_batch(recs), now_ms=wall)
+            qs.advance(qs.log.end_offset)
+
+    @rule(member=st.sampled_from(MEMBERS))
+    def join(self, member: str) -> None:
+        self.heartbeat(member)
+
+    @precondition(lambda self: self.members)
+    @rule(data=st.data())
+    def leave(self, data: st.DataObject) -> None:
+        member = data.draw(st.sampled_from(sorted(self.members)))
+        self.dm.leave(GROUP, member)
+        self.members.discard(member)
+        g = self.dm.group(GROUP)
+        assert not any(ls.member == member for ls in g.leases.values()), "leases kept"
+
+    @precondition(lambda self: self.members)
+    @rule(data=st.data(), room=st.integers(1, 6), invisible=st.sampled_from([50, 300, 5_000]))
+    def receive_messages(self, data: st.DataObject, room: int, invisible: int) -> None:
+        self.receive(data.draw(st.sampled_from(sorted(self.members))), room, invisible)
+
+    @precondition(lambda self: self.current())
+    @rule(data=st.data())
+    def ack(self, data: st.DataObject) -> None:
+        topic, queue, offset, lease_id, body = data.draw(st.sampled_from(self.current()))
+        failed, _pos = self.dm.ack(self.dm.group(GROUP), [(topic, queue, lease_id, [offset])])
+        assert failed == [], "a current receipt was refused"
+        self.acked.add(body)
+
+    @precondition(lambda self: self.receipts)
+    @rule(data=st.data())
+    def ack_with_an_old_receipt(self, data: st.DataObject) -> None:
+        r = data.draw(st.sampled_from(self.receipts))
+        if r in self.current():
+            return
+        topic, queue, offset, lease_id, _body = r
+        failed, _pos = self.dm.ack(self.dm.group(GROUP), [(topic, queue, lease_id, [offset])])
+        assert failed == [(topic, queue, offset, int(ErrorCode.INVALID_RECEIPT))]
+
+    @precondition(lambda self: self.current())
+    @rule(data=st.data(), counts=st.booleans(), delay=st.sampled_from([-1, 0]))
+    def nack(self, data: st.DataObject, counts: bool, delay: int) -> None:
+        topic, queue, offset, lease_id, _body = data.draw(st.sampled_from(self.current()))
+        results, waits = self.dm.nack(self.dm.group(GROUP),
+                                      [(topic, queue, offset, lease_id, delay, "nack", counts)])
+        assert results == [(int(ErrorCode.NONE), -1)] and waits == []
+
+    @precondition(lambda self: self.current() and self.members)
+    @rule(data=st.data(), invisible=st.sampled_from([50, 5_000]))
+    def change_invisible(self, data: st.DataObject, invisible: int) -> None:
+        topic, queue, offset, lease_id, body = data.draw(st.sampled_from(self.current()))
+        member = data.draw(st.sampled_from(sorted(self.members)))
+        results, _pos = self.dm.change_invisible(self.dm.group(GROUP), member,
+                                                 [(topic, queue, offset, lease_id, invisible)])
+        ((code, new_id),) = results
+        assert code == int(ErrorCode.NONE) and new_id != lease_id
+        self.receipts.append((topic, queue, offset, new_id, body))
+
+    @rule(dt_ms=st.sampled_from([10, 60, 400, 6_000]))
+    def time_passes(self, dt_ms: int) -> None:
+        self.clock.advance(dt_ms / 1000)
+        self.dm.tick()
+        self.members &= set(self.dm.group(GROUP).members)  # (sessions are long: none expire)
+
+    @precondition(lambda self: self.sent)
+    @rule(data=st.data())
+    def message_status(self, data: st.DataObject) -> None:
+        body, _key = data.draw(st.sampled_from(self.sent))
+        t = self.topics.topics["t"]
+        queue, offset = next((qs.queue, r.offset) for qs in t.queues
+                             for r in decode_records(qs.log.read(0, 1 << 24)) if r.body == body)
+        msg_id = encode_msg_id(t.topic_id, queue, offset)
+        statuses = self.dm.message_status(msg_id).statuses
+        g = self.dm.group(GROUP)
+        if not statuses:  # a group shows only once it reads the queue or a member subscribes
+            assert not g.members and ("t", queue) not in g.sources
+            return
+        ((name, state, *_),) = statuses
+        assert name == GROUP
+        if body in self.acked:
+            assert state == "CONSUMED", state
+        elif body in self.dead():
+            assert state == "DEAD", state
+        elif body in {r[4] for r in self.current()}:
+            assert state == "DELIVERED", state
+        else:
+            assert state in ("WAITING", "RETRYING"), state
+
+    @rule(clean=st.booleans())
+    def restart(self, clean: bool) -> None:
+        if clean:
+            self.dm.close()  # snapshots
+        else:  # as after kill -9: the journals are replayed (their files are complete)
+            for store in self.dm.stores.values():
+                store.journal.close()
+        self.topics.close()
+        self.open()
+        self.members.clear()  # members are not kept across a restart; leases are
+
+    # -- the end ----------------------------------------------------------------------------------
+
+    def drain(self) -> None:
+        """One member takes and acks everything left: every message ends acked or dead."""
+        for _ in range(10 + 3 * len(self.sent)):
+            self.clock.advance(10)  # past every lease and backoff
+            self.heartbeat("drainer")
+            self.dm.tick()
+            self.receive("drainer", 1_000, 60_000)
+            for r in self.current():
+                failed, _pos = self.dm.ack(self.dm.group(GROUP), [(r[0], r[1], r[3], [r[2]])])
+                assert failed == []
+                self.acked.add(r[4])
+            if self.acked | self.dead() >= {b for b, _ in self.sent} and not self.current():
+                break
+        dead = self.dead()
+        assert not self.acked & dead
+        assert self.acked | dead == {b for b, _ in self.sent}, "messages left behind"
+        described = self.dm.describe(GROUP)
+        assert sum(described.lag) == 0 and described.retry_pending == 0, described
+
+
+ManagerModel.TestCase.settings = settings(
+    max_examples=40,
+    stateful_step_count=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+test_delivery_manager_model = ManagerModel.TestCase
