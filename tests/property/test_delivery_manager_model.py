@@ -3,14 +3,16 @@ and journals in a temporary directory, a FakeClock, async flush (the flusher thr
 started: nothing waits for an fsync), driven by the calls the handlers make.
 
 Rules: produce (messages with sharding keys, a key always to the same queue), a member joins
-(CONSUMER_HEARTBEAT) or leaves, RECEIVE, ACK (also with receipts that are no longer current),
-NACK, CHANGE_INVISIBLE, time passes (the manager's tick: expired leases), MESSAGE_STATUS, and
-a restart (clean: snapshots; or as after kill -9: the journals replayed).
+(CONSUMER_HEARTBEAT) or leaves, RECEIVE, ACK (one or more messages of a lease), NACK,
+CHANGE_INVISIBLE, the three with receipts no longer current, time passes (the manager's tick:
+expired leases), MESSAGE_STATUS, and a restart (clean: snapshots; or as after kill -9: the
+journals replayed).
 
 Invariants, on what the consumers see: a message is never leased twice at once; an acked
 message is never delivered again; no message is delivered after its last attempt; an orderly
-group delivers a key's messages one at a time in send order; a good receipt is accepted and a
-stale one refused; MESSAGE_STATUS agrees. At the end one member drains the group: every message
+group delivers a key's messages one at a time in send order; a good receipt is accepted, and a
+stale one refused without changing anything; MESSAGE_STATUS agrees; DESCRIBE_DELIVERY's
+in-flight counts are the good receipts. At the end one member drains the group: every message
 ends acked or dead-lettered, and DESCRIBE_DELIVERY reports no lag.
 """
 
@@ -19,11 +21,12 @@ from __future__ import annotations
 import asyncio
 import shutil
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from ferrymq.broker.config import BrokerConfig
 from ferrymq.broker.delivery import DeliveryManager
@@ -31,7 +34,14 @@ from ferrymq.broker.flusher import Flusher
 from ferrymq.broker.scheduler import Scheduler
 from ferrymq.broker.topics import TopicRegistry
 from ferrymq.protocol.codes import ErrorCode
-from ferrymq.protocol.records import RecordInput, decode_records, encode_batch, encode_msg_id
+from ferrymq.protocol.letters import parse_letter
+from ferrymq.protocol.records import (
+    Record,
+    RecordInput,
+    decode_records,
+    encode_batch,
+    encode_msg_id,
+)
 from ferrymq.storage import LogConfig
 from ferrymq.testing import FakeClock
 
@@ -41,7 +51,7 @@ KEYS = {"": None, "a": 0, "b": 1, "c": 0}  # sharding key -> its queue (None: an
 MEMBERS = ["m0", "m1", "m2"]
 SESSION_MS = 600_000
 
-Receipt = tuple[str, int, int, int, bytes]  # topic, queue, offset, lease id, body
+Receipt = tuple[str, int, int, int, bytes, str]  # topic, queue, offset, lease id, body, member
 
 
 class ManagerModel(RuleBasedStateMachine):
@@ -94,12 +104,19 @@ class ManagerModel(RuleBasedStateMachine):
         g = self.dm.group(GROUP)
         return [r for r in self.receipts if g.lease_of((r[0], r[1]), r[2], r[3]) is not None]
 
-    def dead(self) -> set[bytes]:
+    def stale(self) -> list[Receipt]:
+        current = set(self.current())
+        return [r for r in self.receipts if r not in current]
+
+    def dead_letters(self) -> list[Record]:
         t = self.topics.topics.get(f"%DLQ%{GROUP}")
         if t is None:
-            return set()
+            return []
         lg = t.queues[0].log
-        return {r.body for r in decode_records(lg.read(lg.start_offset, 1 << 24))}
+        return decode_records(lg.read(lg.start_offset, 1 << 24))
+
+    def dead(self) -> set[bytes]:
+        return {r.body for r in self.dead_letters()}
 
     def receive(self, member: str, room: int, invisible_ms: int) -> int:
         g = self.dm.group(GROUP)
@@ -121,7 +138,7 @@ class ManagerModel(RuleBasedStateMachine):
                     earlier = [b for b, k in self.sent[:self.sent.index((body, key))] if k == key]
                     waiting = [b for b in earlier if b not in self.acked and b not in dead]
                     assert not waiting, f"key {key!r}: {body!r} delivered before {waiting}"
-                self.receipts.append((topic, queue, r.offset, lease_id, body))
+                self.receipts.append((topic, queue, r.offset, lease_id, body, member))
                 got += 1
         return got
 
@@ -171,25 +188,40 @@ class ManagerModel(RuleBasedStateMachine):
     @precondition(lambda self: self.current())
     @rule(data=st.data())
     def ack(self, data: st.DataObject) -> None:
-        topic, queue, offset, lease_id, body = data.draw(st.sampled_from(self.current()))
-        failed, _pos = self.dm.ack(self.dm.group(GROUP), [(topic, queue, lease_id, [offset])])
+        current = self.current()
+        topic, queue, _offset, lease_id, _body, _member = data.draw(st.sampled_from(current))
+        acked = data.draw(st.lists(st.sampled_from(
+            [r for r in current if r[:2] == (topic, queue) and r[3] == lease_id]),
+            min_size=1, unique=True))  # one or more messages of one lease
+        failed, _pos = self.dm.ack(self.dm.group(GROUP),
+                                   [(topic, queue, lease_id, [r[2] for r in acked])])
         assert failed == [], "a current receipt was refused"
-        self.acked.add(body)
+        self.acked.update(r[4] for r in acked)
 
-    @precondition(lambda self: self.receipts)
-    @rule(data=st.data())
-    def ack_with_an_old_receipt(self, data: st.DataObject) -> None:
-        r = data.draw(st.sampled_from(self.receipts))
-        if r in self.current():
-            return
-        topic, queue, offset, lease_id, _body = r
-        failed, _pos = self.dm.ack(self.dm.group(GROUP), [(topic, queue, lease_id, [offset])])
-        assert failed == [(topic, queue, offset, int(ErrorCode.INVALID_RECEIPT))]
+    @precondition(lambda self: self.stale())
+    @rule(data=st.data(), request=st.sampled_from(["ack", "nack", "change_invisible"]))
+    def use_an_old_receipt(self, data: st.DataObject, request: str) -> None:
+        topic, queue, offset, lease_id, _body, member = data.draw(st.sampled_from(self.stale()))
+        g = self.dm.group(GROUP)
+        before = self.dm.describe(GROUP)
+        bad = int(ErrorCode.INVALID_RECEIPT)
+        if request == "ack":
+            failed, _pos = self.dm.ack(g, [(topic, queue, lease_id, [offset])])
+            assert failed == [(topic, queue, offset, bad)]
+        elif request == "nack":
+            results, _waits = self.dm.nack(g, [(topic, queue, offset, lease_id, 0, "", True)])
+            assert results == [(bad, -1)]
+        else:
+            results, _pos = self.dm.change_invisible(g, member,
+                                                     [(topic, queue, offset, lease_id, 5_000)])
+            assert results == [(bad, -1)]
+        assert self.dm.describe(GROUP) == before, "a refused receipt changed the group"
 
     @precondition(lambda self: self.current())
     @rule(data=st.data(), counts=st.booleans(), delay=st.sampled_from([-1, 0]))
     def nack(self, data: st.DataObject, counts: bool, delay: int) -> None:
-        topic, queue, offset, lease_id, _body = data.draw(st.sampled_from(self.current()))
+        topic, queue, offset, lease_id, _body, _member = data.draw(
+            st.sampled_from(self.current()))
         results, waits = self.dm.nack(self.dm.group(GROUP),
                                       [(topic, queue, offset, lease_id, delay, "nack", counts)])
         assert results == [(int(ErrorCode.NONE), -1)] and waits == []
@@ -197,13 +229,13 @@ class ManagerModel(RuleBasedStateMachine):
     @precondition(lambda self: self.current() and self.members)
     @rule(data=st.data(), invisible=st.sampled_from([50, 5_000]))
     def change_invisible(self, data: st.DataObject, invisible: int) -> None:
-        topic, queue, offset, lease_id, body = data.draw(st.sampled_from(self.current()))
+        topic, queue, offset, lease_id, body, _ = data.draw(st.sampled_from(self.current()))
         member = data.draw(st.sampled_from(sorted(self.members)))
         results, _pos = self.dm.change_invisible(self.dm.group(GROUP), member,
                                                  [(topic, queue, offset, lease_id, invisible)])
         ((code, new_id),) = results
         assert code == int(ErrorCode.NONE) and new_id != lease_id
-        self.receipts.append((topic, queue, offset, new_id, body))
+        self.receipts.append((topic, queue, offset, new_id, body, member))
 
     @rule(dt_ms=st.sampled_from([10, 60, 400, 6_000]))
     def time_passes(self, dt_ms: int) -> None:
@@ -246,6 +278,31 @@ class ManagerModel(RuleBasedStateMachine):
         self.open()
         self.members.clear()  # members are not kept across a restart; leases are
 
+    # -- invariants -------------------------------------------------------------------------------
+
+    @invariant()
+    def describe_counts_the_current_receipts(self) -> None:
+        """DESCRIBE_DELIVERY's in-flight counts (per member, per queue, retry letters) are the
+        receipts that are good now."""
+        described = self.dm.describe(GROUP)
+        current = self.current()
+        per_member = Counter(r[5] for r in current)
+        for member_id, _client, _host, _age, in_flight in described.members:
+            assert in_flight == per_member[member_id], (member_id, in_flight, current)
+        per_queue = Counter(r[:2] for r in current)
+        for topic, queue, _floor, _next, _end, in_flight, _age in described.queues:
+            assert in_flight == per_queue[(topic, queue)], (topic, queue, in_flight, current)
+        assert described.retry_in_flight == per_queue[(f"%RETRY%{GROUP}", 0)]
+
+    @invariant()
+    def dead_letters_had_every_attempt(self) -> None:
+        """A message is dead-lettered (none on purpose here) only after max_reconsume + 1
+        failed attempts; once."""
+        letters = self.dead_letters()
+        for r in letters:
+            assert parse_letter(r.properties).reconsume == self.max_reconsume + 1, r
+        assert len({r.body for r in letters}) == len(letters), "dead-lettered twice"
+
     # -- the end ----------------------------------------------------------------------------------
 
     def drain(self) -> None:
@@ -269,7 +326,7 @@ class ManagerModel(RuleBasedStateMachine):
 
 
 ManagerModel.TestCase.settings = settings(
-    max_examples=40,
+    max_examples=150,
     stateful_step_count=25,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],

@@ -10,11 +10,14 @@ RECEIVE (due retry letters first, then the queue: FIFO, or the heads of sharding
 expire, the scheduler makes due retry letters visible, orderly backoffs end), and a restart
 (the group read back from its snapshot, as recovery.py does, without its members).
 
-Invariants: a message is never leased twice at once (to two members, or twice to one); an
-acked message is never delivered again; every message is in exactly one place (waiting in its
-queue, leased, in the retry queue or the scheduler, acked, or dead-lettered); every lease and
-member count agrees with the cursors; orderly: per sharding key at most one message in flight,
-its key's head, delivered only after every earlier message of its key finished (send order).
+Invariants: a message is never leased twice at once (to two members, or twice to one); an acked
+message is never delivered again; a delivery carries the attempts that failed so far, and a
+failure dead-letters the message exactly when they exceed max_reconsume (else it is retried: in
+place in an orderly queue, through the retry queue otherwise); every message is in exactly one
+place (waiting in its queue, leased, in the retry queue or the scheduler, acked, or
+dead-lettered); every lease and member count agrees with the cursors; orderly: per sharding key at
+most one message in flight, its key's head, delivered only after every earlier message of its
+key finished (send order).
 At the end one member drains the group: every message ends acked or dead-lettered.
 """
 
@@ -68,6 +71,7 @@ class DeliveryModel(RuleBasedStateMachine):
         self.scheduled: list[tuple[int, Letter]] = []  # (due, letter): the scheduler's
         self.dead: list[Letter] = []
         self.acked: set[int] = set()
+        self.attempts: Counter[int] = Counter()  # failed attempts that count, per message
         self.receipts: list[tuple[tuple[str, int], int, int]] = []  # every (key, offset, lease id)
         self.g = DeliveryGroup("g", list(DEFAULT_RETRY_DELAYS_MS), DEFAULT_MAX_RECONSUME)
 
@@ -97,6 +101,7 @@ class DeliveryModel(RuleBasedStateMachine):
         assert lease.reconsume <= self.g.max_reconsume, "delivered after its last attempt"
         for o in offsets:
             msg = self.origin(key, o)
+            assert lease.reconsume == self.attempts[msg], f"message {msg}: attempts miscounted"
             assert msg not in self.acked, f"message {msg} delivered again after its ack"
             assert all(d.offset != msg for d in self.dead), f"dead message {msg} delivered"
             if self.g.orderly and key == KEY and self.source[msg]:
@@ -177,6 +182,13 @@ class DeliveryModel(RuleBasedStateMachine):
         g = self.g
         reconsume = lease.reconsume + (1 if counts else 0)
         outcome = g.failure_outcome(key, reconsume, dead=False)
+        msg = self.origin(key, offset)
+        self.attempts[msg] += counts
+        exhausted = self.attempts[msg] > g.max_reconsume
+        assert (outcome is FailureOutcome.DEAD) == exhausted, f"{msg}: {outcome} after " \
+            f"{self.attempts[msg]} attempts, max_reconsume {g.max_reconsume}"
+        assert (outcome is FailureOutcome.IN_PLACE) == (g.orderly and key == KEY
+                                                        and not exhausted), outcome
         if outcome is FailureOutcome.IN_PLACE:
             cur = g.sources[key]
             assert isinstance(cur, OrderlyCursor)
@@ -186,7 +198,6 @@ class DeliveryModel(RuleBasedStateMachine):
                         old.since_wall if old is not None else self.now, reason)
             g.fail_in_place(cur, offset, f, self.now)
             return
-        msg = self.origin(key, offset)
         letter = Letter(TOPIC, 0, msg, str(msg), reconsume, self.now, reason)
         if outcome is FailureOutcome.DEAD:
             self.dead.append(letter._replace(dead_wall=self.now))
@@ -256,12 +267,13 @@ class DeliveryModel(RuleBasedStateMachine):
                                      unique=True))
         assert self.ack(lease.key, offsets, lease.lease_id) == offsets
 
-    @precondition(lambda self: self.receipts)
+    def stale_receipts(self) -> list[tuple[tuple[str, int], int, int]]:
+        return [r for r in self.receipts if self.g.lease_of(*r) is None]
+
+    @precondition(lambda self: self.stale_receipts())
     @rule(data=st.data())
     def ack_with_an_old_receipt(self, data: st.DataObject) -> None:
-        key, offset, lease_id = data.draw(st.sampled_from(self.receipts))
-        if self.g.lease_of(key, offset, lease_id) is not None:
-            return  # still current
+        key, offset, lease_id = data.draw(st.sampled_from(self.stale_receipts()))
         before = (sorted(self.g.leases), dict(self.g.in_flight), set(self.acked))
         assert self.ack(key, [offset], lease_id) == [], "a receipt no longer current acked"
         assert (sorted(self.g.leases), dict(self.g.in_flight), set(self.acked)) == before
@@ -422,8 +434,8 @@ class DeliveryModel(RuleBasedStateMachine):
 
 
 DeliveryModel.TestCase.settings = settings(
-    max_examples=300,
-    stateful_step_count=40,
+    max_examples=500,
+    stateful_step_count=50,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
