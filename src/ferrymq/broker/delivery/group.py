@@ -222,6 +222,10 @@ class DeliveryGroup:
         """The cursor of the group's queue ``key`` (its retry queue's too), or None."""
         return self.retry if key[0] == self.retry_topic else self.sources.get(key)
 
+    def cursor_of(self, key: tuple[str, int]) -> Cursor:
+        """The cursor of the group's queue ``key``, which it reads (else KeyError)."""
+        return self.retry if key[0] == self.retry_topic else self.sources[key]
+
     def lease_of(self, key: tuple[str, int], offset: int, lease_id: int) -> Lease | None:
         """The lease of the message at ``offset`` of queue ``key`` if ``lease_id`` is its
         current one (a receipt still good), else None."""
@@ -301,7 +305,7 @@ class DeliveryGroup:
         """CHANGE_INVISIBLE: the messages ``moved`` ((old lease, offset) of queue ``key``)
         leave their leases for the new ``lease``; the old receipts are no longer good."""
         self.add_lease(lease, 0)
-        cursor = self.retry if key[0] == self.retry_topic else self.sources[key]
+        cursor = self.cursor_of(key)
         member = lease.member
         for old, offset in moved:
             old.offsets.discard(offset)
@@ -340,7 +344,7 @@ class DeliveryGroup:
     def finish(self, key: tuple[str, int], offset: int) -> None:
         """The message at ``offset`` of queue ``key`` is finished (its letter is written, or it
         is gone); in an orderly queue its key's next message becomes deliverable."""
-        cursor = self.retry if key[0] == self.retry_topic else self.sources[key]
+        cursor = self.cursor_of(key)
         lease = cursor.finish(offset)
         if lease is not None:
             self.drop_from_lease(lease)
@@ -349,10 +353,7 @@ class DeliveryGroup:
 
     def advance_floor(self, key: tuple[str, int]) -> None:
         """Move the floor of queue ``key``'s cursor past finished offsets."""
-        if key[0] == self.retry_topic:
-            self.retry.advance_floor()
-        else:
-            self.sources[key].advance_floor()
+        self.cursor_of(key).advance_floor()
 
     def wake(self) -> None:
         """Wake long-polling receivers (something became available)."""
