@@ -6,6 +6,9 @@
 * ``ferrymq.client`` does not import the broker.
 * ``ferrymq.spark`` imports neither the clients nor the broker nor the CLI: it speaks the
   protocol through its core (``ferrymq.protocol.client``), as the asyncio clients do.
+* The broker's request handlers, authorisation and handshake see the broker through
+  ``ferrymq.broker.context`` (narrow protocols), never the server or the connection class, and
+  no broker module below the server imports the server: its import graph is a tree.
 """
 
 from __future__ import annotations
@@ -63,6 +66,10 @@ PROTOCOL = _modules("protocol")
 STORAGE = _modules("storage")
 CLIENT = _modules("client")
 SPARK = _modules("spark")
+BELOW_SERVER = [p for p in _modules("broker") if p.relative_to(PKG).as_posix() not in (
+    "broker/server.py", "broker/__init__.py", "broker/__main__.py", "broker/embedded.py")]
+HANDLER_SIDE = [*_modules("broker/handlers"),
+                *(PKG / "broker" / f"{name}.py" for name in ("acl", "auth", "context"))]
 BANNED_IN_PROTOCOL = {"asyncio", "socket", "os", "time", "selectors", "threading",
                       "subprocess", "<dynamic __import__>", "<dynamic importlib>"}
 
@@ -118,3 +125,16 @@ def test_client_does_not_import_broker(path: Path) -> None:
 def test_spark_imports_no_client_broker_or_cli(path: Path) -> None:
     bad = _broker_client_or_cli(path)
     assert not bad, f"{path.name} imports {sorted(bad)}"
+
+
+@pytest.mark.parametrize("path", HANDLER_SIDE, ids=_ids(HANDLER_SIDE))
+def test_handlers_see_the_broker_through_its_context(path: Path) -> None:
+    bad = {n for n in _imports(path)
+           if n.startswith(("ferrymq.broker.server", "ferrymq.broker.connection"))}
+    assert not bad, f"{path.name} imports {sorted(bad)} (use ferrymq.broker.context)"
+
+
+@pytest.mark.parametrize("path", BELOW_SERVER, ids=_ids(BELOW_SERVER))
+def test_only_the_top_of_the_broker_imports_the_server(path: Path) -> None:
+    bad = {n for n in _imports(path) if n.startswith("ferrymq.broker.server")}
+    assert not bad, f"{path.relative_to(PKG)} imports {sorted(bad)}"

@@ -37,7 +37,7 @@ from ferrymq.protocol.records import decode_msg_id
 
 if TYPE_CHECKING:
     from ferrymq.broker.auth import User
-    from ferrymq.broker.server import BrokerServer
+    from ferrymq.broker.context import BrokerContext
 
 log = logging.getLogger("ferrymq.broker.acl")
 
@@ -53,7 +53,7 @@ def _topics(right: str, names: Any) -> list[Need]:
     return [(right, n) for n in names]
 
 
-def _topic_of_msg_id(srv: BrokerServer, msg_id: str) -> str | None:
+def _topic_of_msg_id(srv: BrokerContext, msg_id: str) -> str | None:
     try:
         topic_id, _, _ = decode_msg_id(msg_id)
     except ValueError:
@@ -62,7 +62,7 @@ def _topic_of_msg_id(srv: BrokerServer, msg_id: str) -> str | None:
     return None if topic is None else str(topic.name)
 
 
-def _metadata(req: m.MetadataRequest, srv: BrokerServer) -> list[Need]:
+def _metadata(req: m.MetadataRequest, srv: BrokerContext) -> list[Need]:
     if req.topics is None:
         return [ADMIN]
     needs: list[Need] = []
@@ -72,24 +72,24 @@ def _metadata(req: m.MetadataRequest, srv: BrokerServer) -> list[Need]:
     return needs
 
 
-def _by_msg_id(right: str) -> Callable[[Any, BrokerServer], list[Need]]:
-    def needs(req: Any, srv: BrokerServer) -> list[Need]:
+def _by_msg_id(right: str) -> Callable[[Any, BrokerContext], list[Need]]:
+    def needs(req: Any, srv: BrokerContext) -> list[Need]:
         topic = _topic_of_msg_id(srv, req.msg_id)
         return [ADMIN] if topic is None or topic.startswith("%") else [(right, topic)]
     return needs
 
 
-def _staged(req: Any, srv: BrokerServer) -> list[Need]:
+def _staged(req: Any, srv: BrokerContext) -> list[Need]:
     return [("group", req.sink_id), *(("group", str(mem[0])) for mem in req.members)]
 
 
-def _describe_txns(req: Any, srv: BrokerServer) -> list[Need]:
+def _describe_txns(req: Any, srv: BrokerContext) -> list[Need]:
     if not req.transactional_id and not req.sink_id:
         return [ADMIN]
     return [("group", n) for n in (req.transactional_id, req.sink_id) if n]
 
 
-_Rule = Callable[[Any, "BrokerServer"], list[Need]]
+_Rule = Callable[[Any, "BrokerContext"], list[Need]]
 
 NEEDS: dict[int, _Rule] = {
     m.ApiKey.HELLO: lambda r, s: [],
@@ -183,13 +183,13 @@ def allows(user: User, need: Need) -> bool:
     return False
 
 
-def needs_of(api_key: int, req: Any, srv: BrokerServer) -> list[Need]:
+def needs_of(api_key: int, req: Any, srv: BrokerContext) -> list[Need]:
     """What a request needs; admin for request types not in the table (default deny)."""
     rule = NEEDS.get(api_key)
     return [ADMIN] if rule is None else rule(req, srv)
 
 
-def authorize(srv: BrokerServer, principal: str, peer: str, api_key: int, req: Any) -> None:
+def authorize(srv: BrokerContext, principal: str, peer: str, api_key: int, req: Any) -> None:
     """Check a request of ``principal`` against its current rights.
 
     Raises:

@@ -23,8 +23,9 @@ users over the wire too (:mod:`ferrymq.broker.handlers.users`: the same
 connections closed).
 
 The handshake itself (the maths) is :mod:`ferrymq.protocol.auth`; :class:`Authenticator` holds
-the per-process decoy secret and the failure delay, and the handlers below drive a
-connection's state: ``AUTH_START`` once, then ``AUTH_FINISH`` once. Any failure is answered
+the per-process decoy secret and the failure delay, and the handlers
+(:mod:`ferrymq.broker.handlers.auth`) drive a connection's state: ``AUTH_START`` once, then
+``AUTH_FINISH`` once. Any failure is answered
 after ``auth_failure_delay_ms`` with AUTHENTICATION_FAILED and the connection is closed
 (:mod:`ferrymq.broker.connection` closes after an error answer to an AUTH_* request). The log
 line names the user (``%r``, so control characters cannot forge lines) and the peer, never the
@@ -33,7 +34,6 @@ proof or the secret.
 
 from __future__ import annotations
 
-import asyncio
 import fcntl
 import logging
 import os
@@ -42,9 +42,8 @@ import tomllib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from ferrymq._hints import AUTH_OFF
 from ferrymq.errors import AuthenticationFailedError, ConfigError
 from ferrymq.protocol import messages as m
 from ferrymq.protocol.auth import (
@@ -60,9 +59,6 @@ from ferrymq.protocol.auth import (
     check_user_name,
     decoy_credential,
 )
-
-if TYPE_CHECKING:
-    from ferrymq.broker.connection import BrokerConnection
 
 log = logging.getLogger("ferrymq.broker.auth")
 
@@ -346,6 +342,24 @@ class UserStore:
         return self.users.get(name)
 
 
+class AuthConnection(Protocol):
+    """What the handshake reads and changes on a connection."""
+
+    scram: ScramServer | None
+    """The handshake in progress (between AUTH_START and AUTH_FINISH)."""
+
+    @property
+    def peer(self) -> str:
+        """``host:port`` of the client."""
+
+    @property
+    def authenticated(self) -> bool:
+        """False until AUTH_FINISH succeeds (True at once when authentication is off)."""
+
+    def authenticated_as(self, user: str) -> None:
+        """The handshake succeeded: lift the pre-auth limits."""
+
+
 class Authenticator:
     """The broker's side of authentication: users, decoy secret, failure delay."""
 
@@ -356,7 +370,7 @@ class Authenticator:
         self.failures = 0
         self.successes = 0
 
-    def start(self, conn: BrokerConnection, req: m.AuthStartRequest) -> m.AuthStartResponse:
+    def start(self, conn: AuthConnection, req: m.AuthStartRequest) -> m.AuthStartResponse:
         """Answer AUTH_START with a challenge (also for unknown users).
 
         Raises:
@@ -381,7 +395,7 @@ class Authenticator:
         salt, iterations, nonce = conn.scram.challenge()
         return m.AuthStartResponse(salt, iterations, nonce)
 
-    def finish(self, conn: BrokerConnection, req: m.AuthFinishRequest) -> m.AuthFinishResponse:
+    def finish(self, conn: AuthConnection, req: m.AuthFinishRequest) -> m.AuthFinishResponse:
         """Check the proof; on success the connection is authenticated as the user.
 
         Raises:
@@ -401,72 +415,7 @@ class Authenticator:
         log.info("%s authenticated as %r", conn.peer, user.name)
         return m.AuthFinishResponse(signature, user.name, user.admin)
 
-    def failed(self, conn: BrokerConnection, user: str, reason: str) -> None:
+    def failed(self, conn: AuthConnection, user: str, reason: str) -> None:
         """Log a failed attempt (without any secret material)."""
         self.failures += 1
         log.warning("authentication failed from %s (user %r): %s", conn.peer, user[:128], reason)
-
-
-# -- handlers (registered in ferrymq.broker.handlers) -------------------------------------------
-
-
-def _delayed_failure(conn: BrokerConnection, exc: AuthenticationFailedError,
-                     user: str) -> asyncio.Future[m.Body]:
-    auth = conn.server.auth
-    assert auth is not None
-    auth.failed(conn, user, str(exc))
-    conn.stop_reading()
-    fut: asyncio.Future[m.Body] = asyncio.get_running_loop().create_future()
-
-    def fail() -> None:
-        if not fut.done():
-            fut.set_exception(exc)
-
-    asyncio.get_running_loop().call_later(auth.failure_delay_s, fail)
-    return fut
-
-
-def _not_enabled() -> AuthenticationFailedError:
-    return AuthenticationFailedError(
-        f"authentication is off on this broker (no users_file); {AUTH_OFF}")
-
-
-def auth_start(conn: BrokerConnection, req: m.AuthStartRequest
-               ) -> m.AuthStartResponse | asyncio.Future[m.Body]:
-    """AUTH_START: the challenge, or a delayed AUTHENTICATION_FAILED."""
-    auth = conn.server.auth
-    if auth is None:
-        raise _not_enabled()
-    if conn.authenticated:
-        raise AuthenticationFailedError("this connection is authenticated already")
-    try:
-        return auth.start(conn, req)
-    except AuthenticationFailedError as exc:
-        return _delayed_failure(conn, exc, req.user)
-
-
-def auth_finish(conn: BrokerConnection, req: m.AuthFinishRequest
-                ) -> m.AuthFinishResponse | asyncio.Future[m.Body]:
-    """AUTH_FINISH: the server signature, or a delayed AUTHENTICATION_FAILED."""
-    auth = conn.server.auth
-    if auth is None:
-        raise _not_enabled()
-    if conn.authenticated:
-        raise AuthenticationFailedError("this connection is authenticated already")
-    user = conn.scram.user if conn.scram is not None else ""
-    try:
-        return auth.finish(conn, req)
-    except AuthenticationFailedError as exc:
-        return _delayed_failure(conn, exc, user)
-
-
-def whoami(conn: BrokerConnection, req: m.WhoAmIRequest) -> m.WhoAmIResponse:
-    """WHOAMI: the principal and its rights (everything when authentication is off)."""
-    if conn.principal is None:
-        return m.WhoAmIResponse("", True, ["*"], ["*"], ["*"])
-    auth = conn.server.auth
-    user = auth.store.get(conn.principal) if auth is not None else None
-    if user is None:
-        return m.WhoAmIResponse(conn.principal, False, [], [], [])
-    return m.WhoAmIResponse(user.name, user.admin, list(user.produce), list(user.consume),
-                            list(user.groups))

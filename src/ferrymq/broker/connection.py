@@ -40,19 +40,20 @@ import functools
 import logging
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from ferrymq import _sockets
 from ferrymq._buffers import thread_scratch
 from ferrymq._hints import AUTH_NEEDED
 from ferrymq.broker.acl import authorize
+from ferrymq.broker.context import BrokerContext, Handler
 from ferrymq.errors import BrokerError, FrameSizeError, RemoteProtocolError
 from ferrymq.protocol.codes import ErrorCode
 from ferrymq.protocol.frames import Frame, FrameDecoder, encode_response, encode_response_parts
 from ferrymq.protocol.messages import REQUESTS, ApiKey, Body
 
 if TYPE_CHECKING:
-    from ferrymq.broker.server import BrokerServer
     from ferrymq.protocol.auth import ScramServer
 
 log = logging.getLogger("ferrymq.broker")
@@ -64,10 +65,27 @@ _AUTH_FIRST = (f"authenticate first (AUTH_START, AUTH_FINISH): this broker needs
                f"({AUTH_NEEDED})").encode()
 
 
+class ConnectionHost(BrokerContext, Protocol):
+    """What a connection needs of the broker serving it, beyond what handlers see."""
+
+    @property
+    def handlers(self) -> Mapping[int, Handler]:
+        """The handler of each api key."""
+
+    def register(self, conn: BrokerConnection) -> str | None:
+        """Admit a new connection; the reason it is refused, or None."""
+
+    def unregister(self, conn: BrokerConnection) -> None:
+        """Forget a closed connection that :meth:`register` admitted."""
+
+    def produce_throttle(self, user: str, nbytes: int) -> float:
+        """Seconds to stop reading from ``user``'s connection after a produce of ``nbytes``."""
+
+
 class BrokerConnection(asyncio.BufferedProtocol):
     """Protocol instance for one accepted socket."""
 
-    def __init__(self, server: BrokerServer) -> None:
+    def __init__(self, server: ConnectionHost) -> None:
         self.server = server
         self.transport: asyncio.Transport | None = None
         cfg = server.config

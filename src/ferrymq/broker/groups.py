@@ -44,16 +44,18 @@ from __future__ import annotations
 import logging
 import re
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import msgpack
 
 from ferrymq._faults import ENOSPC_FAULTS, enospc_point
 from ferrymq.errors import (
+    BrokerError,
     IllegalGenerationError,
+    InvalidOffsetError,
     InvalidRequestError,
     NonEmptyGroupError,
     PolicyViolationError,
@@ -64,6 +66,9 @@ from ferrymq.errors import (
 from ferrymq.storage import read_checkpoint, write_checkpoint
 from ferrymq.storage.files import fsync_directory
 
+if TYPE_CHECKING:
+    from ferrymq.broker.topics import TopicRegistry
+
 log = logging.getLogger("ferrymq.broker")
 
 GROUP_NAME = re.compile(r"^[A-Za-z0-9._%-]{1,249}$")
@@ -73,6 +78,31 @@ def check_group_name(name: str) -> None:
     """Raise InvalidRequestError unless ``name`` is a valid group name."""
     if name in (".", "..") or not GROUP_NAME.fullmatch(name):
         raise InvalidRequestError(f"invalid group name {name[:64]!r}")
+
+
+def check_offsets(
+    topics: TopicRegistry, entries: list[tuple[str, int, int]],
+    also: Callable[[str, int], None] | None = None,
+) -> tuple[list[tuple[str, int, int]], list[tuple[str, int, int]]]:
+    """Check offsets to commit one by one: the queue exists, the offset is in 0..end, and
+    ``also(topic, queue)`` does not raise. Returns (the valid entries, (topic, queue, code) per
+    entry in request order)."""
+    valid: list[tuple[str, int, int]] = []
+    out: list[tuple[str, int, int]] = []
+    for topic, queue, offset in entries:
+        try:
+            qs = topics.queue(topic, queue)
+            if offset < 0 or offset > qs.log.end_offset:
+                raise InvalidOffsetError(f"offset {offset} is outside 0..{qs.log.end_offset} "
+                                         f"of {topic}/{queue}")
+            if also is not None:
+                also(topic, queue)
+        except BrokerError as exc:
+            out.append((topic, queue, exc.code))
+            continue
+        valid.append((topic, queue, offset))
+        out.append((topic, queue, 0))
+    return valid, out
 
 
 @dataclass

@@ -58,8 +58,7 @@ import msgpack
 from ferrymq._faults import crash_point
 from ferrymq._time import Clock
 from ferrymq.broker.flusher import flush_postponed
-from ferrymq.broker.groups import check_group_name
-from ferrymq.broker.handlers.offsets import check_offsets
+from ferrymq.broker.groups import check_group_name, check_offsets
 from ferrymq.broker.transactions import _wait_durable
 from ferrymq.errors import (
     BatchAlreadyCommittedError,

@@ -1,18 +1,18 @@
 """Request handlers, one module per concern, and the api-key -> handler table.
 
 A handler takes ``(connection, request)`` and returns a response body, or an awaitable of one when
-it must wait (fsync, long polling). It raises :class:`~ferrymq.errors.BrokerError` subclasses for
-errors; :mod:`ferrymq.broker.connection` turns them into wire codes in one place.
+it must wait (fsync, long polling). It sees the broker and the connection through the protocols
+of :mod:`ferrymq.broker.context`, never the server class. It raises
+:class:`~ferrymq.errors.BrokerError` subclasses for errors; :mod:`ferrymq.broker.connection`
+turns them into wire codes in one place.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import Any
-
-from ferrymq.broker import auth
+from ferrymq.broker.context import Handler
 from ferrymq.broker.handlers import (
     admin,
+    auth,
     delivery,
     fetch,
     groups,
@@ -24,9 +24,9 @@ from ferrymq.broker.handlers import (
     txn,
     users,
 )
-from ferrymq.protocol.messages import ApiKey, Body
+from ferrymq.protocol.messages import ApiKey
 
-Handler = Callable[[Any, Any], Body | Awaitable[Body]]
+__all__ = ["HANDLERS", "Handler"]
 
 HANDLERS: dict[int, Handler] = {
     ApiKey.HELLO: admin.hello,

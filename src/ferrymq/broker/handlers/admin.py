@@ -12,12 +12,12 @@ from ferrymq.protocol import messages as m
 from ferrymq.protocol.codes import ErrorCode
 
 if TYPE_CHECKING:
-    from ferrymq.broker.connection import BrokerConnection
+    from ferrymq.broker.context import ClientConnection
 
 log = logging.getLogger("ferrymq.broker")
 
 
-def hello(conn: BrokerConnection, req: m.HelloRequest) -> m.HelloResponse:
+def hello(conn: ClientConnection, req: m.HelloRequest) -> m.HelloResponse:
     """Record who the client is; tell it our limits."""
     conn.client_id = req.client_id[:256]
     c = conn.server.config
@@ -29,12 +29,12 @@ def hello(conn: BrokerConnection, req: m.HelloRequest) -> m.HelloResponse:
                            c.max_batch_records, c.flush, c.max_delay_ms)
 
 
-def ping(conn: BrokerConnection, req: m.PingRequest) -> m.Empty:
+def ping(conn: ClientConnection, req: m.PingRequest) -> m.Empty:
     """Keepalive."""
     return m.Empty()
 
 
-def metadata(conn: BrokerConnection, req: m.MetadataRequest) -> m.MetadataResponse:
+def metadata(conn: ClientConnection, req: m.MetadataRequest) -> m.MetadataResponse:
     """Topics with ids and queue counts; creates missing topics when asked and allowed.
 
     A name that is not valid is answered INVALID_TOPIC_NAME in its entry. A creation refused by
@@ -67,14 +67,14 @@ def metadata(conn: BrokerConnection, req: m.MetadataRequest) -> m.MetadataRespon
     return m.MetadataResponse(out)
 
 
-def create_topic(conn: BrokerConnection, req: m.CreateTopicRequest) -> m.CreateTopicResponse:
+def create_topic(conn: ClientConnection, req: m.CreateTopicRequest) -> m.CreateTopicResponse:
     """Create a topic (checked first: name, queues, settings, ``max_topics``,
     ``max_total_queues``)."""
     t = conn.server.topics.create(req.name, req.queues, req.config, conn.server.clock.wall_ms())
     return m.CreateTopicResponse(t.topic_id, len(t.queues))
 
 
-def delete_topic(conn: BrokerConnection, req: m.DeleteTopicRequest) -> m.Empty:
+def delete_topic(conn: ClientConnection, req: m.DeleteTopicRequest) -> m.Empty:
     """Delete a topic, its data and the groups' offsets on it."""
     topic_id = conn.server.topics.get(req.name).topic_id
     conn.server.topics.delete(req.name)
@@ -83,7 +83,7 @@ def delete_topic(conn: BrokerConnection, req: m.DeleteTopicRequest) -> m.Empty:
     return m.Empty()
 
 
-def describe_topic(conn: BrokerConnection, req: m.DescribeTopicRequest) -> m.DescribeTopicResponse:
+def describe_topic(conn: ClientConnection, req: m.DescribeTopicRequest) -> m.DescribeTopicResponse:
     """Per-queue offsets, sizes and segment counts; pending scheduled messages; the dedup
     window and how many keys it holds."""
     t = conn.server.topics.topics.get(req.name)
@@ -100,6 +100,6 @@ def describe_topic(conn: BrokerConnection, req: m.DescribeTopicRequest) -> m.Des
                                    t.dedup_window_ms, conn.server.dedup.keys(t.topic_id))
 
 
-def init_producer(conn: BrokerConnection, req: m.InitProducerRequest) -> m.InitProducerResponse:
+def init_producer(conn: ClientConnection, req: m.InitProducerRequest) -> m.InitProducerResponse:
     """A fresh producer id (epoch 0) for an idempotent producer."""
     return m.InitProducerResponse(conn.server.producer_ids.allocate(), 0)

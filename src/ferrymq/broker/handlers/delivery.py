@@ -17,8 +17,7 @@ from ferrymq.protocol import messages as m
 from ferrymq.protocol.records import decode_msg_id
 
 if TYPE_CHECKING:
-    from ferrymq.broker.connection import BrokerConnection
-    from ferrymq.broker.server import BrokerServer
+    from ferrymq.broker.context import BrokerContext, ClientConnection
 
 B = TypeVar("B", bound=m.Body)
 
@@ -29,7 +28,7 @@ MISSING_TOPIC_CHECK_S = 1.0
 this often (nothing wakes it when a topic is created)."""
 
 
-def _after(srv: BrokerServer, group: str, pos: int, resp: B) -> B | asyncio.Future[B]:
+def _after(srv: BrokerContext, group: str, pos: int, resp: B) -> B | asyncio.Future[B]:
     """``resp`` now, or once journal position ``pos`` is durable."""
     if pos < 0 or not srv.sync_flush:
         return resp
@@ -48,7 +47,7 @@ def _after(srv: BrokerServer, group: str, pos: int, resp: B) -> B | asyncio.Futu
 
 
 def consumer_heartbeat(
-    conn: BrokerConnection, req: m.ConsumerHeartbeatRequest
+    conn: ClientConnection, req: m.ConsumerHeartbeatRequest
 ) -> m.ConsumerHeartbeatResponse | asyncio.Future[m.ConsumerHeartbeatResponse]:
     """Register or keep alive a member; set the group's retry policy."""
     srv = conn.server
@@ -65,7 +64,7 @@ def consumer_heartbeat(
 
 
 def receive(
-    conn: BrokerConnection, req: m.ReceiveRequest
+    conn: ClientConnection, req: m.ReceiveRequest
 ) -> m.ReceiveResponse | asyncio.Future[m.ReceiveResponse]:
     """Lease messages now, or long-poll until some arrive or ``max_wait_ms`` passes."""
     srv = conn.server
@@ -89,7 +88,7 @@ def receive(
 
 
 async def _long_poll(
-    conn: BrokerConnection, req: m.ReceiveRequest, subs: list[tuple[str, str]],
+    conn: ClientConnection, req: m.ReceiveRequest, subs: list[tuple[str, str]],
     invisible: int, wait_s: float,
 ) -> m.ReceiveResponse:
     srv = conn.server
@@ -117,7 +116,7 @@ async def _long_poll(
 
 
 def ack(
-    conn: BrokerConnection, req: m.AckRequest
+    conn: ClientConnection, req: m.AckRequest
 ) -> m.AckResponse | asyncio.Future[m.AckResponse]:
     """Finish leased messages (the refused ones come back with INVALID_RECEIPT)."""
     srv = conn.server
@@ -126,7 +125,7 @@ def ack(
     return _after(srv, g.name, pos, m.AckResponse(failed))
 
 
-def nack(conn: BrokerConnection, req: m.NackRequest
+def nack(conn: ClientConnection, req: m.NackRequest
          ) -> m.ReceiptResponse | asyncio.Future[m.ReceiptResponse]:
     """Give leased messages back for a later attempt; in sync mode answered once their new
     state is durable."""
@@ -144,7 +143,7 @@ def nack(conn: BrokerConnection, req: m.NackRequest
 
 
 def change_invisible(
-    conn: BrokerConnection, req: m.ChangeInvisibleRequest
+    conn: ClientConnection, req: m.ChangeInvisibleRequest
 ) -> m.ReceiptResponse | asyncio.Future[m.ReceiptResponse]:
     """Renew or shorten leases; each answer carries the new lease id."""
     srv = conn.server
@@ -153,20 +152,20 @@ def change_invisible(
     return _after(srv, g.name, pos, m.ReceiptResponse(results))
 
 
-def consumer_leave(conn: BrokerConnection, req: m.ConsumerLeaveRequest) -> m.Empty:
+def consumer_leave(conn: ClientConnection, req: m.ConsumerLeaveRequest) -> m.Empty:
     """Leave; held leases go back to the group at once."""
     conn.server.delivery.leave(req.group, req.member_id)
     return m.Empty()
 
 
 def describe_delivery(
-    conn: BrokerConnection, req: m.DescribeDeliveryRequest
+    conn: ClientConnection, req: m.DescribeDeliveryRequest
 ) -> m.DescribeDeliveryResponse:
     """Members, progress, lag, retry and DLQ sizes of one delivery group."""
     return conn.server.delivery.describe(req.group)
 
 
-def message_status(conn: BrokerConnection, req: m.MessageStatusRequest) -> m.MessageStatusResponse:
+def message_status(conn: ClientConnection, req: m.MessageStatusRequest) -> m.MessageStatusResponse:
     """The consume status of one message in each delivery group; for a scheduled (delayed)
     message, its scheduling state instead: groups never consume the original, only the copy the
     scheduler appends when it is due."""
@@ -190,14 +189,14 @@ def message_status(conn: BrokerConnection, req: m.MessageStatusRequest) -> m.Mes
                                    [(g, *row) for g in groups])
 
 
-def skip_message(conn: BrokerConnection, req: m.SkipMessageRequest) -> m.Empty:
+def skip_message(conn: ClientConnection, req: m.SkipMessageRequest) -> m.Empty:
     """Dead-letter a stuck message of an orderly group on purpose (its key moves on)."""
     conn.server.delivery.skip(req.group, req.msg_id)
     return m.Empty()
 
 
 def dlq_admin(
-    conn: BrokerConnection, req: m.DlqAdminRequest
+    conn: ClientConnection, req: m.DlqAdminRequest
 ) -> m.DlqAdminResponse | asyncio.Future[m.DlqAdminResponse]:
     """Redrive or purge dead letters."""
     srv = conn.server

@@ -49,7 +49,7 @@ from ferrymq.protocol.records import (
 from ferrymq.protocol.tags import parse_tag_expression
 
 if TYPE_CHECKING:
-    from ferrymq.broker.connection import BrokerConnection
+    from ferrymq.broker.context import ClientConnection
     from ferrymq.broker.topics import QueueState
 
 MAX_FILTER_SCAN_BYTES = 16 * 1024 * 1024
@@ -57,7 +57,7 @@ MAX_FILTER_SCAN_BYTES = 16 * 1024 * 1024
 
 
 def fetch(
-    conn: BrokerConnection, req: m.FetchRequest
+    conn: ClientConnection, req: m.FetchRequest
 ) -> m.FetchResponse | asyncio.Future[m.FetchResponse]:
     """Answer at once when data is there (or no wait was asked), else long-poll."""
     srv = conn.server
@@ -70,7 +70,7 @@ def fetch(
 
 
 async def _long_poll(
-    conn: BrokerConnection,
+    conn: ClientConnection,
     req: m.FetchRequest,
     filters: list[frozenset[str] | None],
     queues: list[QueueState],
@@ -92,7 +92,7 @@ async def _long_poll(
 
 
 def _read_all(
-    conn: BrokerConnection, req: m.FetchRequest, filters: list[frozenset[str] | None]
+    conn: ClientConnection, req: m.FetchRequest, filters: list[frozenset[str] | None]
 ) -> tuple[list[m.FetchResult], int, list[QueueState], list[m.FetchTxnInfo]]:
     srv = conn.server
     budget = min(req.max_bytes, srv.config.max_fetch_bytes)

@@ -9,14 +9,14 @@ from ferrymq.errors import InvalidRequestError, UnknownGroupError
 from ferrymq.protocol import messages as m
 
 if TYPE_CHECKING:
-    from ferrymq.broker.connection import BrokerConnection
+    from ferrymq.broker.context import ClientConnection
 
 
-def _queue_counts(conn: BrokerConnection) -> dict[str, int]:
+def _queue_counts(conn: ClientConnection) -> dict[str, int]:
     return {name: len(t.queues) for name, t in conn.server.topics.topics.items()}
 
 
-def join_group(conn: BrokerConnection, req: m.JoinGroupRequest) -> m.JoinGroupResponse:
+def join_group(conn: ClientConnection, req: m.JoinGroupRequest) -> m.JoinGroupResponse:
     """Join or rejoin; returns the member's queues for the current generation. A topic that
     does not exist yet may be subscribed to: its queues are assigned once it is created (the
     coordinator rebalances, see :meth:`GroupCoordinator.sync_queue_counts`).
@@ -41,14 +41,14 @@ def join_group(conn: BrokerConnection, req: m.JoinGroupRequest) -> m.JoinGroupRe
                                len(g.members))
 
 
-def heartbeat(conn: BrokerConnection, req: m.HeartbeatRequest) -> m.Empty:
+def heartbeat(conn: ClientConnection, req: m.HeartbeatRequest) -> m.Empty:
     """Keep the membership alive (REBALANCE_IN_PROGRESS: rejoin)."""
     conn.server.groups.heartbeat(req.group, req.member_id, req.generation,
                                  conn.server.now_monotonic_ms())
     return m.Empty()
 
 
-def leave_group(conn: BrokerConnection, req: m.LeaveGroupRequest) -> m.Empty:
+def leave_group(conn: ClientConnection, req: m.LeaveGroupRequest) -> m.Empty:
     """Leave at once."""
     conn.server.groups.leave(req.group, req.member_id, _queue_counts(conn))
     return m.Empty()
@@ -59,7 +59,7 @@ DELIVERY_GROUP_STATE = "DELIVERY"
 acks); consumer groups show their rebalance state (STABLE, ...)."""
 
 
-def list_groups(conn: BrokerConnection, req: m.ListGroupsRequest) -> m.ListGroupsResponse:
+def list_groups(conn: ClientConnection, req: m.ListGroupsRequest) -> m.ListGroupsResponse:
     """Every known group: consumer groups and delivery groups (state ``DELIVERY``); a name used
     by both is listed twice."""
     srv = conn.server
@@ -68,7 +68,7 @@ def list_groups(conn: BrokerConnection, req: m.ListGroupsRequest) -> m.ListGroup
     return m.ListGroupsResponse(sorted(rows))
 
 
-def describe_group(conn: BrokerConnection, req: m.DescribeGroupRequest) -> m.DescribeGroupResponse:
+def describe_group(conn: ClientConnection, req: m.DescribeGroupRequest) -> m.DescribeGroupResponse:
     """Members, assignment, committed offsets, end offsets and lag per queue."""
     srv = conn.server
     g = srv.groups.group(req.group)
@@ -89,7 +89,7 @@ def describe_group(conn: BrokerConnection, req: m.DescribeGroupRequest) -> m.Des
     return m.DescribeGroupResponse(g.name, g.state, g.generation, members, offsets)
 
 
-def delete_group(conn: BrokerConnection, req: m.DeleteGroupRequest) -> m.DeleteGroupResponse:
+def delete_group(conn: ClientConnection, req: m.DeleteGroupRequest) -> m.DeleteGroupResponse:
     """Delete the consumer group and the delivery group of this name (whichever exist), only
     when neither has a live member; nothing is deleted when either refuses."""
     srv = conn.server

@@ -14,11 +14,11 @@ from ferrymq.protocol import messages as m
 from ferrymq.protocol.records import MAX_KEYS_BYTES
 
 if TYPE_CHECKING:
-    from ferrymq.broker.connection import BrokerConnection
+    from ferrymq.broker.context import ClientConnection
 
 
 def find_by_key(
-    conn: BrokerConnection, req: m.FindByKeyRequest
+    conn: ClientConnection, req: m.FindByKeyRequest
 ) -> asyncio.Future[m.FindByKeyResponse]:
     """Up to ``limit`` messages of ``topic`` whose keys include ``key``, newest first (the
     search yields to the event loop while it reads the log)."""

@@ -4,19 +4,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ferrymq.errors import (
-    BrokerError,
-    InvalidOffsetError,
-    InvalidRequestError,
-)
+from ferrymq.broker.groups import check_offsets
+from ferrymq.errors import BrokerError, InvalidOffsetError, InvalidRequestError
 from ferrymq.protocol import messages as m
 from ferrymq.protocol.messages import Isolation, OffsetSpec
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from ferrymq.broker.connection import BrokerConnection
-    from ferrymq.broker.topics import QueueState, TopicRegistry
+    from ferrymq.broker.context import ClientConnection
+    from ferrymq.broker.topics import QueueState
 
 
 def resolve_spec(qs: QueueState, spec: int, *, committed: bool = False) -> int:
@@ -32,7 +29,7 @@ def resolve_spec(qs: QueueState, spec: int, *, committed: bool = False) -> int:
     return min(qs.log.offset_for_time(spec), end)
 
 
-def list_offsets(conn: BrokerConnection, req: m.ListOffsetsRequest) -> m.ListOffsetsResponse:
+def list_offsets(conn: ClientConnection, req: m.ListOffsetsRequest) -> m.ListOffsetsResponse:
     """Find offsets by position or time."""
     out: list[m.OffsetResult] = []
     committed = req.isolation == Isolation.READ_COMMITTED
@@ -45,33 +42,8 @@ def list_offsets(conn: BrokerConnection, req: m.ListOffsetsRequest) -> m.ListOff
     return m.ListOffsetsResponse(out)
 
 
-def check_offsets(
-    topics: TopicRegistry, entries: list[tuple[str, int, int]],
-    also: Callable[[str, int], None] | None = None,
-) -> tuple[list[tuple[str, int, int]], list[tuple[str, int, int]]]:
-    """Check offsets to commit one by one: the queue exists, the offset is in 0..end, and
-    ``also(topic, queue)`` does not raise. Returns (the valid entries, (topic, queue, code) per
-    entry in request order)."""
-    valid: list[tuple[str, int, int]] = []
-    out: list[tuple[str, int, int]] = []
-    for topic, queue, offset in entries:
-        try:
-            qs = topics.queue(topic, queue)
-            if offset < 0 or offset > qs.log.end_offset:
-                raise InvalidOffsetError(f"offset {offset} is outside 0..{qs.log.end_offset} "
-                                         f"of {topic}/{queue}")
-            if also is not None:
-                also(topic, queue)
-        except BrokerError as exc:
-            out.append((topic, queue, exc.code))
-            continue
-        valid.append((topic, queue, offset))
-        out.append((topic, queue, 0))
-    return valid, out
-
-
 def commit_offsets(
-    conn: BrokerConnection, req: m.CommitOffsetsRequest
+    conn: ClientConnection, req: m.CommitOffsetsRequest
 ) -> m.CommitOffsetsResponse:
     """Store a group's offsets durably (fenced by generation for group members); a queue whose
     offsets are pending in an open transaction is refused (CONCURRENT_TRANSACTIONS)."""
@@ -84,7 +56,7 @@ def commit_offsets(
     return m.CommitOffsetsResponse(out)
 
 
-def _durably(conn: BrokerConnection, group: str, write: Callable[[], None]) -> None:
+def _durably(conn: ClientConnection, group: str, write: Callable[[], None]) -> None:
     """Run a write of ``group``'s offsets; a failed one (nothing changed) is STORAGE_FULL
     (retriable, with a retry-after) on a full disk, else STORAGE_ERROR."""
     try:
@@ -93,7 +65,7 @@ def _durably(conn: BrokerConnection, group: str, write: Callable[[], None]) -> N
         raise conn.server.flusher.write_error(exc, f"the offsets of group {group!r}") from None
 
 
-def fetch_offsets(conn: BrokerConnection, req: m.FetchOffsetsRequest) -> m.FetchOffsetsResponse:
+def fetch_offsets(conn: ClientConnection, req: m.FetchOffsetsRequest) -> m.FetchOffsetsResponse:
     """A group's committed offsets."""
     committed = conn.server.groups.committed(req.group)
     wanted = None if req.topics is None else set(req.topics)
@@ -103,7 +75,7 @@ def fetch_offsets(conn: BrokerConnection, req: m.FetchOffsetsRequest) -> m.Fetch
     )
 
 
-def reset_offsets(conn: BrokerConnection, req: m.ResetOffsetsRequest) -> m.ResetOffsetsResponse:
+def reset_offsets(conn: ClientConnection, req: m.ResetOffsetsRequest) -> m.ResetOffsetsResponse:
     """Move a group's offsets on one topic (replay); live members rejoin and pick them up."""
     topic = conn.server.topics.get(req.topic)
     new: dict[tuple[str, int], int] = {}

@@ -43,13 +43,12 @@ from ferrymq.protocol.records import (
 )
 
 if TYPE_CHECKING:
-    from ferrymq.broker.connection import BrokerConnection
-    from ferrymq.broker.server import BrokerServer
+    from ferrymq.broker.context import BrokerContext, ClientConnection
     from ferrymq.broker.topics import QueueState
 
 
 def produce(
-    conn: BrokerConnection, req: m.ProduceRequest
+    conn: ClientConnection, req: m.ProduceRequest
 ) -> m.ProduceResponse | asyncio.Future[m.ProduceResponse]:
     """Append every entry; answer now (async mode) or once all are durable (sync mode)."""
     srv = conn.server
@@ -133,7 +132,7 @@ def produce(
     return fut
 
 
-def _wait_for_originals(srv: BrokerServer, qs: QueueState, dups: list[m.Duplicate],
+def _wait_for_originals(srv: BrokerContext, qs: QueueState, dups: list[m.Duplicate],
                         results: list[m.ProduceResult],
                         waits: list[tuple[QueueState, int, int]]) -> None:
     """Sync flush mode: answer the last result only once the messages its duplicates point at

@@ -22,11 +22,11 @@ from ferrymq.errors import (
 from ferrymq.protocol import messages as m
 
 if TYPE_CHECKING:
-    from ferrymq.broker.connection import BrokerConnection
+    from ferrymq.broker.context import ClientConnection
 
 
 def cancel_scheduled(
-    conn: BrokerConnection, req: m.CancelScheduledRequest
+    conn: ClientConnection, req: m.CancelScheduledRequest
 ) -> m.Empty | asyncio.Future[m.Empty]:
     """Cancel ``req.msg_id``; NOT_SCHEDULED when it is not a pending scheduled message."""
     srv = conn.server

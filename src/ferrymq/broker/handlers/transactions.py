@@ -12,11 +12,11 @@ from ferrymq.errors import BrokerShuttingDownError, StorageFullError
 from ferrymq.protocol import messages as m
 
 if TYPE_CHECKING:
-    from ferrymq.broker.connection import BrokerConnection
+    from ferrymq.broker.context import ClientConnection
 
 
 def prepare_transaction(
-    conn: BrokerConnection, req: m.PrepareTransactionRequest
+    conn: ClientConnection, req: m.PrepareTransactionRequest
 ) -> m.PrepareTransactionResponse | asyncio.Future[m.PrepareTransactionResponse]:
     """Store a half message (invisible until committed); refused like a produce while memory
     or disk is past its watermark."""
@@ -32,7 +32,7 @@ def prepare_transaction(
 
 
 def end_transaction(
-    conn: BrokerConnection, req: m.EndTransactionRequest
+    conn: ClientConnection, req: m.EndTransactionRequest
 ) -> m.EndTransactionResponse | asyncio.Future[m.EndTransactionResponse]:
     """Commit or roll back a half message (or report UNKNOWN)."""
     if conn.server.shutting_down:
@@ -41,13 +41,13 @@ def end_transaction(
 
 
 def txn_check_poll(
-    conn: BrokerConnection, req: m.TxnCheckPollRequest
+    conn: ClientConnection, req: m.TxnCheckPollRequest
 ) -> m.TxnCheckPollResponse | asyncio.Future[m.TxnCheckPollResponse]:
     """Long poll for check-backs of a producer group."""
     return conn.server.transactions.poll(req)
 
 
-def message_status(conn: BrokerConnection, req: m.MessageStatusRequest) -> m.MessageStatusResponse:
+def message_status(conn: ClientConnection, req: m.MessageStatusRequest) -> m.MessageStatusResponse:
     """A transaction id: its transaction's state; any other id: the delivery status."""
     txns = conn.server.transactions
     if txns.is_transaction(req.msg_id):

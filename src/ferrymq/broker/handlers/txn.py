@@ -10,28 +10,28 @@ from ferrymq.errors import BrokerShuttingDownError
 from ferrymq.protocol import messages as m
 
 if TYPE_CHECKING:
-    from ferrymq.broker.connection import BrokerConnection
+    from ferrymq.broker.context import ClientConnection
 
 
-def _open(conn: BrokerConnection) -> None:
+def _open(conn: ClientConnection) -> None:
     if conn.server.shutting_down:
         raise BrokerShuttingDownError("broker is shutting down")
 
 
-def init_txn(conn: BrokerConnection, req: m.InitTxnRequest) -> Awaitable[m.InitTxnResponse]:
+def init_txn(conn: ClientConnection, req: m.InitTxnRequest) -> Awaitable[m.InitTxnResponse]:
     """Give a transactional id its producer id and a new epoch (fencing older instances)."""
     _open(conn)
     return conn.server.txn.init(req)
 
 
-def end_txn(conn: BrokerConnection, req: m.EndTxnRequest) -> Awaitable[m.EndTxnResponse]:
+def end_txn(conn: ClientConnection, req: m.EndTxnRequest) -> Awaitable[m.EndTxnResponse]:
     """Commit, abort or stage the open transaction."""
     _open(conn)
     return conn.server.txn.end(req)
 
 
 def txn_offset_commit(
-    conn: BrokerConnection, req: m.TxnOffsetCommitRequest
+    conn: ClientConnection, req: m.TxnOffsetCommitRequest
 ) -> Awaitable[m.CommitOffsetsResponse]:
     """Consumer offsets that commit with the transaction."""
     _open(conn)
@@ -39,7 +39,7 @@ def txn_offset_commit(
 
 
 def commit_staged(
-    conn: BrokerConnection, req: m.CommitStagedRequest
+    conn: ClientConnection, req: m.CommitStagedRequest
 ) -> Awaitable[m.CommitStagedResponse]:
     """Commit one sink batch's staged transactions at once."""
     _open(conn)
@@ -47,13 +47,13 @@ def commit_staged(
 
 
 def abort_staged(
-    conn: BrokerConnection, req: m.AbortStagedRequest
+    conn: ClientConnection, req: m.AbortStagedRequest
 ) -> Awaitable[m.AbortStagedResponse]:
     """Abort one sink batch's staged transactions."""
     _open(conn)
     return conn.server.txn.abort_staged(req)
 
 
-def describe_txns(conn: BrokerConnection, req: m.DescribeTxnsRequest) -> m.DescribeTxnsResponse:
+def describe_txns(conn: ClientConnection, req: m.DescribeTxnsRequest) -> m.DescribeTxnsResponse:
     """Transactional ids and sink fences."""
     return conn.server.txn.describe(req)

@@ -47,14 +47,14 @@ from ferrymq.protocol.auth import ScramCredential
 from ferrymq.protocol.codes import ErrorCode
 
 if TYPE_CHECKING:
-    from ferrymq.broker.connection import BrokerConnection
+    from ferrymq.broker.context import ClientConnection
 
 log = logging.getLogger("ferrymq.broker.users")
 
 T = TypeVar("T")
 
 
-def _auth(conn: BrokerConnection) -> Authenticator:
+def _auth(conn: ClientConnection) -> Authenticator:
     auth = conn.server.auth
     if auth is None:
         raise AuthenticationDisabledError(
@@ -63,7 +63,7 @@ def _auth(conn: BrokerConnection) -> Authenticator:
     return auth
 
 
-def _by(conn: BrokerConnection) -> str:
+def _by(conn: ClientConnection) -> str:
     return f"{conn.principal!r} from {conn.peer}"
 
 
@@ -99,7 +99,7 @@ async def _write(auth: Authenticator, change: dict[str, User | None],
     auth.store.reload_if_changed()
 
 
-def upsert_user(conn: BrokerConnection, req: m.UpsertUserRequest
+def upsert_user(conn: ClientConnection, req: m.UpsertUserRequest
                 ) -> asyncio.Future[m.UpsertUserResponse]:
     """UPSERT_USER: create or replace a user (credential and rights)."""
     auth = _auth(conn)
@@ -134,7 +134,7 @@ def upsert_user(conn: BrokerConnection, req: m.UpsertUserRequest
     return _run_to_the_end(run())
 
 
-def delete_user(conn: BrokerConnection, req: m.DeleteUserRequest
+def delete_user(conn: ClientConnection, req: m.DeleteUserRequest
                 ) -> asyncio.Future[m.DeleteUserResponse]:
     """DELETE_USER: remove a user and close its open connections (never the last admin)."""
     auth = _auth(conn)
@@ -171,7 +171,7 @@ def delete_user(conn: BrokerConnection, req: m.DeleteUserRequest
     return fut
 
 
-def list_users(conn: BrokerConnection, req: m.ListUsersRequest) -> m.ListUsersResponse:
+def list_users(conn: ClientConnection, req: m.ListUsersRequest) -> m.ListUsersResponse:
     """LIST_USERS: names and rights, sorted by name; never credentials."""
     auth = _auth(conn)
     return m.ListUsersResponse([
