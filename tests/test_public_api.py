@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib
+import subprocess
+import sys
 
 import pytest
 
@@ -156,3 +158,32 @@ def test_protocol_package_exports() -> None:
     import ferrymq.protocol
 
     assert ferrymq.protocol.__all__ == ["ErrorCode"]
+
+
+@pytest.mark.parametrize("module", ["ferrymq", "ferrymq.testing", "ferrymq.admin.cli"])
+def test_importing_leaves_the_broker_out(module: str) -> None:
+    # a fresh interpreter: this one has imported the broker long ago
+    code = (f"import sys, {module}\n"
+            "loaded = sorted(m for m in sys.modules if m.startswith('ferrymq.broker.'))\n"
+            "assert 'ferrymq.broker.server' not in sys.modules, loaded\n"
+            "print(' '.join(loaded))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         check=False)
+    assert out.returncode == 0, out.stderr
+    allowed = {"ferrymq.broker.auth"} if module == "ferrymq.admin.cli" else set()  # users file
+    assert set(out.stdout.split()) <= allowed
+
+
+def test_lazy_broker_exports_are_the_classes() -> None:
+    from ferrymq import Broker
+    from ferrymq.broker import BrokerConfig, BrokerServer, load
+    from ferrymq.broker.config import BrokerConfig as config_class
+    from ferrymq.broker.config import load as load_function
+    from ferrymq.broker.embedded import Broker as embedded_class
+    from ferrymq.broker.server import BrokerServer as server_class
+
+    assert Broker is ferrymq.Broker is embedded_class
+    assert (BrokerConfig, BrokerServer, load) == (config_class, server_class, load_function)
+    assert "Broker" in dir(ferrymq)
+    with pytest.raises(AttributeError, match="no attribute 'Brokr'"):
+        _ = ferrymq.Brokr  # type: ignore[attr-defined]

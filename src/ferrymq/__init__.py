@@ -11,10 +11,14 @@ Start a broker with ``ferrymq broker`` (or ``make run``), then::
         c.subscribe("orders", "created || paid")
         for msg in c.poll(timeout=1.0):
             print(msg.offset, msg.body)
+
+``Broker`` (a broker in this process, for tests and scripts) is imported on first use: a client
+never loads the broker's modules.
 """
 
+from typing import TYPE_CHECKING
+
 from ferrymq._version import __version__
-from ferrymq.broker.embedded import Broker
 from ferrymq.client import (
     AdminClient,
     AsyncAdminClient,
@@ -38,6 +42,21 @@ from ferrymq.client import (
     TransactionState,
 )
 from ferrymq.errors import FerryMQError
+
+if TYPE_CHECKING:
+    from ferrymq.broker.embedded import Broker
+else:
+    def __getattr__(name: str) -> object:
+        """``Broker`` on first use (PEP 562), so that ``import ferrymq`` leaves the broker out."""
+        if name == "Broker":
+            from ferrymq.broker.embedded import Broker as broker_class
+
+            globals()["Broker"] = broker_class
+            return broker_class
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+    def __dir__() -> list[str]:
+        return sorted({*globals(), "Broker"})
 
 __all__ = [
     "AdminClient",

@@ -9,6 +9,8 @@ In your ``conftest.py``::
             ...
 
 The broker is real (real files in ``tmp_path``, a real socket on a free port); nothing is mocked.
+Importing this module does not load the broker (a test that only needs :class:`FakeClock` stays
+light): :func:`start_broker` imports it.
 """
 
 from __future__ import annotations
@@ -16,11 +18,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from ferrymq.broker.embedded import Broker
+if TYPE_CHECKING:
+    from ferrymq.broker.embedded import Broker
 
 __all__ = ["FakeClock", "ferrymq_broker", "start_broker"]
 
@@ -47,6 +50,8 @@ class FakeClock:
 
 def start_broker(data_dir: Path, **config: Any) -> Broker:
     """Start an in-process broker on a free port; stop it with ``.stop()``."""
+    from ferrymq.broker.embedded import Broker
+
     return Broker(data_dir, port=0, **config).start()
 
 
