@@ -42,13 +42,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ferrymq._launcher import BrokerProcess, free_port
 from ferrymq.admin import bench as fb
 
 Result = dict[str, Any]
-
-
-def free_port() -> int:
-    return fb.free_port()
 
 
 def wait_port(port: int, proc: subprocess.Popen[bytes] | None, timeout_s: float) -> bool:
@@ -133,10 +130,10 @@ class FerryMQ(System):
             "ack after fsync (group commit)" if flush == "sync"
             else "ack after write(2); fsync every 200 ms"
         )
-        self.broker: fb.BrokerProcess | None = None
+        self.broker: BrokerProcess | None = None
 
     def start(self) -> None:
-        self.broker = fb.BrokerProcess.start(self.flush)
+        self.broker = BrokerProcess(flush=self.flush, new_session=True).start()
         self.pid = self.broker.pid
 
     def stop(self) -> None:

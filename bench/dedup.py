@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from ferrymq import AsyncAdminClient, AsyncProducer, Message
+from ferrymq._launcher import BrokerProcess
 from ferrymq.admin import bench as fb
 from ferrymq.broker.dedup import Deduplicator
 from ferrymq.broker.topics import TopicRegistry
@@ -121,7 +122,7 @@ def main() -> None:
         "scenarios": [],
     }
     try:
-        b = fb.BrokerProcess.start(args.flush, data_dir=root / "data")
+        b = BrokerProcess(root / "data", flush=args.flush, new_session=True).start()
         try:
             asyncio.run(setup(b.address))
             rss: dict[str, float | None] = {}
@@ -147,7 +148,7 @@ def main() -> None:
             b.stop()
         data = sum(f.stat().st_size for f in (root / "data").rglob("*") if f.is_file())
         t0 = time.perf_counter()
-        b = fb.BrokerProcess.start(args.flush, data_dir=root / "data")
+        b = BrokerProcess(root / "data", flush=args.flush, new_session=True).start()
         result["restart_to_listening_s"] = time.perf_counter() - t0
         b.stop()
         result.update(rebuild(root / "data"), data_bytes=data)

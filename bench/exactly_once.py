@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ferrymq import AsyncAdminClient, AsyncProducer, AsyncPullConsumer, Message
+from ferrymq._launcher import BrokerProcess
 from ferrymq.admin import bench as fb
 
 
@@ -119,7 +120,7 @@ def main() -> None:
         "flush": args.flush, "python": platform.python_version(),
         "loadavg_1m_before": os.getloadavg()[0], "rows": [],
     }
-    b = fb.BrokerProcess.start(args.flush, data_dir=root / "data")
+    b = BrokerProcess(root / "data", flush=args.flush, new_session=True).start()
     rows: list[dict[str, Any]] = result["rows"]
     try:
         asyncio.run(setup(b.address))

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from ferrymq import AsyncProducer, Message
+from ferrymq._launcher import BrokerProcess
 from ferrymq.admin import bench as fb
 
 
@@ -44,7 +45,7 @@ def main() -> None:
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="ferrymq-restart-delayed-"))
     try:
-        b = fb.BrokerProcess.start("async", data_dir=root / "data")
+        b = BrokerProcess(root / "data", flush="async", new_session=True).start()
         asyncio.run(schedule(b.address, args.messages))
         print(f"{args.messages:,} pending: broker RSS {fb.rss_mb(b.pid):.1f} MB, "
               f"{len(list((root / 'data' / 'schedule').glob('*.bucket')))} bucket files")
@@ -53,7 +54,7 @@ def main() -> None:
         b.proc.wait()
         for how in ("after a clean stop", "after kill -9"):
             t0 = time.monotonic()
-            b = fb.BrokerProcess.start("async", data_dir=root / "data")
+            b = BrokerProcess(root / "data", flush="async", new_session=True).start()
             print(f"restart {how}: {time.monotonic() - t0:.2f} s to listening, "
                   f"RSS {fb.rss_mb(b.pid):.1f} MB")
             assert b.proc is not None

@@ -15,6 +15,7 @@ import threading
 import time
 from typing import Any
 
+from ferrymq._launcher import BrokerProcess
 from ferrymq.admin import bench as fb
 from ferrymq.client.consumer import AsyncPullConsumer
 
@@ -53,7 +54,7 @@ def main() -> None:
     n = int(args.gb * 1e9 / args.size)
     res: dict[str, Any] = {"messages": n, "size": args.size, "bytes": n * args.size}
     fb.install_uvloop()
-    with fb.BrokerProcess.start("async") as b:
+    with BrokerProcess(flush="async", new_session=True) as b:
         res["rss_start_mb"] = fb.rss_mb(b.pid)
         with Sampler(b.pid) as s:
             r = fb.run_produce(b.address, messages=n, size=args.size, batch=4,

@@ -27,9 +27,7 @@ import platform
 import re
 import secrets
 import shutil
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -42,14 +40,9 @@ sys.path.insert(0, str(ROOT))
 from tests.security_helpers import make_certs, make_user, write_users  # noqa: E402
 
 from ferrymq import AsyncAdminClient, AsyncProducer, Message  # noqa: E402
+from ferrymq._launcher import BrokerProcess, free_port  # noqa: E402
 
 USER = ("bench", "bench-secret-" + secrets.token_hex(4))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _cpu_s(pid: int) -> float:
@@ -57,31 +50,16 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-class BrokerRun:
-    def __init__(self, work: Path, flush: str, auth: bool, tls: bool) -> None:
-        self.port = _free_port()
-        self.work = work
-        args = [sys.executable, "-m", "ferrymq.broker", "--port", str(self.port),
-                "--data-dir", str(work / f"data-{self.port}"), "--flush", flush,
-                "--log-level", "WARNING"]
-        if auth:
-            args += ["--users-file", str(work / "users.toml")]
-        if tls:
-            args += ["--tls-cert-file", str(work / "pki" / "server.pem"),
-                     "--tls-key-file", str(work / "pki" / "server.key")]
-        self.proc = subprocess.Popen(args, stderr=subprocess.PIPE)
-        deadline = time.monotonic() + 30
-        while True:
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", self.port)) == 0:
-                    break
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"broker did not start: {self.proc.stderr.read()!r}")  # type: ignore[union-attr]
-            time.sleep(0.05)
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(30)
+def _start_broker(work: Path, flush: str, auth: bool, tls: bool) -> BrokerProcess:
+    extra: list[str] = []
+    if auth:
+        extra += ["--users-file", str(work / "users.toml")]
+    if tls:
+        extra += ["--tls-cert-file", str(work / "pki" / "server.pem"),
+                  "--tls-key-file", str(work / "pki" / "server.key")]
+    port = free_port()
+    return BrokerProcess(work / f"data-{port}", port=port, flush=flush, extra=extra,
+                         log_level="WARNING").start()
 
 
 async def _produce(address: str, options: dict[str, Any], messages: int, size: int,
@@ -145,21 +123,22 @@ def main() -> None:
     try:
         for rep in range(args.repeat):
             for name, (auth, tls) in configs.items():  # interleaved: drift hits all alike
-                broker = BrokerRun(work, args.flush, auth, tls)
-                address = f"127.0.0.1:{broker.port}"
+                broker = _start_broker(work, args.flush, auth, tls)
+                address = broker.address
                 options: dict[str, Any] = {}
                 if auth:
                     options["auth"] = USER
                 if tls:
                     options["tls"] = str(certs.ca)
                 try:
-                    cpu0 = _cpu_s(broker.proc.pid)
+                    assert broker.pid is not None
+                    cpu0 = _cpu_s(broker.pid)
                     secs = asyncio.run(_produce(address, options, args.messages, args.size,
                                                 args.batch, args.inflight, f"t{rep}"))
-                    cpu = _cpu_s(broker.proc.pid) - cpu0
+                    cpu = _cpu_s(broker.pid) - cpu0
                     conn = asyncio.run(_connects(address, options, args.connects))
                 finally:
-                    broker.stop()
+                    broker.stop(30)
                 n = args.messages // args.batch * args.batch
                 row = {**meta, "config": name, "rep": rep, "seconds": secs,
                        "msg_per_s": n / secs, "mb_per_s": n * args.size / secs / 1e6,

@@ -4,7 +4,7 @@
                                     [--flush async] [--mode transactional]
                                     [--json bench/results/spark-....jsonl]
 
-Starts a broker in its own process (``ferrymq broker``), then a local[2] SparkSession, and
+Starts a broker in its own process (``python -m ferrymq.broker``), then a local[2] SparkSession, and
 measures, each ``--runs`` times (JVM start and the first warm-up job excluded):
 
 * **sink**: ``spark.range(N)`` projected to 100-byte string values ->
@@ -27,22 +27,16 @@ import json
 import os
 import platform
 import shutil
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from ferrymq._launcher import BrokerProcess
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _loadavg() -> float:
@@ -70,17 +64,11 @@ def main() -> None:
     os.environ.update({"SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable,
                        "PYSPARK_DRIVER_PYTHON": sys.executable})
     work = Path(tempfile.mkdtemp(prefix="ferrymq-spark-bench-"))
-    port = _free_port()
-    servers = f"127.0.0.1:{port}"
-    ferrymq = Path(sys.executable).with_name("ferrymq")
-    broker = subprocess.Popen(
-        [str(ferrymq), "broker", "--port", str(port), "--data-dir", str(work / "data"),
-         "--flush", args.flush], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    broker = BrokerProcess(work / "data", flush=args.flush).start()
     try:
-        _run(args, servers, work)
+        _run(args, broker.address, work)
     finally:
-        broker.terminate()
-        broker.wait(30)
+        broker.stop(30)
         shutil.rmtree(work, ignore_errors=True)
 
 

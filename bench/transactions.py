@@ -33,6 +33,7 @@ from typing import Any
 
 from ferrymq import AsyncAdminClient, AsyncProducer, AsyncTransactionProducer, Message
 from ferrymq import TransactionState as TS
+from ferrymq._launcher import BrokerProcess
 from ferrymq.admin import bench as fb
 
 
@@ -88,7 +89,7 @@ def main() -> None:
         "python": platform.python_version(), "loadavg_1m_before": os.getloadavg()[0],
         "scenarios": [],
     }
-    b = fb.BrokerProcess.start(args.flush, data_dir=root / "data")
+    b = BrokerProcess(root / "data", flush=args.flush, new_session=True).start()
     try:
         asyncio.run(setup(b.address))
         print(f"{'scenario':14} {'msg/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'broker CPU s':>12}")

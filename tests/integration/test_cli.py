@@ -22,7 +22,7 @@ from click.testing import CliRunner
 
 from ferrymq import AdminClient, Broker, __version__
 from ferrymq.admin.cli import Position, PositionType, cli, parse_time_ms
-from tests.helpers import BrokerProcess, wait_for
+from tests.helpers import BrokerProcess, free_port, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -50,13 +50,6 @@ def ok(server: str, *args: str, stdin: str | None = None) -> str:
     assert res.returncode == 0, (res.stdout, res.stderr)
     assert "Traceback" not in res.stderr
     return res.stdout
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def assert_one_error_line(res: subprocess.CompletedProcess[str]) -> None:

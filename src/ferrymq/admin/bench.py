@@ -1,7 +1,8 @@
 """``ferrymq bench``: produce, consume and end-to-end latency benchmarks.
 
 Every subcommand either starts its own broker (a subprocess on a free port of 127.0.0.1 with a
-temporary data directory, stopped and deleted afterwards) or, with ``--server HOST:PORT``, uses a
+temporary data directory, stopped and deleted afterwards: :class:`ferrymq.testing.BrokerProcess`,
+the tests' launcher) or, with ``--server HOST:PORT``, uses a
 running one. When the bench owns the broker (or ``--broker-pid`` names it) it also reports the
 broker's CPU time (``/proc/<pid>/stat`` utime+stime, before and after the timed part) and its
 resident memory (``/proc/<pid>/status`` VmRSS) at the end.
@@ -37,12 +38,6 @@ import contextlib
 import json
 import math
 import os
-import shutil
-import signal
-import socket
-import subprocess
-import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -55,6 +50,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from ferrymq._launcher import BrokerProcess
 from ferrymq.client.admin import AsyncAdminClient
 from ferrymq.client.consumer import AsyncPullConsumer
 from ferrymq.client.message import Message
@@ -68,103 +64,15 @@ _err = Console(stderr=True)
 # -- broker process ----------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait_port(port: int, proc: subprocess.Popen[bytes], timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            return False
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
-            return True
-        time.sleep(0.05)
-    return False
-
-
-@dataclass
-class BrokerProcess:
-    """A broker subprocess started by the bench (or a handle on an existing broker)."""
+@dataclass(frozen=True)
+class BenchedBroker:
+    """The broker a bench runs against."""
 
     address: str
-    pid: int | None = None
-    proc: subprocess.Popen[bytes] | None = None
-    data_dir: Path | None = None
-    owns_data: bool = False
-    log_path: Path | None = None
-    launcher: str = ""
-
-    @classmethod
-    def start(
-        cls, flush: str, *, data_dir: str | Path | None = None, python: str = sys.executable,
-        extra: dict[str, Any] | None = None, timeout_s: float = 30.0,
-    ) -> BrokerProcess:
-        """Start ``python -m ferrymq.broker`` on a free port (falling back to calling
-        ``ferrymq.broker.server.run`` inline when the module entry point does not work).
-
-        Raises:
-            RuntimeError: the broker did not start listening within ``timeout_s``.
-        """
-        owns = data_dir is None
-        path = Path(data_dir) if data_dir is not None else Path(
-            tempfile.mkdtemp(prefix="ferrymq-bench-"))
-        path.mkdir(parents=True, exist_ok=True)
-        log_path = path.parent / f"{path.name}.broker.log"
-        overrides: dict[str, Any] = {"flush": flush, "data_dir": str(path), "host": "127.0.0.1",
-                                     "log_level": "WARNING", **(extra or {})}
-        errors: list[str] = []
-        for launcher in ("module", "inline"):
-            port = free_port()
-            overrides["port"] = port
-            if launcher == "module":
-                argv = [python, "-m", "ferrymq.broker", "--host", "127.0.0.1", "--port", str(port),
-                        "--data-dir", str(path), "--flush", flush]
-                if extra:  # settings the CLI may not know: inline only
-                    errors.append("module: extra settings given")
-                    continue
-            else:
-                code = ("from ferrymq.broker.config import load\n"
-                        "from ferrymq.broker.server import run\n"
-                        f"run(load(overrides={overrides!r}))\n")
-                argv = [python, "-c", code]
-            with open(log_path, "ab") as logf:
-                proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT,
-                                        start_new_session=True)
-            if _wait_port(port, proc, timeout_s):
-                return cls(f"127.0.0.1:{port}", proc.pid, proc, path, owns, log_path, launcher)
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            errors.append(f"{launcher}: exited with {proc.returncode}")
-        if owns:
-            shutil.rmtree(path, ignore_errors=True)
-        tail = log_path.read_text(errors="replace")[-2000:] if log_path.exists() else ""
-        raise RuntimeError(f"broker did not start ({'; '.join(errors)}):\n{tail}")
-
-    def stop(self, timeout_s: float = 60.0) -> None:
-        """SIGTERM (graceful shutdown), SIGKILL after ``timeout_s``; delete an owned data dir."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc = None
-        if self.owns_data and self.data_dir is not None:
-            shutil.rmtree(self.data_dir, ignore_errors=True)
-            if self.log_path is not None:
-                self.log_path.unlink(missing_ok=True)
-
-    def __enter__(self) -> BrokerProcess:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    pid: int | None
+    """Its process id (None: unknown, an external broker without ``--broker-pid``)."""
+    started_by: str
+    """``module``: the bench started it (``python -m ferrymq.broker``); ``external``."""
 
 
 def cpu_seconds(pid: int | None) -> float | None:
@@ -193,15 +101,16 @@ def rss_mb(pid: int | None) -> float | None:
 
 
 @contextlib.contextmanager
-def broker_for(server: str | None, flush: str, broker_pid: int | None = None,
-               **extra: Any) -> Iterator[BrokerProcess]:
-    """The broker to benchmark: ``server`` if given, else a fresh subprocess."""
+def broker_for(server: str | None, flush: str,
+               broker_pid: int | None = None) -> Iterator[BenchedBroker]:
+    """The broker to benchmark: ``server`` if given, else a fresh subprocess (stopped
+    gracefully afterwards, its data deleted)."""
     if server:
-        yield BrokerProcess(server, broker_pid)
+        yield BenchedBroker(server, broker_pid, "external")
         return
-    b = BrokerProcess.start(flush, extra=extra or None)
+    b = BrokerProcess(flush=flush, new_session=True).start()
     try:
-        yield b
+        yield BenchedBroker(b.address, b.pid, "module")
     finally:
         b.stop()
 
@@ -769,7 +678,7 @@ def _run_with_broker(server: str | None, flush: str, broker_pid: int | None,
         res: dict[str, Any] = fn(b.address, broker_pid=b.pid, **kwargs)
         res["flush"] = flush if server is None else "(external)"
         res["broker_rss_end_mb"] = rss_mb(b.pid)
-        res["broker_started_by"] = b.launcher or "external"
+        res["broker_started_by"] = b.started_by
         res["loadavg_1m_before"] = load_before
         res["loadavg_1m_after"] = os.getloadavg()[0]
         return res

@@ -1,4 +1,5 @@
-"""A public test kit for FerryMQ users: a real in-process broker as a pytest fixture, a fake clock.
+"""A public test kit for FerryMQ users: a real broker in this process (a pytest fixture) or in a
+subprocess (:class:`BrokerProcess`, to kill -9 and restart), free ports, a fake clock.
 
 In your ``conftest.py``::
 
@@ -22,10 +23,12 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from ferrymq._launcher import BrokerProcess, free_port
+
 if TYPE_CHECKING:
     from ferrymq.broker.embedded import Broker
 
-__all__ = ["FakeClock", "ferrymq_broker", "start_broker"]
+__all__ = ["BrokerProcess", "FakeClock", "ferrymq_broker", "free_port", "start_broker"]
 
 
 @dataclass
