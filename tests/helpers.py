@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ferrymq import PullConsumer, ReceivedMessage
 from ferrymq.testing import BrokerProcess as BrokerProcess
+from ferrymq.testing import Faults
 from ferrymq.testing import free_port as free_port
 
 REQUIRE_ALL_TESTS = os.environ.get("FERRYMQ_REQUIRE_ALL_TESTS", "") not in ("", "0")
@@ -48,7 +49,7 @@ def read_topic(address: str, topic: str, expect: int = 0, *, timeout: float = 10
 
 
 class FakeStatm:
-    """A file the broker reads instead of ``/proc/self/statm`` (``FERRYMQ_FAULT_STATM``), so a
+    """A file the broker reads instead of ``/proc/self/statm`` (``Faults.statm_path``), so a
     test drives the resident memory the broker's memory watermark sees."""
 
     def __init__(self, path: Path, rss_bytes: int) -> None:
@@ -56,9 +57,9 @@ class FakeStatm:
         self.set_rss(rss_bytes)
 
     @property
-    def env(self) -> dict[str, str]:
-        """The broker environment that points it at this file."""
-        return {"FERRYMQ_FAULT_STATM": str(self.path)}
+    def faults(self) -> Faults:
+        """The fault hooks that point a broker subprocess at this file."""
+        return Faults(statm_path=str(self.path))
 
     def set_rss(self, nbytes: int) -> None:
         """Report ``nbytes`` of resident memory from now on (replaced atomically)."""

@@ -1,23 +1,38 @@
-"""Fault points for fault-injection tests, driven by environment variables read once at import.
+"""Fault hooks for fault-injection tests: one :class:`Faults` object a broker process sets once.
 
-``FERRYMQ_CRASH_AT`` names a crash point: the process kills itself with SIGKILL there, so crash
-tests can stop the broker between two exact steps.
+Theory of operation
+-------------------
+A test asks for faults through the launcher, ``BrokerProcess(..., faults=Faults(...))``
+(:mod:`ferrymq._launcher`), which hands them to the broker subprocess as environment variables
+(:meth:`Faults.env`). The ``ferrymq broker`` command reads them once, next to the broker's
+configuration (:meth:`Faults.from_env`), and :func:`ferrymq.broker.server.serve` installs them
+with :func:`configure` before it opens anything. Nothing else reads the environment: importing
+this module changes nothing, and a broker in a test's own process runs without faults.
 
-``FERRYMQ_FAULT_ENOSPC_FILE`` names a flag file: while it exists, the I/O points it selects
-fail with ENOSPC before touching the disk (:func:`enospc_point`), as a file system that runs
-out of space would (a tmpfs or an ext4 image reports ENOSPC at ``write(2)`` only, which the
-real disk-full test covers; a file system that runs out at writeback reports it at fsync).
-The file's lines select the points, each ``<operation> [<target>]`` with shell-style patterns
-(``fnmatch``): the operations are ``fsync`` and ``rewrite`` (a queue's log, the scheduler's
-files ``%schedule``, a delivery journal ``%delivery/<group>``) and ``write`` (an append to a
-queue's log, target ``<topic>/<queue>``; a consumer group's offsets file,
-``%groups/<group>``). An empty file means ``fsync`` and ``rewrite``
-of every target. Examples: ``write %TXN%state/0``, ``fsync orders/*``, ``fsync %schedule``.
+The hooks:
 
-``FERRYMQ_FAULT_STATM`` names a file read instead of ``/proc/self/statm`` for the broker's
-resident memory (the memory watermark test drives the broker's RSS through it).
+``crash_at`` names a crash point: the process kills itself with SIGKILL there
+(:func:`crash_point`), so crash tests can stop the broker between two exact steps.
 
-Unset, each point costs one comparison. Never set them outside tests.
+``enospc_file`` names a flag file: while it exists, the I/O points it selects fail with ENOSPC
+before touching the disk (:func:`enospc_point`), as a file system that runs out of space would
+(a tmpfs or an ext4 image reports ENOSPC at ``write(2)`` only, which the real disk-full test
+covers; a file system that runs out at writeback reports it at fsync). The file's lines select
+the points, each ``<operation> [<target>]`` with shell-style patterns (``fnmatch``): the
+operations are ``fsync`` and ``rewrite`` (a queue's log, the scheduler's files ``%schedule``, a
+delivery journal ``%delivery/<group>``) and ``write`` (an append to a queue's log, target
+``<topic>/<queue>``; a consumer group's offsets file, ``%groups/<group>``). An empty file means
+``fsync`` and ``rewrite`` of every target. Examples: ``write %TXN%state/0``, ``fsync orders/*``,
+``fsync %schedule``. Hot paths test :data:`ENOSPC_FAULTS` (one module attribute) before calling.
+
+``statm_path`` names a file read instead of ``/proc/self/statm`` for the broker's resident
+memory (the memory watermark test drives the broker's RSS through it).
+
+``clock_file`` makes the broker's wall clock the system's plus the integer number of ms in that
+file (:class:`~ferrymq._time.OffsetFileClock`: tests write it to make the wall clock jump; the
+monotonic clock is untouched).
+
+Never set them outside tests.
 """
 
 from __future__ import annotations
@@ -25,27 +40,85 @@ from __future__ import annotations
 import errno
 import os
 import signal
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
 from fnmatch import fnmatchcase
+from typing import ClassVar
 
-_AT = os.environ.get("FERRYMQ_CRASH_AT", "")
-_ENOSPC_FILE = os.environ.get("FERRYMQ_FAULT_ENOSPC_FILE", "")
-ENOSPC_FAULTS = bool(_ENOSPC_FILE)
-"""Whether ENOSPC faults may be injected at all (hot paths test this before calling)."""
-STATM_PATH = os.environ.get("FERRYMQ_FAULT_STATM", "") or "/proc/self/statm"
-"""Where the broker reads its resident memory from."""
+from ferrymq._time import SYSTEM_CLOCK, Clock, OffsetFileClock
+
+__all__ = ["ENOSPC_FAULTS", "NO_FAULTS", "Faults", "active", "configure", "crash_point",
+           "enospc_point"]
+
 _DEFAULT_RULES = (("fsync", "*"), ("rewrite", "*"))
 
 
+@dataclass(frozen=True)
+class Faults:
+    """The fault hooks of one broker process (every one off by default)."""
+
+    crash_at: str = ""
+    """The crash point at which the process kills itself ("": none)."""
+    enospc_file: str = ""
+    """The flag file selecting I/O points that fail with ENOSPC ("": none)."""
+    statm_path: str = ""
+    """A file read instead of ``/proc/self/statm`` ("": the real one)."""
+    clock_file: str = ""
+    """A file holding ms added to the wall clock ("": the system clock)."""
+
+    ENV: ClassVar[Mapping[str, str]] = {
+        "crash_at": "FERRYMQ_CRASH_AT",
+        "enospc_file": "FERRYMQ_FAULT_ENOSPC_FILE",
+        "statm_path": "FERRYMQ_FAULT_STATM",
+        "clock_file": "FERRYMQ_TEST_CLOCK_FILE",
+    }
+    """The environment variable that carries each hook to a broker subprocess."""
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Faults:
+        """The hooks ``env`` (a broker process's environment) asks for."""
+        return cls(**{name: env.get(var, "") for name, var in cls.ENV.items()})
+
+    def env(self) -> dict[str, str]:
+        """The environment variables that ask a broker subprocess for these hooks."""
+        return {self.ENV[f.name]: value for f in fields(self)
+                if (value := getattr(self, f.name))}
+
+    def clock(self) -> Clock:
+        """The broker's clock: :class:`~ferrymq._time.OffsetFileClock` on ``clock_file``, else
+        the system clock."""
+        return OffsetFileClock(self.clock_file) if self.clock_file else SYSTEM_CLOCK
+
+
+NO_FAULTS = Faults()
+_active = NO_FAULTS
+ENOSPC_FAULTS = False
+"""Whether ENOSPC faults may be injected at all (hot paths test this before calling)."""
+
+
+def configure(faults: Faults) -> None:
+    """Install ``faults`` for this process (the broker's start does, before opening anything)."""
+    global _active, ENOSPC_FAULTS
+    _active = faults
+    ENOSPC_FAULTS = bool(faults.enospc_file)
+
+
+def active() -> Faults:
+    """The fault hooks installed in this process."""
+    return _active
+
+
 def crash_point(name: str) -> None:
-    """Kill this process with SIGKILL if ``FERRYMQ_CRASH_AT`` is ``name``."""
-    if _AT and name == _AT:
+    """Kill this process with SIGKILL if the installed ``crash_at`` is ``name``."""
+    at = _active.crash_at
+    if at and name == at:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _rules() -> tuple[tuple[str, str], ...] | None:
+def _rules(flag_file: str) -> tuple[tuple[str, str], ...] | None:
     """The selected points while the flag file exists, else None."""
     try:
-        with open(_ENOSPC_FILE, encoding="utf-8") as f:
+        with open(flag_file, encoding="utf-8") as f:
             text = f.read()
     except OSError:
         return None
@@ -58,15 +131,16 @@ def _rules() -> tuple[tuple[str, str], ...] | None:
 
 
 def enospc_point(what: str, target: str = "") -> None:
-    """Raise ENOSPC if ``FERRYMQ_FAULT_ENOSPC_FILE`` names a file that exists and selects
-    ``what`` (an operation) on ``target``.
+    """Raise ENOSPC if the installed ``enospc_file`` exists and selects ``what`` (an operation)
+    on ``target``.
 
     Raises:
         OSError: ENOSPC (injected).
     """
-    if not _ENOSPC_FILE:
+    flag_file = _active.enospc_file
+    if not flag_file:
         return
-    rules = _rules()
+    rules = _rules(flag_file)
     if rules and any(fnmatchcase(what, op) and fnmatchcase(target, where)
                      for op, where in rules):
         raise OSError(errno.ENOSPC,

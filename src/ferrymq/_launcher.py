@@ -4,7 +4,9 @@ Theory of operation
 -------------------
 :class:`BrokerProcess` runs ``python -m ferrymq.broker`` (what ``ferrymq broker`` runs) on
 127.0.0.1 with a data directory, a port and a flush mode, plus command-line flags (``extra``)
-and environment variables (``env``, e.g. ``FERRYMQ_<SETTING>``). The broker's output goes to a
+and environment variables (``env``, e.g. ``FERRYMQ_<SETTING>``), and a test's fault hooks
+(``faults``: :class:`~ferrymq._faults.Faults`, which the broker reads once at start). The
+broker's output goes to a
 log file next to the data directory. :meth:`BrokerProcess.start` returns once the log says the
 broker listens (once the port accepts a connection when ``log_level`` hides that line) and
 raises with the log when the process exits first or does not listen in time. Starting again
@@ -35,6 +37,8 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from ferrymq._faults import NO_FAULTS, Faults
+
 __all__ = ["BrokerProcess", "free_port"]
 
 LISTEN_RE = re.compile(r"listening on ([\d.]+):(\d+)")
@@ -58,6 +62,8 @@ class BrokerProcess:
         flush: ``sync`` or ``async``.
         extra: more ``ferrymq broker`` flags.
         env: environment variables added to this process's for the broker.
+        faults: fault hooks for the broker (crash points, injected ENOSPC, a fake ``statm``,
+            a shifted wall clock); may be changed between restarts.
         nofile: the broker's RLIMIT_NOFILE (soft and hard, so it cannot raise it).
         log_level: the broker's log level (None: its default, INFO).
         python: the interpreter to run it with.
@@ -67,7 +73,8 @@ class BrokerProcess:
 
     def __init__(self, data_dir: str | Path | None = None, *, port: int = 0,
                  flush: str = "sync", extra: Sequence[str] | None = None,
-                 env: Mapping[str, str] | None = None, nofile: int | None = None,
+                 env: Mapping[str, str] | None = None, faults: Faults = NO_FAULTS,
+                 nofile: int | None = None,
                  log_level: str | None = None, python: str = sys.executable,
                  new_session: bool = False) -> None:
         self._scratch: Path | None = None
@@ -79,6 +86,7 @@ class BrokerProcess:
         self.flush = flush
         self.extra = list(extra or ())
         self.env = env
+        self.faults = faults
         self.nofile = nofile
         self.log_level = log_level
         self.python = python
@@ -120,7 +128,7 @@ class BrokerProcess:
             offset = log.tell()
             self.proc = subprocess.Popen(
                 self.argv(), stdout=log, stderr=subprocess.STDOUT,
-                env={**os.environ, **self.env} if self.env else None,
+                env=self._environment(),
                 preexec_fn=None if self.nofile is None else self._limit_descriptors,
                 start_new_session=self.new_session,
             )
@@ -135,6 +143,11 @@ class BrokerProcess:
             time.sleep(0.02)
         raise RuntimeError(f"broker did not listen within {timeout} s:\n"
                            f"{self._logged_since(offset)}")
+
+    def _environment(self) -> dict[str, str] | None:
+        """The broker's environment (None: this process's, unchanged)."""
+        added = {**(self.env or {}), **self.faults.env()}
+        return {**os.environ, **added} if added else None
 
     def _listening(self, offset: int, quiet: bool) -> bool:
         if not quiet:

@@ -7,7 +7,6 @@ expires or extends them.
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 from typing import Protocol
@@ -42,15 +41,10 @@ class SystemClock:
 SYSTEM_CLOCK = SystemClock()
 
 
-CLOCK_FILE_ENV = "FERRYMQ_TEST_CLOCK_FILE"
-"""The clock seam of a broker process: when this environment variable names a file, the
-broker's wall clock is the system's plus the integer number of ms in that file (tests write it
-to make the wall clock jump; the monotonic clock is untouched)."""
-
-
 class OffsetFileClock:
     """The system clocks, with the wall clock shifted by the ms count in a file (re-read at
-    most every 50 ms; a missing or unreadable file means 0)."""
+    most every 50 ms; a missing or unreadable file means 0): the clock seam of a broker
+    subprocess in tests (``Faults.clock_file``, :mod:`ferrymq._faults`)."""
 
     __slots__ = ("_next_read", "_offset", "path")
 
@@ -73,9 +67,3 @@ class OffsetFileClock:
             except (OSError, ValueError):
                 self._offset = 0
         return time.time_ns() // 1_000_000 + self._offset
-
-
-def clock_from_env() -> Clock:
-    """:class:`OffsetFileClock` when :data:`CLOCK_FILE_ENV` is set, else the system clock."""
-    path = os.environ.get(CLOCK_FILE_ENV)
-    return OffsetFileClock(path) if path else SYSTEM_CLOCK

@@ -1,5 +1,5 @@
 """RELIABILITY.md T15: delayed messages and wall-clock jumps, through the broker's clock seam
-(``FERRYMQ_TEST_CLOCK_FILE``). Delays count in monotonic time: a forward jump fires nothing
+(``Faults(clock_file=...)``). Delays count in monotonic time: a forward jump fires nothing
 early, a backward jump holds nothing back, and both hold across a kill -9 and restart."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from ferrymq import AdminClient, Message, Producer, PullConsumer
-from ferrymq._time import CLOCK_FILE_ENV
 from ferrymq.errors import FerryMQError
 from ferrymq.protocol.schedule import SCHEDULED_ID
+from ferrymq.testing import Faults
 from tests.helpers import BrokerProcess
 
 pytestmark = pytest.mark.crash
@@ -35,8 +35,8 @@ def test_delays_count_in_monotonic_time_across_wall_clock_jumps(
     sent: dict[str, tuple[float, float, float]] = {}  # msg id -> (invoked, returned, delay s)
     got: dict[str, float] = {}  # msg id of the original -> when its copy arrived
     stop = threading.Event()
-    with BrokerProcess(tmp_path / "data", flush="async", env={CLOCK_FILE_ENV: str(clock_file)}
-                       ) as bp:
+    with BrokerProcess(tmp_path / "data", flush="async",
+                       faults=Faults(clock_file=str(clock_file))) as bp:
         with AdminClient(bp.address) as admin:
             admin.create_topic("t", 2)
 

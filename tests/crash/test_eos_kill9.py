@@ -16,6 +16,7 @@ import pytest
 
 from ferrymq import AdminClient, Message, Producer, PullConsumer
 from ferrymq.errors import FerryMQError
+from ferrymq.testing import NO_FAULTS, Faults
 from tests.helpers import BrokerProcess, read_topic, wait_for
 
 pytestmark = pytest.mark.crash
@@ -84,7 +85,7 @@ def test_app_killed_repeatedly_output_is_exactly_once(tmp_path: Path, flush: str
 @pytest.mark.parametrize("flush", ["sync", "async"])
 def test_broker_killed_during_commit_finishes_it(tmp_path: Path, point: str, flush: str) -> None:
     data = tmp_path / "d"
-    bp = BrokerProcess(data, flush=flush, env={"FERRYMQ_CRASH_AT": point})
+    bp = BrokerProcess(data, flush=flush, faults=Faults(crash_at=point))
     bp.start()
     with AdminClient(bp.address) as a:
         a.create_topic("in", 2)
@@ -102,7 +103,7 @@ def test_broker_killed_during_commit_finishes_it(tmp_path: Path, point: str, flu
     finally:
         p._async._closed = True  # do not flush into a dead broker
     assert bp.proc is not None and bp.proc.wait(10) == -signal.SIGKILL
-    bp.env = None
+    bp.faults = NO_FAULTS
     bp.start()  # recovery finishes the decided commit before listening
     try:
         got = read_topic(bp.address, "out", 10)

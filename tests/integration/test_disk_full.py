@@ -21,6 +21,7 @@ import pytest
 
 import ferrymq
 from ferrymq.errors import BusyError, FerryMQTimeoutError
+from ferrymq.testing import Faults
 from tests.helpers import BrokerProcess, FakeStatm, read_topic, wait_for
 
 pytestmark = pytest.mark.integration
@@ -170,9 +171,9 @@ def test_disk_watermark_refuses_produce_but_not_consumers(small_disk: Path) -> N
 def test_memory_watermark_busy_and_resume(tmp_path: Path) -> None:
     """The broker's RSS read from a fake statm (injected): BUSY for every produce path."""
     statm = FakeStatm(tmp_path / "statm", 200 * MiB)
-    env = {**statm.env, "FERRYMQ_MEMORY_HIGH_WATERMARK_BYTES": str(100 * MiB),
+    env = {"FERRYMQ_MEMORY_HIGH_WATERMARK_BYTES": str(100 * MiB),
            "FERRYMQ_BUSY_RETRY_AFTER_MS": "250"}
-    with BrokerProcess(tmp_path / "data", env=env) as bp:
+    with BrokerProcess(tmp_path / "data", env=env, faults=statm.faults) as bp:
         with ferrymq.AdminClient(bp.address) as admin:
             admin.create_topic("t", 2)  # admin requests are not refused
         with ferrymq.Producer(bp.address, delivery_timeout_s=1.0) as p:
@@ -208,9 +209,9 @@ def test_memory_watermark_busy_and_resume(tmp_path: Path) -> None:
 def test_fsync_enospc_injected_nothing_acked_is_lost_and_resumes(tmp_path: Path) -> None:
     """fsync fails with ENOSPC (injected: a file system that runs out at writeback)."""
     flag = tmp_path / "enospc"
-    env = {"FERRYMQ_FAULT_ENOSPC_FILE": str(flag), "FERRYMQ_BUSY_RETRY_AFTER_MS": "200",
-           "FERRYMQ_DISK_CHECK_INTERVAL_MS": "100"}
-    with BrokerProcess(tmp_path / "data", env=env) as bp:
+    env = {"FERRYMQ_BUSY_RETRY_AFTER_MS": "200", "FERRYMQ_DISK_CHECK_INTERVAL_MS": "100"}
+    faults = Faults(enospc_file=str(flag))
+    with BrokerProcess(tmp_path / "data", env=env, faults=faults) as bp:
         with ferrymq.AdminClient(bp.address) as admin:
             admin.create_topic("f", 1)
         with ferrymq.Producer(bp.address) as p:
@@ -231,5 +232,5 @@ def test_fsync_enospc_injected_nothing_acked_is_lost_and_resumes(tmp_path: Path)
         # (once); the acknowledged ones are all there, in order
         assert bodies == [f"ok{i}".encode() for i in range(20)] + [b"lost?", b"patient"]
         assert bp.terminate() == 0
-    with BrokerProcess(tmp_path / "data", env=env) as bp:
+    with BrokerProcess(tmp_path / "data", env=env, faults=faults) as bp:
         assert len(read_topic(bp.address, "f", expect=22, quiet=0.3)) == 22

@@ -11,6 +11,7 @@ import pytest
 
 import ferrymq
 from ferrymq.errors import StorageFullError
+from ferrymq.testing import Faults
 from tests.helpers import BrokerProcess
 
 pytestmark = pytest.mark.integration
@@ -18,8 +19,8 @@ pytestmark = pytest.mark.integration
 
 def test_offset_commit_on_a_full_disk_changes_nothing_and_resumes(tmp_path: Path) -> None:
     flag = tmp_path / "enospc"
-    env = {"FERRYMQ_FAULT_ENOSPC_FILE": str(flag), "FERRYMQ_BUSY_RETRY_AFTER_MS": "100"}
-    with BrokerProcess(tmp_path / "data", env=env) as bp:
+    with BrokerProcess(tmp_path / "data", env={"FERRYMQ_BUSY_RETRY_AFTER_MS": "100"},
+                       faults=Faults(enospc_file=str(flag))) as bp:
         with ferrymq.AdminClient(bp.address) as admin:
             admin.create_topic("o", 1)
         with ferrymq.Producer(bp.address) as p:

@@ -24,6 +24,7 @@ from ferrymq.errors import (
     NotScheduledError,
     StorageFullError,
 )
+from ferrymq.testing import Faults
 from tests.helpers import BrokerProcess, read_topic, wait_for
 from tests.integration.test_disk_full import MiB, _ballast, _mount_tmpfs
 
@@ -34,8 +35,8 @@ ENV = {"FERRYMQ_BUSY_RETRY_AFTER_MS": "200", "FERRYMQ_DISK_CHECK_INTERVAL_MS": "
 FULL_ERRORS = (StorageFullError, FerryMQTimeoutError)
 
 
-def _env(flag: Path) -> dict[str, str]:
-    return {**ENV, "FERRYMQ_FAULT_ENOSPC_FILE": str(flag)}
+def _enospc(flag: Path) -> Faults:
+    return Faults(enospc_file=str(flag))
 
 
 def _send_to_every_queue(p: ferrymq.Producer, topic: str, queues: int, tag: str) -> list[int]:
@@ -63,7 +64,7 @@ def test_marker_write_enospc_commit_completes_on_every_queue(tmp_path: Path) -> 
     read_committed reader sees any of it; once space is back the broker completes the commit
     on all three by itself, and the producer's retry is answered COMMITTED."""
     flag = tmp_path / "enospc"
-    with BrokerProcess(tmp_path / "data", env=_env(flag)) as bp:
+    with BrokerProcess(tmp_path / "data", env=ENV, faults=_enospc(flag)) as bp:
         pid = bp.proc.pid if bp.proc else 0
         with ferrymq.AdminClient(bp.address) as admin:
             admin.create_topic("out", 3)
@@ -92,7 +93,7 @@ def test_marker_write_enospc_commit_completes_on_every_queue(tmp_path: Path) -> 
         assert "completed after the disk was full" in bp.log_text()
         assert _same_process(bp, pid)
         assert bp.terminate() == 0
-    with BrokerProcess(tmp_path / "data", env=_env(flag)) as bp:  # and it stays committed
+    with BrokerProcess(tmp_path / "data", env=ENV, faults=_enospc(flag)) as bp:  # and it stays committed
         assert len(_committed(bp.address, "out", 10)) == 10
 
 
@@ -102,7 +103,7 @@ def test_coordinator_log_fsync_enospc_decision_stands(tmp_path: Path) -> None:
     state log, the coordinator writes the markers and the transaction is visible whole, once,
     with the consumer offsets it carried."""
     flag = tmp_path / "enospc"
-    with BrokerProcess(tmp_path / "data", env=_env(flag)) as bp:
+    with BrokerProcess(tmp_path / "data", env=ENV, faults=_enospc(flag)) as bp:
         pid = bp.proc.pid if bp.proc else 0
         with ferrymq.AdminClient(bp.address) as admin:
             admin.create_topic("in", 1)
@@ -148,8 +149,8 @@ def test_async_mode_fsync_enospc_rewrites_acknowledged_tail(tmp_path: Path) -> N
     written again and fsynced: every acknowledged send survives, also a restart, and the
     broker never restarted."""
     flag = tmp_path / "enospc"
-    env = {**_env(flag), "FERRYMQ_FLUSH_INTERVAL_MS": "50"}
-    with BrokerProcess(tmp_path / "data", env=env, flush="async") as bp:
+    env = {**ENV, "FERRYMQ_FLUSH_INTERVAL_MS": "50"}
+    with BrokerProcess(tmp_path / "data", env=env, faults=_enospc(flag), flush="async") as bp:
         pid = bp.proc.pid if bp.proc else 0
         with ferrymq.AdminClient(bp.address) as admin:
             admin.create_topic("a", 1, {"segment_bytes": "4096"})  # rolls inside the tail
@@ -180,7 +181,7 @@ def test_async_mode_fsync_enospc_rewrites_acknowledged_tail(tmp_path: Path) -> N
         assert [m.body for m in read_topic(bp.address, "a", len(acked), quiet=0.3)] == acked
         assert _same_process(bp, pid)
         bp.kill9()
-    with BrokerProcess(tmp_path / "data", env=env, flush="async") as bp:
+    with BrokerProcess(tmp_path / "data", env=env, faults=_enospc(flag), flush="async") as bp:
         assert [m.body for m in read_topic(bp.address, "a", len(acked), quiet=0.3)] == acked
 
 
@@ -188,7 +189,7 @@ def test_scheduler_fsync_enospc_cancel_refused_then_works(tmp_path: Path) -> Non
     """The scheduler's bucket files cannot be fsynced: a cancel is refused with STORAGE_FULL;
     once space is back the files are written again and cancels and delayed sends work."""
     flag = tmp_path / "enospc"
-    with BrokerProcess(tmp_path / "data", env=_env(flag)) as bp:
+    with BrokerProcess(tmp_path / "data", env=ENV, faults=_enospc(flag)) as bp:
         pid = bp.proc.pid if bp.proc else 0
         with ferrymq.AdminClient(bp.address) as admin:
             admin.create_topic("s", 1)

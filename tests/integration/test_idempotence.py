@@ -84,9 +84,9 @@ def test_a_given_up_batch_does_not_wedge_its_queue(tmp_path: Path) -> None:
     doubt; the producer goes on under a new epoch instead of failing every later send with
     OUT_OF_ORDER_SEQUENCE (Kafka's KIP-360)."""
     statm = FakeStatm(tmp_path / "statm", 50 * MiB)
-    env = {**statm.env, "FERRYMQ_MEMORY_HIGH_WATERMARK_BYTES": str(100 * MiB),
+    env = {"FERRYMQ_MEMORY_HIGH_WATERMARK_BYTES": str(100 * MiB),
            "FERRYMQ_BUSY_RETRY_AFTER_MS": "100"}
-    with BrokerProcess(tmp_path / "data", env=env) as bp:
+    with BrokerProcess(tmp_path / "data", env=env, faults=statm.faults) as bp:
         with ferrymq.AdminClient(bp.address) as admin:
             admin.create_topic("g", 1)
         with ferrymq.Producer(bp.address, delivery_timeout_s=1.0) as p:

@@ -138,3 +138,18 @@ def test_handlers_see_the_broker_through_its_context(path: Path) -> None:
 def test_only_the_top_of_the_broker_imports_the_server(path: Path) -> None:
     bad = {n for n in _imports(path) if n.startswith("ferrymq.broker.server")}
     assert not bad, f"{path.relative_to(PKG)} imports {sorted(bad)}"
+
+
+ENVIRONMENT_READERS = {"admin/cli.py", "_launcher.py"}
+"""The edges that may touch ``os.environ``: the command line (settings and a test's fault hooks,
+read once) and the launcher (which builds a broker subprocess's environment)."""
+
+
+@pytest.mark.parametrize("path", _modules("."), ids=_ids(_modules(".")))
+def test_only_the_edges_read_the_environment(path: Path) -> None:
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    reads = [node.lineno for node in ast.walk(tree)
+             if isinstance(node, ast.Attribute) and node.attr in ("environ", "getenv", "environb")]
+    allowed = path.relative_to(PKG).as_posix() in ENVIRONMENT_READERS
+    assert bool(reads) == allowed, (f"{path.name} reads the environment (lines {reads})" if reads
+                                    else f"{path.name} no longer reads it: shorten the list")

@@ -318,6 +318,7 @@ def broker(host: str | None, port: int | None, data_dir: str | None, config_file
     Settings come from, lowest to highest priority: defaults, --config FILE, FERRYMQ_<SETTING>
     environment variables, these flags. Logs go to stderr.
     """
+    from ferrymq._faults import Faults
     from ferrymq.broker.config import load
     from ferrymq.broker.server import run
 
@@ -327,7 +328,7 @@ def broker(host: str | None, port: int | None, data_dir: str | None, config_file
                  "tls_cert_file": tls_cert_file, "tls_key_file": tls_key_file,
                  "tls_ca_file": tls_ca_file, "tls_client_auth": tls_client_auth}
     config = load(config_file, os.environ, overrides)
-    run(config)
+    run(config, Faults.from_env(os.environ))  # tests' fault hooks; none in production
 
 
 # -- topics --------------------------------------------------------------------------------------

@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import msgpack
 
-from ferrymq._faults import ENOSPC_FAULTS, enospc_point
+from ferrymq import _faults
 from ferrymq.errors import (
     BrokerError,
     IllegalGenerationError,
@@ -179,8 +179,8 @@ class GroupCoordinator:
     def _save(self, g: Group, offsets: dict[tuple[str, int], int]) -> None:
         """Write ``offsets`` durably, then make them ``g``'s: when the write fails (OSError,
         e.g. a full disk) the group keeps the offsets it had, on disk and in memory."""
-        if ENOSPC_FAULTS:
-            enospc_point("write", f"%groups/{g.name}")
+        if _faults.ENOSPC_FAULTS:
+            _faults.enospc_point("write", f"%groups/{g.name}")
         data = {"name": g.name, "offsets": [[t, q, o] for (t, q), o in offsets.items()]}
         # group names are checked against GROUP_NAME, so they are safe file names
         write_checkpoint(self._dir / g.name, msgpack.packb(data, use_bin_type=True))

@@ -32,8 +32,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-from ferrymq import _sockets
-from ferrymq._time import SYSTEM_CLOCK, Clock, clock_from_env
+from ferrymq import _faults, _sockets
+from ferrymq._faults import NO_FAULTS, Faults
+from ferrymq._time import SYSTEM_CLOCK, Clock
 from ferrymq._version import __version__
 from ferrymq.broker.auth import Authenticator, UserStore
 from ferrymq.broker.config import BrokerConfig
@@ -428,13 +429,20 @@ def install_event_loop_policy() -> None:
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
 
-async def serve(config: BrokerConfig, on_started: Callable[[BrokerServer], Any] | None = None) -> None:
+async def serve(config: BrokerConfig, on_started: Callable[[BrokerServer], Any] | None = None,
+                *, faults: Faults = NO_FAULTS) -> None:
     """Run a broker until SIGTERM or SIGINT, then stop gracefully.
+
+    Args:
+        config: the broker's configuration.
+        on_started: called with the server once it listens.
+        faults: fault hooks for tests (installed for this process first; its clock too).
 
     Raises:
         BaseException: whatever made the shutdown fail (so the process exits non-zero).
     """
-    server = BrokerServer(config, clock_from_env())
+    _faults.configure(faults)
+    server = BrokerServer(config, faults.clock())
     await server.start()
     if on_started is not None:
         on_started(server)
@@ -457,9 +465,9 @@ GIL_SWITCH_INTERVAL_S = 0.0005
 keeps it waiting for Python's default 5 ms switch interval and sync-mode acks stall."""
 
 
-def run(config: BrokerConfig) -> None:
-    """Blocking entry point of ``ferrymq broker``."""
+def run(config: BrokerConfig, faults: Faults = NO_FAULTS) -> None:
+    """Blocking entry point of ``ferrymq broker`` (``faults``: a test's fault hooks)."""
     configure_logging(config.log_level)
     install_event_loop_policy()
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
-    asyncio.run(serve(config))
+    asyncio.run(serve(config, faults=faults))

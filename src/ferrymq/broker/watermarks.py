@@ -50,6 +50,8 @@ DISK_FULL_RESUME_BYTES = 1024 * 1024
 disk that frees a few bytes does not flap between full and not full on every write)."""
 DISK_FULL_PROBE_S = 10.0
 """After ENOSPC without any space coming back, produce is tried again this often (a probe)."""
+PROC_STATM = "/proc/self/statm"
+"""Where the broker reads its resident memory from (a test's fault hooks may name another)."""
 FULL_ERRNOS = frozenset((errno.ENOSPC, errno.EDQUOT))
 """``OSError.errno`` values that mean the disk (or the user's quota) is full."""
 
@@ -96,7 +98,8 @@ class Watermarks:
         disk_check_interval_s: how often :meth:`sample` runs ``statvfs``.
         retry_after_ms: the retry-after refusals carry.
         clock: monotonic seconds (injected).
-        statm_path: where to read the RSS from.
+        statm_path: where to read the RSS from (None: the installed fault hooks' fake
+            ``statm``, else ``/proc/self/statm``).
     """
 
     def __init__(
@@ -108,7 +111,7 @@ class Watermarks:
         disk_check_interval_s: float,
         retry_after_ms: int,
         clock: Callable[[], float],
-        statm_path: str = _faults.STATM_PATH,
+        statm_path: str | None = None,
     ) -> None:
         self.data_dir = data_dir
         if memory_high_bytes == 0:
@@ -119,7 +122,7 @@ class Watermarks:
         self.disk_check_interval_s = disk_check_interval_s
         self.retry_after_ms = retry_after_ms
         self._clock = clock
-        self._statm_path = statm_path
+        self._statm_path = statm_path or _faults.active().statm_path or PROC_STATM
         try:
             self._page_size = os.sysconf("SC_PAGE_SIZE")
         except (ValueError, OSError):

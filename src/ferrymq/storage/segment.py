@@ -39,7 +39,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ferrymq._faults import ENOSPC_FAULTS, enospc_point
+from ferrymq import _faults
 from ferrymq.errors import CorruptRecordError, LogClosedError
 from ferrymq.protocol.records import (
     ATTR_CONTROL,
@@ -336,8 +336,8 @@ class Segment:
         """
         file = self._require_file()
         fd = file.get()
-        if ENOSPC_FAULTS:
-            enospc_point("write", f"{self.directory.parent.name}/{self.directory.name}")
+        if _faults.ENOSPC_FAULTS:
+            _faults.enospc_point("write", f"{self.directory.parent.name}/{self.directory.name}")
         pos = self._size_bytes
         view = memoryview(batch)
         try:

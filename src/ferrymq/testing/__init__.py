@@ -1,5 +1,6 @@
 """A public test kit for FerryMQ users: a real broker in this process (a pytest fixture) or in a
-subprocess (:class:`BrokerProcess`, to kill -9 and restart), free ports, a fake clock.
+subprocess (:class:`BrokerProcess`, to kill -9 and restart, with :class:`Faults` injected),
+free ports, a fake clock.
 
 In your ``conftest.py``::
 
@@ -23,12 +24,14 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from ferrymq._faults import NO_FAULTS, Faults
 from ferrymq._launcher import BrokerProcess, free_port
 
 if TYPE_CHECKING:
     from ferrymq.broker.embedded import Broker
 
-__all__ = ["BrokerProcess", "FakeClock", "ferrymq_broker", "free_port", "start_broker"]
+__all__ = ["NO_FAULTS", "BrokerProcess", "FakeClock", "Faults", "ferrymq_broker", "free_port",
+           "start_broker"]
 
 
 @dataclass
