@@ -57,6 +57,7 @@ from ferrymq.broker.watermarks import Watermarks
 from ferrymq.errors import ConfigError
 from ferrymq.protocol.codes import ErrorCode
 from ferrymq.storage import LogConfig
+from ferrymq.storage.files import fsync_directory
 from ferrymq.storage.handles import FileHandles
 
 log = logging.getLogger("ferrymq.broker")
@@ -220,7 +221,7 @@ class BrokerServer:
         fresh = not (self.data_dir / "meta").exists()
         if clean:
             marker.unlink()
-            _fsync_dir(self.data_dir)
+            fsync_directory(self.data_dir)
         cfg = self.config
         base = LogConfig(
             segment_bytes=cfg.segment_bytes,
@@ -310,7 +311,7 @@ class BrokerServer:
         finally:
             self.topics.close()
         (self.data_dir / CLEAN_SHUTDOWN_MARKER).write_bytes(b"")
-        _fsync_dir(self.data_dir)
+        fsync_directory(self.data_dir)
         if self._lock_file is not None:
             self._lock_file.close()
         log.info("stopped cleanly")
@@ -403,14 +404,6 @@ class BrokerServer:
                 await self.key_index.tick()
             except Exception:
                 log.exception("housekeeping failed")
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def configure_logging(level: str) -> None:
