@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import fcntl
 import logging
-import os
 import secrets
 import tomllib
 from collections.abc import Callable, Iterable
@@ -59,6 +58,7 @@ from ferrymq.protocol.auth import (
     check_user_name,
     decoy_credential,
 )
+from ferrymq.storage.files import atomic_write
 
 log = logging.getLogger("ferrymq.broker.auth")
 
@@ -272,20 +272,8 @@ def update_users_file(path: str | Path, change: dict[str, User | None],
                 users.pop(name, None)
             else:
                 users[name] = user
-        tmp = p.with_name(p.name + ".tmp")
         mode = p.stat().st_mode & 0o777 if p.exists() else 0o600
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-        try:
-            os.write(fd, render_users(users.values()).encode("utf-8"))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, p)
-        dfd = os.open(p.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        atomic_write(p, render_users(users.values()).encode("utf-8"), mode)
     return users
 
 

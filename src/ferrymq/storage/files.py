@@ -107,17 +107,18 @@ def rewrite_in_place(path: Path, data: bytes | bytearray | memoryview, at: int) 
         os.close(fd)
 
 
-def atomic_write(path: Path, data: bytes | bytearray | memoryview) -> None:
+def atomic_write(path: Path, data: bytes | bytearray | memoryview, mode: int = 0o644) -> None:
     """Replace ``path`` with ``data`` so that a crash leaves the old or the new content.
 
-    Writes ``<path>.tmp``, fsyncs it, renames it over ``path`` and fsyncs the directory.
+    Writes ``<path>.tmp`` (created with ``mode``, less the umask), fsyncs it, renames it over
+    ``path`` and fsyncs the directory.
 
     Raises:
         OSError: the write, fsync or rename failed (the old file is untouched; the ``.tmp`` is
             removed, so a full disk gets its space back).
     """
     tmp = path.with_name(path.name + TMP_SUFFIX)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
         try:
             view = memoryview(data)

@@ -30,8 +30,10 @@ def test_users_file_round_trip(tmp_path: Path) -> None:
     update_users_file(f, {"b.c@d": users[1]})
     assert f.stat().st_mode & 0o777 == 0o600
     assert read_users_file(f) == {u.name: u for u in users}
+    f.chmod(0o640)  # an operator's choice survives rewrites
     update_users_file(f, {"a": None})
     assert list(read_users_file(f)) == ["b.c@d"]
+    assert f.stat().st_mode & 0o777 == 0o640
     assert read_users_file(tmp_path / "missing.toml") == {}
 
 

@@ -39,6 +39,12 @@ def test_atomic_write_replaces_and_leaves_no_tmp(tmp_path: Path) -> None:
     assert [p.name for p in tmp_path.iterdir()] == ["state"]
 
 
+def test_atomic_write_creates_with_the_mode_given(tmp_path: Path) -> None:
+    path = tmp_path / "secret"
+    atomic_write(path, b"one", mode=0o600)
+    assert path.stat().st_mode & 0o777 == 0o600
+
+
 def test_checkpoint_round_trip(tmp_path: Path) -> None:
     path = tmp_path / "offsets.checkpoint"
     assert read_checkpoint(path) is None
