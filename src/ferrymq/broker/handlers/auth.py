@@ -9,64 +9,62 @@ after ``auth_failure_delay_ms`` with AUTHENTICATION_FAILED, and the connection r
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
 
 from ferrymq._hints import AUTH_OFF
 from ferrymq.errors import AuthenticationFailedError
 from ferrymq.protocol import messages as m
 
 if TYPE_CHECKING:
+    from ferrymq.broker.auth import Authenticator
     from ferrymq.broker.context import ClientConnection
 
 
-def _delayed_failure(conn: ClientConnection, exc: AuthenticationFailedError,
-                     user: str) -> asyncio.Future[m.Body]:
+B = TypeVar("B", bound=m.Body)
+
+
+def _step(conn: ClientConnection, user: str,
+          step: Callable[[Authenticator], B]) -> B | asyncio.Future[m.Body]:
+    """Run one step of the handshake on a connection not yet authenticated; a failure of the
+    step is answered AUTHENTICATION_FAILED after the failure delay, and nothing more is read."""
     auth = conn.server.auth
-    assert auth is not None
-    auth.failed(conn, user, str(exc))
-    conn.stop_reading()
-    fut: asyncio.Future[m.Body] = asyncio.get_running_loop().create_future()
+    if auth is None:
+        raise AuthenticationFailedError(
+            f"authentication is off on this broker (no users_file); {AUTH_OFF}")
+    if conn.authenticated:
+        raise AuthenticationFailedError("this connection is authenticated already")
+    try:
+        return step(auth)
+    except AuthenticationFailedError as exc:
+        auth.failed(conn, user, str(exc))
+        conn.stop_reading()
+        return _fail_later(exc, auth.failure_delay_s)
+
+
+def _fail_later(exc: AuthenticationFailedError, delay_s: float) -> asyncio.Future[m.Body]:
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[m.Body] = loop.create_future()
 
     def fail() -> None:
         if not fut.done():
             fut.set_exception(exc)
 
-    asyncio.get_running_loop().call_later(auth.failure_delay_s, fail)
+    loop.call_later(delay_s, fail)
     return fut
-
-
-def _not_enabled() -> AuthenticationFailedError:
-    return AuthenticationFailedError(
-        f"authentication is off on this broker (no users_file); {AUTH_OFF}")
 
 
 def auth_start(conn: ClientConnection, req: m.AuthStartRequest
                ) -> m.AuthStartResponse | asyncio.Future[m.Body]:
     """AUTH_START: the challenge, or a delayed AUTHENTICATION_FAILED."""
-    auth = conn.server.auth
-    if auth is None:
-        raise _not_enabled()
-    if conn.authenticated:
-        raise AuthenticationFailedError("this connection is authenticated already")
-    try:
-        return auth.start(conn, req)
-    except AuthenticationFailedError as exc:
-        return _delayed_failure(conn, exc, req.user)
+    return _step(conn, req.user, lambda auth: auth.start(conn, req))
 
 
 def auth_finish(conn: ClientConnection, req: m.AuthFinishRequest
                 ) -> m.AuthFinishResponse | asyncio.Future[m.Body]:
     """AUTH_FINISH: the server signature, or a delayed AUTHENTICATION_FAILED."""
-    auth = conn.server.auth
-    if auth is None:
-        raise _not_enabled()
-    if conn.authenticated:
-        raise AuthenticationFailedError("this connection is authenticated already")
-    user = conn.scram.user if conn.scram is not None else ""
-    try:
-        return auth.finish(conn, req)
-    except AuthenticationFailedError as exc:
-        return _delayed_failure(conn, exc, user)
+    user = conn.scram.user if conn.scram is not None else ""  # finish() forgets the handshake
+    return _step(conn, user, lambda auth: auth.finish(conn, req))
 
 
 def whoami(conn: ClientConnection, req: m.WhoAmIRequest) -> m.WhoAmIResponse:
