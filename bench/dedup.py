@@ -129,7 +129,7 @@ def main() -> None:
             print(f"{'scenario':28} {'msg/s':>10} {'broker CPU s':>12} {'msg/CPU-s':>10} "
                   f"{'dups':>8} {'RSS MB':>7}")
             for name, topic, keys in plan:
-                cpu = fb._Cpu(b.pid)
+                cpu = fb.CpuTime(b.pid)
                 cpu.begin()
                 secs, dups = asyncio.run(produce(b.address, built[(topic, keys)], args.inflight))
                 cpu.end()

@@ -94,7 +94,7 @@ def main() -> None:
         asyncio.run(setup(b.address))
         print(f"{'scenario':14} {'msg/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'broker CPU s':>12}")
         for name in ("plain send", "txn commit", "txn rollback"):
-            cpu = fb._Cpu(b.pid)
+            cpu = fb.CpuTime(b.pid)
             cpu.begin()
             secs, lat = asyncio.run(scenario(b.address, name, args.messages, args.size,
                                              args.concurrency))
