@@ -4,10 +4,8 @@ Theory of operation
 -------------------
 Like the rest of the CLI (:mod:`ferrymq.admin.cli`), every command makes a few calls on the
 synchronous :class:`~ferrymq.client.sync.AdminClient` and hands the results to
-:class:`~ferrymq.admin.output.Printer`. The global state (``--server``, ``--json``, ...) comes
-from the root group's context object; this module does not import :mod:`ferrymq.admin.cli`
-at import time (that module registers these groups), only its ``CommandError`` when a command
-fails.
+:class:`~ferrymq.admin.output.Printer`. The global state (``--server``, ``--json``, ...) is the
+root group's :class:`~ferrymq.admin.cli_state.CliState`.
 
 ``dlq redrive`` moves dead letters in chunks of DLQ_ADMIN requests. With ``--rate N`` each
 chunk is at most a quarter second's worth and the next one starts only when the messages moved
@@ -16,14 +14,14 @@ so far, at ``N`` per second, are due: a large DLQ is fed back to the consumers g
 
 from __future__ import annotations
 
-import contextlib
 import sys
 import time
 from collections.abc import Callable
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import click
 
+from ferrymq.admin.cli_state import CliState, CommandError
 from ferrymq.admin.output import Printer
 from ferrymq.client.sync import AdminClient
 from ferrymq.protocol import messages as m
@@ -38,17 +36,6 @@ DEFAULT_DLQ_LIST_LIMIT = 100
 """``dlq list``: dead letters shown unless ``--limit``."""
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-class _State(Protocol):
-    """What these commands use of :class:`ferrymq.admin.cli.CliState`."""
-
-    json: bool
-
-    @property
-    def printer(self) -> Printer: ...
-
-    def admin(self) -> contextlib.AbstractContextManager[AdminClient]: ...
 
 
 class MessageIdType(click.ParamType[str]):
@@ -68,7 +55,7 @@ class MessageIdType(click.ParamType[str]):
 MSG_ID = MessageIdType()
 
 
-def _printer(state: _State, json_flag: bool) -> Printer:
+def _printer(state: CliState, json_flag: bool) -> Printer:
     return Printer(True) if json_flag and not state.json else state.printer
 
 
@@ -76,12 +63,6 @@ def json_option(f: F) -> F:
     """``--json`` after the command too (same as the global ``ferrymq --json``)."""
     return click.option("--json", "json_flag", is_flag=True,
                         help="Print JSON (same as the global --json).")(f)
-
-
-def _fail(message: str) -> click.ClickException:
-    from ferrymq.admin.cli import CommandError  # registered by that module: imported late
-
-    return CommandError(message)
 
 
 # -- message -------------------------------------------------------------------------------------
@@ -96,7 +77,7 @@ def message() -> None:
 @click.argument("msg_id", type=MSG_ID)
 @json_option
 @click.pass_obj
-def message_status(state: _State, msg_id: str, json_flag: bool) -> None:
+def message_status(state: CliState, msg_id: str, json_flag: bool) -> None:
     """Show MSG_ID's state in every delivery group that reads its topic.
 
     WAITING (not delivered yet), DELIVERED (to which member, lease until), CONSUMED (acked),
@@ -113,7 +94,7 @@ def message_status(state: _State, msg_id: str, json_flag: bool) -> None:
 @click.argument("msg_id", type=MSG_ID)
 @json_option
 @click.pass_obj
-def message_show(state: _State, msg_id: str, json_flag: bool) -> None:
+def message_show(state: CliState, msg_id: str, json_flag: bool) -> None:
     """Print the message MSG_ID: its fields, then its body."""
     with state.admin() as admin:
         msg = admin.get_message(msg_id)
@@ -124,7 +105,7 @@ def message_show(state: _State, msg_id: str, json_flag: bool) -> None:
 @click.argument("msg_id", type=MSG_ID)
 @json_option
 @click.pass_obj
-def message_cancel(state: _State, msg_id: str, json_flag: bool) -> None:
+def message_cancel(state: CliState, msg_id: str, json_flag: bool) -> None:
     """Cancel the scheduled (delayed) message MSG_ID: it is never delivered.
 
     Fails (exit 1) when MSG_ID is not a pending scheduled message: already delivered (or due),
@@ -142,7 +123,7 @@ def message_cancel(state: _State, msg_id: str, json_flag: bool) -> None:
               show_default=True, metavar="N", help="Show at most N messages.")
 @json_option
 @click.pass_obj
-def message_find(state: _State, topic_name: str, key: str, limit: int, json_flag: bool) -> None:
+def message_find(state: CliState, topic_name: str, key: str, limit: int, json_flag: bool) -> None:
     """List the messages of TOPIC whose keys include KEY, newest first.
 
     Served by the broker's key index, which is built in the background: messages stored a
@@ -170,7 +151,7 @@ def dlq() -> None:
               show_default=True, metavar="N", help="Show at most N dead letters (oldest first).")
 @json_option
 @click.pass_obj
-def dlq_list(state: _State, group: str, limit: int, json_flag: bool) -> None:
+def dlq_list(state: CliState, group: str, limit: int, json_flag: bool) -> None:
     """List GROUP's dead letters not yet redriven or purged, oldest first."""
     with state.admin() as admin:
         letters = admin.dlq_list(group, limit)
@@ -182,13 +163,13 @@ def dlq_list(state: _State, group: str, limit: int, json_flag: bool) -> None:
 @click.argument("msg_id", type=MSG_ID)
 @json_option
 @click.pass_obj
-def dlq_show(state: _State, group: str, msg_id: str, json_flag: bool) -> None:
+def dlq_show(state: CliState, group: str, msg_id: str, json_flag: bool) -> None:
     """Print one dead letter of GROUP: MSG_ID is the message's original id (or its id in the
     dead-letter queue)."""
     with state.admin() as admin:
         letter = admin.dlq_get(group, msg_id)
     if letter is None:
-        raise _fail(f"message {msg_id} is not in the dead-letter queue of group {group}")
+        raise CommandError(f"message {msg_id} is not in the dead-letter queue of group {group}")
     _printer(state, json_flag).dead_letter(letter)
 
 
@@ -201,7 +182,7 @@ def dlq_show(state: _State, group: str, msg_id: str, json_flag: bool) -> None:
 @click.option("--dry-run", is_flag=True, help="Only say how many would be moved.")
 @json_option
 @click.pass_obj
-def dlq_redrive(state: _State, group: str, rate: float | None, max_messages: int | None,
+def dlq_redrive(state: CliState, group: str, rate: float | None, max_messages: int | None,
                 dry_run: bool, json_flag: bool) -> None:
     """Send GROUP's dead letters back to the group, oldest first.
 
@@ -256,7 +237,7 @@ def _redrive(admin: AdminClient, group: str, rate: float | None,
 @click.option("--dry-run", is_flag=True, help="Only say how many would be dropped.")
 @json_option
 @click.pass_obj
-def dlq_purge(state: _State, group: str, yes: bool, dry_run: bool, json_flag: bool) -> None:
+def dlq_purge(state: CliState, group: str, yes: bool, dry_run: bool, json_flag: bool) -> None:
     """Drop every dead letter of GROUP.
 
     Asks for confirmation unless --yes or --dry-run; without a terminal, --yes is required.
