@@ -36,6 +36,7 @@ __all__ = [
     "TXNINDEX_SUFFIX",
     "atomic_write",
     "fsync_directory",
+    "fsync_file",
     "parse_base_offset",
     "segment_file_name",
 ]
@@ -81,7 +82,21 @@ def parse_base_offset(name: str) -> int | None:
 
 def fsync_directory(directory: Path) -> None:
     """Fsync a directory so that creations, renames and unlinks in it are durable."""
-    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    _fsync_path(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+
+
+def fsync_file(path: Path) -> None:
+    """Fsync the file at ``path`` through a descriptor of its own (its writes went through
+    descriptors since closed).
+
+    Raises:
+        OSError: the file cannot be opened, or the fsync failed.
+    """
+    _fsync_path(path, os.O_RDONLY)
+
+
+def _fsync_path(path: Path, flags: int) -> None:
+    fd = os.open(path, flags)
     try:
         os.fsync(fd)
     finally:

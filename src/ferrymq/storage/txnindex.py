@@ -32,7 +32,7 @@ import struct
 from pathlib import Path
 from typing import NamedTuple
 
-from ferrymq.storage.files import atomic_write
+from ferrymq.storage.files import atomic_write, fsync_file
 
 __all__ = ["TXN_ENTRY", "TXN_ENTRY_SIZE", "AbortedTxn", "TxnIndex"]
 
@@ -189,11 +189,7 @@ class TxnIndex:
             return
         if not self._unsynced:
             return
-        fd = os.open(self.path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_file(self.path)
         self._unsynced = False
 
     def collect(self, start: int, upto: int, out: list[tuple[int, int]]) -> None:

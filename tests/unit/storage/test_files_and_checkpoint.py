@@ -8,7 +8,12 @@ import pytest
 
 from ferrymq.errors import CorruptRecordError, StorageError
 from ferrymq.storage import atomic_write, read_checkpoint, write_checkpoint
-from ferrymq.storage.files import parse_base_offset, segment_file_name
+from ferrymq.storage.files import (
+    fsync_directory,
+    fsync_file,
+    parse_base_offset,
+    segment_file_name,
+)
 
 
 def test_segment_file_name_is_20_digits_and_sorts() -> None:
@@ -43,6 +48,19 @@ def test_atomic_write_creates_with_the_mode_given(tmp_path: Path) -> None:
     path = tmp_path / "secret"
     atomic_write(path, b"one", mode=0o600)
     assert path.stat().st_mode & 0o777 == 0o600
+
+
+def test_fsync_by_path_opens_its_own_descriptor(tmp_path: Path) -> None:
+    f = tmp_path / "f"
+    f.write_bytes(b"x")
+    fsync_file(f)
+    fsync_directory(tmp_path)
+    with pytest.raises(FileNotFoundError):
+        fsync_file(tmp_path / "missing")
+    with pytest.raises(FileNotFoundError):
+        fsync_directory(tmp_path / "missing")
+    with pytest.raises(NotADirectoryError):
+        fsync_directory(f)  # O_DIRECTORY: a file is refused, not fsynced as a directory
 
 
 def test_checkpoint_round_trip(tmp_path: Path) -> None:
