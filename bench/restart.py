@@ -12,16 +12,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from tests.helpers import BrokerProcess
-
 from ferrymq import AsyncProducer, Message
+from ferrymq._launcher import BrokerProcess
 
 
 async def fill(address: str, total_bytes: int, size: int) -> None:
