@@ -75,3 +75,21 @@ def test_a_moved_clock_is_checkpointed_once() -> None:
     s.skew(clock.wall_ms())  # a new skew widens the range: checkpointed too
     assert s.moved(s.meta())
     assert not s.moved(s.meta())
+
+
+def test_a_restart_without_a_jump_resumes_on_the_wall_clock_never_ahead() -> None:
+    """The checkpoint reads S (rounded) and the wall clock (truncated) one after the other, so
+    they differ by a millisecond or two without any jump; resumed as it was, S ran ahead of the
+    wall clock and entries fired that much early (test_delayed_kill9 saw a copy stored 1 ms
+    before its due time)."""
+    clock = FakeClock()
+    s = SchedulerClock(clock)
+    s_ms, wall_ms, lo, hi = s.meta()
+    clock.advance(5.0)  # down for 5 s
+    again = SchedulerClock(clock)
+    again.resume((s_ms + 2, wall_ms, lo, hi))  # the rounding between the two readings
+    assert again.now_ms() == clock.wall_ms()
+    assert again.offset_ms() == 0
+    late = SchedulerClock(clock)  # behind by rounding: also on the wall clock (not late)
+    late.resume((s_ms - 1, wall_ms, lo, hi))
+    assert late.now_ms() == clock.wall_ms()

@@ -12,7 +12,8 @@ clock and the skew is 0. After a jump of J, ``S`` differs from the wall clock by
 new entries carry skew J: every wait is still counted from the moment the message was stored.
 The anchor is checkpointed with the watermarks as ``(S, wall)``; a start resumes ``S = S_saved +
 max(0, wall - wall_saved)`` (time while the broker was down counts as elapsed; a backward jump
-while down counts as none).
+while down counts as none), or the wall clock itself when that is within ``SKEW_SNAP_MS`` of it
+(the two readings' rounding, which must not put ``S`` ahead: entries would fire early).
 
 Pure apart from the injected :class:`~ferrymq._time.Clock`: the checkpoint is read and written
 by the scheduler (:mod:`ferrymq.broker.scheduler.facade`), which hands the reading in here.
@@ -99,7 +100,11 @@ class SchedulerClock:
             return
         s_ms, w_ms, lo, hi = saved
         wall = self.clock.wall_ms()
-        self.anchor_ms = float(s_ms + max(0, wall - w_ms))
+        resumed = s_ms + max(0, wall - w_ms)
+        # the saved S (rounded) and wall (truncated) were read one after the other: a small
+        # difference is that rounding, not a jump, and S must not run ahead of the wall clock
+        # by it (entries would fire early): resume on the wall clock
+        self.anchor_ms = float(wall if abs(resumed - wall) <= SKEW_SNAP_MS else resumed)
         self.anchor_mono = self.clock.monotonic()
         self.offset_saved = round(self.anchor_ms) - wall
         self.skew_lo = min(self.skew_lo, lo)
