@@ -141,6 +141,14 @@ class QueueState:
         else:
             fw.append((end, cb))
 
+    def when_durable(self, end: int, cb: Callable[[BaseException | None], None]) -> None:
+        """:meth:`wait_durable`, but ``cb(None)`` runs at once when offsets below ``end`` are
+        durable already and nobody waits (the flush-waiter deque stays sorted)."""
+        if self.log.durable_offset >= end and not self.flush_waiters:
+            cb(None)
+            return
+        self.wait_durable(end, cb)
+
     def fail_flush_waiters(self, exc: BaseException) -> None:
         """Fail every send still waiting for an fsync (the fsync failed). A callback may wait
         again (a committed copy waiting for the rewrite after ENOSPC): it stays queued."""

@@ -59,7 +59,6 @@ from ferrymq._faults import crash_point
 from ferrymq._time import Clock
 from ferrymq.broker.flusher import flush_postponed
 from ferrymq.broker.groups import check_group_name, check_offsets
-from ferrymq.broker.transactions import _wait_durable
 from ferrymq.errors import (
     BatchAlreadyCommittedError,
     BrokerError,
@@ -255,7 +254,7 @@ class TxnCoordinator:
             else:
                 fut.set_exception(StorageFailureError(f"{qs} not fsynced: {exc}"))
 
-        _wait_durable(qs, end, done)
+        qs.when_durable(end, done)
         await fut
 
     async def _save_durable(self, meta: TxnMeta) -> None:
