@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from ferrymq.broker.scheduler import Scheduler
     from ferrymq.broker.topics import TopicRegistry
     from ferrymq.broker.transactions import TransactionManager
-    from ferrymq.broker.txn_coordinator import TxnCoordinator
+    from ferrymq.broker.txn import TxnCoordinator
     from ferrymq.broker.watermarks import Watermarks
     from ferrymq.protocol.codes import ErrorCode
 

@@ -52,7 +52,7 @@ from ferrymq.broker.scheduler import Scheduler
 from ferrymq.broker.tls import server_context
 from ferrymq.broker.topics import TopicRegistry
 from ferrymq.broker.transactions import TransactionManager
-from ferrymq.broker.txn_coordinator import TxnCoordinator
+from ferrymq.broker.txn import TxnCoordinator
 from ferrymq.broker.watermarks import Watermarks
 from ferrymq.errors import ConfigError
 from ferrymq.protocol.codes import ErrorCode

@@ -17,7 +17,7 @@ them becomes part of such a header-only batch). An unfiltered read is sent as it
 no walk over its batches: the protocol says readers skip scheduled batches (every client does;
 consumers get the scheduler's copy when the message is due).
 
-Transactions (:mod:`ferrymq.broker.txn_coordinator`): a READ_COMMITTED fetch reads only up to
+Transactions (:mod:`ferrymq.broker.txn`): a READ_COMMITTED fetch reads only up to
 the queue's last stable offset (LSO) and its answer lists the aborted transactions in the range
 read, which the client skips (:class:`~ferrymq.protocol.markers.ReadCommittedFilter`); the
 unfiltered read stays one ``Log.read``. The broker filters transactional data itself only where

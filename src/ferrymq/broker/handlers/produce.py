@@ -8,7 +8,7 @@ topic with a dedup window: records whose key the topic stored within the window 
 duplicates and left out, the others appended and their keys remembered
 (:mod:`ferrymq.broker.dedup`). Transactional batches (``ATTR_TRANSACTIONAL``) are admitted by
 the transaction coordinator, which registers the queue with the producer's open transaction
-first (:mod:`ferrymq.broker.txn_coordinator`). In sync flush mode the response waits until
+first (:mod:`ferrymq.broker.txn`). In sync flush mode the response waits until
 every entry's offsets are fsynced (group commit, see :mod:`ferrymq.broker.flusher`), and for a
 duplicate until the message it duplicates is.
 

@@ -1,5 +1,5 @@
 """INIT_TXN, END_TXN, TXN_OFFSET_COMMIT, COMMIT_STAGED, ABORT_STAGED, DESCRIBE_TXNS: exactly-once
-transactions, all delegated to :class:`ferrymq.broker.txn_coordinator.TxnCoordinator`."""
+transactions, all delegated to :class:`ferrymq.broker.txn.TxnCoordinator`."""
 
 from __future__ import annotations
 
