@@ -1,4 +1,4 @@
-"""Model test of the half-message checker (broker/transactions/state.py) without a broker.
+"""Model test of the half-message checker (broker/half_messages/state.py) without a broker.
 
 Rules: prepare half messages with random check settings, let time pass, run check-back rounds,
 answer COMMIT / ROLLBACK / UNKNOWN (as a producer or a check would, also to half messages
@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from ferrymq.broker.transactions.state import (
+from ferrymq.broker.half_messages.state import (
     TRANSITIONS,
     HalfBook,
     HalfEvent,
@@ -28,8 +28,7 @@ from ferrymq.broker.transactions.state import (
     outcome_of,
 )
 from ferrymq.errors import BusyError, TransactionResolvedError
-from ferrymq.protocol.records import encode_msg_id
-from ferrymq.protocol.transactions import (
+from ferrymq.protocol.half_messages import (
     COMMITTED,
     OP_COMMIT,
     OP_ROLLBACK,
@@ -37,6 +36,7 @@ from ferrymq.protocol.transactions import (
     TXN_OP,
     TXN_SOURCE,
 )
+from ferrymq.protocol.records import encode_msg_id
 
 MAX_PENDING = 4
 EPS = 1e-9

@@ -39,8 +39,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from ferrymq.broker.config import BrokerConfig
+from ferrymq.broker.consumer_groups import GroupCoordinator
 from ferrymq.broker.flusher import Flusher
-from ferrymq.broker.groups import GroupCoordinator
 from ferrymq.broker.producer_ids import ProducerIdManager
 from ferrymq.broker.topics import QueueState, TopicRegistry
 from ferrymq.broker.txn import TxnCoordinator

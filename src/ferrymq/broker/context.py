@@ -25,15 +25,15 @@ from ferrymq.protocol.messages import Body
 if TYPE_CHECKING:
     from ferrymq._time import Clock
     from ferrymq.broker.config import BrokerConfig
+    from ferrymq.broker.consumer_groups import GroupCoordinator
     from ferrymq.broker.dedup import Deduplicator
     from ferrymq.broker.delivery import DeliveryManager
     from ferrymq.broker.flusher import Flusher
-    from ferrymq.broker.groups import GroupCoordinator
+    from ferrymq.broker.half_messages import TransactionManager
     from ferrymq.broker.keyindexer import KeyIndexer
     from ferrymq.broker.producer_ids import ProducerIdManager
     from ferrymq.broker.scheduler import Scheduler
     from ferrymq.broker.topics import TopicRegistry
-    from ferrymq.broker.transactions import TransactionManager
     from ferrymq.broker.txn import TxnCoordinator
     from ferrymq.broker.watermarks import Watermarks
     from ferrymq.protocol.codes import ErrorCode

@@ -39,11 +39,12 @@ from ferrymq._version import __version__
 from ferrymq.broker.auth import Authenticator, UserStore
 from ferrymq.broker.config import BrokerConfig
 from ferrymq.broker.connection import BrokerConnection
+from ferrymq.broker.consumer_groups import GroupCoordinator
 from ferrymq.broker.dedup import Deduplicator
 from ferrymq.broker.delivery import DeliveryManager
 from ferrymq.broker.descriptors import DescriptorBudget, plan_descriptors, raise_descriptor_limit
 from ferrymq.broker.flusher import Flusher
-from ferrymq.broker.groups import GroupCoordinator
+from ferrymq.broker.half_messages import TransactionManager
 from ferrymq.broker.handlers import HANDLERS, Handler
 from ferrymq.broker.keyindexer import KeyIndexer
 from ferrymq.broker.limits import ByteRateQuota, ConnectionLimits, CreationRate
@@ -51,7 +52,6 @@ from ferrymq.broker.producer_ids import ProducerIdManager
 from ferrymq.broker.scheduler import Scheduler
 from ferrymq.broker.tls import server_context
 from ferrymq.broker.topics import TopicRegistry
-from ferrymq.broker.transactions import TransactionManager
 from ferrymq.broker.txn import TxnCoordinator
 from ferrymq.broker.watermarks import Watermarks
 from ferrymq.errors import ConfigError

@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-A consumer that subscribes is a member of its group (``broker/groups.py`` assigns the queues).
+A consumer that subscribes is a member of its group (``broker/consumer_groups.py`` assigns the queues).
 :meth:`GroupMembership.join` sends JOIN_GROUP with the subscribed topics and keeps the member id
 and generation the broker answers; the consumer then takes the assignment and resolves its
 positions from the group's committed offsets. :meth:`GroupMembership.start_heartbeat` starts

@@ -18,7 +18,7 @@ the batch the application was working on when it stopped is read again by the gr
 skipped. ``commit()`` without arguments stores everything returned so far: the application says
 it is done with it.
 
-With ``subscribe`` the broker assigns queues (see ``broker/groups.py``); a heartbeat task keeps
+With ``subscribe`` the broker assigns queues (see ``broker/consumer_groups.py``); a heartbeat task keeps
 the membership alive and, when the group rebalances, the consumer commits what it finished
 (auto-commit), rejoins and continues from the committed offsets of its new queues. With
 ``assign`` the application picks queues and no heartbeats are sent.

@@ -1,4 +1,4 @@
-"""Half messages' state table and check-back book (broker/transactions/state.py), without a
+"""Half messages' state table and check-back book (broker/half_messages/state.py), without a
 broker: every (state, event) pair moves as the table says or is refused; the schedule counts
 checks from the store time and the interval; limits hold."""
 
@@ -8,7 +8,7 @@ import itertools
 
 import pytest
 
-from ferrymq.broker.transactions.state import (
+from ferrymq.broker.half_messages.state import (
     TRANSITIONS,
     HalfBook,
     HalfEvent,
@@ -18,8 +18,7 @@ from ferrymq.broker.transactions.state import (
     step,
 )
 from ferrymq.errors import BusyError, TransactionResolvedError
-from ferrymq.protocol.records import encode_msg_id
-from ferrymq.protocol.transactions import (
+from ferrymq.protocol.half_messages import (
     COMMITTED,
     OP_COMMIT,
     OP_ROLLBACK,
@@ -29,6 +28,7 @@ from ferrymq.protocol.transactions import (
     TXN_REASON,
     TXN_SOURCE,
 )
+from ferrymq.protocol.records import encode_msg_id
 
 FINAL = (HalfState.COMMITTED, HalfState.ROLLED_BACK)
 

@@ -266,7 +266,7 @@ def test_fields_added_later_default_when_an_older_peer_leaves_them_out() -> None
     assert m.DescribeDeliveryResponse.decode(msgpack.packb(before_lag)).lag == []
 
 
-FAMILIES = ["connection", "topics", "produce", "fetch", "groups", "delivery", "transactions",
+FAMILIES = ["connection", "topics", "produce", "fetch", "consumer_groups", "delivery", "txn",
             "users"]
 
 

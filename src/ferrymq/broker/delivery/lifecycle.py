@@ -26,6 +26,7 @@ import uuid
 from pathlib import Path
 
 from ferrymq._hints import DELETE_DLQ
+from ferrymq.broker.consumer_groups import has_live_members
 from ferrymq.broker.delivery.context import DeliveryContext
 from ferrymq.broker.delivery.group import (
     MAX_RECONSUME_LIMIT,
@@ -40,7 +41,6 @@ from ferrymq.broker.delivery.moves import Moves
 from ferrymq.broker.delivery.queues import GroupQueues
 from ferrymq.broker.delivery.recovery import Recovery
 from ferrymq.broker.delivery.shortage import Shortage
-from ferrymq.broker.groups import has_live_members
 from ferrymq.broker.topics import check_topic_name
 from ferrymq.errors import (
     BrokerError,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ferrymq.broker.groups import check_offsets
+from ferrymq.broker.consumer_groups import check_offsets
 from ferrymq.errors import BrokerError, InvalidOffsetError, InvalidRequestError
 from ferrymq.protocol import messages as m
 from ferrymq.protocol.messages import Isolation, OffsetSpec

@@ -24,7 +24,7 @@ from ferrymq.protocol.markers import encode_marker
 from ferrymq.protocol.messages import TxnState
 
 if TYPE_CHECKING:
-    from ferrymq.broker.groups import GroupCoordinator
+    from ferrymq.broker.consumer_groups import GroupCoordinator
     from ferrymq.broker.topics import QueueState, TopicRegistry
     from ferrymq.broker.txn.statelog import StateLog
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from ferrymq._faults import crash_point
 from ferrymq._time import Clock
-from ferrymq.broker.groups import check_group_name, check_offsets
+from ferrymq.broker.consumer_groups import check_group_name, check_offsets
 from ferrymq.broker.txn.completion import Completer
 from ferrymq.broker.txn.state import (
     OPEN_STATES,
@@ -44,8 +44,8 @@ from ferrymq.protocol.messages import Durability, TxnState
 
 if TYPE_CHECKING:
     from ferrymq.broker.config import BrokerConfig
+    from ferrymq.broker.consumer_groups import GroupCoordinator
     from ferrymq.broker.flusher import Flusher
-    from ferrymq.broker.groups import GroupCoordinator
     from ferrymq.broker.producer_ids import ProducerIdManager
     from ferrymq.broker.topics import QueueState, TopicRegistry
     from ferrymq.protocol.records import BatchHeader

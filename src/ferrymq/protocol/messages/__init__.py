@@ -31,6 +31,26 @@ from ferrymq.protocol.messages.connection import (
     WhoAmIRequest,
     WhoAmIResponse,
 )
+from ferrymq.protocol.messages.consumer_groups import (
+    CommitOffsetsRequest,
+    CommitOffsetsResponse,
+    DeleteGroupRequest,
+    DeleteGroupResponse,
+    DescribeGroupRequest,
+    DescribeGroupResponse,
+    FetchOffsetsRequest,
+    FetchOffsetsResponse,
+    GroupOffset,
+    HeartbeatRequest,
+    JoinGroupRequest,
+    JoinGroupResponse,
+    LeaveGroupRequest,
+    ListGroupsRequest,
+    ListGroupsResponse,
+    MemberInfo,
+    ResetOffsetsRequest,
+    ResetOffsetsResponse,
+)
 from ferrymq.protocol.messages.delivery import (
     AckEntry,
     AckRequest,
@@ -70,26 +90,6 @@ from ferrymq.protocol.messages.fetch import (
     ListOffsetsResponse,
     OffsetResult,
     OffsetSpec,
-)
-from ferrymq.protocol.messages.groups import (
-    CommitOffsetsRequest,
-    CommitOffsetsResponse,
-    DeleteGroupRequest,
-    DeleteGroupResponse,
-    DescribeGroupRequest,
-    DescribeGroupResponse,
-    FetchOffsetsRequest,
-    FetchOffsetsResponse,
-    GroupOffset,
-    HeartbeatRequest,
-    JoinGroupRequest,
-    JoinGroupResponse,
-    LeaveGroupRequest,
-    ListGroupsRequest,
-    ListGroupsResponse,
-    MemberInfo,
-    ResetOffsetsRequest,
-    ResetOffsetsResponse,
 )
 from ferrymq.protocol.messages.produce import (
     Duplicate,
@@ -136,7 +136,7 @@ from ferrymq.protocol.messages.topics import (
     TopicMeta,
     is_internal_topic,
 )
-from ferrymq.protocol.messages.transactions import (
+from ferrymq.protocol.messages.txn import (
     AbortStagedRequest,
     AbortStagedResponse,
     CommitStagedRequest,

@@ -16,22 +16,22 @@ from typing import TYPE_CHECKING
 
 from ferrymq._time import Clock
 from ferrymq.broker.delivery.letters import StoredRecord, stored_record
-from ferrymq.broker.transactions.state import Outcome, outcome_of
+from ferrymq.broker.half_messages.state import Outcome, outcome_of
 from ferrymq.errors import BrokerError, CorruptRecordError, InvalidRequestError, LogClosedError
-from ferrymq.protocol.records import (
-    RecordInput,
-    encode_batch,
-    encode_properties,
-    iter_batches,
-    iter_raw_records,
-)
-from ferrymq.protocol.transactions import (
+from ferrymq.protocol.half_messages import (
     HALF_TOPIC,
     TXN_GROUP,
     TXN_HALF,
     TXN_OP,
     TXN_QUEUE,
     TXN_TOPIC,
+)
+from ferrymq.protocol.records import (
+    RecordInput,
+    encode_batch,
+    encode_properties,
+    iter_batches,
+    iter_raw_records,
 )
 from ferrymq.storage.checkpoint import read_checkpoint, write_checkpoint
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from ferrymq.protocol.messages.groups import CommitOffsetsResponse
+from ferrymq.protocol.messages.consumer_groups import CommitOffsetsResponse
 from ferrymq.protocol.messages.schema import (
     BOOL,
     BYTES,

@@ -2,7 +2,7 @@
 
 It drives :class:`~.state.HalfBook` (which decides) over :class:`~.halflog.HalfLog` (which
 writes and reads the half topic) and :class:`~.checkback.Pollers` (which holds the producers'
-long polls). The package docstring (:mod:`ferrymq.broker.transactions`) has the theory of
+long polls). The package docstring (:mod:`ferrymq.broker.half_messages`) has the theory of
 operation.
 """
 
@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING
 
 from ferrymq._time import Clock
 from ferrymq.broker.flusher import flush_postponed
-from ferrymq.broker.transactions.checkback import Poller, Pollers
-from ferrymq.broker.transactions.halflog import HalfLog, first_record
-from ferrymq.broker.transactions.state import (
+from ferrymq.broker.half_messages.checkback import Poller, Pollers
+from ferrymq.broker.half_messages.halflog import HalfLog, first_record
+from ferrymq.broker.half_messages.state import (
     TRANSITIONS,
     HalfBook,
     HalfEvent,
@@ -36,19 +36,7 @@ from ferrymq.errors import (
     UnknownTransactionError,
 )
 from ferrymq.protocol import messages as m
-from ferrymq.protocol.messages import Durability, TransactionState
-from ferrymq.protocol.records import (
-    ATTR_DEDUP,
-    ATTR_SCHEDULED,
-    RecordInput,
-    decode_msg_id,
-    encode_batch,
-    encode_msg_id,
-    encode_properties,
-    validate_batch,
-)
-from ferrymq.protocol.schedule import DELAY, DELIVER_AT
-from ferrymq.protocol.transactions import (
+from ferrymq.protocol.half_messages import (
     COMMITTED,
     HALF_TOPIC,
     MAX_REASON_CHARS,
@@ -67,6 +55,18 @@ from ferrymq.protocol.transactions import (
     TXN_TOPIC,
     committed_properties,
 )
+from ferrymq.protocol.messages import Durability, TransactionState
+from ferrymq.protocol.records import (
+    ATTR_DEDUP,
+    ATTR_SCHEDULED,
+    RecordInput,
+    decode_msg_id,
+    encode_batch,
+    encode_msg_id,
+    encode_properties,
+    validate_batch,
+)
+from ferrymq.protocol.schedule import DELAY, DELIVER_AT
 
 if TYPE_CHECKING:
     from ferrymq.broker.config import BrokerConfig

@@ -47,6 +47,7 @@ from ferrymq.errors import (
     UnknownQueueError,
 )
 from ferrymq.protocol import messages as m
+from ferrymq.protocol.half_messages import COMMITTED, PREPARED, TXN_ID
 from ferrymq.protocol.messages import TransactionState
 from ferrymq.protocol.records import (
     ATTR_SCHEDULED,
@@ -55,7 +56,6 @@ from ferrymq.protocol.records import (
     iter_batches,
     walk_records,
 )
-from ferrymq.protocol.transactions import COMMITTED, PREPARED, TXN_ID
 
 log = logging.getLogger("ferrymq.client")
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from ferrymq.broker.groups import GroupCoordinator, Member, assign_averagely
+from ferrymq.broker.consumer_groups import GroupCoordinator, Member, assign_averagely
 from ferrymq.errors import IllegalGenerationError, RebalanceInProgressError, UnknownMemberError
 
 

@@ -35,8 +35,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from ferrymq.errors import BusyError, TransactionResolvedError
-from ferrymq.protocol.records import decode_msg_id
-from ferrymq.protocol.transactions import (
+from ferrymq.protocol.half_messages import (
     COMMITTED,
     OP_COMMIT,
     PREPARED,
@@ -46,6 +45,7 @@ from ferrymq.protocol.transactions import (
     TXN_REASON,
     TXN_SOURCE,
 )
+from ferrymq.protocol.records import decode_msg_id
 
 __all__ = [
     "SOURCES",

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Transactional messages: commits per second against a plain producer's sends.
 
-    .venv/bin/python bench/transactions.py [--messages N] [--size B] [--concurrency C]
+    .venv/bin/python bench/half_messages.py [--messages N] [--size B] [--concurrency C]
                                            [--flush sync|async] [--json OUT.jsonl]
 
 One broker subprocess (``python -m ferrymq.broker``, default settings, a temporary data dir),

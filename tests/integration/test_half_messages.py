@@ -18,7 +18,7 @@ from ferrymq import (
     TransactionProducer,
     TransactionState,
 )
-from ferrymq.client.transaction import transaction_id
+from ferrymq.client.half_messages import transaction_id
 from ferrymq.errors import (
     BusyError,
     InvalidRequestError,

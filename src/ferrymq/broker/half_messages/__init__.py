@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 PREPARE_TRANSACTION appends the message, with its target topic and queue, producer group and
-the group's check settings in reserved properties (:mod:`ferrymq.protocol.transactions`), to the
+the group's check settings in reserved properties (:mod:`ferrymq.protocol.half_messages`), to the
 internal topic ``%HALF%transactions`` (one queue). Nobody consumes that topic, so the message is
 stored and durable (sync flush mode: the answer waits for the fsync) but invisible. Its id in
 that topic is the *transaction id*.
@@ -46,7 +46,7 @@ outcomes: pure), :mod:`.halflog` (the half topic and the floor checkpoint), :mod
 Everything runs on the event-loop thread.
 """
 
-from ferrymq.broker.transactions.manager import TransactionManager
-from ferrymq.broker.transactions.state import Outcome
+from ferrymq.broker.half_messages.manager import TransactionManager
+from ferrymq.broker.half_messages.state import Outcome
 
 __all__ = ["Outcome", "TransactionManager"]

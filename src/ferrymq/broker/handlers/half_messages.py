@@ -1,5 +1,5 @@
 """PREPARE_TRANSACTION, END_TRANSACTION, TXN_CHECK_POLL: the wire side of
-:mod:`ferrymq.broker.transactions`; and MESSAGE_STATUS for transaction ids (half messages),
+:mod:`ferrymq.broker.half_messages`; and MESSAGE_STATUS for transaction ids (half messages),
 which it answers itself before handing other ids to the delivery handler."""
 
 from __future__ import annotations
