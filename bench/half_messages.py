@@ -9,10 +9,10 @@ one topic of 4 queues. Every scenario sends N messages of B bytes, C at once (C 
 client, each waiting for its message's result before the next):
 
 * ``plain send``: ``AsyncProducer.send`` (one PRODUCE round trip, waits for durability).
-* ``txn commit``: ``AsyncTransactionProducer.send_in_transaction`` with a local transaction that
-  returns COMMIT at once: PREPARE (half message, durable) + END_TRANSACTION (copy durable, op
+* ``txn commit``: ``AsyncHalfMessageProducer.send_in_transaction`` with a local transaction that
+  returns COMMIT at once: PREPARE (half message, durable) + END_HALF (copy durable, op
   written): two round trips and, in sync mode, two fsync waits.
-* ``txn rollback``: the same, rolled back (END_TRANSACTION writes only the op).
+* ``txn rollback``: the same, rolled back (END_HALF writes only the op).
 
 The figures are per message: ``msg/s`` overall and the latency of one send / one transaction
 (p50, p99), plus the broker's CPU seconds.
@@ -31,8 +31,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from ferrymq import AsyncAdminClient, AsyncProducer, AsyncTransactionProducer, Message
-from ferrymq import TransactionState as TS
+from ferrymq import AsyncAdminClient, AsyncHalfMessageProducer, AsyncProducer, Message
+from ferrymq import HalfState as TS
 from ferrymq._launcher import BrokerProcess
 from ferrymq.admin import bench as fb
 
@@ -63,7 +63,7 @@ async def scenario(address: str, name: str, n: int, size: int, c: int) -> tuple[
         return TS.UNKNOWN
 
     state = TS.COMMIT if name == "txn commit" else TS.ROLLBACK
-    async with AsyncTransactionProducer(address, "bench", never) as tp:
+    async with AsyncHalfMessageProducer(address, "bench", never) as tp:
         return await run(n, c, lambda i: tp.send_in_transaction(Message("bench", body),
                                                                 lambda _m: state))
 

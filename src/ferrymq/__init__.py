@@ -18,17 +18,21 @@ never loads the broker's modules.
 
 from typing import TYPE_CHECKING
 
+from ferrymq import _deprecated
 from ferrymq._version import __version__
 from ferrymq.client import (
     AdminClient,
     AsyncAdminClient,
+    AsyncHalfMessageProducer,
     AsyncProducer,
     AsyncPullConsumer,
     AsyncPushConsumer,
     AsyncSimpleConsumer,
-    AsyncTransactionProducer,
     ConsumeResult,
     Durability,
+    HalfMessageProducer,
+    HalfMessageResult,
+    HalfState,
     LeasedMessage,
     Message,
     Producer,
@@ -37,23 +41,23 @@ from ferrymq.client import (
     ReceivedMessage,
     SendResult,
     SimpleConsumer,
-    TransactionProducer,
-    TransactionResult,
-    TransactionState,
 )
 from ferrymq.errors import FerryMQError
 
 if TYPE_CHECKING:
     from ferrymq.broker.embedded import Broker
 else:
+    _renamed = _deprecated.module_getattr(__name__, _deprecated.HALF_MESSAGE_CLIENT)
+
     def __getattr__(name: str) -> object:
-        """``Broker`` on first use (PEP 562), so that ``import ferrymq`` leaves the broker out."""
+        """``Broker`` on first use (PEP 562), so that ``import ferrymq`` leaves the broker out;
+        the names before issue 19 (``TransactionProducer``, ...), deprecated."""
         if name == "Broker":
             from ferrymq.broker.embedded import Broker as broker_class
 
             globals()["Broker"] = broker_class
             return broker_class
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        return _renamed(name)
 
     def __dir__() -> list[str]:
         return sorted({*globals(), "Broker"})
@@ -61,15 +65,18 @@ else:
 __all__ = [
     "AdminClient",
     "AsyncAdminClient",
+    "AsyncHalfMessageProducer",
     "AsyncProducer",
     "AsyncPullConsumer",
     "AsyncPushConsumer",
     "AsyncSimpleConsumer",
-    "AsyncTransactionProducer",
     "Broker",
     "ConsumeResult",
     "Durability",
     "FerryMQError",
+    "HalfMessageProducer",
+    "HalfMessageResult",
+    "HalfState",
     "LeasedMessage",
     "Message",
     "Producer",
@@ -78,8 +85,5 @@ __all__ = [
     "ReceivedMessage",
     "SendResult",
     "SimpleConsumer",
-    "TransactionProducer",
-    "TransactionResult",
-    "TransactionState",
     "__version__",
 ]

@@ -13,7 +13,7 @@
     │   ├── ConnectionClosedError     (also a ConnectionError)
     │   ├── FerryMQTimeoutError       (also a TimeoutError)
     │   ├── ConfigError               (also a ValueError)
-    │   └── TransactionStateError     a transactional producer call out of order
+    │   └── TxnUsageError             a transactional producer call out of order
     └── StorageError                  raised by the log library
         ├── CorruptRecordError        (also BrokerError CORRUPT_MESSAGE)
         ├── LogClosedError
@@ -26,7 +26,8 @@ matching class on the client. The wire never carries a traceback.
 from __future__ import annotations
 
 import re
-from typing import ClassVar
+import warnings
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ferrymq.protocol.codes import ErrorCode
 
@@ -51,6 +52,7 @@ __all__ = [
     "FerryMQTimeoutError",
     "FrameSizeError",
     "FrameTooLargeError",
+    "HalfMessageResolvedError",
     "IllegalGenerationError",
     "InternalBrokerError",
     "InvalidConfigError",
@@ -79,16 +81,15 @@ __all__ = [
     "StorageFailureError",
     "StorageFullError",
     "TopicAlreadyExistsError",
-    "TransactionResolvedError",
-    "TransactionStateError",
     "TransactionTimedOutError",
+    "TxnUsageError",
     "UnknownApiError",
     "UnknownGroupError",
+    "UnknownHalfMessageError",
     "UnknownMemberError",
     "UnknownProducerIdError",
     "UnknownQueueError",
     "UnknownTopicError",
-    "UnknownTransactionError",
     "UnknownUserError",
     "UnsupportedVersionError",
     "UserAlreadyExistsError",
@@ -354,7 +355,7 @@ class BusyError(BrokerError):
     """The broker is overloaded (back-pressure); retry after a short backoff (`retry_after_ms` if given).
 
     Connection caps, the memory watermark (``memory_high_watermark_bytes``), full in-memory
-    tables (dedup keys, pending transactions).
+    tables (dedup keys, pending half messages, open transactions).
     """
 
     code = ErrorCode.BUSY
@@ -398,19 +399,19 @@ class AuthenticationDisabledError(BrokerError):
     code = ErrorCode.AUTHENTICATION_DISABLED
 
 
-class UnknownTransactionError(BrokerError):
-    """No transaction has this id in this producer group (or retention removed it).
+class UnknownHalfMessageError(BrokerError):
+    """No half message has this id in this producer group (or retention removed it).
 
-    Not a half message's id, a transaction of another group, or one whose half message is gone.
+    Not a half message's id, a half message of another group, or one retention removed.
     """
 
-    code = ErrorCode.UNKNOWN_TRANSACTION
+    code = ErrorCode.UNKNOWN_HALF_MESSAGE
 
 
-class TransactionResolvedError(BrokerError):
-    """The transaction was already resolved the other way: an outcome never changes."""
+class HalfMessageResolvedError(BrokerError):
+    """The half message was already resolved the other way: an outcome never changes."""
 
-    code = ErrorCode.TRANSACTION_RESOLVED
+    code = ErrorCode.HALF_MESSAGE_RESOLVED
 
 
 class InvalidTxnStateError(BrokerError):
@@ -495,10 +496,12 @@ class ConfigError(ClientError, ValueError):
     """A client or broker configuration value is not valid."""
 
 
-class TransactionStateError(ClientError):
+class TxnUsageError(ClientError):
     """A transactional producer call out of order: a send outside ``begin()``/``commit()``,
     ``commit()`` with no transaction begun, or ``commit()`` after a send of the transaction
-    failed (``abort()`` it)."""
+    failed (``abort()`` it). Raised by the client before anything is sent; the broker's
+    refusal of a request that does not fit the transaction's state is
+    :class:`InvalidTxnStateError`."""
 
 
 # --- storage --------------------------------------------------------------------------------
@@ -542,3 +545,21 @@ def _render_table() -> str:
         retriable = "yes" if cls and cls.retriable else "no"
         lines.append(f"| {int(code)} | `{code.name}` | {retriable} | {doc} |")
     return "\n".join(lines)
+
+
+RENAMED = {
+    "TransactionResolvedError": "HalfMessageResolvedError",
+    "TransactionStateError": "TxnUsageError",
+    "UnknownTransactionError": "UnknownHalfMessageError",
+}
+"""Names before issue 19 (one name per feature) -> the classes' names now (docs/design.md)."""
+
+if not TYPE_CHECKING:  # the old names, deprecated (type checkers do not see them)
+
+    def __getattr__(name: str) -> Any:
+        new = RENAMED.get(name)
+        if new is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        warnings.warn(f"the name {__name__}.{name} is deprecated; use {__name__}.{new} (same "
+                      "meaning)", DeprecationWarning, stacklevel=2)
+        return globals()[new]

@@ -15,10 +15,10 @@ import pytest
 
 from ferrymq import (
     AdminClient,
+    HalfMessageProducer,
+    HalfState,
     Message,
     ReceivedMessage,
-    TransactionProducer,
-    TransactionState,
 )
 from tests.helpers import BrokerProcess, read_topic, wait_for
 
@@ -26,12 +26,12 @@ pytestmark = pytest.mark.crash
 
 PRODUCER = textwrap.dedent("""
     import os, signal, sys
-    from ferrymq import Message, TransactionProducer, TransactionState
+    from ferrymq import Message, HalfMessageProducer, HalfState
 
     def checker(msg):
-        return TransactionState.UNKNOWN
+        return HalfState.UNKNOWN
 
-    p = TransactionProducer(sys.argv[1], "pg", checker, check_after=0.5, check_interval=0.5)
+    p = HalfMessageProducer(sys.argv[1], "pg", checker, check_after=0.5, check_interval=0.5)
     ids = [p.prepare(Message("t", f"m{i}".encode(), keys=[f"k{i}"])) for i in range(5)]
     print(",".join(ids), flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
@@ -48,12 +48,12 @@ def test_producer_kill9_after_half_is_resolved_by_another_producer(tmp_path: Pat
         assert len(ids) == 5
         assert read_topic(bp.address, "t", quiet=0.2) == []
 
-        def checker(msg: ReceivedMessage) -> TransactionState:  # commit even, roll back odd
+        def checker(msg: ReceivedMessage) -> HalfState:  # commit even, roll back odd
             n = int(msg.body[1:])
-            return TransactionState.COMMIT if n % 2 == 0 else TransactionState.ROLLBACK
+            return HalfState.COMMIT if n % 2 == 0 else HalfState.ROLLBACK
 
         t0 = time.monotonic()
-        with TransactionProducer(bp.address, "pg", checker, poll_wait_s=0.5):
+        with HalfMessageProducer(bp.address, "pg", checker, poll_wait_s=0.5):
             wait_for(lambda: len(read_topic(bp.address, "t", quiet=0.1)) == 3, timeout=15)
             with AdminClient(bp.address) as a:
                 states = [a.message_status(i).statuses[0][1] for i in ids]
@@ -67,15 +67,15 @@ def test_producer_kill9_after_half_is_resolved_by_another_producer(tmp_path: Pat
 
 @pytest.mark.parametrize("flush", ["sync", "async"])
 def test_broker_kill9_between_half_and_commit(tmp_path: Path, flush: str) -> None:
-    def never(_m: ReceivedMessage) -> TransactionState:
-        return TransactionState.UNKNOWN
+    def never(_m: ReceivedMessage) -> HalfState:
+        return HalfState.UNKNOWN
 
     bp = BrokerProcess(tmp_path / "data", flush=flush,
-                       env={"FERRYMQ_TXN_CHECK_AFTER_MS": "600000"})
+                       env={"FERRYMQ_HALF_CHECK_AFTER_MS": "600000"})
     with bp:
-        with TransactionProducer(bp.address, "pg", never, check_after=600) as p:
-            done = p.send_in_transaction(Message("t", b"before"), lambda _m: TransactionState.COMMIT)
-            gone = p.send_in_transaction(Message("t", b"rb"), lambda _m: TransactionState.ROLLBACK)
+        with HalfMessageProducer(bp.address, "pg", never, check_after=600) as p:
+            done = p.send_in_transaction(Message("t", b"before"), lambda _m: HalfState.COMMIT)
+            gone = p.send_in_transaction(Message("t", b"rb"), lambda _m: HalfState.ROLLBACK)
             halves = [p.prepare(Message("t", f"h{i}".encode(), sharding_key=f"s{i % 2}"))
                       for i in range(30)]
         bp.kill9()
@@ -84,9 +84,9 @@ def test_broker_kill9_between_half_and_commit(tmp_path: Path, flush: str) -> Non
         assert [g.body for g in got] == [b"before"]  # nothing early, nothing lost
         with AdminClient(bp.address) as a:
             assert all(a.message_status(h).statuses[0][1] == "PREPARED" for h in halves)
-            assert a.message_status(done.txn_id).statuses[0][1] == "COMMITTED"
-            assert a.message_status(gone.txn_id).statuses[0][1] == "ROLLED_BACK"
-        with TransactionProducer(bp.address, "pg", never, check_after=600) as p:
+            assert a.message_status(done.half_id).statuses[0][1] == "COMMITTED"
+            assert a.message_status(gone.half_id).statuses[0][1] == "ROLLED_BACK"
+        with HalfMessageProducer(bp.address, "pg", never, check_after=600) as p:
             for h in halves[:20]:
                 assert p.commit(h).committed
             for h in halves[20:]:

@@ -1,7 +1,7 @@
 """``ferrymq message``, ``ferrymq dlq`` and delivery groups in ``ferrymq group``, end to end.
 
 The CLI runs in-process through click's CliRunner against real brokers; delivery-group members
-are driven on the wire (CONSUMER_HEARTBEAT, RECEIVE, ACK, NACK, CONSUMER_LEAVE) so each test
+are driven on the wire (DELIVERY_HEARTBEAT, RECEIVE, ACK, NACK, DELIVERY_LEAVE) so each test
 controls exactly which message is leased, acked, retried or dead-lettered.
 """
 
@@ -21,11 +21,11 @@ from click.testing import CliRunner, Result
 from ferrymq import (
     AdminClient,
     Broker,
+    HalfMessageProducer,
+    HalfState,
     Message,
     Producer,
     PullConsumer,
-    TransactionProducer,
-    TransactionState,
 )
 from ferrymq.admin.cli import cli
 from ferrymq.client._session import Session
@@ -100,9 +100,9 @@ class Member:
             "subscriptions": [(topic, tags)], "session_timeout_ms": 60_000, "orderly": orderly,
             "retry_delays_ms": delays_ms or [100], "max_reconsume": max_reconsume,
         }
-        if "start_from" in {f.name for f in dataclasses.fields(m.ConsumerHeartbeatRequest)}:
+        if "start_from" in {f.name for f in dataclasses.fields(m.DeliveryHeartbeatRequest)}:
             args["start_from"] = int(m.OffsetSpec.EARLIEST)
-        resp = await s.request(m.ConsumerHeartbeatRequest(**args), m.ConsumerHeartbeatResponse)
+        resp = await s.request(m.DeliveryHeartbeatRequest(**args), m.DeliveryHeartbeatResponse)
         return cls(s, group, resp.member_id)
 
     async def receive(self, n: int, *, invisible_ms: int = 60_000,
@@ -136,7 +136,7 @@ class Member:
         assert all(code == 0 for code, _ in resp.results)
 
     async def leave(self) -> None:
-        await self.s.request(m.ConsumerLeaveRequest(self.group, self.member_id), m.Empty)
+        await self.s.request(m.DeliveryLeaveRequest(self.group, self.member_id), m.Empty)
 
 
 def produce(addr: str, msgs: list[Message]) -> list[str]:
@@ -175,7 +175,7 @@ def test_topic_list_hides_internal_topics_unless_asked(broker: Broker) -> None:
     create_topic(addr, "tl-orders", 1)
     produce(addr, [Message("tl-orders", "m")])
     dead_letter_all(addr, "tl-group", "tl-orders", 1, "bad")  # %DLQ%tl-group
-    with TransactionProducer(addr, "tl-pg", lambda _m: TransactionState.UNKNOWN,
+    with HalfMessageProducer(addr, "tl-pg", lambda _m: HalfState.UNKNOWN,
                              check_after=60) as p:
         p.prepare(Message("tl-orders", b"half"))  # %HALF%transactions
     names = {row.split()[0] for row in ok(addr, "topic", "list").splitlines()[1:]}

@@ -18,12 +18,12 @@ import pytest
 from ferrymq import (
     AdminClient,
     Broker,
+    HalfMessageProducer,
+    HalfState,
     Message,
     Producer,
     PullConsumer,
     ReceivedMessage,
-    TransactionProducer,
-    TransactionState,
 )
 from ferrymq.errors import ConnectionClosedError
 from tests.helpers import free_port
@@ -37,14 +37,14 @@ def _admin(addr: str, **options: Any) -> None:
 
 
 def _txn_producer(addr: str, **options: Any) -> None:
-    TransactionProducer(addr, "g", lambda msg: TransactionState.COMMIT, **options).close()
+    HalfMessageProducer(addr, "g", lambda msg: HalfState.COMMIT, **options).close()
 
 
 CLIENTS: dict[str, Callable[..., object]] = {
     "Producer": Producer,
     "PullConsumer": PullConsumer,
     "AdminClient": _admin,
-    "TransactionProducer": _txn_producer,
+    "HalfMessageProducer": _txn_producer,
 }
 
 

@@ -183,12 +183,12 @@ def test_memory_watermark_busy_and_resume(tmp_path: Path) -> None:
                     p.send(msg)
             with pytest.raises(FerryMQTimeoutError, match="BUSY"):
                 p.send_batch([ferrymq.Message("t", b"b1"), ferrymq.Message("t", b"b2")])
-        with ferrymq.TransactionProducer(bp.address, "txg", lambda m: ferrymq.TransactionState.COMMIT,
+        with ferrymq.HalfMessageProducer(bp.address, "txg", lambda m: ferrymq.HalfState.COMMIT,
                                          request_timeout_s=1.0) as tp:
             t0 = time.monotonic()
             with pytest.raises(BusyError, match="memory_high_watermark") as info:
                 tp.send_in_transaction(ferrymq.Message("t", b"half"),
-                                       lambda m: ferrymq.TransactionState.COMMIT)
+                                       lambda m: ferrymq.HalfState.COMMIT)
             assert info.value.retry_after_ms == 250
             assert time.monotonic() - t0 >= 0.5  # retried after the retry-after, then gave up
         with ferrymq.Producer(bp.address, transactional_id="eos-1", delivery_timeout_s=1.0) as p:

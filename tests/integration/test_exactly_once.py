@@ -16,8 +16,8 @@ from ferrymq.errors import (
     InvalidTxnTimeoutError,
     ProducerFencedError,
     StagedTxnExpiredError,
-    TransactionStateError,
     TransactionTimedOutError,
+    TxnUsageError,
 )
 from ferrymq.protocol import messages as m
 from ferrymq.protocol.records import ATTR_CONTROL, ATTR_TRANSACTIONAL, iter_batches
@@ -137,7 +137,7 @@ def test_zombie_is_fenced(broker: Broker) -> None:
     try:
         with pytest.raises(ProducerFencedError):
             old.send(Message("t", b"zombie-2"))
-        with pytest.raises((ProducerFencedError, TransactionStateError)):
+        with pytest.raises((ProducerFencedError, TxnUsageError)):
             old.commit()
         new.begin()
         new.send(Message("t", b"new-1"))
@@ -232,19 +232,19 @@ def test_staged_ttl_expires(tmp_path: Path) -> None:
 
 def test_bad_input(broker: Broker) -> None:
     with Producer(broker.address, transactional_id="bad") as p:
-        with pytest.raises(TransactionStateError):
+        with pytest.raises(TxnUsageError):
             p.send(Message("t", b"outside a transaction"))
-        with pytest.raises(TransactionStateError):
+        with pytest.raises(TxnUsageError):
             p.commit()
         p.begin()
-        with pytest.raises(TransactionStateError):
+        with pytest.raises(TxnUsageError):
             p.begin()
         with pytest.raises(ValueError):
             p.send(Message("t", b"x", dedup_key="k"))
         with pytest.raises(ValueError):
             p.send(Message("t", b"x", delay=5))
         p.abort()
-    with Producer(broker.address) as plain, pytest.raises(TransactionStateError):
+    with Producer(broker.address) as plain, pytest.raises(TxnUsageError):
         plain.begin()
 
 

@@ -131,9 +131,9 @@ async def _flood(address: str, groups: int) -> None:
         async def one(i: int) -> None:
             async with sem:
                 g = f"flood-{i}"
-                hb = await s.request(m.ConsumerHeartbeatRequest(
+                hb = await s.request(m.DeliveryHeartbeatRequest(
                     g, "", "flooder", [(TOPIC, "*")], 60_000, None, -1,
-                    int(m.OffsetSpec.EARLIEST)), m.ConsumerHeartbeatResponse)
+                    int(m.OffsetSpec.EARLIEST)), m.DeliveryHeartbeatResponse)
                 resp = await s.request(m.ReceiveRequest(g, hb.member_id, [], 1, 1 << 20, 30_000,
                                                         2_000), m.ReceiveResponse)
                 assert len(resp.deliveries) == 1, (g, resp)
@@ -142,7 +142,7 @@ async def _flood(address: str, groups: int) -> None:
                 ack = await s.request(m.AckRequest(g, hb.member_id, [
                     (topic, queue, lease, list(range(first, last + 1)))]), m.AckResponse)
                 assert ack.failed == []
-                await s.request(m.ConsumerLeaveRequest(g, hb.member_id), m.Empty)
+                await s.request(m.DeliveryLeaveRequest(g, hb.member_id), m.Empty)
 
         await asyncio.gather(*(one(i) for i in range(groups)))
     finally:

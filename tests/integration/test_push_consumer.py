@@ -873,7 +873,7 @@ def test_start_against_a_closed_port_fails_with_the_connection_error() -> None:
     try:
         with pytest.raises(ConnectionClosedError, match=str(port)):
             c.start()
-        assert time.monotonic() - t0 < 10  # not "CONSUMER_HEARTBEAT: no answer in 30 s"
+        assert time.monotonic() - t0 < 10  # not "DELIVERY_HEARTBEAT: no answer in 30 s"
     finally:
         c.close()
 
@@ -1012,17 +1012,17 @@ def test_ephemeral_is_asked_for_by_the_client_and_a_durable_member_keeps_the_gro
         broker: Broker) -> None:
     produce(broker, "t", 0, queues=1)
 
-    def heartbeat(member: str, ephemeral: bool) -> m.ConsumerHeartbeatResponse:
-        return run(request(broker.address, m.ConsumerHeartbeatRequest(
+    def heartbeat(member: str, ephemeral: bool) -> m.DeliveryHeartbeatResponse:
+        return run(request(broker.address, m.DeliveryHeartbeatRequest(
             "mixed", member, "c", [("t", "*")], 30_000, None, -1, -1, False, False, ephemeral),
-            m.ConsumerHeartbeatResponse))
+            m.DeliveryHeartbeatResponse))
 
     first = heartbeat("", True)
     assert first.ephemeral
     second = heartbeat("", False)  # a durable member: the group is durable for good
     assert not second.ephemeral and not heartbeat(first.member_id, True).ephemeral
     for member in (first.member_id, second.member_id):
-        run(request(broker.address, m.ConsumerLeaveRequest("mixed", member), m.Empty))
+        run(request(broker.address, m.DeliveryLeaveRequest("mixed", member), m.Empty))
     time.sleep(0.3)
     assert "mixed" in group_names(broker.address)
 

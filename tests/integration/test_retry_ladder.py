@@ -148,10 +148,10 @@ def test_letters_read_ahead_are_bounded_by_max_retry_loaded(tmp_path: Path) -> N
         async def scenario() -> tuple[list[str], list[str]]:
             s = Session(addr)
             try:
-                hb = await s.request(m.ConsumerHeartbeatRequest(
+                hb = await s.request(m.DeliveryHeartbeatRequest(
                     group="g", member_id="", client_id="t", subscriptions=[("a", "*"), ("b", "*")],
                     session_timeout_ms=30_000, retry_delays_ms=[100], max_reconsume=16,
-                    start_from=int(m.OffsetSpec.EARLIEST)), m.ConsumerHeartbeatResponse)
+                    start_from=int(m.OffsetSpec.EARLIEST)), m.DeliveryHeartbeatResponse)
                 member = hb.member_id
 
                 async def receive(subs: list[tuple[str, str]], n: int,

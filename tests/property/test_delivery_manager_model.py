@@ -3,7 +3,7 @@ and journals in a temporary directory, a FakeClock, async flush (the flusher thr
 started: nothing waits for an fsync), driven by the calls the handlers make.
 
 Rules: produce (messages with sharding keys, a key always to the same queue), a member joins
-(CONSUMER_HEARTBEAT) or leaves, RECEIVE, ACK (one or more messages of a lease), NACK,
+(DELIVERY_HEARTBEAT) or leaves, RECEIVE, ACK (one or more messages of a lease), NACK,
 CHANGE_INVISIBLE, the three with receipts no longer current, time passes (the manager's tick:
 expired leases), MESSAGE_STATUS, and a restart (clean: snapshots; or as after kill -9: the
 journals replayed).

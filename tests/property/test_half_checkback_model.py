@@ -6,7 +6,7 @@ resolved long ago), let a committed copy become durable or fail its fsync. Invar
 outcome never changes once decided; a half message is never checked before ``check_after`` nor
 twice within ``check_interval``, never more than ``max_checks`` times, and is rolled back only
 when due after its last check; a committing one is never checked; the pending set and the
-remembered outcomes stay within ``txn_max_pending``; the retention floor is the oldest pending
+remembered outcomes stay within ``half_max_pending``; the retention floor is the oldest pending
 offset.
 """
 
@@ -22,19 +22,19 @@ from ferrymq.broker.half_messages.state import (
     TRANSITIONS,
     HalfBook,
     HalfEvent,
-    HalfMessage,
-    HalfState,
+    HalfPhase,
     Outcome,
+    PendingHalf,
     outcome_of,
 )
-from ferrymq.errors import BusyError, TransactionResolvedError
+from ferrymq.errors import BusyError, HalfMessageResolvedError
 from ferrymq.protocol.half_messages import (
     COMMITTED,
+    HALF_MSGID,
+    HALF_OP,
+    HALF_SOURCE,
     OP_COMMIT,
     OP_ROLLBACK,
-    TXN_MSGID,
-    TXN_OP,
-    TXN_SOURCE,
 )
 from ferrymq.protocol.records import encode_msg_id
 
@@ -77,7 +77,7 @@ class HalfCheckerModel(RuleBasedStateMachine):
         self.book.check_room()
         off = self.next_offset
         self.next_offset += 3  # op records sit between half messages
-        self.book.add(HalfMessage(off, "g", "c", "t", 0, 0, after, interval, max_checks,
+        self.book.add(PendingHalf(off, "g", "c", "t", 0, 0, after, interval, max_checks,
                                   self.now + after / 1000))
         self.seen[off] = Seen(self.now, after / 1000, interval / 1000, max_checks)
 
@@ -89,7 +89,7 @@ class HalfCheckerModel(RuleBasedStateMachine):
     def check_round(self) -> None:
         for h, out_of_checks in self.book.due(self.now):
             s = self.seen[h.offset]
-            assert h.state is HalfState.PREPARED, "a committing half message was checked"
+            assert h.state is HalfPhase.PREPARED, "a committing half message was checked"
             assert self.now + EPS >= s.stored + s.after, "checked before check_after"
             if s.last_check is not None:
                 assert self.now + EPS >= s.last_check + s.interval, "checked within the interval"
@@ -109,39 +109,39 @@ class HalfCheckerModel(RuleBasedStateMachine):
         off = data.draw(st.sampled_from(sorted(self.seen)))
         h = self.book.get(off)
         if h is None:  # resolved: the same answer (or UNKNOWN) is answered, the other refused
-            state = HalfState(self.decided[off])
+            state = HalfPhase(self.decided[off])
             if (state, answer) in TRANSITIONS:
                 return
             try:
-                self.book.step(HalfMessage(off, "g", "", "t", 0, 0, 0, 0, 0, 0.0, state=state),
+                self.book.step(PendingHalf(off, "g", "", "t", 0, 0, 0, 0, 0, 0.0, state=state),
                                answer)
-            except TransactionResolvedError:
+            except HalfMessageResolvedError:
                 return
             raise AssertionError(f"a {state} transaction took {answer}")
-        if h.state is HalfState.COMMITTING:
+        if h.state is HalfPhase.COMMITTING:
             if answer is HalfEvent.ROLLBACK:
                 try:
                     self.book.step(h, answer)
-                except TransactionResolvedError:
-                    assert h.state is HalfState.COMMITTING
+                except HalfMessageResolvedError:
+                    assert h.state is HalfPhase.COMMITTING
                     return
                 raise AssertionError("a committing transaction was rolled back")
             self.book.step(h, answer)  # joins the commit in progress
-            assert h.state is HalfState.COMMITTING
+            assert h.state is HalfPhase.COMMITTING
             return
         if answer is HalfEvent.ROLLBACK:
             self._decide(h, OP_ROLLBACK, "producer")
         elif answer is HalfEvent.COMMIT:
             self.book.step(h, answer)
-            assert h.state is HalfState.COMMITTING
+            assert h.state is HalfPhase.COMMITTING
         else:
             self.book.step(h, answer)
-            assert h.state is HalfState.PREPARED
+            assert h.state is HalfPhase.PREPARED
 
     @rule(data=st.data(), durable=st.booleans())
     def copy_settles(self, data: st.DataObject, durable: bool) -> None:
         committing = sorted(o for o, h in self.book.pending.items()
-                            if h.state is HalfState.COMMITTING)
+                            if h.state is HalfPhase.COMMITTING)
         if not committing:
             return
         h = self.book.pending[data.draw(st.sampled_from(committing))]
@@ -149,24 +149,24 @@ class HalfCheckerModel(RuleBasedStateMachine):
             self._decide(h, OP_COMMIT, "producer")
         else:
             self.book.step(h, HalfEvent.COPY_LOST)
-            assert h.state is HalfState.PREPARED
+            assert h.state is HalfPhase.PREPARED
 
     @precondition(lambda self: bool(self.decided))
     @rule()
     def decided_ones_refuse_the_other_answer(self) -> None:
         for off, state in self.decided.items():
             other = HalfEvent.ROLLBACK if state == COMMITTED else HalfEvent.COMMIT
-            h = HalfMessage(off, "g", "", "t", 0, 0, 0, 0, 0, 0.0, state=HalfState(state))
+            h = PendingHalf(off, "g", "", "t", 0, 0, 0, 0, 0, 0.0, state=HalfPhase(state))
             try:
                 self.book.step(h, other)
-            except TransactionResolvedError:
+            except HalfMessageResolvedError:
                 continue
             raise AssertionError(f"{state} became {h.state}")
 
-    def _decide(self, h: HalfMessage, op: str, source: str) -> None:
-        props = {TXN_OP: op, TXN_SOURCE: source}
+    def _decide(self, h: PendingHalf, op: str, source: str) -> None:
+        props = {HALF_OP: op, HALF_SOURCE: source}
         if op == OP_COMMIT:
-            props[TXN_MSGID] = encode_msg_id(1, 0, h.offset)
+            props[HALF_MSGID] = encode_msg_id(1, 0, h.offset)
         out = outcome_of(h.group, h.topic, h.queue, props, int(self.now * 1000))
         assert h.offset not in self.decided, "decided twice"
         self.book.resolve(h, out)
@@ -190,7 +190,7 @@ class HalfCheckerModel(RuleBasedStateMachine):
         remembered = sum(1 for off in self.decided if self.book.outcome(off) is not None)
         assert remembered <= MAX_PENDING
         for h in self.book.pending.values():
-            assert h.state in (HalfState.PREPARED, HalfState.COMMITTING)
+            assert h.state in (HalfPhase.PREPARED, HalfPhase.COMMITTING)
             assert h.checks <= h.max_checks
 
     @invariant()

@@ -39,7 +39,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from ferrymq.broker.config import BrokerConfig
-from ferrymq.broker.consumer_groups import GroupCoordinator
+from ferrymq.broker.consumer_groups import ConsumerGroupCoordinator
 from ferrymq.broker.flusher import Flusher
 from ferrymq.broker.producer_ids import ProducerIdManager
 from ferrymq.broker.topics import QueueState, TopicRegistry
@@ -102,13 +102,13 @@ class CoordinatorModel(RuleBasedStateMachine):
         self.topics.open_all(self.clock.wall_ms())
         if first:
             self.topics.create("t", QUEUES, {}, self.clock.wall_ms())
-        self.groups = GroupCoordinator(self.dir)
-        self.groups.load()
+        self.consumer_groups = ConsumerGroupCoordinator(self.dir)
+        self.consumer_groups.load()
         self.pids = ProducerIdManager(self.dir)
         self.pids.load()
         self.flusher = Flusher(self.loop, sync=False, interval_ms=200, threads=1)  # not started
         self.flusher.retry_after_ms = CONFIG.busy_retry_after_ms
-        self.coord = TxnCoordinator(CONFIG, self.topics, self.flusher, self.groups, self.pids,
+        self.coord = TxnCoordinator(CONFIG, self.topics, self.flusher, self.consumer_groups, self.pids,
                                     self.clock, self.dir)
         self.coord.load()
 
@@ -336,7 +336,7 @@ class CoordinatorModel(RuleBasedStateMachine):
                     self.committed.pop(key, None)
                     self.uncertain.add(key)
             del self.open[tid]
-        committed = self.groups.committed("g")
+        committed = self.consumer_groups.committed("g")
         for key in self.uncertain:
             if key in committed:
                 self.committed[key] = committed[key]

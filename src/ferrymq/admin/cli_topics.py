@@ -42,7 +42,7 @@ def topic_create(state: CliState, name: str, queues: int,
 @topic.command("list")
 @click.option("--internal", is_flag=True,
               help="Also list the broker's own topics (%RETRY%/%DLQ% of delivery groups, "
-                   "transactions).")
+                   "half messages, transactions).")
 @pass_state
 def topic_list(state: CliState, internal: bool) -> None:
     """List topics with their ids and queue counts (the broker's own %-named topics only with

@@ -119,7 +119,7 @@ NEEDS: dict[int, _Rule] = {
     m.ApiKey.DESCRIBE_GROUP: lambda r, s: [("group", r.group)],
     m.ApiKey.RESET_OFFSETS: lambda r, s: [ADMIN],
     m.ApiKey.DELETE_GROUP: lambda r, s: [ADMIN],
-    m.ApiKey.CONSUMER_HEARTBEAT: lambda r, s: [
+    m.ApiKey.DELIVERY_HEARTBEAT: lambda r, s: [
         ("group", r.group), *_topics("consume", {t for t, _ in r.subscriptions})],
     m.ApiKey.RECEIVE: lambda r, s: [
         ("group", r.group), *_topics("consume", {t for t, _ in r.subscriptions})],
@@ -129,16 +129,16 @@ NEEDS: dict[int, _Rule] = {
                                  *_topics("consume", {e[0] for e in r.entries})],
     m.ApiKey.CHANGE_INVISIBLE: lambda r, s: [("group", r.group),
                                              *_topics("consume", {e[0] for e in r.entries})],
-    m.ApiKey.CONSUMER_LEAVE: lambda r, s: [("group", r.group)],
+    m.ApiKey.DELIVERY_LEAVE: lambda r, s: [("group", r.group)],
     m.ApiKey.DESCRIBE_DELIVERY: lambda r, s: [("group", r.group)],
     m.ApiKey.MESSAGE_STATUS: _by_msg_id("consume"),
     m.ApiKey.DLQ_ADMIN: lambda r, s: [ADMIN],
     m.ApiKey.FIND_BY_KEY: lambda r, s: [("consume", r.topic)],
     m.ApiKey.CANCEL_SCHEDULED: _by_msg_id("produce"),
     m.ApiKey.SKIP_MESSAGE: lambda r, s: [ADMIN],
-    m.ApiKey.PREPARE_TRANSACTION: lambda r, s: [("group", r.group), ("produce", r.topic)],
-    m.ApiKey.END_TRANSACTION: lambda r, s: [("group", r.group)],
-    m.ApiKey.TXN_CHECK_POLL: lambda r, s: [("group", r.group)],
+    m.ApiKey.PREPARE_HALF: lambda r, s: [("group", r.group), ("produce", r.topic)],
+    m.ApiKey.END_HALF: lambda r, s: [("group", r.group)],
+    m.ApiKey.HALF_CHECK_POLL: lambda r, s: [("group", r.group)],
 }
 
 # Kafka-style transactions (their ApiKeys may not exist yet in every tree: look them up by name)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from ferrymq._deprecated import renamed_setting
 from ferrymq.broker.dedup import DEFAULT_DEDUP_MAX_KEYS
 from ferrymq.errors import ConfigError, InvalidRequestError
 from ferrymq.protocol.dedup import MAX_DEDUP_WINDOW_MS
@@ -218,23 +219,23 @@ class BrokerConfig:
         "Most dedup keys one topic's window holds in memory (~280 bytes each with short keys); a "
         "send that would exceed it is refused with BUSY (retriable) until older keys expire.",
     )
-    txn_check_after_ms: int = _f(
+    half_check_after_ms: int = _f(
         6_000,
-        "Transactions: a half message whose outcome is unknown is first checked back this long "
+        "Half messages: a half message whose outcome is unknown is first checked back this long "
         "after it was stored (RocketMQ: 6 s). Default for producer groups that do not set "
         "`check_after`.",
     )
-    txn_check_interval_ms: int = _f(
-        30_000, "Transactions: later check-backs of an unresolved half message come this far "
+    half_check_interval_ms: int = _f(
+        30_000, "Half messages: later check-backs of an unresolved half message come this far "
         "apart (RocketMQ: 30 s). Default for groups that do not set `check_interval`.",
     )
-    txn_max_checks: int = _f(
-        15, "Transactions: after this many check-backs without a definite answer the half "
+    half_max_checks: int = _f(
+        15, "Half messages: after this many check-backs without a definite answer the half "
         "message is rolled back, with the reason recorded (RocketMQ: 15). Default for groups "
         "that do not set `max_checks`.",
     )
-    txn_max_pending: int = _f(
-        100_000, "Transactions: most half messages pending (neither committed nor rolled back) "
+    half_max_pending: int = _f(
+        100_000, "Half messages: most half messages pending (neither committed nor rolled back) "
         "at once, held in memory (~300 bytes each); a new half message beyond it is refused "
         "with BUSY (retriable).",
     )
@@ -340,7 +341,7 @@ class BrokerConfig:
             "max_orderly_held", "max_retry_loaded", "key_index_bytes_per_tick",
             "key_index_file_bytes", "max_find_results", "find_scan_bytes", "max_delay_ms",
             "schedule_bucket_ms", "schedule_cache_bytes", "dedup_max_keys",
-            "txn_check_after_ms", "txn_check_interval_ms", "txn_max_checks", "txn_max_pending",
+            "half_check_after_ms", "half_check_interval_ms", "half_max_checks", "half_max_pending",
             "txn_default_timeout_ms", "txn_max_timeout_ms", "txn_staged_ttl_ms", "txn_max_open",
             "txn_id_expiration_ms", "auth_timeout_ms", "max_connections_per_ip",
             "max_write_queue_bytes", "write_stall_timeout_ms", "disk_check_interval_ms",
@@ -466,6 +467,9 @@ def load(
         env: the environment to read ``FERRYMQ_<FIELD>`` from (pass ``os.environ``).
         overrides: flags or keyword arguments; None values are ignored.
 
+    A setting renamed since (``txn_check_after_ms``, now ``half_check_after_ms``; see
+    :mod:`ferrymq._deprecated`) is taken under its old name too, with a DeprecationWarning.
+
     Raises:
         ConfigError: unreadable file, unknown key, wrong type or out-of-range value.
     """
@@ -477,14 +481,16 @@ def load(
             raise ConfigError(f"cannot read config file {file}: {exc}") from None
         table = data.get("broker", data)
         for k, v in table.items():
+            k = renamed_setting(k, source=f"in {file}")
             values[k] = _coerce(k, v)
     for k, v in (env or {}).items():
         if k.startswith("FERRYMQ_"):
-            name = k[len("FERRYMQ_"):].lower()
+            name = renamed_setting(k[len("FERRYMQ_"):].lower(), source=k)
             if name in _FIELDS:
                 values[name] = _coerce(name, v)
     for k, v in (overrides or {}).items():
         if v is not None:
+            k = renamed_setting(k, source="argument")
             values[k] = _coerce(k, v)
     return BrokerConfig(**values).validate()
 

@@ -10,7 +10,7 @@ Every change of membership or subscription bumps the generation. Members learn o
 next heartbeat (``REBALANCE_IN_PROGRESS``) and rejoin to get their new share. A member may
 subscribe to a topic that does not exist yet (a consumer started before its producers): it gets
 no queues of it until the topic is created. The broker's housekeeping hands the current queue
-counts to :meth:`GroupCoordinator.sync_queue_counts` twice a second; when a topic subscribed to
+counts to :meth:`ConsumerGroupCoordinator.sync_queue_counts` twice a second; when a topic subscribed to
 is created, deleted or changes its queue count, the groups reading it rebalance (Kafka's
 consumers notice new partitions by refreshing metadata; here the broker assigns, so the broker
 notices). A commit that carries
@@ -31,7 +31,7 @@ other state)::
       topics change
 
 A new group beyond ``max_consumer_groups`` (a join, a commit or an offset reset that names an
-unknown group) is refused with POLICY_VIOLATION before it exists (:meth:`GroupCoordinator.check_new`).
+unknown group) is refused with POLICY_VIOLATION before it exists (:meth:`ConsumerGroupCoordinator.check_new`).
 
 Committed offsets survive restarts: each group's offsets are one checkpoint file
 (``groups/<group>``), rewritten atomically (write, fsync, rename) on every commit. Deleting a
@@ -119,7 +119,7 @@ class Member:
 
 
 @dataclass
-class Group:
+class ConsumerGroup:
     """One consumer group."""
 
     name: str
@@ -152,12 +152,12 @@ def assign_averagely(
     return out
 
 
-class GroupCoordinator:
+class ConsumerGroupCoordinator:
     """All groups of this broker."""
 
     def __init__(self, data_dir: Path, *, max_groups: int = 0) -> None:
         self._dir = data_dir / "groups"
-        self.groups: dict[str, Group] = {}
+        self.groups: dict[str, ConsumerGroup] = {}
         self._queue_counts: dict[str, int] = {}  # as of the last sync_queue_counts()
         self.max_groups = max_groups
         """Most groups (``max_consumer_groups``; 0: no limit): see :meth:`check_new`."""
@@ -172,11 +172,11 @@ class GroupCoordinator:
             if raw is None:
                 continue
             data = msgpack.unpackb(raw, raw=False, strict_map_key=False)
-            g = Group(data["name"])
+            g = ConsumerGroup(data["name"])
             g.offsets = {(t, q): o for t, q, o in data["offsets"]}
             self.groups[g.name] = g
 
-    def _save(self, g: Group, offsets: dict[tuple[str, int], int]) -> None:
+    def _save(self, g: ConsumerGroup, offsets: dict[tuple[str, int], int]) -> None:
         """Write ``offsets`` durably, then make them ``g``'s: when the write fails (OSError,
         e.g. a full disk) the group keeps the offsets it had, on disk and in memory."""
         if _faults.ENOSPC_FAULTS:
@@ -186,7 +186,7 @@ class GroupCoordinator:
         write_checkpoint(self._dir / g.name, msgpack.packb(data, use_bin_type=True))
         g.offsets = offsets
 
-    def group(self, name: str) -> Group:
+    def group(self, name: str) -> ConsumerGroup:
         """A known group.
 
         Raises:
@@ -211,7 +211,7 @@ class GroupCoordinator:
                 f"groups, max_consumer_groups={self.max_groups} (delete unused ones: ferrymq "
                 "group delete)")
 
-    def _get_or_create(self, name: str, *, limited: bool = True) -> Group:
+    def _get_or_create(self, name: str, *, limited: bool = True) -> ConsumerGroup:
         """The group ``name``, created if new (within ``max_groups`` when ``limited``).
 
         Raises:
@@ -223,7 +223,7 @@ class GroupCoordinator:
         if g is None:
             if limited:
                 self.check_new(name)
-            g = self.groups[name] = Group(name)
+            g = self.groups[name] = ConsumerGroup(name)
         return g
 
     # -- membership --------------------------------------------------------------------------
@@ -231,7 +231,7 @@ class GroupCoordinator:
     def join(
         self, name: str, member_id: str, client_id: str, host: str, topics: list[str],
         session_timeout_ms: int, now_ms: int, queue_counts: dict[str, int],
-    ) -> tuple[Group, Member]:
+    ) -> tuple[ConsumerGroup, Member]:
         """Add or refresh a member and rebalance if anything changed."""
         g = self._get_or_create(name)
         m = g.members.get(member_id) if member_id else None
@@ -255,11 +255,11 @@ class GroupCoordinator:
         return g, m
 
     @staticmethod
-    def _plan_changed(g: Group, queue_counts: dict[str, int]) -> bool:
+    def _plan_changed(g: ConsumerGroup, queue_counts: dict[str, int]) -> bool:
         fresh = assign_averagely(list(g.members.values()), queue_counts)
         return any(fresh[mid] != mm.assignment for mid, mm in g.members.items())
 
-    def _rebalance(self, g: Group, queue_counts: dict[str, int]) -> None:
+    def _rebalance(self, g: ConsumerGroup, queue_counts: dict[str, int]) -> None:
         g.generation += 1
         plan = assign_averagely(list(g.members.values()), queue_counts)
         for mid, m in g.members.items():

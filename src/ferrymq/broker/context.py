@@ -25,11 +25,11 @@ from ferrymq.protocol.messages import Body
 if TYPE_CHECKING:
     from ferrymq._time import Clock
     from ferrymq.broker.config import BrokerConfig
-    from ferrymq.broker.consumer_groups import GroupCoordinator
+    from ferrymq.broker.consumer_groups import ConsumerGroupCoordinator
     from ferrymq.broker.dedup import Deduplicator
     from ferrymq.broker.delivery import DeliveryManager
     from ferrymq.broker.flusher import Flusher
-    from ferrymq.broker.half_messages import TransactionManager
+    from ferrymq.broker.half_messages import HalfMessageManager
     from ferrymq.broker.keyindexer import KeyIndexer
     from ferrymq.broker.producer_ids import ProducerIdManager
     from ferrymq.broker.scheduler import Scheduler
@@ -79,7 +79,7 @@ class BrokerContext(Protocol):
         """Delayed messages."""
 
     @property
-    def transactions(self) -> TransactionManager:
+    def half_messages(self) -> HalfMessageManager:
         """Half messages (prepare, end, check-back)."""
 
     @property
@@ -87,8 +87,8 @@ class BrokerContext(Protocol):
         """Exactly-once transactions."""
 
     @property
-    def groups(self) -> GroupCoordinator:
-        """Pull consumer groups and their committed offsets."""
+    def consumer_groups(self) -> ConsumerGroupCoordinator:
+        """Consumer groups (offset-based pull groups) and their committed offsets."""
 
     @property
     def delivery(self) -> DeliveryManager:

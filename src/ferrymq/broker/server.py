@@ -39,12 +39,12 @@ from ferrymq._version import __version__
 from ferrymq.broker.auth import Authenticator, UserStore
 from ferrymq.broker.config import BrokerConfig
 from ferrymq.broker.connection import BrokerConnection
-from ferrymq.broker.consumer_groups import GroupCoordinator
+from ferrymq.broker.consumer_groups import ConsumerGroupCoordinator
 from ferrymq.broker.dedup import Deduplicator
 from ferrymq.broker.delivery import DeliveryManager
 from ferrymq.broker.descriptors import DescriptorBudget, plan_descriptors, raise_descriptor_limit
 from ferrymq.broker.flusher import Flusher
-from ferrymq.broker.half_messages import TransactionManager
+from ferrymq.broker.half_messages import HalfMessageManager
 from ferrymq.broker.handlers import HANDLERS, Handler
 from ferrymq.broker.keyindexer import KeyIndexer
 from ferrymq.broker.limits import ByteRateQuota, ConnectionLimits, CreationRate
@@ -98,10 +98,10 @@ class BrokerServer:
         self.delivery: DeliveryManager
         self.key_index: KeyIndexer
         self.scheduler: Scheduler
-        self.transactions: TransactionManager
+        self.half_messages: HalfMessageManager
         self.txn: TxnCoordinator
         self.dedup: Deduplicator
-        self.groups = GroupCoordinator(self.data_dir, max_groups=config.max_consumer_groups)
+        self.consumer_groups = ConsumerGroupCoordinator(self.data_dir, max_groups=config.max_consumer_groups)
         self.producer_ids = ProducerIdManager(self.data_dir)
         self._server: asyncio.Server | None = None
         self._lock_file: IO[bytes] | None = None
@@ -162,7 +162,7 @@ class BrokerServer:
         self._tasks.append(loop.create_task(self._housekeeping()))
         self._tasks.append(loop.create_task(self._delivery_ticks()))
         self.scheduler.start()
-        self.transactions.start()
+        self.half_messages.start()
         log.info("FerryMQ %s broker listening on %s:%d (data %s, flush %s)", __version__,
                  self.address[0], self.address[1], self.data_dir.resolve(), self.config.flush)
         log.info("%s", self.descriptors.describe(cfg.max_total_queues, cfg.max_delivery_groups))
@@ -241,8 +241,8 @@ class BrokerServer:
         self.topics.open_all(self.clock.wall_ms())
         self.dedup = Deduplicator(self.topics, max_keys=cfg.dedup_max_keys)
         self.dedup.load(self.clock.wall_ms())
-        self.groups.load()
-        self.groups.sync_queue_counts({n: len(t.queues) for n, t in self.topics.topics.items()})
+        self.consumer_groups.load()
+        self.consumer_groups.sync_queue_counts({n: len(t.queues) for n, t in self.topics.topics.items()})
         self.producer_ids.load()
         log.info("opened %d topics in %.3f s (%s)", len(self.topics.topics), loop.time() - t0,
                  "new data directory" if fresh else
@@ -257,10 +257,10 @@ class BrokerServer:
                                         self.scheduler)  # retry letters are scheduled
         self.delivery.load()
         self.scheduler.load()
-        self.transactions = TransactionManager(cfg, self.topics, self.flusher, self.scheduler,
-                                               self.clock, self.data_dir)
-        self.transactions.load()
-        self.txn = TxnCoordinator(cfg, self.topics, self.flusher, self.groups, self.producer_ids,
+        self.half_messages = HalfMessageManager(cfg, self.topics, self.flusher, self.scheduler,
+                                                self.clock, self.data_dir)
+        self.half_messages.load()
+        self.txn = TxnCoordinator(cfg, self.topics, self.flusher, self.consumer_groups, self.producer_ids,
                                   self.clock, self.data_dir)
         self.txn.load()  # finishes interrupted commits before anyone can read
         self.key_index = KeyIndexer(self.topics, cfg)
@@ -286,7 +286,7 @@ class BrokerServer:
         if self._server is not None:
             self._server.close()
         self.scheduler.stop()
-        self.transactions.stop()  # answers waiting check polls
+        self.half_messages.stop()  # answers waiting check polls
         for qs in self.topics.all_queues():  # answer long polls now
             for w in list(qs.waiters):
                 if not w.done():
@@ -305,7 +305,7 @@ class BrokerServer:
         await asyncio.sleep(0)  # run the flusher's last callbacks (they may journal moves)
         try:
             self.scheduler.close()
-            self.transactions.close()
+            self.half_messages.close()
             self.txn.close()
             self.delivery.close()
         finally:
@@ -374,8 +374,8 @@ class BrokerServer:
                 self.watermarks.sample()
                 self.flusher.retry_full(self.watermarks.disk_ok)
                 counts = {n: len(t.queues) for n, t in self.topics.topics.items()}
-                self.groups.expire(self.now_monotonic_ms(), counts)
-                self.groups.sync_queue_counts(counts)  # topics created: their readers rebalance
+                self.consumer_groups.expire(self.now_monotonic_ms(), counts)
+                self.consumer_groups.sync_queue_counts(counts)  # topics created: their readers rebalance
                 now = self.clock.monotonic()
                 idle_s = cfg.idle_timeout_ms / 1000
                 stall_s = cfg.write_stall_timeout_ms / 1000
@@ -391,7 +391,7 @@ class BrokerServer:
                     self._last_retention = now
                     wall = self.clock.wall_ms()
                     floors = {**self.scheduler.retention_floors(),
-                              **self.transactions.retention_floors(),
+                              **self.half_messages.retention_floors(),
                               **self.txn.retention_floors()}
                     for qs in self.topics.all_queues():
                         n = qs.log.delete_old_segments(

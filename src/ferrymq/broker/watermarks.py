@@ -10,7 +10,7 @@ recomputed from samples, never on the produce path: the broker's housekeeping ti
 (:meth:`Watermarks.check_produce`).
 
 Three conditions refuse produce (PRODUCE in every form -- plain, batch, transactional,
-delayed, dedup -- and PREPARE_TRANSACTION); consumers, fetches, acks, nacks, offset commits and
+delayed, dedup -- and PREPARE_HALF); consumers, fetches, acks, nacks, offset commits and
 transaction ends are never refused, so the backlog can drain:
 
 * **memory**: RSS above ``memory_high_watermark_bytes`` -> BUSY. Cleared when RSS is back

@@ -225,13 +225,13 @@ class DeliveryCore:
     async def heartbeat(self) -> None:
         """Register or refresh this member (and the group's retry policy)."""
         resp = await self.session.request(
-            m.ConsumerHeartbeatRequest(
+            m.DeliveryHeartbeatRequest(
                 self.group, self.member_id, self.session.client_id,
                 sorted(self.subscriptions.items()), self.session_timeout_ms,
                 self.retry_delays_ms, self.max_reconsume, self.start_from, self.orderly,
                 self.exclusive, self.ephemeral,
             ),
-            m.ConsumerHeartbeatResponse,
+            m.DeliveryHeartbeatResponse,
         )
         if self.ephemeral and not resp.ephemeral and not self.member_id:
             log.warning("delivery group %s is kept by the broker after this consumer leaves "
@@ -370,7 +370,7 @@ class DeliveryCore:
         if leave and member_id:
             with contextlib.suppress(BrokerError, ConnectionClosedError, FerryMQTimeoutError):
                 await self.session.request(
-                    m.ConsumerLeaveRequest(self.group, member_id), m.Empty, timeout_s=5.0,
+                    m.DeliveryLeaveRequest(self.group, member_id), m.Empty, timeout_s=5.0,
                     retry=False,
                 )
 

@@ -28,8 +28,8 @@ from ferrymq.client.message import Message
 from ferrymq.errors import (
     FerryMQError,
     ProducerFencedError,
-    TransactionStateError,
     TransactionTimedOutError,
+    TxnUsageError,
     error_for_code,
 )
 from ferrymq.protocol import messages as m
@@ -75,17 +75,17 @@ class TxnManager:
         self._reinit = False
 
     def check_usable(self, what: str) -> None:
-        """Raises TransactionStateError once the producer was fenced."""
+        """Raises TxnUsageError once the producer was fenced."""
         if self.state == FATAL:
-            raise TransactionStateError(f"{what}: this producer was fenced; create a new one")
+            raise TxnUsageError(f"{what}: this producer was fenced; create a new one")
 
     def check_send(self, msg: Message) -> None:
         """Raises unless ``msg`` may be sent now."""
         if self.state != IN_TXN:
             if self.state == FATAL:
-                raise TransactionStateError("this producer was fenced; create a new one")
-            raise TransactionStateError("a transactional producer sends only between begin() "
-                                        "and commit()/abort()")
+                raise TxnUsageError("this producer was fenced; create a new one")
+            raise TxnUsageError("a transactional producer sends only between begin() "
+                                "and commit()/abort()")
         if msg.dedup_key is not None:
             raise ValueError("dedup keys cannot be used inside a transaction (the transaction "
                              "itself makes the send exactly-once)")
@@ -104,7 +104,7 @@ class TxnManager:
         """Open a transaction (re-initialising first if the last one needs it)."""
         self.check_usable("begin()")
         if self.state == IN_TXN:
-            raise TransactionStateError("a transaction is already open: commit() or abort()")
+            raise TxnUsageError("a transaction is already open: commit() or abort()")
         if self._reinit:
             sender = self._sender
             await self._fenced_guard(self.init(sender.producer_id, sender.producer_epoch))
@@ -116,7 +116,7 @@ class TxnManager:
         """TXN_OFFSET_COMMIT of ``group``'s ``offsets`` (as a member, with ``consumer``)."""
         self.check_usable("send_offsets()")
         if self.state != IN_TXN:
-            raise TransactionStateError("send_offsets() outside a transaction: begin() first")
+            raise TxnUsageError("send_offsets() outside a transaction: begin() first")
         member, generation = "", -1
         if consumer is not None:
             inner = getattr(consumer, "_async", consumer)
@@ -140,8 +140,8 @@ class TxnManager:
         """Drop what is not sent, wait for what is in flight, then END_TXN(abort)."""
         self.check_usable("abort()")
         if self.state != IN_TXN:
-            raise TransactionStateError("abort() with no transaction open")
-        self._acc.drop_unsent(TransactionStateError("the transaction was aborted"))
+            raise TxnUsageError("abort() with no transaction open")
+        self._acc.drop_unsent(TxnUsageError("the transaction was aborted"))
         with contextlib.suppress(FerryMQError):
             await self._sender.flush()
         if self._error is not None:
@@ -163,7 +163,7 @@ class TxnManager:
         none failed (else that error is raised: the transaction must be aborted)."""
         self.check_usable(what)
         if self.state != IN_TXN:
-            raise TransactionStateError(f"{what} with no transaction open: begin() first")
+            raise TxnUsageError(f"{what} with no transaction open: begin() first")
         await self._sender.flush()
         if self._error is not None:
             raise self._error

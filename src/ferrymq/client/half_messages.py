@@ -1,16 +1,17 @@
-"""The transactional producer: half messages, commit/rollback, check-back (RocketMQ style).
+"""The half-message producer: RocketMQ's transactional messages (half message, commit or
+rollback, check-back).
 
 Theory of operation
 -------------------
 ``send_in_transaction(msg, local_transaction)`` picks the message's queue like
 :class:`~ferrymq.client.producer.AsyncProducer` (selector, sharding key hash, round robin) and
-stores it as a *half message* (PREPARE_TRANSACTION): durable, invisible to consumers. Then it
-runs ``local_transaction(msg)`` and reports its answer (END_TRANSACTION): COMMIT makes the
+stores it as a *half message* (PREPARE_HALF): durable, invisible to consumers. Then it
+runs ``local_transaction(msg)`` and reports its answer (END_HALF): COMMIT makes the
 message visible in its queue, ROLLBACK discards it, UNKNOWN leaves it to the check-back. The
 prepare is sent once (never retried: a retried prepare could store a second half message);
-END_TRANSACTION is retried, the broker answers a repeated outcome with the first result.
+END_HALF is retried, the broker answers a repeated outcome with the first result.
 
-Check-back: the producer keeps a TXN_CHECK_POLL long poll open. When a half message of its group
+Check-back: the producer keeps a HALF_CHECK_POLL long poll open. When a half message of its group
 stays unresolved (this or another producer of the group returned UNKNOWN, crashed, or lost its
 connection), the broker hands it to one polling producer, whose ``checker(msg)`` decides; the
 first check comes ``check_after`` seconds after the half message was stored, then every
@@ -28,6 +29,7 @@ from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any
 
+from ferrymq import _deprecated
 from ferrymq._time import SYSTEM_CLOCK, Clock
 from ferrymq.client._session import Auth, Session, TLSOption
 from ferrymq.client.message import (
@@ -47,8 +49,8 @@ from ferrymq.errors import (
     UnknownQueueError,
 )
 from ferrymq.protocol import messages as m
-from ferrymq.protocol.half_messages import COMMITTED, PREPARED, TXN_ID
-from ferrymq.protocol.messages import TransactionState
+from ferrymq.protocol.half_messages import COMMITTED, HALF_ID, PREPARED
+from ferrymq.protocol.messages import HalfState
 from ferrymq.protocol.records import (
     ATTR_SCHEDULED,
     decode_msg_id,
@@ -59,34 +61,36 @@ from ferrymq.protocol.records import (
 
 log = logging.getLogger("ferrymq.client")
 
-Checker = Callable[[ReceivedMessage], "TransactionState | Awaitable[TransactionState]"]
-"""``checker(msg) -> TransactionState``: the outcome of the local transaction that ``msg``
-(a half message; ``msg.properties["%TXN_ID"]`` is its transaction id) belongs to."""
-LocalTransaction = Callable[[Message], "TransactionState | Awaitable[TransactionState]"]
+Checker = Callable[[ReceivedMessage], "HalfState | Awaitable[HalfState]"]
+"""``checker(msg) -> HalfState``: the outcome of the local transaction that ``msg``
+(a half message; ``msg.properties["%TXN_ID"]`` is its half id) belongs to."""
+LocalTransaction = Callable[[Message], "HalfState | Awaitable[HalfState]"]
 
-__all__ = ["AsyncTransaction", "AsyncTransactionProducer", "Checker", "Transaction",
-           "TransactionProducer", "TransactionResult", "TransactionState", "transaction_id"]
-
-
-def transaction_id(msg: ReceivedMessage) -> str | None:
-    """The transaction id of a committed message (or of a message given to a checker)."""
-    return msg.properties.get(TXN_ID)
+__all__ = ["AsyncHalfMessage", "AsyncHalfMessageProducer", "Checker", "HalfMessage",
+           "HalfMessageProducer", "HalfMessageResult", "HalfState", "half_id"]
 
 
-class TransactionResult:
-    """A transaction's state after its producer reported an outcome.
+def half_id(msg: ReceivedMessage) -> str | None:
+    """The half id of a committed message (or of a message given to a checker): the id of the
+    half message it was committed from (its ``%TXN_ID`` property)."""
+    return msg.properties.get(HALF_ID)
+
+
+class HalfMessageResult:
+    """A half message's state after its producer reported an outcome.
 
     Attributes:
-        txn_id: the transaction id (the half message's id; ``ferrymq message status`` takes it).
+        half_id: the half message's id (``ferrymq message status`` takes it; ``txn_id`` is its
+            deprecated name).
         state: ``"COMMITTED"``, ``"ROLLED_BACK"`` or ``"PREPARED"`` (UNKNOWN was reported: the
             broker's check-back decides).
         send_result: where the committed message is (None unless committed).
     """
 
-    __slots__ = ("send_result", "state", "txn_id")
+    __slots__ = ("half_id", "send_result", "state")
 
-    def __init__(self, txn_id: str, state: str, send_result: SendResult | None) -> None:
-        self.txn_id = txn_id
+    def __init__(self, half_id: str, state: str, send_result: SendResult | None) -> None:
+        self.half_id = half_id
         self.state = state
         self.send_result = send_result
 
@@ -100,26 +104,32 @@ class TransactionResult:
         """The committed message's id."""
         return None if self.send_result is None else self.send_result.msg_id
 
+    @property
+    def txn_id(self) -> str:
+        """Deprecated name of :attr:`half_id`."""
+        _deprecated.warn("the attribute", "txn_id", "half_id")
+        return self.half_id
+
     def __repr__(self) -> str:
-        return f"TransactionResult(txn_id={self.txn_id!r}, state={self.state!r}, " \
+        return f"HalfMessageResult(half_id={self.half_id!r}, state={self.state!r}, " \
                f"msg_id={self.msg_id!r})"
 
 
-class AsyncTransactionProducer:
-    """Sends transactional messages (asyncio).
+class AsyncHalfMessageProducer:
+    """Sends half messages (asyncio).
 
     Args:
         servers: ``"host:port"`` (or several, comma separated).
         group: the producer group: the broker asks any live producer of it about unresolved
             half messages of any other.
-        checker: ``checker(msg) -> TransactionState`` (or a coroutine function).
+        checker: ``checker(msg) -> HalfState`` (or a coroutine function).
         check_after: seconds after a half message was stored before the first check-back.
         check_interval: seconds between check-backs.
         max_checks: check-backs before the broker rolls the message back.
         client_id: shown in ``message status``.
         request_timeout_s: one request's deadline.
         connect_timeout_s: how long the first connection may take (the constructor of the
-            blocking ``TransactionProducer`` fails after it with ``ConnectionClosedError``
+            blocking ``HalfMessageProducer`` fails after it with ``ConnectionClosedError``
             naming every address tried and why), and the longest single attempt later.
         reconnect_timeout_s: after a connection was lost, how long to keep trying to reconnect
             before the waiting request fails.
@@ -150,7 +160,7 @@ class AsyncTransactionProducer:
         tls: TLSOption = None,
     ) -> None:
         if not group:
-            raise ConfigError("a transactional producer needs a group")
+            raise ConfigError("a half-message producer needs a group")
         if check_after <= 0 or check_interval <= 0 or max_checks <= 0 or poll_wait_s <= 0:
             raise ConfigError("check_after, check_interval, max_checks and poll_wait_s must "
                               "be > 0")
@@ -174,13 +184,13 @@ class AsyncTransactionProducer:
         self._closed = False
         self.checks_answered = 0
 
-    async def start(self) -> AsyncTransactionProducer:
+    async def start(self) -> AsyncHalfMessageProducer:
         """Connect and start answering check-backs."""
         await self._session.connection()
         self._checks = asyncio.get_running_loop().create_task(self._check_loop())
         return self
 
-    async def __aenter__(self) -> AsyncTransactionProducer:
+    async def __aenter__(self) -> AsyncHalfMessageProducer:
         return await self.start()
 
     async def __aexit__(self, *exc: object) -> None:
@@ -197,10 +207,10 @@ class AsyncTransactionProducer:
                 await self._checks
         await self._session.close()
 
-    # -- transactions ----------------------------------------------------------------------------
+    # -- half messages ---------------------------------------------------------------------------
 
     async def prepare(self, msg: Message) -> str:
-        """Store ``msg`` as a half message (durable, invisible); return its transaction id.
+        """Store ``msg`` as a half message (durable, invisible); return its half id.
 
         Raises:
             BrokerError subclass: refused (unknown topic, too large, BUSY: too many pending).
@@ -226,59 +236,63 @@ class AsyncTransactionProducer:
         scheduled = msg._due is not None and msg.scheduled_delay_ms(now) is not None
         batch = bytes(encode_batch([rec], attributes=ATTR_SCHEDULED if scheduled else 0))
         resp = await self._session.request(
-            m.PrepareTransactionRequest(self.group, self.client_id, msg.topic, q, batch,
-                                        self._check_after_ms, self._check_interval_ms,
-                                        self._max_checks),
-            m.PrepareTransactionResponse, retry=False)
-        return resp.txn_id
+            m.PrepareHalfRequest(self.group, self.client_id, msg.topic, q, batch,
+                                 self._check_after_ms, self._check_interval_ms, self._max_checks),
+            m.PrepareHalfResponse, retry=False)
+        return resp.half_id
 
-    async def end(self, txn_id: str, state: TransactionState, *, reason: str = "",
-                  from_check: bool = False) -> TransactionResult:
-        """Report the outcome of transaction ``txn_id``.
+    async def end(self, half_id: str, state: HalfState, *, reason: str = "",
+                  from_check: bool = False) -> HalfMessageResult:
+        """Report the outcome of half message ``half_id``.
 
         Raises:
-            UnknownTransactionError: no such transaction in this group.
-            TransactionResolvedError: it was already resolved the other way.
+            UnknownHalfMessageError: no such half message in this group.
+            HalfMessageResolvedError: it was already resolved the other way.
         """
         resp = await self._session.request(
-            m.EndTransactionRequest(self.group, txn_id, int(state), from_check, reason),
-            m.EndTransactionResponse)
+            m.EndHalfRequest(self.group, half_id, int(state), from_check, reason),
+            m.EndHalfResponse)
         result = None
         if resp.msg_id:
             result = SendResult(resp.topic, resp.queue, resp.offset,
                                 DURABILITY_BY_WIRE.get(resp.durability, DURABILITY_BY_WIRE[1]),
                                 decode_msg_id(resp.msg_id)[0])
-        return TransactionResult(txn_id, resp.state, result)
+        return HalfMessageResult(half_id, resp.state, result)
 
-    async def commit(self, txn_id: str) -> TransactionResult:
+    async def commit(self, half_id: str) -> HalfMessageResult:
         """Commit: the message becomes visible (when due, if it has a delay)."""
-        return await self.end(txn_id, TransactionState.COMMIT)
+        return await self.end(half_id, HalfState.COMMIT)
 
-    async def rollback(self, txn_id: str, reason: str = "") -> TransactionResult:
+    async def rollback(self, half_id: str, reason: str = "") -> HalfMessageResult:
         """Roll back: the message is discarded."""
-        return await self.end(txn_id, TransactionState.ROLLBACK, reason=reason)
+        return await self.end(half_id, HalfState.ROLLBACK, reason=reason)
 
     async def send_in_transaction(self, msg: Message,
-                                  local_transaction: LocalTransaction) -> TransactionResult:
+                                  local_transaction: LocalTransaction) -> HalfMessageResult:
         """Store ``msg`` as a half message, run ``local_transaction(msg)`` and report its
         answer. If it raises, UNKNOWN is reported (its work may have happened: the check-back
         decides) and the exception propagates."""
-        txn_id = await self.prepare(msg)
+        half_id = await self.prepare(msg)
         try:
             state = local_transaction(msg)
             if inspect.isawaitable(state):
                 state = await state
         except BaseException as exc:
-            await self.end(txn_id, TransactionState.UNKNOWN,
+            await self.end(half_id, HalfState.UNKNOWN,
                            reason=f"local transaction raised {type(exc).__name__}")
             raise
-        return await self.end(txn_id, TransactionState(state))
+        return await self.end(half_id, HalfState(state))
 
-    def transaction(self, msg: Message) -> AsyncTransaction:
-        """``async with producer.transaction(msg) as tx:``: prepared on entry, committed on a
-        normal exit, rolled back on an exception (unless ``tx.commit()``/``tx.rollback()``
+    def half_message(self, msg: Message) -> AsyncHalfMessage:
+        """``async with producer.half_message(msg) as half:``: prepared on entry, committed on
+        a normal exit, rolled back on an exception (unless ``half.commit()``/``half.rollback()``
         was called)."""
-        return AsyncTransaction(self, msg)
+        return AsyncHalfMessage(self, msg)
+
+    def transaction(self, msg: Message) -> AsyncHalfMessage:
+        """Deprecated name of :meth:`half_message`."""
+        _deprecated.warn("the method", "transaction()", "half_message()")
+        return self.half_message(msg)
 
     # -- check-back ------------------------------------------------------------------------------
 
@@ -287,16 +301,16 @@ class AsyncTransactionProducer:
         while not self._closed:
             try:
                 resp = await self._session.request(
-                    m.TxnCheckPollRequest(self.group, self.client_id, wait_ms, 100),
-                    m.TxnCheckPollResponse, timeout_s=self._poll_wait_s + self._request_timeout_s)
+                    m.HalfCheckPollRequest(self.group, self.client_id, wait_ms, 100),
+                    m.HalfCheckPollResponse, timeout_s=self._poll_wait_s + self._request_timeout_s)
             except FerryMQError as exc:
-                log.debug("transaction check poll failed: %s", exc)
+                log.debug("half-message check poll failed: %s", exc)
                 await asyncio.sleep(0.2)
                 continue
-            for txn_id, topic, queue, batch, n in resp.checks:
-                await self._check(txn_id, topic, queue, batch, n)
+            for half_id, topic, queue, batch, n in resp.checks:
+                await self._check(half_id, topic, queue, batch, n)
 
-    async def _check(self, txn_id: str, topic: str, queue: int, batch: bytes, n: int) -> None:
+    async def _check(self, half_id: str, topic: str, queue: int, batch: bytes, n: int) -> None:
         reason = ""
         try:
             msg = _message_of(topic, queue, batch, self._session)
@@ -306,28 +320,29 @@ class AsyncTransactionProducer:
                 state = await asyncio.to_thread(self._checker, msg)
                 if inspect.isawaitable(state):
                     state = await state
-            state = TransactionState(state)
+            state = HalfState(state)
         except Exception as exc:  # noqa: BLE001 - a checker's failure means UNKNOWN
-            log.warning("transaction checker failed for %s: %s", txn_id, exc)
-            state, reason = TransactionState.UNKNOWN, f"checker raised {type(exc).__name__}: {exc}"
+            log.warning("half-message checker failed for %s: %s", half_id, exc)
+            state, reason = HalfState.UNKNOWN, f"checker raised {type(exc).__name__}: {exc}"
         try:
-            await self.end(txn_id, state, reason=reason or f"check {n}", from_check=True)
+            await self.end(half_id, state, reason=reason or f"check {n}", from_check=True)
             self.checks_answered += 1
         except FerryMQError as exc:
-            log.warning("cannot answer the check of %s: %s", txn_id, exc)
+            log.warning("cannot answer the check of %s: %s", half_id, exc)
 
 
-class AsyncTransaction:
-    """One transaction of ``async with producer.transaction(msg) as tx``."""
+class AsyncHalfMessage:
+    """One half message of ``async with producer.half_message(msg) as half``: its ``half_id``
+    once prepared and its ``result`` once resolved (``txn_id``: deprecated name of ``half_id``)."""
 
-    def __init__(self, producer: AsyncTransactionProducer, msg: Message) -> None:
+    def __init__(self, producer: AsyncHalfMessageProducer, msg: Message) -> None:
         self._producer = producer
         self.message = msg
-        self.txn_id = ""
-        self.result: TransactionResult | None = None
+        self.half_id = ""
+        self.result: HalfMessageResult | None = None
 
-    async def __aenter__(self) -> AsyncTransaction:
-        self.txn_id = await self._producer.prepare(self.message)
+    async def __aenter__(self) -> AsyncHalfMessage:
+        self.half_id = await self._producer.prepare(self.message)
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -339,14 +354,20 @@ class AsyncTransaction:
         else:
             await self.rollback(f"{exc_type.__name__} in the transaction block")
 
-    async def commit(self) -> TransactionResult:
+    @property
+    def txn_id(self) -> str:
+        """Deprecated name of ``half_id``."""
+        _deprecated.warn("the attribute", "txn_id", "half_id")
+        return self.half_id
+
+    async def commit(self) -> HalfMessageResult:
         """Commit now."""
-        self.result = await self._producer.commit(self.txn_id)
+        self.result = await self._producer.commit(self.half_id)
         return self.result
 
-    async def rollback(self, reason: str = "") -> TransactionResult:
+    async def rollback(self, reason: str = "") -> HalfMessageResult:
         """Roll back now."""
-        self.result = await self._producer.rollback(self.txn_id, reason)
+        self.result = await self._producer.rollback(self.half_id, reason)
         return self.result
 
 
@@ -361,19 +382,18 @@ def _message_of(topic: str, queue: int, batch: bytes, session: Session) -> Recei
     raise InvalidRequestError("empty check-back message")
 
 
-
-class TransactionProducer:
-    """Sends transactional messages (blocking API). See :class:`AsyncTransactionProducer` for
+class HalfMessageProducer:
+    """Sends half messages (blocking API). See :class:`AsyncHalfMessageProducer` for
     the arguments; ``checker`` runs in a worker thread, ``local_transaction`` in the caller's.
 
     Example::
 
         def checker(msg):  # asked when an outcome is unknown
-            return TransactionState.COMMIT if order_exists(msg.keys[0]) else \\
-                TransactionState.ROLLBACK
+            return HalfState.COMMIT if order_exists(msg.keys[0]) else \\
+                HalfState.ROLLBACK
 
-        with TransactionProducer(addr, "order-service", checker) as p:
-            with p.transaction(Message("orders", b"...", keys=["o-1"])) as tx:
+        with HalfMessageProducer(addr, "order-service", checker) as p:
+            with p.half_message(Message("orders", b"...", keys=["o-1"])) as half:
                 db.insert_order("o-1")  # an exception here rolls the message back
     """
 
@@ -383,8 +403,8 @@ class TransactionProducer:
 
     @staticmethod
     async def _make(servers: str | list[str], group: str, checker: Checker,
-                    options: dict[str, Any]) -> AsyncTransactionProducer:
-        return await AsyncTransactionProducer(servers, group, checker, **options).start()
+                    options: dict[str, Any]) -> AsyncHalfMessageProducer:
+        return await AsyncHalfMessageProducer(servers, group, checker, **options).start()
 
     @property
     def group(self) -> str:
@@ -392,46 +412,51 @@ class TransactionProducer:
         return self._async.group
 
     def prepare(self, msg: Message) -> str:
-        """Store a half message; its transaction id (see :meth:`AsyncTransactionProducer.prepare`)."""
+        """Store a half message; its half id (see :meth:`AsyncHalfMessageProducer.prepare`)."""
         return _run(self._async.prepare(msg))
 
-    def end(self, txn_id: str, state: TransactionState, *, reason: str = "") -> TransactionResult:
+    def end(self, half_id: str, state: HalfState, *, reason: str = "") -> HalfMessageResult:
         """Report an outcome (COMMIT, ROLLBACK or UNKNOWN)."""
-        return _run(self._async.end(txn_id, state, reason=reason))
+        return _run(self._async.end(half_id, state, reason=reason))
 
-    def commit(self, txn_id: str) -> TransactionResult:
-        """Commit transaction ``txn_id``."""
-        return _run(self._async.commit(txn_id))
+    def commit(self, half_id: str) -> HalfMessageResult:
+        """Commit half message ``half_id``."""
+        return _run(self._async.commit(half_id))
 
-    def rollback(self, txn_id: str, reason: str = "") -> TransactionResult:
-        """Roll back transaction ``txn_id``."""
-        return _run(self._async.rollback(txn_id, reason))
+    def rollback(self, half_id: str, reason: str = "") -> HalfMessageResult:
+        """Roll back half message ``half_id``."""
+        return _run(self._async.rollback(half_id, reason))
 
     def send_in_transaction(
-        self, msg: Message, local_transaction: Callable[[Message], TransactionState],
-    ) -> TransactionResult:
+        self, msg: Message, local_transaction: Callable[[Message], HalfState],
+    ) -> HalfMessageResult:
         """Store ``msg`` as a half message, run ``local_transaction(msg)`` (in this thread) and
         report its answer; if it raises, UNKNOWN is reported and the exception propagates."""
-        txn_id = self.prepare(msg)
+        half_id = self.prepare(msg)
         try:
-            state = TransactionState(local_transaction(msg))
+            state = HalfState(local_transaction(msg))
         except BaseException as exc:
-            self.end(txn_id, TransactionState.UNKNOWN,
+            self.end(half_id, HalfState.UNKNOWN,
                      reason=f"local transaction raised {type(exc).__name__}")
             raise
-        return self.end(txn_id, state)
+        return self.end(half_id, state)
 
-    def transaction(self, msg: Message) -> Transaction:
-        """``with producer.transaction(msg) as tx:``: prepared on entry, committed on a normal
-        exit, rolled back on an exception (unless ``tx.commit()``/``tx.rollback()`` was
-        called)."""
-        return Transaction(self, msg)
+    def half_message(self, msg: Message) -> HalfMessage:
+        """``with producer.half_message(msg) as half:``: prepared on entry, committed on a
+        normal exit, rolled back on an exception (unless ``half.commit()``/``half.rollback()``
+        was called)."""
+        return HalfMessage(self, msg)
+
+    def transaction(self, msg: Message) -> HalfMessage:
+        """Deprecated name of :meth:`half_message`."""
+        _deprecated.warn("the method", "transaction()", "half_message()")
+        return self.half_message(msg)
 
     def close(self) -> None:
         """Stop answering check-backs and close the connection."""
         _run(self._async.close())
 
-    def __enter__(self) -> TransactionProducer:
+    def __enter__(self) -> HalfMessageProducer:
         return self
 
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
@@ -439,17 +464,18 @@ class TransactionProducer:
         self.close()
 
 
-class Transaction:
-    """One transaction of ``with producer.transaction(msg) as tx``."""
+class HalfMessage:
+    """One half message of ``with producer.half_message(msg) as half``: its ``half_id`` once
+    prepared and its ``result`` once resolved (``txn_id``: deprecated name of ``half_id``)."""
 
-    def __init__(self, producer: TransactionProducer, msg: Message) -> None:
+    def __init__(self, producer: HalfMessageProducer, msg: Message) -> None:
         self._producer = producer
         self.message = msg
-        self.txn_id = ""
-        self.result: TransactionResult | None = None
+        self.half_id = ""
+        self.result: HalfMessageResult | None = None
 
-    def __enter__(self) -> Transaction:
-        self.txn_id = self._producer.prepare(self.message)
+    def __enter__(self) -> HalfMessage:
+        self.half_id = self._producer.prepare(self.message)
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -461,12 +487,18 @@ class Transaction:
         else:
             self.rollback(f"{exc_type.__name__} in the transaction block")
 
-    def commit(self) -> TransactionResult:
+    @property
+    def txn_id(self) -> str:
+        """Deprecated name of ``half_id``."""
+        _deprecated.warn("the attribute", "txn_id", "half_id")
+        return self.half_id
+
+    def commit(self) -> HalfMessageResult:
         """Commit now."""
-        self.result = self._producer.commit(self.txn_id)
+        self.result = self._producer.commit(self.half_id)
         return self.result
 
-    def rollback(self, reason: str = "") -> TransactionResult:
+    def rollback(self, reason: str = "") -> HalfMessageResult:
         """Roll back now."""
-        self.result = self._producer.rollback(self.txn_id, reason)
+        self.result = self._producer.rollback(self.half_id, reason)
         return self.result

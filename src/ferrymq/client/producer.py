@@ -37,7 +37,7 @@ from ferrymq.client._session import Auth, Session, TLSOption
 from ferrymq.client._txn_manager import TxnManager
 from ferrymq.client.message import Message, SendResult
 from ferrymq.client.partitioner import DEFAULT_STICKY_QUEUE_BYTES, QueueSelector
-from ferrymq.errors import ClientError, ConfigError, FerryMQError, TransactionStateError
+from ferrymq.errors import ClientError, ConfigError, FerryMQError, TxnUsageError
 from ferrymq.protocol import messages as m
 from ferrymq.protocol.schedule import DEFAULT_MAX_DELAY_MS
 
@@ -233,15 +233,15 @@ class AsyncProducer:
 
     def _txn_manager(self, what: str) -> TxnManager:
         if self._txn is None:
-            raise TransactionStateError(f"{what} needs a transactional producer "
-                                        "(transactional_id=...)")
+            raise TxnUsageError(f"{what} needs a transactional producer "
+                                "(transactional_id=...)")
         return self._txn
 
     async def begin(self) -> None:
         """Begin a transaction: sends from now on commit or abort together.
 
         Raises:
-            TransactionStateError: not transactional, already in a transaction, or fenced.
+            TxnUsageError: not transactional, already in a transaction, or fenced.
             ProducerFencedError: the broker aborted the last transaction on timeout and another
                 producer took the transactional id since.
         """
@@ -254,7 +254,7 @@ class AsyncProducer:
         ``consumer=`` (a group member), the broker also checks it still owns those queues.
 
         Raises:
-            TransactionStateError: no transaction open.
+            TxnUsageError: no transaction open.
             IllegalGenerationError / UnknownMemberError: the consumer lost its queues.
         """
         await self._txn_manager("send_offsets()").send_offsets(group, offsets, consumer)
@@ -264,7 +264,7 @@ class AsyncProducer:
         together. Returns once the commit is durable.
 
         Raises:
-            TransactionStateError: no transaction open.
+            TxnUsageError: no transaction open.
             BrokerError subclass: a send of the transaction failed (the transaction is still
                 open: ``abort()`` it), or the commit was refused.
             TransactionTimedOutError: the broker aborted it on timeout: ``abort()``, begin

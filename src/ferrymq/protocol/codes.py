@@ -9,9 +9,29 @@ and whether a client may retry the request as it is, lives here and in :mod:`fer
 from __future__ import annotations
 
 import enum
+import warnings
+from typing import Any
+
+RENAMED_CODES = {
+    "UNKNOWN_TRANSACTION": "UNKNOWN_HALF_MESSAGE",
+    "TRANSACTION_RESOLVED": "HALF_MESSAGE_RESOLVED",
+}
+"""Names of codes before issue 19 (one name per feature) -> their names now; same values."""
 
 
-class ErrorCode(enum.IntEnum):
+class _ErrorCodeType(enum.EnumType):
+    """Serves each old name of :data:`RENAMED_CODES` as its code, with a DeprecationWarning."""
+
+    def __getattr__(cls, name: str) -> Any:
+        new = RENAMED_CODES.get(name)
+        if new is None:
+            raise AttributeError(name)
+        warnings.warn(f"ErrorCode.{name} is deprecated; use ErrorCode.{new} (same code)",
+                      DeprecationWarning, stacklevel=2)
+        return cls[new]
+
+
+class ErrorCode(enum.IntEnum, metaclass=_ErrorCodeType):
     """Error codes carried on the wire (``u16``). Values never change once released."""
 
     NONE = 0
@@ -52,8 +72,8 @@ class ErrorCode(enum.IntEnum):
     USER_ALREADY_EXISTS = 35
     AUTHENTICATION_DISABLED = 36
     NON_EMPTY_GROUP = 37
-    UNKNOWN_TRANSACTION = 40
-    TRANSACTION_RESOLVED = 41
+    UNKNOWN_HALF_MESSAGE = 40
+    HALF_MESSAGE_RESOLVED = 41
     INVALID_TXN_STATE = 42
     CONCURRENT_TRANSACTIONS = 43
     TRANSACTION_TIMED_OUT = 44

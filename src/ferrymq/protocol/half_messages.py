@@ -1,5 +1,8 @@
-"""Transactional (half) messages: the internal topic and the reserved ``%`` properties that carry
-a transaction. Sans-IO; the broker writes them, clients read ``%TXN_ID``.
+"""Half messages (RocketMQ's transactional messages): the internal topic and the reserved ``%``
+properties that carry one. Sans-IO; the broker writes them, clients read ``%TXN_ID``.
+
+The property names keep their ``%TXN_`` prefix: they are on disk in every half topic, and
+``%TXN_ID`` is also on every committed copy.
 
 A half message is stored in the internal topic :data:`HALF_TOPIC` (one queue) with the message's
 own fields and properties plus:
@@ -23,7 +26,7 @@ Each outcome is an *op* record appended to the same queue (empty body):
 ===================  ==========================================================================
 
 A committed message is a normal copy appended to its target queue: same body, tag, keys,
-sharding key, born time and user properties, plus ``%TXN_ID`` (the transaction id: the half
+sharding key, born time and user properties, plus ``%TXN_ID`` (the half id: the half
 message's id). A copy with a delay is appended as a scheduled batch and becomes visible when due.
 """
 
@@ -36,21 +39,21 @@ from ferrymq.protocol.letters import RESERVED_PREFIX
 HALF_TOPIC = "%HALF%transactions"
 """The internal topic holding half messages and their outcomes (one queue)."""
 
-TXN_ID = "%TXN_ID"
-TXN_TOPIC = "%TXN_TOPIC"
-TXN_QUEUE = "%TXN_QUEUE"
-TXN_GROUP = "%TXN_GROUP"
-TXN_CHECK = "%TXN_CHECK"
-TXN_CLIENT = "%TXN_CLIENT"
-TXN_OP = "%TXN_OP"
-TXN_HALF = "%TXN_HALF"
-TXN_MSGID = "%TXN_MSGID"
-TXN_SOURCE = "%TXN_SOURCE"
-TXN_REASON = "%TXN_REASON"
+HALF_ID = "%TXN_ID"
+HALF_TARGET_TOPIC = "%TXN_TOPIC"
+HALF_TARGET_QUEUE = "%TXN_QUEUE"
+HALF_GROUP = "%TXN_GROUP"
+HALF_CHECK = "%TXN_CHECK"
+HALF_CLIENT = "%TXN_CLIENT"
+HALF_OP = "%TXN_OP"
+HALF_OFFSET = "%TXN_HALF"
+HALF_MSGID = "%TXN_MSGID"
+HALF_SOURCE = "%TXN_SOURCE"
+HALF_REASON = "%TXN_REASON"
 
-HALF_PROPERTIES = (TXN_TOPIC, TXN_QUEUE, TXN_GROUP, TXN_CHECK, TXN_CLIENT)
-assert all(p.startswith(RESERVED_PREFIX) for p in (*HALF_PROPERTIES, TXN_ID, TXN_OP, TXN_HALF,
-                                                   TXN_MSGID, TXN_SOURCE, TXN_REASON))
+HALF_PROPERTIES = (HALF_TARGET_TOPIC, HALF_TARGET_QUEUE, HALF_GROUP, HALF_CHECK, HALF_CLIENT)
+assert all(p.startswith(RESERVED_PREFIX) for p in (*HALF_PROPERTIES, HALF_ID, HALF_OP, HALF_OFFSET,
+                                                   HALF_MSGID, HALF_SOURCE, HALF_REASON))
 
 OP_COMMIT = "COMMIT"
 OP_ROLLBACK = "ROLLBACK"
@@ -58,14 +61,14 @@ OP_ROLLBACK = "ROLLBACK"
 PREPARED = "PREPARED"
 COMMITTED = "COMMITTED"
 ROLLED_BACK = "ROLLED_BACK"
-"""Transaction states as ``END_TRANSACTION`` and ``message status`` name them."""
+"""Half-message states as ``END_HALF`` and ``message status`` name them."""
 
 MAX_REASON_CHARS = 1024
 
 
-def committed_properties(half: Mapping[str, str], txn_id: str) -> dict[str, str]:
+def committed_properties(half: Mapping[str, str], half_id: str) -> dict[str, str]:
     """The properties of the committed copy of a half message: the half's without the
-    transaction's bookkeeping, plus ``%TXN_ID``."""
-    out = {k: v for k, v in half.items() if k not in HALF_PROPERTIES and k != TXN_ID}
-    out[TXN_ID] = txn_id
+    half message's bookkeeping, plus ``%TXN_ID``."""
+    out = {k: v for k, v in half.items() if k not in HALF_PROPERTIES and k != HALF_ID}
+    out[HALF_ID] = half_id
     return out

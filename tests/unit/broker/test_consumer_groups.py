@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from ferrymq.broker.consumer_groups import GroupCoordinator, Member, assign_averagely
+from ferrymq.broker.consumer_groups import ConsumerGroupCoordinator, Member, assign_averagely
 from ferrymq.errors import IllegalGenerationError, RebalanceInProgressError, UnknownMemberError
 
 
@@ -21,7 +21,7 @@ def test_assign_averagely_splits_contiguous_ranges() -> None:
 
 
 def test_generation_fencing_and_expiry(tmp_path: Path) -> None:
-    gc = GroupCoordinator(tmp_path)
+    gc = ConsumerGroupCoordinator(tmp_path)
     gc.load()
     counts = {"t": 4}
     g, m1 = gc.join("g", "", "c1", "h", ["t"], 1000, now_ms=0, queue_counts=counts)
@@ -43,17 +43,17 @@ def test_generation_fencing_and_expiry(tmp_path: Path) -> None:
 
 
 def test_offsets_survive_reload(tmp_path: Path) -> None:
-    gc = GroupCoordinator(tmp_path)
+    gc = ConsumerGroupCoordinator(tmp_path)
     gc.load()
     gc.commit("g.1", "", -1, [("t", 0, 7), ("t", 1, 9)])
-    again = GroupCoordinator(tmp_path)
+    again = ConsumerGroupCoordinator(tmp_path)
     again.load()
     assert again.committed("g.1") == {("t", 0): 7, ("t", 1): 9}
 
 
 def test_a_member_waits_for_a_topic_and_gets_its_queues_when_it_is_created(
         tmp_path: Path) -> None:
-    gc = GroupCoordinator(tmp_path)
+    gc = ConsumerGroupCoordinator(tmp_path)
     gc.load()
     gc.sync_queue_counts({"t": 2})
     g, m = gc.join("g", "", "c", "h", ["t", "later"], 1000, now_ms=0, queue_counts={"t": 2})

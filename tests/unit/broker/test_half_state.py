@@ -12,39 +12,39 @@ from ferrymq.broker.half_messages.state import (
     TRANSITIONS,
     HalfBook,
     HalfEvent,
-    HalfMessage,
-    HalfState,
+    HalfPhase,
+    PendingHalf,
     outcome_of,
     step,
 )
-from ferrymq.errors import BusyError, TransactionResolvedError
+from ferrymq.errors import BusyError, HalfMessageResolvedError
 from ferrymq.protocol.half_messages import (
     COMMITTED,
+    HALF_MSGID,
+    HALF_OP,
+    HALF_REASON,
+    HALF_SOURCE,
     OP_COMMIT,
     OP_ROLLBACK,
     ROLLED_BACK,
-    TXN_MSGID,
-    TXN_OP,
-    TXN_REASON,
-    TXN_SOURCE,
 )
 from ferrymq.protocol.records import encode_msg_id
 
-FINAL = (HalfState.COMMITTED, HalfState.ROLLED_BACK)
+FINAL = (HalfPhase.COMMITTED, HalfPhase.ROLLED_BACK)
 
 
 def half(offset: int, *, now: float = 0.0, after_ms: int = 1000, interval_ms: int = 500,
-         max_checks: int = 3) -> HalfMessage:
-    return HalfMessage(offset, "g", "c", "t", 0, 0, after_ms, interval_ms, max_checks,
+         max_checks: int = 3) -> PendingHalf:
+    return PendingHalf(offset, "g", "c", "t", 0, 0, after_ms, interval_ms, max_checks,
                        now + after_ms / 1000)
 
 
-@pytest.mark.parametrize(("state", "event"), list(itertools.product(HalfState, HalfEvent)))
-def test_every_pair_moves_by_the_table_or_is_refused(state: HalfState, event: HalfEvent) -> None:
+@pytest.mark.parametrize(("state", "event"), list(itertools.product(HalfPhase, HalfEvent)))
+def test_every_pair_moves_by_the_table_or_is_refused(state: HalfPhase, event: HalfEvent) -> None:
     if (state, event) in TRANSITIONS:
         assert step(state, event) is TRANSITIONS[(state, event)]
     else:
-        with pytest.raises(TransactionResolvedError, match=event.value):
+        with pytest.raises(HalfMessageResolvedError, match=event.value):
             step(state, event)
 
 
@@ -52,12 +52,12 @@ def test_an_outcome_never_changes() -> None:
     for (state, _event), nxt in TRANSITIONS.items():
         if state in FINAL:
             assert nxt is state
-    with pytest.raises(TransactionResolvedError):
-        step(HalfState.COMMITTED, HalfEvent.ROLLBACK)
-    with pytest.raises(TransactionResolvedError):
-        step(HalfState.ROLLED_BACK, HalfEvent.COMMIT)
-    with pytest.raises(TransactionResolvedError):
-        step(HalfState.COMMITTING, HalfEvent.ROLLBACK)  # the commit was taken
+    with pytest.raises(HalfMessageResolvedError):
+        step(HalfPhase.COMMITTED, HalfEvent.ROLLBACK)
+    with pytest.raises(HalfMessageResolvedError):
+        step(HalfPhase.ROLLED_BACK, HalfEvent.COMMIT)
+    with pytest.raises(HalfMessageResolvedError):
+        step(HalfPhase.COMMITTING, HalfEvent.ROLLBACK)  # the commit was taken
 
 
 def test_checks_start_after_check_after_then_every_interval_then_roll_back() -> None:
@@ -90,9 +90,9 @@ def test_resolve_forgets_the_half_message_and_remembers_a_bounded_number_of_outc
     for off in range(3):
         h = half(off)
         book.add(h)
-        book.resolve(h, outcome_of("g", "t", 0, {TXN_OP: OP_ROLLBACK, TXN_SOURCE: "producer",
-                                                 TXN_REASON: "no"}, 5))
-        assert book.get(off) is None and h.state is HalfState.ROLLED_BACK
+        book.resolve(h, outcome_of("g", "t", 0, {HALF_OP: OP_ROLLBACK, HALF_SOURCE: "producer",
+                                                 HALF_REASON: "no"}, 5))
+        assert book.get(off) is None and h.state is HalfPhase.ROLLED_BACK
     assert book.outcome(0) is None  # the least recently resolved went first
     out = book.outcome(2)
     assert out is not None and out.state == ROLLED_BACK and out.reason == "no"
@@ -101,9 +101,9 @@ def test_resolve_forgets_the_half_message_and_remembers_a_bounded_number_of_outc
 
 def test_a_commit_outcome_names_the_copy() -> None:
     copy = encode_msg_id(3, 1, 42)
-    out = outcome_of("g", "t", 1, {TXN_OP: OP_COMMIT, TXN_MSGID: copy, TXN_SOURCE: "check"}, 9)
+    out = outcome_of("g", "t", 1, {HALF_OP: OP_COMMIT, HALF_MSGID: copy, HALF_SOURCE: "check"}, 9)
     assert (out.state, out.offset, out.msg_id, out.source) == (COMMITTED, 42, copy, "check")
-    bad = outcome_of("g", "t", 1, {TXN_OP: OP_COMMIT, TXN_MSGID: "nonsense"}, 9)
+    bad = outcome_of("g", "t", 1, {HALF_OP: OP_COMMIT, HALF_MSGID: "nonsense"}, 9)
     assert (bad.offset, bad.msg_id) == (-1, "")
 
 
@@ -112,7 +112,7 @@ def test_room_is_checked_before_anything_is_stored() -> None:
     book.add(half(0))
     book.check_room()
     book.add(half(1))
-    with pytest.raises(BusyError, match="txn_max_pending 2"):
+    with pytest.raises(BusyError, match="half_max_pending 2"):
         book.check_room()
     assert book.floor([], 99) == 0
     assert book.floor([-5], 99) == -5

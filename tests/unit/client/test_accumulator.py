@@ -19,7 +19,7 @@ from ferrymq.errors import (
     ClientError,
     InvalidRequestError,
     MessageTooLargeError,
-    TransactionStateError,
+    TxnUsageError,
     UnknownQueueError,
 )
 from ferrymq.protocol.records import (
@@ -309,7 +309,7 @@ def test_a_transactional_send_needs_an_open_transaction() -> None:
         acc.txn = sender.txn = txn
         fut = asyncio.get_running_loop().create_future()
         acc.enqueue(Message("t", b"x"), Unit(1, fut, False), immediate=True)
-        with pytest.raises(TransactionStateError, match="only between begin"):
+        with pytest.raises(TxnUsageError, match="only between begin"):
             await fut
         txn.state = IN_TXN
         with pytest.raises(ValueError, match="dedup keys cannot be used inside a transaction"):

@@ -66,13 +66,13 @@ SAMPLES: list[m.Body] = [
     m.DeleteGroupResponse(True, True, 3),
     m.ResetOffsetsRequest("g", "orders", -2, False),
     m.ResetOffsetsResponse([("orders", 0, 0)]),
-    m.ConsumerHeartbeatRequest("g", "", "c", [("orders", "a || b")], 30_000, None, -1, -2),
-    m.ConsumerHeartbeatRequest("g", "m-1", "c", [], 30_000, [100, 200], 3, 1700000000000),
-    m.ConsumerHeartbeatRequest("g", "m-2", "c", [], 30_000, None, -1, -2, True),
-    m.ConsumerHeartbeatRequest("g", "m-3", "c", [("t", "*")], 2_000, None, -1, -1, False, True,
+    m.DeliveryHeartbeatRequest("g", "", "c", [("orders", "a || b")], 30_000, None, -1, -2),
+    m.DeliveryHeartbeatRequest("g", "m-1", "c", [], 30_000, [100, 200], 3, 1700000000000),
+    m.DeliveryHeartbeatRequest("g", "m-2", "c", [], 30_000, None, -1, -2, True),
+    m.DeliveryHeartbeatRequest("g", "m-3", "c", [("t", "*")], 2_000, None, -1, -1, False, True,
                                True),
-    m.ConsumerHeartbeatResponse("m-1", 2),
-    m.ConsumerHeartbeatResponse("m-1", 1, True),
+    m.DeliveryHeartbeatResponse("m-1", 2),
+    m.DeliveryHeartbeatResponse("m-1", 1, True),
     m.ReceiveRequest("g", "m-1", [("orders", "*")], 32, 1 << 20, 30_000, 500),
     m.ReceiveResponse(30_000, [("orders", 0, 1, 7, 0, 0, 0, BATCH),
                                ("%RETRY%g", 0, 2, 8, 3, 5, 5, b"")]),
@@ -82,7 +82,7 @@ SAMPLES: list[m.Body] = [
     m.NackRequest("g", "m-1", [("orders", 0, 3, 7, -1, "boom \u2603", True)]),
     m.ChangeInvisibleRequest("g", "m-1", [("orders", 0, 3, 7, 60_000)]),
     m.ReceiptResponse([(0, 9), (32, -1)]),
-    m.ConsumerLeaveRequest("g", "m-1"),
+    m.DeliveryLeaveRequest("g", "m-1"),
     m.DescribeDeliveryRequest("g"),
     m.DescribeDeliveryResponse("g", [("m-1", "c", "127.0.0.1:5", 120, 3)],
                                [("orders", 0, 5, 9, 12, 3, 1500)], 1, 0, 2, [10_000], 16),
@@ -99,12 +99,12 @@ SAMPLES: list[m.Body] = [
     m.FindByKeyRequest("orders", "o-1", 32),
     m.CancelScheduledRequest("0000000100000000000000000005"),
     m.SkipMessageRequest("g", "0000000100000000000000000005"),
-    m.PrepareTransactionRequest("pg", "c1", "orders", 1, b"batch", 6000, 30000, 15),
-    m.PrepareTransactionResponse("0000000100000000000000000005", 2),
-    m.EndTransactionRequest("pg", "0000000100000000000000000005", 1, False, ""),
-    m.EndTransactionResponse("COMMITTED", "0000000200000001000000000007", "orders", 1, 7, 2),
-    m.TxnCheckPollRequest("pg", "c1", 1000, 32),
-    m.TxnCheckPollResponse([("0000000100000000000000000005", "orders", 1, b"batch", 1)]),
+    m.PrepareHalfRequest("pg", "c1", "orders", 1, b"batch", 6000, 30000, 15),
+    m.PrepareHalfResponse("0000000100000000000000000005", 2),
+    m.EndHalfRequest("pg", "0000000100000000000000000005", 1, False, ""),
+    m.EndHalfResponse("COMMITTED", "0000000200000001000000000007", "orders", 1, 7, 2),
+    m.HalfCheckPollRequest("pg", "c1", 1000, 32),
+    m.HalfCheckPollResponse([("0000000100000000000000000005", "orders", 1, b"batch", 1)]),
     m.FindByKeyResponse("orders", 1, [(0, 5, "0000000100000000000000000005", 1700000000000,
                                        ["o-1"])], 0),
     m.InitTxnRequest("app-1", 60000, -1, -1),
@@ -256,18 +256,18 @@ def test_fields_added_later_default_when_an_older_peer_leaves_them_out() -> None
     assert m.ListOffsetsRequest.decode(msgpack.packb([[["t", 0, -1]]])).isolation == 0
     with pytest.raises(RemoteProtocolError):  # a field without a default is still required
         m.FetchRequest.decode(msgpack.packb([500, 1, 1024]))
-    hb = m.ConsumerHeartbeatRequest("g", "", "c", [], 1, None, -1, -1, False, True, True)
+    hb = m.DeliveryHeartbeatRequest("g", "", "c", [], 1, None, -1, -1, False, True, True)
     before_ephemeral = msgpack.unpackb(hb.encode())[:-1]  # a client that predates it
-    assert not m.ConsumerHeartbeatRequest.decode(msgpack.packb(before_ephemeral)).ephemeral
-    answer = msgpack.unpackb(m.ConsumerHeartbeatResponse("m", 1, True).encode())[:-1]
-    assert not m.ConsumerHeartbeatResponse.decode(msgpack.packb(answer)).ephemeral
+    assert not m.DeliveryHeartbeatRequest.decode(msgpack.packb(before_ephemeral)).ephemeral
+    answer = msgpack.unpackb(m.DeliveryHeartbeatResponse("m", 1, True).encode())[:-1]
+    assert not m.DeliveryHeartbeatResponse.decode(msgpack.packb(answer)).ephemeral
     with_lag = m.DescribeDeliveryResponse("g", [], [], 0, 0, 0, [1000], 16, True, [], [7])
     before_lag = msgpack.unpackb(with_lag.encode())[:-1]  # a broker that predates ``lag``
     assert m.DescribeDeliveryResponse.decode(msgpack.packb(before_lag)).lag == []
 
 
-FAMILIES = ["connection", "topics", "produce", "fetch", "consumer_groups", "delivery", "txn",
-            "users"]
+FAMILIES = ["connection", "topics", "produce", "fetch", "consumer_groups", "delivery",
+            "half_messages", "txn", "users"]
 
 
 @pytest.mark.parametrize("family", FAMILIES)

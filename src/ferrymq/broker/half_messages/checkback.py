@@ -1,6 +1,6 @@
-"""TXN_CHECK_POLL long polls: the producers waiting for check-backs, per producer group.
+"""HALF_CHECK_POLL long polls: the producers waiting for check-backs, per producer group.
 
-The protocol has no server push, so a transactional producer keeps a TXN_CHECK_POLL open; a due
+The protocol has no server push, so a half-message producer keeps a HALF_CHECK_POLL open; a due
 check goes to one live poller of its group, round robin (:meth:`Pollers.next`). A poll is
 answered when it holds ``max_checks`` checks, at the end of the tick that gave it some, when
 its wait is over (empty) or at shutdown.
@@ -16,18 +16,18 @@ from ferrymq.errors import InvalidRequestError
 from ferrymq.protocol import messages as m
 
 MAX_POLL_CHECKS = 1000
-"""Most checks one TXN_CHECK_POLL answer carries."""
+"""Most checks one HALF_CHECK_POLL answer carries."""
 
 
 @dataclass(eq=False, slots=True)
 class Poller:
-    """One waiting TXN_CHECK_POLL."""
+    """One waiting HALF_CHECK_POLL."""
 
     group: str
     client_id: str
     max_checks: int
-    future: asyncio.Future[m.TxnCheckPollResponse]
-    checks: list[m.TxnCheck] = field(default_factory=list)
+    future: asyncio.Future[m.HalfCheckPollResponse]
+    checks: list[m.HalfCheck] = field(default_factory=list)
     timer: asyncio.TimerHandle | None = None
 
 
@@ -38,8 +38,8 @@ class Pollers:
         self._by_group: dict[str, deque[Poller]] = {}
         self.closed = False
 
-    def poll(self, req: m.TxnCheckPollRequest,
-             max_wait_ms: int) -> asyncio.Future[m.TxnCheckPollResponse]:
+    def poll(self, req: m.HalfCheckPollRequest,
+             max_wait_ms: int) -> asyncio.Future[m.HalfCheckPollResponse]:
         """Wait up to ``req.wait_ms`` (at most ``max_wait_ms``) for checks of ``req.group``.
 
         Raises:
@@ -53,7 +53,7 @@ class Pollers:
         p = Poller(req.group, req.client_id, min(req.max_checks or MAX_POLL_CHECKS,
                                                  MAX_POLL_CHECKS), loop.create_future())
         if self.closed or req.wait_ms == 0:
-            p.future.set_result(m.TxnCheckPollResponse([]))
+            p.future.set_result(m.HalfCheckPollResponse([]))
             return p.future
         wait = min(req.wait_ms, max_wait_ms) / 1000
         p.timer = loop.call_later(wait, self._expire, p)
@@ -111,4 +111,4 @@ def answer(p: Poller) -> None:
         p.timer.cancel()
         p.timer = None
     if not p.future.done():
-        p.future.set_result(m.TxnCheckPollResponse(p.checks))
+        p.future.set_result(m.HalfCheckPollResponse(p.checks))

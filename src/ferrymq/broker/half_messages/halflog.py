@@ -1,7 +1,7 @@
 """The half topic ``%HALF%transactions`` and its floor checkpoint: appends, reads and searches.
 
 Half messages and their op records are appended to the half topic's one queue (created on first
-use: a broker that never saw a transaction lists no half topic). The *floor* checkpoint
+use: a broker that never saw a half message lists no half topic). The *floor* checkpoint
 (``<data-dir>/transactions/floor``) says where a start reads it from: below it every half
 message is resolved. This module does the I/O; what the records mean is :mod:`.state`'s.
 """
@@ -19,12 +19,12 @@ from ferrymq.broker.delivery.letters import StoredRecord, stored_record
 from ferrymq.broker.half_messages.state import Outcome, outcome_of
 from ferrymq.errors import BrokerError, CorruptRecordError, InvalidRequestError, LogClosedError
 from ferrymq.protocol.half_messages import (
+    HALF_GROUP,
+    HALF_OFFSET,
+    HALF_OP,
+    HALF_TARGET_QUEUE,
+    HALF_TARGET_TOPIC,
     HALF_TOPIC,
-    TXN_GROUP,
-    TXN_HALF,
-    TXN_OP,
-    TXN_QUEUE,
-    TXN_TOPIC,
 )
 from ferrymq.protocol.records import (
     RecordInput,
@@ -50,7 +50,7 @@ _FLOOR = struct.Struct(">q")
 
 
 class HalfLog:
-    """The half topic's queue, seen by the transaction manager.
+    """The half topic's queue, seen by the half-message manager.
 
     Args:
         topics: the registry (the half topic is created there on first use).
@@ -90,7 +90,7 @@ class HalfLog:
             if raw is not None and len(raw) == _FLOOR.size:
                 return int(_FLOOR.unpack(raw)[0])
         except (CorruptRecordError, OSError) as exc:
-            log.warning("transactions: floor checkpoint unreadable (%s); reading the whole half "
+            log.warning("half messages: floor checkpoint unreadable (%s); reading the whole half "
                         "topic", exc)
         return 0
 
@@ -99,7 +99,7 @@ class HalfLog:
         try:
             write_checkpoint(self.dir / "floor", _FLOOR.pack(floor))
         except OSError as exc:
-            log.error("transactions: cannot write the floor checkpoint: %s", exc)
+            log.error("half messages: cannot write the floor checkpoint: %s", exc)
             return False
         return True
 
@@ -128,10 +128,10 @@ class HalfLog:
                           now_ms=now)
         except OSError as exc:
             self.write_error(exc)
-            log.warning("transactions: cannot write an op record to %s: %s", qs, exc)
+            log.warning("half messages: cannot write an op record to %s: %s", qs, exc)
             return False
         except (BrokerError, LogClosedError) as exc:
-            log.warning("transactions: cannot write an op record to %s: %s", qs, exc)
+            log.warning("half messages: cannot write an op record to %s: %s", qs, exc)
             return False
         self.written(qs)
         return True
@@ -144,7 +144,7 @@ class HalfLog:
 
     def write_error(self, exc: OSError) -> BrokerError:
         """The error to answer for a failed write (the watermarks hear of a full disk)."""
-        return self.flusher.write_error(exc, "the transaction's record")
+        return self.flusher.write_error(exc, "the half message's record")
 
     # -- reading -----------------------------------------------------------------------------------
 
@@ -158,12 +158,12 @@ class HalfLog:
         for o, append_ms, rec in self.scan(off, MAX_LOOKUP_BYTES):
             props = rec.properties
             if o == off:
-                if TXN_OP in props:
+                if HALF_OP in props:
                     return None
                 half = props
-            elif half is not None and props.get(TXN_HALF) == str(off):
-                return outcome_of(half.get(TXN_GROUP, ""), half.get(TXN_TOPIC, ""),
-                                  int(half.get(TXN_QUEUE, "-1") or -1), props, append_ms)
+            elif half is not None and props.get(HALF_OFFSET) == str(off):
+                return outcome_of(half.get(HALF_GROUP, ""), half.get(HALF_TARGET_TOPIC, ""),
+                                  int(half.get(HALF_TARGET_QUEUE, "-1") or -1), props, append_ms)
         return None
 
     def read_half(self, off: int) -> StoredRecord:
@@ -199,7 +199,7 @@ class HalfLog:
                         if rec[0] >= pos:
                             yield rec[0], hdr.append_time_ms, stored_record(mv, rec)
                 except CorruptRecordError as exc:
-                    log.warning("transactions: %s batch at %d unreadable: %s", qs,
+                    log.warning("half messages: %s batch at %d unreadable: %s", qs,
                                 hdr.base_offset, exc)
             if nxt <= pos:
                 return

@@ -1,4 +1,4 @@
-"""The half-message manager: PREPARE, END_TRANSACTION, check-back rounds, status and recovery.
+"""The half-message manager: PREPARE, END_HALF, check-back rounds, status and recovery.
 
 It drives :class:`~.state.HalfBook` (which decides) over :class:`~.halflog.HalfLog` (which
 writes and reads the half topic) and :class:`~.checkback.Pollers` (which holds the producers'
@@ -21,41 +21,41 @@ from ferrymq.broker.half_messages.state import (
     TRANSITIONS,
     HalfBook,
     HalfEvent,
-    HalfMessage,
-    HalfState,
+    HalfPhase,
     Outcome,
+    PendingHalf,
     outcome_of,
 )
 from ferrymq.errors import (
     BrokerError,
+    HalfMessageResolvedError,
     InvalidRequestError,
     LogClosedError,
     StorageFailureError,
     StorageFullError,
-    TransactionResolvedError,
-    UnknownTransactionError,
+    UnknownHalfMessageError,
 )
 from ferrymq.protocol import messages as m
 from ferrymq.protocol.half_messages import (
     COMMITTED,
+    HALF_CHECK,
+    HALF_CLIENT,
+    HALF_GROUP,
+    HALF_MSGID,
+    HALF_OFFSET,
+    HALF_OP,
+    HALF_REASON,
+    HALF_SOURCE,
+    HALF_TARGET_QUEUE,
+    HALF_TARGET_TOPIC,
     HALF_TOPIC,
     MAX_REASON_CHARS,
     OP_COMMIT,
     OP_ROLLBACK,
     PREPARED,
-    TXN_CHECK,
-    TXN_CLIENT,
-    TXN_GROUP,
-    TXN_HALF,
-    TXN_MSGID,
-    TXN_OP,
-    TXN_QUEUE,
-    TXN_REASON,
-    TXN_SOURCE,
-    TXN_TOPIC,
     committed_properties,
 )
-from ferrymq.protocol.messages import Durability, TransactionState
+from ferrymq.protocol.messages import Durability, HalfState
 from ferrymq.protocol.records import (
     ATTR_DEDUP,
     ATTR_SCHEDULED,
@@ -81,12 +81,12 @@ TICK_S = 0.05
 CHECKPOINT_INTERVAL_S = 1.0
 """How often the floor checkpoint is rewritten (when it moved)."""
 
-_ANSWERS = {TransactionState.COMMIT: HalfEvent.COMMIT,
-            TransactionState.ROLLBACK: HalfEvent.ROLLBACK,
-            TransactionState.UNKNOWN: HalfEvent.UNKNOWN}
+_ANSWERS = {HalfState.COMMIT: HalfEvent.COMMIT,
+            HalfState.ROLLBACK: HalfEvent.ROLLBACK,
+            HalfState.UNKNOWN: HalfEvent.UNKNOWN}
 
 
-class TransactionManager:
+class HalfMessageManager:
     """Half messages, their outcomes and check-backs. See the package docstring."""
 
     def __init__(
@@ -99,21 +99,21 @@ class TransactionManager:
         self.scheduler = scheduler
         self.clock = clock
         self.sync = config.flush == "sync"
-        self.book = HalfBook(config.txn_max_pending)
+        self.book = HalfBook(config.half_max_pending)
         self.halflog = HalfLog(topics, flusher, clock, data_dir, sync=self.sync)
         self.pollers = Pollers()
         self._floor_saved = -1
         self._last_checkpoint = 0.0
         self._task: asyncio.Task[None] | None = None
-        self._ending: dict[int, asyncio.Future[m.EndTransactionResponse]] = {}
+        self._ending: dict[int, asyncio.Future[m.EndHalfResponse]] = {}
         """Half offset -> the answer of its commit in progress (its copy not durable yet)."""
-        self._ops_due: dict[int, tuple[HalfMessage, dict[str, str]]] = {}
+        self._ops_due: dict[int, tuple[PendingHalf, dict[str, str]]] = {}
         """Op records not written for lack of space (half offset -> half, properties)."""
         self.committed = 0
         self.rolled_back = 0
 
     @property
-    def pending(self) -> dict[int, HalfMessage]:
+    def pending(self) -> dict[int, PendingHalf]:
         """The pending half messages by offset."""
         return self.book.pending
 
@@ -138,7 +138,7 @@ class TransactionManager:
         halves = ops = 0
         for off, append_ms, rec in self.halflog.scan(start, None):
             props = rec.properties
-            op = props.get(TXN_OP)
+            op = props.get(HALF_OP)
             if op is None:
                 h = _half_of(off, append_ms, props, now, wall)
                 if h is not None:
@@ -147,7 +147,7 @@ class TransactionManager:
                 continue
             ops += 1
             try:
-                half_off = int(props.get(TXN_HALF, "-1"))
+                half_off = int(props.get(HALF_OFFSET, "-1"))
             except ValueError:
                 continue
             h = pending.pop(half_off, None)
@@ -156,7 +156,7 @@ class TransactionManager:
                                                         append_ms))
         self.book.restore(pending.values())
         self._floor_saved = floor
-        log.info("transactions: read %s from offset %d: %d half messages, %d outcomes, %d "
+        log.info("half messages: read %s from offset %d: %d half messages, %d outcomes, %d "
                  "pending", qs, start, halves, ops, len(pending))
 
     def start(self) -> None:
@@ -181,7 +181,7 @@ class TransactionManager:
             try:
                 self.tick()
             except Exception:
-                log.exception("transaction check tick failed")
+                log.exception("half-message check tick failed")
 
     def _checkpoint(self, *, force: bool = False) -> None:
         if not self.halflog.exists:
@@ -206,55 +206,55 @@ class TransactionManager:
     # -- prepare ---------------------------------------------------------------------------------
 
     def prepare(
-        self, req: m.PrepareTransactionRequest,
-    ) -> m.PrepareTransactionResponse | asyncio.Future[m.PrepareTransactionResponse]:
+        self, req: m.PrepareHalfRequest,
+    ) -> m.PrepareHalfResponse | asyncio.Future[m.PrepareHalfResponse]:
         """Store a half message; answer once it is durable (sync mode) or written.
 
         Raises:
-            BusyError: ``txn_max_pending`` half messages are pending.
+            BusyError: ``half_max_pending`` half messages are pending.
             InvalidRequestError: not exactly one record, an ATTR_DEDUP batch, a bad group name
                 or check setting.
             UnknownTopicError, UnknownQueueError: the target does not exist.
         """
         cfg = self.config
         if not req.group or len(req.group) > m.MAX_NAME_CHARS or "," in req.group:
-            raise InvalidRequestError("a transactional producer needs a group name (1.."
+            raise InvalidRequestError("a half-message producer needs a group name (1.."
                                       f"{m.MAX_NAME_CHARS} characters, no comma)")
         if min(req.check_after_ms, req.check_interval_ms, req.max_checks) < 0:
             raise InvalidRequestError("check settings must be >= 0 (0: the broker's default)")
         self.book.check_room()
         target = self.topics.queue(req.topic, req.queue)  # checks topic and queue
         if target.topic.startswith("%"):
-            raise InvalidRequestError("a transaction cannot target an internal topic")
+            raise InvalidRequestError("a half message cannot target an internal topic")
         hdr = validate_batch(req.batch, max_message_bytes=cfg.max_message_bytes, max_records=1)
         if hdr.record_count != 1:
             raise InvalidRequestError("a half message batch holds exactly one record")
         if hdr.attributes & ATTR_DEDUP:
-            raise InvalidRequestError("dedup batches cannot be transactional")
+            raise InvalidRequestError("dedup batches cannot be half messages")
         rec = first_record(req.batch)
         now = self.clock.wall_ms()
         if hdr.attributes & ATTR_SCHEDULED:  # the delay counts from the commit: check it now
             self.scheduler.check(req.batch, hdr, now)
-        after = req.check_after_ms or cfg.txn_check_after_ms
-        interval = req.check_interval_ms or cfg.txn_check_interval_ms
-        max_checks = req.max_checks or cfg.txn_max_checks
+        after = req.check_after_ms or cfg.half_check_after_ms
+        interval = req.check_interval_ms or cfg.half_check_interval_ms
+        max_checks = req.max_checks or cfg.half_max_checks
         props = dict(rec.properties)
-        props.update({TXN_TOPIC: req.topic, TXN_QUEUE: str(req.queue), TXN_GROUP: req.group,
-                      TXN_CHECK: f"{after},{interval},{max_checks}",
-                      TXN_CLIENT: req.client_id[:MAX_REASON_CHARS]})
+        props.update({HALF_TARGET_TOPIC: req.topic, HALF_TARGET_QUEUE: str(req.queue), HALF_GROUP: req.group,
+                      HALF_CHECK: f"{after},{interval},{max_checks}",
+                      HALF_CLIENT: req.client_id[:MAX_REASON_CHARS]})
         batch = encode_batch([RecordInput(rec.body, rec.timestamp, rec.tag, rec.sharding_key,
                                           rec.keys, encode_properties(props))])
         res = self.halflog.append_half(batch, now)
         qs = self.half
         off = res.base_offset
-        self.book.add(HalfMessage(off, req.group, req.client_id, req.topic, req.queue,
+        self.book.add(PendingHalf(off, req.group, req.client_id, req.topic, req.queue,
                                   res.append_time_ms, after, interval, max_checks,
                                   self.clock.monotonic() + after / 1000))
         self.halflog.written(qs)
-        txn_id = encode_msg_id(qs.topic_id, qs.queue, off)
+        half_id = encode_msg_id(qs.topic_id, qs.queue, off)
         if not self.sync:
-            return m.PrepareTransactionResponse(txn_id, Durability.WRITTEN)
-        fut: asyncio.Future[m.PrepareTransactionResponse] = (
+            return m.PrepareHalfResponse(half_id, Durability.WRITTEN)
+        fut: asyncio.Future[m.PrepareHalfResponse] = (
             asyncio.get_running_loop().create_future())
 
         def durable(exc: BaseException | None) -> None:
@@ -263,7 +263,7 @@ class TransactionManager:
             if exc is not None:
                 fut.set_exception(StorageFailureError(f"half message not fsynced: {exc}"))
             else:
-                fut.set_result(m.PrepareTransactionResponse(txn_id, Durability.FSYNCED))
+                fut.set_result(m.PrepareHalfResponse(half_id, Durability.FSYNCED))
 
         qs.when_durable(res.last_offset + 1, durable)
         return fut
@@ -271,41 +271,41 @@ class TransactionManager:
     # -- end -------------------------------------------------------------------------------------
 
     def end(
-        self, req: m.EndTransactionRequest,
-    ) -> m.EndTransactionResponse | asyncio.Future[m.EndTransactionResponse]:
+        self, req: m.EndHalfRequest,
+    ) -> m.EndHalfResponse | asyncio.Future[m.EndHalfResponse]:
         """Commit, roll back or note UNKNOWN; the same outcome again answers the first result.
 
         Raises:
-            UnknownTransactionError: no such transaction in ``req.group``.
-            TransactionResolvedError: it was resolved the other way.
-            InvalidRequestError: not a transaction id or an unknown state.
+            UnknownHalfMessageError: no such half message in ``req.group``.
+            HalfMessageResolvedError: it was resolved the other way.
+            InvalidRequestError: not a half id or an unknown state.
         """
-        if req.state not in TransactionState._value2member_map_:
-            raise InvalidRequestError(f"unknown transaction state {req.state}")
-        event = _ANSWERS[TransactionState(req.state)]
-        off = self._offset_of(req.txn_id)
+        if req.state not in HalfState._value2member_map_:
+            raise InvalidRequestError(f"unknown half-message state {req.state}")
+        event = _ANSWERS[HalfState(req.state)]
+        off = self._offset_of(req.half_id)
         source = "check" if req.from_check else "producer"
         h = self.book.get(off)
         if h is None:
             out = self._outcome(off)
             if out is None or out.group != req.group:
-                raise UnknownTransactionError(
-                    f"no transaction {req.txn_id} in producer group {req.group!r}")
-            if (HalfState(out.state), event) not in TRANSITIONS:
-                raise TransactionResolvedError(
-                    f"transaction {req.txn_id} was already {out.state.lower().replace('_', ' ')}"
+                raise UnknownHalfMessageError(
+                    f"no half message {req.half_id} in producer group {req.group!r}")
+            if (HalfPhase(out.state), event) not in TRANSITIONS:
+                raise HalfMessageResolvedError(
+                    f"half message {req.half_id} was already {out.state.lower().replace('_', ' ')}"
                     f" ({out.source}: {out.reason or '-'})")
             return _response(out, self.sync)
         if h.group != req.group:
-            raise UnknownTransactionError(
-                f"no transaction {req.txn_id} in producer group {req.group!r}")
-        if h.state == HalfState.COMMITTING:  # a commit is waiting for its copy's fsync
+            raise UnknownHalfMessageError(
+                f"no half message {req.half_id} in producer group {req.group!r}")
+        if h.state == HalfPhase.COMMITTING:  # a commit is waiting for its copy's fsync
             if (h.state, event) not in TRANSITIONS:
-                raise TransactionResolvedError(f"transaction {req.txn_id} is being committed")
+                raise HalfMessageResolvedError(f"half message {req.half_id} is being committed")
             ending = self._ending[off]
             if ending.done() and ending.exception() is not None:  # waits for disk space
                 raise StorageFullError(
-                    f"transaction {req.txn_id} is committed; its copy in {h.topic}/{h.queue} "
+                    f"half message {req.half_id} is committed; its copy in {h.topic}/{h.queue} "
                     "is made durable once disk space is back",
                     retry_after_ms=self.config.busy_retry_after_ms)
             return ending
@@ -313,15 +313,15 @@ class TransactionManager:
         if event == HalfEvent.UNKNOWN:
             self.book.step(h, event)
             h.last_answer = f"{source} answered UNKNOWN" + (f": {reason}" if reason else "")
-            return m.EndTransactionResponse(PREPARED, "", h.topic, h.queue, -1, 0)
+            return m.EndHalfResponse(PREPARED, "", h.topic, h.queue, -1, 0)
         if event == HalfEvent.ROLLBACK:
             return _response(self._rollback(h, source, reason or f"rolled back by the {source}"),
                              self.sync)
         return self._commit(h, source, reason)
 
-    def _commit(self, h: HalfMessage, source: str, reason: str
-                ) -> m.EndTransactionResponse | asyncio.Future[m.EndTransactionResponse]:
-        txn_id = encode_msg_id(self.half.topic_id, 0, h.offset)
+    def _commit(self, h: PendingHalf, source: str, reason: str
+                ) -> m.EndHalfResponse | asyncio.Future[m.EndHalfResponse]:
+        half_id = encode_msg_id(self.half.topic_id, 0, h.offset)
         try:
             rec = self.halflog.read_half(h.offset)
             topic = self.topics.get(h.topic)
@@ -330,7 +330,7 @@ class TransactionManager:
         except (BrokerError, LogClosedError) as exc:
             return _response(self._rollback(h, "broker", f"cannot commit: {exc}"), self.sync)
         qs = topic.queues[h.queue]
-        props = committed_properties(rec.properties, txn_id)
+        props = committed_properties(rec.properties, half_id)
         scheduled = DELAY in props or DELIVER_AT in props
         batch = encode_batch([RecordInput(rec.body, rec.timestamp, rec.tag, rec.sharding_key,
                                           rec.keys, encode_properties(props))],
@@ -348,7 +348,7 @@ class TransactionManager:
         if dues is not None:
             self.scheduler.on_append(qs, batch, res.base_offset, res.append_time_ms, dues)
         self.halflog.written(qs)
-        fut: asyncio.Future[m.EndTransactionResponse] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[m.EndHalfResponse] = asyncio.get_running_loop().create_future()
         self.book.step(h, HalfEvent.COMMIT)
         self._ending[h.offset] = fut
         copy_id = encode_msg_id(qs.topic_id, qs.queue, res.base_offset)
@@ -377,7 +377,7 @@ class TransactionManager:
                 out = self._write_op(h, OP_COMMIT, source, reason, res.base_offset, copy_id)
             if not fut.done():
                 if out is None:
-                    fut.set_exception(UnknownTransactionError(f"transaction {txn_id} vanished"))
+                    fut.set_exception(UnknownHalfMessageError(f"half message {half_id} vanished"))
                 else:
                     fut.set_result(_response(out, self.sync))
 
@@ -387,21 +387,21 @@ class TransactionManager:
             copied(None)
         return fut
 
-    def _rollback(self, h: HalfMessage, source: str, reason: str) -> Outcome:
+    def _rollback(self, h: PendingHalf, source: str, reason: str) -> Outcome:
         return self._write_op(h, OP_ROLLBACK, source, reason, -1, "")
 
-    def _write_op(self, h: HalfMessage, op: str, source: str, reason: str, offset: int,
+    def _write_op(self, h: PendingHalf, op: str, source: str, reason: str, offset: int,
                   msg_id: str) -> Outcome:
         """Append the op record and forget the pending half message. A failed write is logged:
         the half message is pending again after a restart (checked back: at-least-once)."""
-        props = {TXN_OP: op, TXN_HALF: str(h.offset), TXN_SOURCE: source,
-                 TXN_REASON: reason[:MAX_REASON_CHARS]}
+        props = {HALF_OP: op, HALF_OFFSET: str(h.offset), HALF_SOURCE: source,
+                 HALF_REASON: reason[:MAX_REASON_CHARS]}
         if msg_id:
-            props[TXN_MSGID] = msg_id
+            props[HALF_MSGID] = msg_id
         now = self.clock.wall_ms()
         if not self.halflog.append_op(props, now):
             self._ops_due[h.offset] = (h, props)
-            log.error("transactions: cannot record %s of %s@%d yet; written once space is back "
+            log.error("half messages: cannot record %s of %s@%d yet; written once space is back "
                       "(or checked again after a restart)", op, self.half, h.offset)
         out = outcome_of(h.group, h.topic, h.queue, props, now)
         self.book.resolve(h, out)
@@ -409,7 +409,7 @@ class TransactionManager:
             self.committed += 1
         else:
             self.rolled_back += 1
-            log.info("transactions: %s@%d rolled back (%s: %s)", self.half, h.offset, source,
+            log.info("half messages: %s@%d rolled back (%s: %s)", self.half, h.offset, source,
                      reason)
         return out
 
@@ -419,14 +419,14 @@ class TransactionManager:
             if not self.halflog.append_op(props, self.clock.wall_ms()):
                 return
             del self._ops_due[off]
-            log.warning("transactions: %s of %s@%d recorded after the disk was full",
-                        props[TXN_OP], self.half, off)
+            log.warning("half messages: %s of %s@%d recorded after the disk was full",
+                        props[HALF_OP], self.half, off)
 
     # -- check-back ------------------------------------------------------------------------------
 
     def poll(
-        self, req: m.TxnCheckPollRequest,
-    ) -> m.TxnCheckPollResponse | asyncio.Future[m.TxnCheckPollResponse]:
+        self, req: m.HalfCheckPollRequest,
+    ) -> m.HalfCheckPollResponse | asyncio.Future[m.HalfCheckPollResponse]:
         """A producer of ``req.group`` waits up to ``wait_ms`` for checks to answer."""
         return self.pollers.poll(req, self.config.max_fetch_wait_ms)
 
@@ -459,17 +459,17 @@ class TransactionManager:
             self._retry_ops()
         self._checkpoint()
 
-    def _check_of(self, h: HalfMessage) -> m.TxnCheck:
+    def _check_of(self, h: PendingHalf) -> m.HalfCheck:
         rec = self.halflog.read_half(h.offset)
-        txn_id = encode_msg_id(self.half.topic_id, 0, h.offset)
+        half_id = encode_msg_id(self.half.topic_id, 0, h.offset)
         batch = encode_batch([RecordInput(
             rec.body, rec.timestamp, rec.tag, rec.sharding_key, rec.keys,
-            encode_properties(committed_properties(rec.properties, txn_id)))])
-        return (txn_id, h.topic, h.queue, bytes(batch), h.checks)
+            encode_properties(committed_properties(rec.properties, half_id)))])
+        return (half_id, h.topic, h.queue, bytes(batch), h.checks)
 
     # -- status ----------------------------------------------------------------------------------
 
-    def is_transaction(self, msg_id: str) -> bool:
+    def is_half(self, msg_id: str) -> bool:
         """Whether ``msg_id`` names a message of the half topic."""
         try:
             tid, _q, _off = decode_msg_id(msg_id)
@@ -478,11 +478,11 @@ class TransactionManager:
         return self.halflog.exists and tid == self.half.topic_id
 
     def status(self, msg_id: str) -> m.MessageStatusResponse:
-        """``message status`` of a transaction id: PREPARED (checks so far, next check),
+        """``message status`` of a half id: PREPARED (checks so far, next check),
         COMMITTED (the committed copy) or ROLLED_BACK (why).
 
         Raises:
-            UnknownTransactionError: not a half message (or removed by retention).
+            UnknownHalfMessageError: not a half message (or removed by retention).
         """
         off = self._offset_of(msg_id)
         h = self.book.get(off)
@@ -496,7 +496,7 @@ class TransactionManager:
                 (h.group, PREPARED, h.client, -1, h.checks, next_wall, detail, h.stored_ms)])
         out = self._outcome(off)
         if out is None:
-            raise UnknownTransactionError(f"no transaction {msg_id}")
+            raise UnknownHalfMessageError(f"no half message {msg_id}")
         if out.state == COMMITTED:
             detail = f"committed by the {out.source} as message {out.msg_id}"
         else:
@@ -504,13 +504,13 @@ class TransactionManager:
         return m.MessageStatusResponse(out.topic, out.queue, out.offset, [
             (out.group, out.state, "", -1, 0, -1, detail, out.at_ms)])
 
-    def _offset_of(self, txn_id: str) -> int:
+    def _offset_of(self, half_id: str) -> int:
         try:
-            tid, q, off = decode_msg_id(txn_id)
+            tid, q, off = decode_msg_id(half_id)
         except ValueError:
-            raise InvalidRequestError(f"not a transaction id: {txn_id[:64]!r}") from None
+            raise InvalidRequestError(f"not a half id: {half_id[:64]!r}") from None
         if not self.halflog.exists or tid != self.half.topic_id or q != 0:
-            raise UnknownTransactionError(f"{txn_id} is not a transaction id (a half message's)")
+            raise UnknownHalfMessageError(f"{half_id} is not a half message's id")
         return off
 
     def _outcome(self, off: int) -> Outcome | None:
@@ -524,20 +524,20 @@ class TransactionManager:
 
 
 def _half_of(off: int, append_ms: int, props: dict[str, str], now: float,
-             wall: int) -> HalfMessage | None:
+             wall: int) -> PendingHalf | None:
     """The pending half message a half-topic record read at start stands for."""
     try:
-        after, interval, max_checks = (int(x) for x in props[TXN_CHECK].split(","))
-        h = HalfMessage(off, props[TXN_GROUP], props.get(TXN_CLIENT, ""), props[TXN_TOPIC],
-                        int(props[TXN_QUEUE]), append_ms, after, interval, max_checks, 0.0)
+        after, interval, max_checks = (int(x) for x in props[HALF_CHECK].split(","))
+        h = PendingHalf(off, props[HALF_GROUP], props.get(HALF_CLIENT, ""), props[HALF_TARGET_TOPIC],
+                        int(props[HALF_TARGET_QUEUE]), append_ms, after, interval, max_checks, 0.0)
     except (KeyError, ValueError):
-        log.warning("transactions: %s@%d is not a half message; ignored", HALF_TOPIC, off)
+        log.warning("half messages: %s@%d is not a half message; ignored", HALF_TOPIC, off)
         return None
     h.next_check = now + max(0, append_ms + after - wall) / 1000
     return h
 
 
-def _response(out: Outcome, sync: bool) -> m.EndTransactionResponse:
+def _response(out: Outcome, sync: bool) -> m.EndHalfResponse:
     durability = (Durability.FSYNCED if sync else Durability.WRITTEN) if out.msg_id else 0
-    return m.EndTransactionResponse(out.state, out.msg_id, out.topic, out.queue, out.offset,
-                                    durability)
+    return m.EndHalfResponse(out.state, out.msg_id, out.topic, out.queue, out.offset,
+                             durability)

@@ -14,14 +14,14 @@ A half message moves through :data:`TRANSITIONS` (state x event -> state)::
        +--UNKNOWN, CHECK--> PREPARED
 
 COMMITTED and ROLLED_BACK are final: the same answer again (or UNKNOWN) changes nothing, the
-other answer is refused with TransactionResolvedError, and so is ROLLBACK while COMMITTING (the
+other answer is refused with HalfMessageResolvedError, and so is ROLLBACK while COMMITTING (the
 commit was taken). A COMMITTING half message is not checked back (:meth:`HalfBook.due` looks
 again an interval later).
 
 Check-back schedule: a half message stored at monotonic time ``t`` is first due at
 ``t + check_after``, then every ``check_interval`` after the check before; each due time counts
 one check (RocketMQ counts attempts, not answers). Due after ``max_checks`` checks, it is
-rolled back (``max_checks``). :class:`HalfBook` keeps at most ``txn_max_pending`` pending half
+rolled back (``max_checks``). :class:`HalfBook` keeps at most ``half_max_pending`` pending half
 messages and remembers the outcomes of as many recently resolved ones.
 """
 
@@ -34,16 +34,16 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from ferrymq.errors import BusyError, TransactionResolvedError
+from ferrymq.errors import BusyError, HalfMessageResolvedError
 from ferrymq.protocol.half_messages import (
     COMMITTED,
+    HALF_MSGID,
+    HALF_OP,
+    HALF_REASON,
+    HALF_SOURCE,
     OP_COMMIT,
     PREPARED,
     ROLLED_BACK,
-    TXN_MSGID,
-    TXN_OP,
-    TXN_REASON,
-    TXN_SOURCE,
 )
 from ferrymq.protocol.records import decode_msg_id
 
@@ -52,18 +52,18 @@ __all__ = [
     "TRANSITIONS",
     "HalfBook",
     "HalfEvent",
-    "HalfMessage",
-    "HalfState",
+    "PendingHalf",
+    "HalfPhase",
     "Outcome",
     "outcome_of",
     "step",
 ]
 
 SOURCES = ("producer", "check", "max_checks", "broker")
-"""Who resolved a transaction (an op record's ``%TXN_SOURCE``)."""
+"""Who resolved a half message (an op record's ``%TXN_SOURCE``)."""
 
 
-class HalfState(enum.Enum):
+class HalfPhase(enum.Enum):
     """Where a half message is (the values are the names ``message status`` reports)."""
 
     PREPARED = PREPARED
@@ -83,9 +83,9 @@ class HalfEvent(enum.Enum):
     COPY_LOST = "COPY_LOST"  # the committed copy's fsync failed: no outcome yet
 
 
-_S = HalfState
+_S = HalfPhase
 _E = HalfEvent
-TRANSITIONS: dict[tuple[HalfState, HalfEvent], HalfState] = {
+TRANSITIONS: dict[tuple[HalfPhase, HalfEvent], HalfPhase] = {
     (_S.PREPARED, _E.COMMIT): _S.COMMITTING,
     (_S.PREPARED, _E.ROLLBACK): _S.ROLLED_BACK,
     (_S.PREPARED, _E.UNKNOWN): _S.PREPARED,
@@ -101,24 +101,24 @@ TRANSITIONS: dict[tuple[HalfState, HalfEvent], HalfState] = {
 }
 """Every legal move; anything missing is refused (:func:`step`)."""
 
-FINAL = frozenset({HalfState.COMMITTED, HalfState.ROLLED_BACK})
+FINAL = frozenset({HalfPhase.COMMITTED, HalfPhase.ROLLED_BACK})
 
 
-def step(state: HalfState, event: HalfEvent) -> HalfState:
+def step(state: HalfPhase, event: HalfEvent) -> HalfPhase:
     """The state after ``event``.
 
     Raises:
-        TransactionResolvedError: the table has no such move (an outcome never changes).
+        HalfMessageResolvedError: the table has no such move (an outcome never changes).
     """
     nxt = TRANSITIONS.get((state, event))
     if nxt is None:
-        raise TransactionResolvedError(
-            f"a {state.value.lower()} transaction cannot take {event.value}")
+        raise HalfMessageResolvedError(
+            f"a {state.value.lower()} half message cannot take {event.value}")
     return nxt
 
 
 @dataclass(eq=False, slots=True)
-class HalfMessage:
+class PendingHalf:
     """A pending half message (PREPARED or COMMITTING)."""
 
     offset: int
@@ -133,11 +133,11 @@ class HalfMessage:
     next_check: float  # monotonic seconds
     checks: int = 0
     last_answer: str = ""
-    state: HalfState = HalfState.PREPARED
+    state: HalfPhase = HalfPhase.PREPARED
 
 
 class Outcome(NamedTuple):
-    """How a transaction ended."""
+    """How a half message ended."""
 
     state: str  # COMMITTED / ROLLED_BACK
     group: str
@@ -152,16 +152,16 @@ class Outcome(NamedTuple):
 
 def outcome_of(group: str, topic: str, queue: int, props: dict[str, str], at_ms: int) -> Outcome:
     """The outcome an op record's properties say."""
-    msg_id = props.get(TXN_MSGID, "")
+    msg_id = props.get(HALF_MSGID, "")
     offset = -1
     if msg_id:
         try:
             offset = decode_msg_id(msg_id)[2]
         except ValueError:
             msg_id = ""
-    state = COMMITTED if props.get(TXN_OP) == OP_COMMIT else ROLLED_BACK
-    return Outcome(state, group, topic, queue, offset, msg_id, props.get(TXN_SOURCE, ""),
-                   props.get(TXN_REASON, ""), at_ms)
+    state = COMMITTED if props.get(HALF_OP) == OP_COMMIT else ROLLED_BACK
+    return Outcome(state, group, topic, queue, offset, msg_id, props.get(HALF_SOURCE, ""),
+                   props.get(HALF_REASON, ""), at_ms)
 
 
 class HalfBook:
@@ -169,13 +169,13 @@ class HalfBook:
     the most recently resolved ones (see the module docstring).
 
     Args:
-        max_pending: most pending half messages (``txn_max_pending``); also how many outcomes
+        max_pending: most pending half messages (``half_max_pending``); also how many outcomes
             are remembered.
     """
 
     def __init__(self, max_pending: int) -> None:
         self.max_pending = max_pending
-        self.pending: dict[int, HalfMessage] = {}
+        self.pending: dict[int, PendingHalf] = {}
         self._heap: list[tuple[float, int]] = []
         self._resolved: OrderedDict[int, Outcome] = OrderedDict()
 
@@ -186,29 +186,29 @@ class HalfBook:
             BusyError: full.
         """
         if len(self.pending) >= self.max_pending:
-            raise BusyError(f"{len(self.pending)} half messages pending (txn_max_pending "
+            raise BusyError(f"{len(self.pending)} half messages pending (half_max_pending "
                             f"{self.max_pending}); retry when some are resolved")
 
-    def add(self, h: HalfMessage) -> None:
+    def add(self, h: PendingHalf) -> None:
         """A new half message, first checked at ``h.next_check``."""
         self.pending[h.offset] = h
         heapq.heappush(self._heap, (h.next_check, h.offset))
 
-    def restore(self, halves: Iterable[HalfMessage]) -> None:
+    def restore(self, halves: Iterable[PendingHalf]) -> None:
         """Schedule the half messages read back at start (already in :attr:`pending`)."""
         for h in halves:
             heapq.heappush(self._heap, (h.next_check, h.offset))
 
-    def get(self, offset: int) -> HalfMessage | None:
+    def get(self, offset: int) -> PendingHalf | None:
         """The pending half message at ``offset``."""
         return self.pending.get(offset)
 
     @staticmethod
-    def step(h: HalfMessage, event: HalfEvent) -> None:
+    def step(h: PendingHalf, event: HalfEvent) -> None:
         """Move ``h`` by ``event`` (:func:`step`)."""
         h.state = step(h.state, event)
 
-    def resolve(self, h: HalfMessage, out: Outcome) -> None:
+    def resolve(self, h: PendingHalf, out: Outcome) -> None:
         """``h`` ended as ``out`` (COMMIT after COPY_DURABLE, or ROLLBACK): it is no longer
         pending and its outcome is remembered."""
         h.state = step(h.state, _E.COPY_DURABLE if out.state == COMMITTED else _E.ROLLBACK)
@@ -227,7 +227,7 @@ class HalfBook:
         """A remembered outcome (older ones are only in the half topic)."""
         return self._resolved.get(offset)
 
-    def due(self, now: float) -> Iterator[tuple[HalfMessage, bool]]:
+    def due(self, now: float) -> Iterator[tuple[PendingHalf, bool]]:
         """The half messages due for a check at ``now``, one at a time: ``(h, True)`` when
         ``h`` ran out of checks (the caller rolls it back), else ``(h, False)`` with the check
         counted and the next one scheduled. A COMMITTING half message is looked at again an

@@ -78,7 +78,7 @@ def delete_topic(conn: ClientConnection, req: m.DeleteTopicRequest) -> m.Empty:
     """Delete a topic, its data and the groups' offsets on it."""
     topic_id = conn.server.topics.get(req.name).topic_id
     conn.server.topics.delete(req.name)
-    conn.server.groups.forget_topic(req.name)
+    conn.server.consumer_groups.forget_topic(req.name)
     conn.server.dedup.forget(topic_id)
     return m.Empty()
 

@@ -1,4 +1,5 @@
-"""JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, LIST_GROUPS, DESCRIBE_GROUP, DELETE_GROUP."""
+"""Consumer groups (offset-based pull groups): JOIN_GROUP, HEARTBEAT, LEAVE_GROUP; and for both
+kinds of group (consumer and delivery groups) LIST_GROUPS, DESCRIBE_GROUP, DELETE_GROUP."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ def _queue_counts(conn: ClientConnection) -> dict[str, int]:
 def join_group(conn: ClientConnection, req: m.JoinGroupRequest) -> m.JoinGroupResponse:
     """Join or rejoin; returns the member's queues for the current generation. A topic that
     does not exist yet may be subscribed to: its queues are assigned once it is created (the
-    coordinator rebalances, see :meth:`GroupCoordinator.sync_queue_counts`).
+    coordinator rebalances, see :meth:`ConsumerGroupCoordinator.sync_queue_counts`).
 
     Raises:
         InvalidTopicNameError: no topic can have one of the names.
@@ -34,23 +35,23 @@ def join_group(conn: ClientConnection, req: m.JoinGroupRequest) -> m.JoinGroupRe
     for t in req.topics:
         if t not in srv.topics.topics:
             check_topic_name(t, internal_ok=True)
-    g, member = srv.groups.join(req.group, req.member_id, req.client_id or conn.client_id,
-                                conn.peer, req.topics, timeout, srv.now_monotonic_ms(),
-                                _queue_counts(conn))
+    g, member = srv.consumer_groups.join(req.group, req.member_id, req.client_id or conn.client_id,
+                                         conn.peer, req.topics, timeout, srv.now_monotonic_ms(),
+                                         _queue_counts(conn))
     return m.JoinGroupResponse(g.generation, member.member_id, list(member.assignment),
                                len(g.members))
 
 
 def heartbeat(conn: ClientConnection, req: m.HeartbeatRequest) -> m.Empty:
     """Keep the membership alive (REBALANCE_IN_PROGRESS: rejoin)."""
-    conn.server.groups.heartbeat(req.group, req.member_id, req.generation,
-                                 conn.server.now_monotonic_ms())
+    conn.server.consumer_groups.heartbeat(req.group, req.member_id, req.generation,
+                                          conn.server.now_monotonic_ms())
     return m.Empty()
 
 
 def leave_group(conn: ClientConnection, req: m.LeaveGroupRequest) -> m.Empty:
     """Leave at once."""
-    conn.server.groups.leave(req.group, req.member_id, _queue_counts(conn))
+    conn.server.consumer_groups.leave(req.group, req.member_id, _queue_counts(conn))
     return m.Empty()
 
 
@@ -63,7 +64,7 @@ def list_groups(conn: ClientConnection, req: m.ListGroupsRequest) -> m.ListGroup
     """Every known group: consumer groups and delivery groups (state ``DELIVERY``); a name used
     by both is listed twice."""
     srv = conn.server
-    rows = [(g.name, g.state, len(g.members)) for g in srv.groups.groups.values()]
+    rows = [(g.name, g.state, len(g.members)) for g in srv.consumer_groups.groups.values()]
     rows += [(g.name, DELIVERY_GROUP_STATE, len(g.members)) for g in srv.delivery.groups.values()]
     return m.ListGroupsResponse(sorted(rows))
 
@@ -71,7 +72,7 @@ def list_groups(conn: ClientConnection, req: m.ListGroupsRequest) -> m.ListGroup
 def describe_group(conn: ClientConnection, req: m.DescribeGroupRequest) -> m.DescribeGroupResponse:
     """Members, assignment, committed offsets, end offsets and lag per queue."""
     srv = conn.server
-    g = srv.groups.group(req.group)
+    g = srv.consumer_groups.group(req.group)
     members: list[m.MemberInfo] = [
         (mm.member_id, mm.client_id, mm.host, list(mm.assignment)) for mm in g.members.values()
     ]
@@ -93,12 +94,12 @@ def delete_group(conn: ClientConnection, req: m.DeleteGroupRequest) -> m.DeleteG
     """Delete the consumer group and the delivery group of this name (whichever exist), only
     when neither has a live member; nothing is deleted when either refuses."""
     srv = conn.server
-    pull, delivery = req.group in srv.groups.groups, req.group in srv.delivery.groups
+    pull, delivery = req.group in srv.consumer_groups.groups, req.group in srv.delivery.groups
     if not pull and not delivery:
         raise UnknownGroupError(f"unknown group {req.group[:249]!r}: no consumer group or "
                                 "delivery group has this name")
-    srv.groups.check_deletable(req.group)
+    srv.consumer_groups.check_deletable(req.group)
     srv.delivery.check_deletable(req.group, req.delete_dlq)
     dead = srv.delivery.delete(req.group, req.delete_dlq)
-    srv.groups.delete(req.group)
+    srv.consumer_groups.delete(req.group)
     return m.DeleteGroupResponse(pull, delivery, dead or 0)

@@ -1,4 +1,4 @@
-"""CONSUMER_HEARTBEAT, RECEIVE, ACK, NACK, CHANGE_INVISIBLE, CONSUMER_LEAVE, DESCRIBE_DELIVERY,
+"""DELIVERY_HEARTBEAT, RECEIVE, ACK, NACK, CHANGE_INVISIBLE, DELIVERY_LEAVE, DESCRIBE_DELIVERY,
 MESSAGE_STATUS, DLQ_ADMIN, SKIP_MESSAGE: the wire side of :mod:`ferrymq.broker.delivery`.
 
 In sync flush mode an answer that reports a state change (a lease, an ack, a policy) is sent
@@ -46,9 +46,9 @@ def _after(srv: BrokerContext, group: str, pos: int, resp: B) -> B | asyncio.Fut
     return fut
 
 
-def consumer_heartbeat(
-    conn: ClientConnection, req: m.ConsumerHeartbeatRequest
-) -> m.ConsumerHeartbeatResponse | asyncio.Future[m.ConsumerHeartbeatResponse]:
+def delivery_heartbeat(
+    conn: ClientConnection, req: m.DeliveryHeartbeatRequest
+) -> m.DeliveryHeartbeatResponse | asyncio.Future[m.DeliveryHeartbeatResponse]:
     """Register or keep alive a member; set the group's retry policy."""
     srv = conn.server
     timeout = srv.config.session_timeout_ms(req.session_timeout_ms)
@@ -60,7 +60,7 @@ def consumer_heartbeat(
         req.orderly, exclusive=req.exclusive, ephemeral=req.ephemeral, link=conn,
     )
     return _after(srv, g.name, pos,
-                  m.ConsumerHeartbeatResponse(mem.member_id, len(g.members), g.ephemeral))
+                  m.DeliveryHeartbeatResponse(mem.member_id, len(g.members), g.ephemeral))
 
 
 def receive(
@@ -152,7 +152,7 @@ def change_invisible(
     return _after(srv, g.name, pos, m.ReceiptResponse(results))
 
 
-def consumer_leave(conn: ClientConnection, req: m.ConsumerLeaveRequest) -> m.Empty:
+def delivery_leave(conn: ClientConnection, req: m.DeliveryLeaveRequest) -> m.Empty:
     """Leave; held leases go back to the group at once."""
     conn.server.delivery.leave(req.group, req.member_id)
     return m.Empty()

@@ -1,5 +1,5 @@
-"""PREPARE_TRANSACTION, END_TRANSACTION, TXN_CHECK_POLL: the wire side of
-:mod:`ferrymq.broker.half_messages`; and MESSAGE_STATUS for transaction ids (half messages),
+"""PREPARE_HALF, END_HALF, HALF_CHECK_POLL: the wire side of
+:mod:`ferrymq.broker.half_messages`; and MESSAGE_STATUS for half ids,
 which it answers itself before handing other ids to the delivery handler."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ if TYPE_CHECKING:
     from ferrymq.broker.context import ClientConnection
 
 
-def prepare_transaction(
-    conn: ClientConnection, req: m.PrepareTransactionRequest
-) -> m.PrepareTransactionResponse | asyncio.Future[m.PrepareTransactionResponse]:
+def prepare_half(
+    conn: ClientConnection, req: m.PrepareHalfRequest
+) -> m.PrepareHalfResponse | asyncio.Future[m.PrepareHalfResponse]:
     """Store a half message (invisible until committed); refused like a produce while memory
     or disk is past its watermark."""
     srv = conn.server
@@ -25,31 +25,31 @@ def prepare_transaction(
         raise BrokerShuttingDownError("broker is shutting down")
     srv.watermarks.check_produce()
     try:
-        return srv.transactions.prepare(req)
+        return srv.half_messages.prepare(req)
     except StorageFullError as exc:
         srv.watermarks.on_disk_full(exc)
         raise
 
 
-def end_transaction(
-    conn: ClientConnection, req: m.EndTransactionRequest
-) -> m.EndTransactionResponse | asyncio.Future[m.EndTransactionResponse]:
+def end_half(
+    conn: ClientConnection, req: m.EndHalfRequest
+) -> m.EndHalfResponse | asyncio.Future[m.EndHalfResponse]:
     """Commit or roll back a half message (or report UNKNOWN)."""
     if conn.server.shutting_down:
         raise BrokerShuttingDownError("broker is shutting down")
-    return conn.server.transactions.end(req)
+    return conn.server.half_messages.end(req)
 
 
-def txn_check_poll(
-    conn: ClientConnection, req: m.TxnCheckPollRequest
-) -> m.TxnCheckPollResponse | asyncio.Future[m.TxnCheckPollResponse]:
+def half_check_poll(
+    conn: ClientConnection, req: m.HalfCheckPollRequest
+) -> m.HalfCheckPollResponse | asyncio.Future[m.HalfCheckPollResponse]:
     """Long poll for check-backs of a producer group."""
-    return conn.server.transactions.poll(req)
+    return conn.server.half_messages.poll(req)
 
 
 def message_status(conn: ClientConnection, req: m.MessageStatusRequest) -> m.MessageStatusResponse:
-    """A transaction id: its transaction's state; any other id: the delivery status."""
-    txns = conn.server.transactions
-    if txns.is_transaction(req.msg_id):
-        return txns.status(req.msg_id)
+    """A half id: its half message's state; any other id: the delivery status."""
+    halves = conn.server.half_messages
+    if halves.is_half(req.msg_id):
+        return halves.status(req.msg_id)
     return delivery.message_status(conn, req)

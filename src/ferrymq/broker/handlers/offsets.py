@@ -51,7 +51,7 @@ def commit_offsets(
     valid, out = check_offsets(conn.server.topics, req.entries,
                                lambda t, q: txn.check_pending(req.group, t, q))
     if valid:
-        _durably(conn, req.group, lambda: conn.server.groups.commit(
+        _durably(conn, req.group, lambda: conn.server.consumer_groups.commit(
             req.group, req.member_id, req.generation, valid))
     return m.CommitOffsetsResponse(out)
 
@@ -67,7 +67,7 @@ def _durably(conn: ClientConnection, group: str, write: Callable[[], None]) -> N
 
 def fetch_offsets(conn: ClientConnection, req: m.FetchOffsetsRequest) -> m.FetchOffsetsResponse:
     """A group's committed offsets."""
-    committed = conn.server.groups.committed(req.group)
+    committed = conn.server.consumer_groups.committed(req.group)
     wanted = None if req.topics is None else set(req.topics)
     return m.FetchOffsetsResponse(
         sorted((t, q, o) for (t, q), o in committed.items() if wanted is None or t in wanted),
@@ -87,5 +87,5 @@ def reset_offsets(conn: ClientConnection, req: m.ResetOffsetsRequest) -> m.Reset
         else:
             off = resolve_spec(qs, req.spec)
         new[(req.topic, qs.queue)] = off
-    _durably(conn, req.group, lambda: conn.server.groups.set_offsets(req.group, new))
+    _durably(conn, req.group, lambda: conn.server.consumer_groups.set_offsets(req.group, new))
     return m.ResetOffsetsResponse(sorted((t, q, o) for (t, q), o in new.items()))

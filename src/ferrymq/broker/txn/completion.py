@@ -24,7 +24,7 @@ from ferrymq.protocol.markers import encode_marker
 from ferrymq.protocol.messages import TxnState
 
 if TYPE_CHECKING:
-    from ferrymq.broker.consumer_groups import GroupCoordinator
+    from ferrymq.broker.consumer_groups import ConsumerGroupCoordinator
     from ferrymq.broker.topics import QueueState, TopicRegistry
     from ferrymq.broker.txn.statelog import StateLog
 
@@ -38,17 +38,18 @@ class Completer:
         book: the transactional ids.
         statelog: ``%TXN%state`` (decision and completion records; appends and waits).
         topics: the touched queues.
-        groups: where a commit's offsets go.
+        consumer_groups: where a commit's offsets go.
         clock: marker timestamps.
         busy_retry_after_ms: the retry-after of a STORAGE_FULL answer.
     """
 
     def __init__(self, book: TxnBook, statelog: StateLog, topics: TopicRegistry,
-                 groups: GroupCoordinator, clock: Clock, *, busy_retry_after_ms: int) -> None:
+                 consumer_groups: ConsumerGroupCoordinator, clock: Clock, *,
+                 busy_retry_after_ms: int) -> None:
         self.book = book
         self.statelog = statelog
         self.topics = topics
-        self.groups = groups
+        self.consumer_groups = consumer_groups
         self.clock = clock
         self.busy_retry_after_ms = busy_retry_after_ms
         self._running: dict[str, asyncio.Future[None]] = {}
@@ -186,7 +187,7 @@ class Completer:
         """
         for group, offs in meta.offsets.items():
             try:
-                self.groups.apply_txn_offsets(group, offs)
+                self.consumer_groups.apply_txn_offsets(group, offs)
             except OSError as exc:
                 raise self.statelog.flusher.write_error(
                     exc, f"the offsets of group {group!r}") from None

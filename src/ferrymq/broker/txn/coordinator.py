@@ -44,7 +44,7 @@ from ferrymq.protocol.messages import Durability, TxnState
 
 if TYPE_CHECKING:
     from ferrymq.broker.config import BrokerConfig
-    from ferrymq.broker.consumer_groups import GroupCoordinator
+    from ferrymq.broker.consumer_groups import ConsumerGroupCoordinator
     from ferrymq.broker.flusher import Flusher
     from ferrymq.broker.producer_ids import ProducerIdManager
     from ferrymq.broker.topics import QueueState, TopicRegistry
@@ -58,19 +58,20 @@ class TxnCoordinator:
 
     def __init__(
         self, config: BrokerConfig, topics: TopicRegistry, flusher: Flusher,
-        groups: GroupCoordinator, producer_ids: ProducerIdManager, clock: Clock, data_dir: Path,
+        consumer_groups: ConsumerGroupCoordinator, producer_ids: ProducerIdManager, clock: Clock,
+        data_dir: Path,
     ) -> None:
         self.config = config
         self.topics = topics
         self.flusher = flusher
-        self.groups = groups
+        self.consumer_groups = consumer_groups
         self.producer_ids = producer_ids
         self.clock = clock
         self.sync = config.flush == "sync"
         self.book = TxnBook()
         self.statelog = StateLog(topics, flusher, clock, data_dir, sync=self.sync,
                                  busy_retry_after_ms=config.busy_retry_after_ms)
-        self.completer = Completer(self.book, self.statelog, topics, groups, clock,
+        self.completer = Completer(self.book, self.statelog, topics, consumer_groups, clock,
                                    busy_retry_after_ms=config.busy_retry_after_ms)
 
     @property
@@ -212,9 +213,9 @@ class TxnCoordinator:
         """Record consumer offsets in the open transaction (applied at commit)."""
         meta = self.book.meta(req.transactional_id, req.producer_id, req.producer_epoch)
         check_group_name(req.group)
-        g = self.groups.groups.get(req.group)
+        g = self.consumer_groups.groups.get(req.group)
         if g is None:
-            self.groups.check_new(req.group)
+            self.consumer_groups.check_new(req.group)
         if req.generation >= 0:
             if g is None or req.member_id not in g.members:
                 raise UnknownMemberError(f"group {req.group!r} has no member {req.member_id!r}")

@@ -10,9 +10,10 @@ Modules:
   and how versions and trailing fields work.
 * One module per API family: :mod:`.connection` (HELLO, PING, authentication, WHOAMI),
   :mod:`.topics` (metadata, topic admin, find by key, cancel scheduled), :mod:`.produce`,
-  :mod:`.fetch` (and LIST_OFFSETS), :mod:`.groups` (pull groups and their offsets),
-  :mod:`.delivery` (delivery groups: leases, acks, retries, dead letters),
-  :mod:`.transactions` (half messages and exactly-once transactions), :mod:`.users`.
+  :mod:`.fetch` (and LIST_OFFSETS), :mod:`.consumer_groups` (offset-based pull groups and
+  their offsets), :mod:`.delivery` (delivery groups: leases, acks, retries, dead letters),
+  :mod:`.half_messages` (half messages with check-back), :mod:`.txn` (exactly-once
+  transactions), :mod:`.users`.
 
 :data:`REQUESTS` maps each api key to its request type (the broker's dispatch table is built
 from it); every :class:`ApiKey` has one (asserted at import).
@@ -57,10 +58,10 @@ from ferrymq.protocol.messages.delivery import (
     AckResponse,
     BlockedKey,
     ChangeInvisibleRequest,
-    ConsumerHeartbeatRequest,
-    ConsumerHeartbeatResponse,
-    ConsumerLeaveRequest,
     Delivery,
+    DeliveryHeartbeatRequest,
+    DeliveryHeartbeatResponse,
+    DeliveryLeaveRequest,
     DeliveryMember,
     DeliveryQueue,
     DescribeDeliveryRequest,
@@ -90,6 +91,16 @@ from ferrymq.protocol.messages.fetch import (
     ListOffsetsResponse,
     OffsetResult,
     OffsetSpec,
+)
+from ferrymq.protocol.messages.half_messages import (
+    EndHalfRequest,
+    EndHalfResponse,
+    HalfCheck,
+    HalfCheckPollRequest,
+    HalfCheckPollResponse,
+    HalfState,
+    PrepareHalfRequest,
+    PrepareHalfResponse,
 )
 from ferrymq.protocol.messages.produce import (
     Duplicate,
@@ -143,20 +154,12 @@ from ferrymq.protocol.messages.txn import (
     CommitStagedResponse,
     DescribeTxnsRequest,
     DescribeTxnsResponse,
-    EndTransactionRequest,
-    EndTransactionResponse,
     EndTxnAction,
     EndTxnRequest,
     EndTxnResponse,
     InitTxnRequest,
     InitTxnResponse,
-    PrepareTransactionRequest,
-    PrepareTransactionResponse,
     StagedMember,
-    TransactionState,
-    TxnCheck,
-    TxnCheckPollRequest,
-    TxnCheckPollResponse,
     TxnDescription,
     TxnOffsetCommitRequest,
     TxnState,
@@ -190,7 +193,7 @@ __all__ = [
     # fetch
     "FetchEntry", "FetchRequest", "FetchResponse", "FetchResult", "FetchTxnInfo", "Isolation",
     "ListOffsetsRequest", "ListOffsetsResponse", "OffsetResult", "OffsetSpec",
-    # groups
+    # consumer groups
     "CommitOffsetsRequest", "CommitOffsetsResponse", "DeleteGroupRequest", "DeleteGroupResponse",
     "DescribeGroupRequest", "DescribeGroupResponse", "FetchOffsetsRequest", "FetchOffsetsResponse",
     "GroupOffset", "HeartbeatRequest", "JoinGroupRequest", "JoinGroupResponse", "LeaveGroupRequest",
@@ -198,17 +201,18 @@ __all__ = [
     "ResetOffsetsResponse",
     # delivery
     "AckEntry", "AckRequest", "AckResponse", "BlockedKey", "ChangeInvisibleRequest",
-    "ConsumerHeartbeatRequest", "ConsumerHeartbeatResponse", "ConsumerLeaveRequest", "Delivery",
+    "DeliveryHeartbeatRequest", "DeliveryHeartbeatResponse", "DeliveryLeaveRequest", "Delivery",
     "DeliveryMember", "DeliveryQueue", "DescribeDeliveryRequest", "DescribeDeliveryResponse",
     "DlqAction", "DlqAdminRequest", "DlqAdminResponse", "MessageGroupStatus",
     "MessageStatusRequest", "MessageStatusResponse", "NackEntry", "NackRequest", "Receipt",
     "ReceiptResponse", "ReceiveRequest", "ReceiveResponse", "SkipMessageRequest",
-    # transactions
+    # half messages
+    "EndHalfRequest", "EndHalfResponse", "HalfCheck", "HalfCheckPollRequest",
+    "HalfCheckPollResponse", "HalfState", "PrepareHalfRequest", "PrepareHalfResponse",
+    # exactly-once transactions
     "AbortStagedRequest", "AbortStagedResponse", "CommitStagedRequest", "CommitStagedResponse",
-    "DescribeTxnsRequest", "DescribeTxnsResponse", "EndTransactionRequest",
-    "EndTransactionResponse", "EndTxnAction", "EndTxnRequest", "EndTxnResponse", "InitTxnRequest",
-    "InitTxnResponse", "PrepareTransactionRequest", "PrepareTransactionResponse", "StagedMember",
-    "TransactionState", "TxnCheck", "TxnCheckPollRequest", "TxnCheckPollResponse", "TxnDescription",
+    "DescribeTxnsRequest", "DescribeTxnsResponse", "EndTxnAction", "EndTxnRequest",
+    "EndTxnResponse", "InitTxnRequest", "InitTxnResponse", "StagedMember", "TxnDescription",
     "TxnOffsetCommitRequest", "TxnState",
     # users
     "DeleteUserRequest", "DeleteUserResponse", "ListUsersRequest", "ListUsersResponse",
@@ -222,11 +226,11 @@ REQUESTS: dict[int, type[Request]] = {
         DescribeTopicRequest, InitProducerRequest, ProduceRequest, FetchRequest,
         ListOffsetsRequest, CommitOffsetsRequest, FetchOffsetsRequest, JoinGroupRequest,
         HeartbeatRequest, LeaveGroupRequest, ListGroupsRequest, DescribeGroupRequest,
-        ResetOffsetsRequest, ConsumerHeartbeatRequest, ReceiveRequest, AckRequest,
-        NackRequest, ChangeInvisibleRequest, ConsumerLeaveRequest, DescribeDeliveryRequest,
+        ResetOffsetsRequest, DeliveryHeartbeatRequest, ReceiveRequest, AckRequest,
+        NackRequest, ChangeInvisibleRequest, DeliveryLeaveRequest, DescribeDeliveryRequest,
         MessageStatusRequest, DlqAdminRequest, FindByKeyRequest, CancelScheduledRequest,
-        SkipMessageRequest, PrepareTransactionRequest, EndTransactionRequest,
-        TxnCheckPollRequest, InitTxnRequest, EndTxnRequest, TxnOffsetCommitRequest,
+        SkipMessageRequest, PrepareHalfRequest, EndHalfRequest,
+        HalfCheckPollRequest, InitTxnRequest, EndTxnRequest, TxnOffsetCommitRequest,
         CommitStagedRequest, AbortStagedRequest, DescribeTxnsRequest,
         AuthStartRequest, AuthFinishRequest, WhoAmIRequest,
         UpsertUserRequest, DeleteUserRequest, ListUsersRequest, DeleteGroupRequest,

@@ -1,6 +1,6 @@
-"""Pull groups and their offsets: JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, LIST_GROUPS,
-DESCRIBE_GROUP, DELETE_GROUP (both kinds of group), COMMIT_OFFSETS, FETCH_OFFSETS,
-RESET_OFFSETS."""
+"""Consumer groups (offset-based pull groups, Kafka's) and their offsets: JOIN_GROUP, HEARTBEAT,
+LEAVE_GROUP, LIST_GROUPS, DESCRIBE_GROUP, DELETE_GROUP (consumer and delivery groups),
+COMMIT_OFFSETS, FETCH_OFFSETS, RESET_OFFSETS."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Delivery groups (push and simple consumers): per-message leases, acks, retries, dead letters.
 
-CONSUMER_HEARTBEAT, RECEIVE, ACK, NACK, CHANGE_INVISIBLE, CONSUMER_LEAVE, DESCRIBE_DELIVERY,
+DELIVERY_HEARTBEAT, RECEIVE, ACK, NACK, CHANGE_INVISIBLE, DELIVERY_LEAVE, DESCRIBE_DELIVERY,
 MESSAGE_STATUS, SKIP_MESSAGE, DLQ_ADMIN (docs/delivery.md)."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from ferrymq.protocol.messages.schema import (
 
 
 @dataclass(frozen=True, slots=True)
-class ConsumerHeartbeatResponse(Body):
+class DeliveryHeartbeatResponse(Body):
     """The member id to use from now on, how many members the group has, and whether the
     group is ephemeral (added after release: a broker that predates it sends none, and its
     groups are all durable)."""
@@ -39,7 +39,7 @@ class ConsumerHeartbeatResponse(Body):
 
 
 @dataclass(frozen=True, slots=True)
-class ConsumerHeartbeatRequest(Request):
+class DeliveryHeartbeatRequest(Request):
     """Register or keep alive a member of a delivery group (push and simple consumers).
 
     ``member_id`` is empty on the first heartbeat. ``retry_delays_ms`` (None: keep) and
@@ -69,8 +69,8 @@ group starts delivering it once it exists (see docs/delivery.md)."""
     orderly: bool = False
     exclusive: bool = False
     ephemeral: bool = False
-    API_KEY = ApiKey.CONSUMER_HEARTBEAT
-    RESPONSE = ConsumerHeartbeatResponse
+    API_KEY = ApiKey.DELIVERY_HEARTBEAT
+    RESPONSE = DeliveryHeartbeatResponse
     SCHEMA = (STR, STR, STR, lst(tup(STR, STR)), INT, opt(lst(INT)), INT, INT, BOOL, BOOL,
               BOOL)
 
@@ -182,12 +182,12 @@ class ChangeInvisibleRequest(Request):
 
 
 @dataclass(frozen=True, slots=True)
-class ConsumerLeaveRequest(Request):
+class DeliveryLeaveRequest(Request):
     """Leave a delivery group; leases still held go back to the group at once."""
 
     group: str
     member_id: str
-    API_KEY = ApiKey.CONSUMER_LEAVE
+    API_KEY = ApiKey.DELIVERY_LEAVE
     RESPONSE = Empty
     SCHEMA = (STR, STR)
 

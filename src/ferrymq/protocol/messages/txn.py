@@ -1,6 +1,5 @@
-"""Both kinds of transaction: half messages with check-back (PREPARE_TRANSACTION,
-END_TRANSACTION, TXN_CHECK_POLL) and exactly-once read-process-write transactions (INIT_TXN,
-END_TXN, TXN_OFFSET_COMMIT, COMMIT_STAGED, ABORT_STAGED, DESCRIBE_TXNS; docs/exactly-once.md)."""
+"""Exactly-once read-process-write transactions, Kafka's (INIT_TXN, END_TXN, TXN_OFFSET_COMMIT,
+COMMIT_STAGED, ABORT_STAGED, DESCRIBE_TXNS; docs/exactly-once.md)."""
 
 from __future__ import annotations
 
@@ -9,8 +8,6 @@ from dataclasses import dataclass
 
 from ferrymq.protocol.messages.consumer_groups import CommitOffsetsResponse
 from ferrymq.protocol.messages.schema import (
-    BOOL,
-    BYTES,
     INT,
     STR,
     ApiKey,
@@ -19,105 +16,6 @@ from ferrymq.protocol.messages.schema import (
     lst,
     tup,
 )
-
-# --- half messages with check-back (RocketMQ transactions) -------------------------------------
-
-
-class TransactionState(enum.IntEnum):
-    """A transaction's outcome as a producer reports it (END_TRANSACTION ``state``)."""
-
-    UNKNOWN = 0  # not decided yet: the broker asks the group's checker later
-    COMMIT = 1
-    ROLLBACK = 2
-
-
-@dataclass(frozen=True, slots=True)
-class PrepareTransactionResponse(Body):
-    """The stored half message: ``txn_id`` is its message id (in the internal ``%HALF%``
-    topic), the transaction id that END_TRANSACTION and ``message status`` take."""
-
-    txn_id: str
-    durability: int
-    SCHEMA = (STR, INT)
-
-
-@dataclass(frozen=True, slots=True)
-class PrepareTransactionRequest(Request):
-    """Store a half message: durable, invisible to consumers, bound for ``topic``/``queue``
-    once committed. ``batch`` holds exactly one record (a plain or scheduled batch); the check
-    settings (ms, ms, count; 0: the broker's defaults) are the producer group's."""
-
-    group: str
-    client_id: str
-    topic: str
-    queue: int
-    batch: bytes
-    check_after_ms: int
-    check_interval_ms: int
-    max_checks: int
-    API_KEY = ApiKey.PREPARE_TRANSACTION
-    RESPONSE = PrepareTransactionResponse
-    SCHEMA = (STR, STR, STR, INT, BYTES, INT, INT, INT)
-
-
-@dataclass(frozen=True, slots=True)
-class EndTransactionResponse(Body):
-    """The transaction's state after the request (PREPARED, COMMITTED, ROLLED_BACK) and, when
-    committed, where the committed copy is (``msg_id`` "" and -1s otherwise)."""
-
-    state: str
-    msg_id: str
-    topic: str
-    queue: int
-    offset: int
-    durability: int
-    SCHEMA = (STR, STR, STR, INT, INT, INT)
-
-
-@dataclass(frozen=True, slots=True)
-class EndTransactionRequest(Request):
-    """Commit, roll back, or report UNKNOWN (:class:`TransactionState`) for a half message.
-    Repeating the same outcome is harmless (the first result is answered again)."""
-
-    group: str
-    txn_id: str
-    state: int
-    from_check: bool
-    reason: str
-    API_KEY = ApiKey.END_TRANSACTION
-    RESPONSE = EndTransactionResponse
-    SCHEMA = (STR, STR, INT, BOOL, STR)
-
-
-TxnCheck = tuple[str, str, int, bytes, int]
-"""(transaction id, target topic, target queue, one-record batch (the message as it will be
-committed, ``%TXN_ID`` among its properties), check number (1 = first))."""
-
-
-@dataclass(frozen=True, slots=True)
-class TxnCheckPollResponse(Body):
-    """Half messages whose outcome the broker asks this producer to check."""
-
-    checks: list[TxnCheck]
-    SCHEMA = (lst(tup(STR, STR, INT, BYTES, INT)),)
-
-
-@dataclass(frozen=True, slots=True)
-class TxnCheckPollRequest(Request):
-    """Long poll (up to ``wait_ms``) for transaction checks of ``group``: the broker has no
-    server push, so a transactional producer keeps one of these outstanding and answers each
-    check with END_TRANSACTION (``from_check``)."""
-
-    group: str
-    client_id: str
-    wait_ms: int
-    max_checks: int
-    API_KEY = ApiKey.TXN_CHECK_POLL
-    RESPONSE = TxnCheckPollResponse
-    SCHEMA = (STR, STR, INT, INT)
-
-
-# --- exactly-once transactions (read-process-write; docs/exactly-once.md) ----------------------
 
 
 class EndTxnAction(enum.IntEnum):
