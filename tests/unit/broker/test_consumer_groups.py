@@ -1,4 +1,4 @@
-"""Group coordinator rules: assignment, generations, fencing, expiry, durable offsets."""
+"""Consumer group coordinator rules: assignment, generations, fencing, expiry, durable offsets."""
 
 from __future__ import annotations
 
