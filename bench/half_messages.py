@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Transactional messages: commits per second against a plain producer's sends.
+"""Half messages (transactional messages): commits per second against a plain producer's sends.
 
     .venv/bin/python bench/half_messages.py [--messages N] [--size B] [--concurrency C]
                                            [--flush sync|async] [--json OUT.jsonl]
@@ -9,12 +9,12 @@ one topic of 4 queues. Every scenario sends N messages of B bytes, C at once (C 
 client, each waiting for its message's result before the next):
 
 * ``plain send``: ``AsyncProducer.send`` (one PRODUCE round trip, waits for durability).
-* ``txn commit``: ``AsyncHalfMessageProducer.send_in_transaction`` with a local transaction that
+* ``half commit``: ``AsyncHalfMessageProducer.send_in_transaction`` with a local transaction that
   returns COMMIT at once: PREPARE (half message, durable) + END_HALF (copy durable, op
   written): two round trips and, in sync mode, two fsync waits.
-* ``txn rollback``: the same, rolled back (END_HALF writes only the op).
+* ``half rollback``: the same, rolled back (END_HALF writes only the op).
 
-The figures are per message: ``msg/s`` overall and the latency of one send / one transaction
+The figures are per message: ``msg/s`` overall and the latency of one send / one half message
 (p50, p99), plus the broker's CPU seconds.
 """
 
@@ -62,7 +62,7 @@ async def scenario(address: str, name: str, n: int, size: int, c: int) -> tuple[
     def never(_m: object) -> TS:
         return TS.UNKNOWN
 
-    state = TS.COMMIT if name == "txn commit" else TS.ROLLBACK
+    state = TS.COMMIT if name == "half commit" else TS.ROLLBACK
     async with AsyncHalfMessageProducer(address, "bench", never) as tp:
         return await run(n, c, lambda i: tp.send_in_transaction(Message("bench", body),
                                                                 lambda _m: state))
@@ -82,9 +82,9 @@ def main() -> None:
     ap.add_argument("--json", metavar="OUT", help="Append one JSON line with every figure here.")
     args = ap.parse_args()
     fb.install_uvloop()
-    root = Path(tempfile.mkdtemp(prefix="ferrymq-bench-txn-"))
+    root = Path(tempfile.mkdtemp(prefix="ferrymq-bench-half-"))
     result: dict[str, Any] = {
-        "bench": "transactions", "messages": args.messages, "size": args.size,
+        "bench": "half_messages", "messages": args.messages, "size": args.size,
         "concurrency": args.concurrency, "flush": args.flush,
         "python": platform.python_version(), "loadavg_1m_before": os.getloadavg()[0],
         "scenarios": [],
@@ -93,7 +93,7 @@ def main() -> None:
     try:
         asyncio.run(setup(b.address))
         print(f"{'scenario':14} {'msg/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'broker CPU s':>12}")
-        for name in ("plain send", "txn commit", "txn rollback"):
+        for name in ("plain send", "half commit", "half rollback"):
             cpu = fb.CpuTime(b.pid)
             cpu.begin()
             secs, lat = asyncio.run(scenario(b.address, name, args.messages, args.size,
