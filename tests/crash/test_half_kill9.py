@@ -1,4 +1,4 @@
-"""kill -9 with transactions in flight (RELIABILITY.md T16 3-4): a producer killed after its
+"""kill -9 with half messages in flight (RELIABILITY.md T16 3-4): a producer killed after its
 half message is resolved by another producer of its group; a broker killed between half and
 commit loses no half message and shows none early."""
 

@@ -140,7 +140,7 @@ def test_max_checks_rolls_back_and_says_why(tmp_path: Path) -> None:
         assert read_topic(b.address, "t", quiet=0.2) == []
 
 
-def test_delayed_transactional_message(broker: Broker) -> None:
+def test_delayed_half_message(broker: Broker) -> None:
     with HalfMessageProducer(broker.address, "pg", never) as p:
         r = p.send_in_transaction(Message("d", b"later", delay=1.0), lambda _m: COMMIT)
         t0 = time.monotonic()
@@ -189,7 +189,7 @@ def test_bad_input(tmp_path: Path) -> None:
             a.message_status(beyond)
 
 
-def test_cli_message_status_of_a_transaction(broker: Broker) -> None:
+def test_cli_message_status_of_a_half_message(broker: Broker) -> None:
     from click.testing import CliRunner
 
     from ferrymq.admin.cli import cli
