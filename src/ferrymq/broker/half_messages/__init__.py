@@ -49,4 +49,4 @@ Everything runs on the event-loop thread.
 from ferrymq.broker.half_messages.manager import HalfMessageManager
 from ferrymq.broker.half_messages.state import Outcome
 
-__all__ = ["Outcome", "HalfMessageManager"]
+__all__ = ["HalfMessageManager", "Outcome"]

@@ -52,9 +52,9 @@ __all__ = [
     "TRANSITIONS",
     "HalfBook",
     "HalfEvent",
-    "PendingHalf",
     "HalfPhase",
     "Outcome",
+    "PendingHalf",
     "outcome_of",
     "step",
 ]
