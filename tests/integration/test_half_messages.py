@@ -200,17 +200,17 @@ def test_cli_message_status_of_a_half_message(broker: Broker) -> None:
         return res.output
 
     with HalfMessageProducer(broker.address, "pg", never, check_after=60) as p:
-        txn = p.prepare(Message("t", b"x"))
-        out = run("message", "status", txn)
+        half = p.prepare(Message("t", b"x"))
+        out = run("message", "status", half)
         assert "PREPARED" in out and "0 of 15 check-backs" in out and "next check-back" in out
-        assert re.fullmatch(rf"message {txn}: transaction for t/\d+ \(not in the queue\)",
+        assert re.fullmatch(rf"message {half}: half message for t/\d+ \(not in the queue\)",
                             out.splitlines()[0]), out
-        p.rollback(txn, "customer cancelled")
-        out = run("message", "status", txn)
+        p.rollback(half, "customer cancelled")
+        out = run("message", "status", half)
         assert "ROLLED_BACK" in out and "customer cancelled" in out
-        assert re.fullmatch(rf"message {txn}: transaction for t/\d+ \(not in the queue\)",
+        assert re.fullmatch(rf"message {half}: half message for t/\d+ \(not in the queue\)",
                             out.splitlines()[0]), out
-        doc = json.loads(run("message", "status", txn, "--json"))
+        doc = json.loads(run("message", "status", half, "--json"))
         assert doc["groups"][0]["state"] == "ROLLED_BACK"
         assert (doc["topic"], doc["offset"]) == ("t", None)
         committed = p.prepare(Message("t", b"y"))

@@ -206,7 +206,7 @@ def delivery_to_dict(group: DeliveryGroupDescription) -> dict[str, Any]:
 
 def status_to_dict(msg_id: str, status: MessageStatus) -> dict[str, Any]:
     """A message status as a JSON-ready dict (unknown times are null; ``offset`` is null for a
-    transaction's half message that is not committed: it is not in the queue)."""
+    half message that is not committed: it is not in the queue)."""
     return {
         "msg_id": msg_id,
         "topic": status.topic,
@@ -243,7 +243,7 @@ def status_detail(s: DeliveryStatus) -> str:
         return f"in %DLQ%{s.group}{when}: {reason or '-'}"
     if state == "WAITING":
         return "not delivered yet"
-    if state == "PREPARED":  # a transaction's half message
+    if state == "PREPARED":  # a half message
         return f"{reason}; next check-back at {format_ms(s.next_attempt_ms)}"
     if state in ("COMMITTED", "ROLLED_BACK"):
         return f"{reason}{when}"

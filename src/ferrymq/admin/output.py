@@ -315,8 +315,8 @@ class Printer:
             return
         if status.offset >= 0:
             self.line(f"message {msg_id}: {status.topic}/{status.queue} offset {status.offset}")
-        else:  # a transaction not committed (prepared or rolled back): not in the queue
-            self.line(f"message {msg_id}: transaction for {status.topic}/{status.queue} (not in "
+        else:  # a half message not committed (prepared or rolled back): not in the queue
+            self.line(f"message {msg_id}: half message for {status.topic}/{status.queue} (not in "
                       "the queue)")
         if not status.statuses:
             self.line(f"no delivery group reads {status.topic}")
