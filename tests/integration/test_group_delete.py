@@ -1,7 +1,7 @@
 """``AdminClient.delete_group`` and ``ferrymq group delete`` against real brokers.
 
 A group is deleted only when no consumer of it runs (NON_EMPTY_GROUP otherwise), a delivery
-group with dead letters only with ``delete_dlq``; what goes is the pull group's committed
+group with dead letters only with ``delete_dlq``; what goes is the consumer group's committed
 offsets, the delivery group's state, retry queue and dead-letter queue, and nothing else. A
 consumer that uses the name afterwards starts afresh.
 """

@@ -110,7 +110,7 @@ def test_max_consumer_groups_refuses_joins_commits_and_resets(broker: Broker) ->
         assert names == {"p0", "p1"}
         assert not any(p.name.startswith(("p2", "p3", "p4"))
                        for p in (broker.server.data_dir / "groups").iterdir())
-        # the limits are separate: delivery groups do not count against pull groups
+        # the limits are separate: delivery groups do not count against consumer groups
         with SimpleConsumer(broker.address, group="p0") as same_name:
             same_name.subscribe(TOPIC)
 
@@ -161,7 +161,7 @@ def test_a_flood_of_delivery_groups_leaves_the_broker_serving(tmp_path: Path) ->
         assert b.open_descriptors() < NOFILE
         flooded = {f"flood-{i}" for i in range(GROUPS)}
         assert flooded <= set(group_names(b.address))
-        # still serving: a producer, a new delivery group, a pull group, an old group's state
+        # still serving: a producer, a new delivery group, a consumer group, an old group's state
         with Producer(b.address) as p:
             p.send(Message(TOPIC, b"two"))
         with SimpleConsumer(b.address, group="after-flood") as c:
