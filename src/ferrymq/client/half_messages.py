@@ -126,7 +126,8 @@ class AsyncHalfMessageProducer:
         check_after: seconds after a half message was stored before the first check-back.
         check_interval: seconds between check-backs.
         max_checks: check-backs before the broker rolls the message back.
-        client_id: shown in ``message status``.
+        client_id: shown in ``message status`` (default ``ferrymq-half-producer``; it was
+            ``ferrymq-txn-producer`` before issue 19).
         request_timeout_s: one request's deadline.
         connect_timeout_s: how long the first connection may take (the constructor of the
             blocking ``HalfMessageProducer`` fails after it with ``ConnectionClosedError``
@@ -148,7 +149,7 @@ class AsyncHalfMessageProducer:
         check_after: float = 6.0,
         check_interval: float = 30.0,
         max_checks: int = 15,
-        client_id: str = "ferrymq-txn-producer",
+        client_id: str = "ferrymq-half-producer",
         request_timeout_s: float = 30.0,
         connect_timeout_s: float = 5.0,
         reconnect_timeout_s: float = 60.0,
