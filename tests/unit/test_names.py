@@ -48,7 +48,7 @@ RETIRED = {
 }
 """Retired name -> its name now."""
 
-ALIASES = {"_deprecated.py", "errors.py", "protocol/codes.py", "client/transaction.py",
+ALIASES = {"_deprecated.py", "__init__.py", "errors.py", "protocol/codes.py", "client/transaction.py",
            "client/half_messages.py", "broker/config.py"}
 """Where the deprecated aliases are defined (and documented)."""
 
