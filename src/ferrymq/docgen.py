@@ -1,6 +1,7 @@
 """The generated reference tables of ``docs/``: ``python -m ferrymq.docgen errors`` prints the
 error-code table of docs/errors.md, ``python -m ferrymq.docgen configuration`` the settings
-table of docs/configuration.md (tests/unit/test_docs_in_sync.py checks that both are current).
+table of docs/configuration.md, ``python -m ferrymq.docgen architecture`` the package map of
+docs/architecture.md (tests/unit/test_docs_in_sync.py checks that all are current).
 
 The tables are rendered next to what they describe (:func:`ferrymq.errors._render_table`,
 :func:`ferrymq.broker.config.render_docs`); only the entry point lives here, in a module the
@@ -11,15 +12,31 @@ about (RuntimeWarning).
 
 from __future__ import annotations
 
+import ast
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from ferrymq.broker.config import render_docs
 from ferrymq.errors import _render_table
 
+
+def render_module_map() -> str:
+    """The package map of docs/architecture.md: one row per module of ``src/ferrymq`` in path
+    order, with the first paragraph of its docstring (what it owns), read without importing."""
+    root = Path(__file__).resolve().parent
+    rows = ["| module | what it owns |", "|---|---|"]
+    for path in sorted(root.rglob("*.py"), key=lambda p: p.relative_to(root).parts):
+        doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+        first = " ".join(doc.split("\n\n")[0].split()).replace("|", "\\|")
+        rows.append(f"| `{path.relative_to(root).as_posix()}` | {first} |")
+    return "\n".join(rows)
+
+
 TABLES: dict[str, Callable[[], str]] = {
     "errors": _render_table,
     "configuration": render_docs,
+    "architecture": render_module_map,
 }
 """Table name (the docs file without ``.md``) -> its renderer."""
 
