@@ -7,11 +7,12 @@ for Kafka; the hard limit is the operator's: ``ulimit -Hn``, systemd's ``LimitNO
 container's ``--ulimit nofile``) and splits what it got (:func:`plan_descriptors`):
 
 * :data:`RESERVED_DESCRIPTORS` for the process itself: standard streams, the data directory's
-  lock, the listener, the event loop's and AIO's descriptors, the scheduler's bucket files, and
-  the short-lived ones (atomic writes, directory fsyncs, checkpoints, key-index files);
+  lock, the listener, the event loop's and AIO's descriptors, and the short-lived ones (atomic
+  writes, directory fsyncs, checkpoints, key-index files);
 * connections: ``max_connections``, at most three quarters of the rest;
-* segment files and delivery-group journals: the rest (or ``max_open_segments``), the capacity
-  of the descriptor cache that all queues and groups share (:mod:`ferrymq.storage.handles`).
+* segment files, delivery-group journals and the scheduler's bucket files: the rest (or
+  ``max_open_segments``), the capacity of the descriptor cache that they all share
+  (:mod:`ferrymq.storage.handles`).
 
 So the number of queues (and of delivery groups) is not bounded by descriptors: an idle queue
 or group holds none, a queue in use holds one (its active segment's ``.log``; more while a

@@ -46,7 +46,6 @@ the flusher has stopped), so none is closed while it is being fsynced.
 
 from __future__ import annotations
 
-import collections
 import logging
 import os
 import struct
@@ -61,6 +60,7 @@ from ferrymq.errors import CorruptRecordError
 from ferrymq.protocol.records import crc32c
 from ferrymq.storage.checkpoint import read_checkpoint, write_checkpoint
 from ferrymq.storage.files import OFFSET_DIGITS, TMP_SUFFIX, fsync_directory, rewrite_in_place
+from ferrymq.storage.handles import FileHandle, FileHandles
 
 __all__ = [
     "BUCKET_SUFFIX",
@@ -87,8 +87,9 @@ CANCELLED = 2
 BUCKET_SUFFIX = ".bucket"
 WATERMARKS_FILE = "scheduler.checkpoint"
 MAX_OPEN_BUCKETS = 64
-"""Bucket files kept open for appends; the least recently written beyond this are closed (after
-their next fsync)."""
+"""Capacity of the descriptor cache of a store made without the broker's shared one (tools,
+tests); in the broker, bucket files share :class:`~ferrymq.storage.handles.FileHandles` with the
+segments and journals."""
 
 _BODY = struct.Struct("<BbHqIHHq")
 _ENTRY = struct.Struct("<BbHqIHHqI")
@@ -191,22 +192,27 @@ def bucket_file_name(start_ms: int) -> str:
 class ScheduleStore:
     """The bucket files and the watermark checkpoint of one broker.
 
+    Bucket files are opened through a :class:`~ferrymq.storage.handles.FileHandles` cache: the
+    broker's, shared with its segments and journals, so that descriptors have one budget and one
+    eviction rule (a file written since its last fsync stays open until the fsync).
+
     Args:
         directory: ``<data-dir>/schedule`` (created if missing).
-        max_open: bucket files kept open for appends.
+        handles: the descriptor cache (default: a private one of ``max_open``).
+        max_open: capacity of the private cache.
     """
 
-    def __init__(self, directory: Path, *, max_open: int = MAX_OPEN_BUCKETS) -> None:
+    def __init__(self, directory: Path, *, handles: FileHandles | None = None,
+                 max_open: int = MAX_OPEN_BUCKETS) -> None:
         self.directory = directory
         directory.mkdir(parents=True, exist_ok=True)
         for p in directory.iterdir():
             if p.name.endswith(TMP_SUFFIX):
                 p.unlink(missing_ok=True)
-        self._max_open = max_open
+        self.handles = handles if handles is not None else FileHandles(max_open)
         self._lock = threading.Lock()
-        self._fds: collections.OrderedDict[int, int] = collections.OrderedDict()  # start -> fd
-        self._dirty: set[int] = set()  # fds written since the last sync
-        self._closing: list[int] = []  # fds to close after their next fsync
+        self._files: dict[int, FileHandle] = {}  # bucket start -> its file (loop thread)
+        self._dirty: set[FileHandle] = set()  # written since the last sync
         self._dir_dirty = False
         self.bytes_written = 0
 
@@ -243,13 +249,12 @@ class ScheduleStore:
         survive a process crash at once and a power loss after the next :meth:`sync`.
 
         Raises:
-            OSError: the write failed.
+            OSError: the write failed (or the file could not be opened).
         """
-        fd = self._fds.get(start_ms)
-        if fd is None:
-            fd = self._open(start_ms)
-        else:
-            self._fds.move_to_end(start_ms)
+        handle = self._files.get(start_ms)
+        if handle is None:
+            handle = self._open(start_ms)
+        fd = handle.get()
         view = memoryview(data)
         try:
             while view:
@@ -262,15 +267,26 @@ class ScheduleStore:
                     os.ftruncate(fd, os.fstat(fd).st_size - written)
                 except OSError:
                     pass
+                self._wrote(handle)
             raise
         self.bytes_written += len(data)
-        with self._lock:
-            self._dirty.add(fd)
+        self._wrote(handle)
 
-    def _open(self, start_ms: int) -> int:
+    def _wrote(self, handle: FileHandle) -> None:
+        handle.wrote()
+        with self._lock:
+            self._dirty.add(handle)
+
+    def _open(self, start_ms: int) -> FileHandle:
         path = self.path(start_ms)
         existed = path.exists()
-        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        handle = self.handles.register(path, os.O_RDWR | os.O_APPEND,
+                                       create_flags=os.O_RDWR | os.O_APPEND | os.O_CREAT)
+        self._files[start_ms] = handle
+        if not existed:
+            with self._lock:
+                self._dir_dirty = True
+        fd = handle.get()
         size = os.fstat(fd).st_size
         torn = size % ENTRY_SIZE
         if size - torn >= ENTRY_SIZE:  # entries with a bad CRC at the end are torn too
@@ -280,45 +296,36 @@ class ScheduleStore:
         if torn:  # a torn tail (a crash in mid-write): cut it so later entries stay aligned
             _log.warning("%s: cutting a torn tail of %d bytes", path, torn)
             os.ftruncate(fd, size - torn)
-        with self._lock:
-            self._fds[start_ms] = fd
-            if not existed:
-                self._dir_dirty = True
-            while len(self._fds) > self._max_open:
-                _start, old = self._fds.popitem(last=False)
-                self._closing.append(old)
-        return fd
+            self._wrote(handle)
+        return handle
 
     def delete(self, start_ms: int) -> None:
-        """Delete a bucket file (its descriptor is closed by the next :meth:`sync`)."""
+        """Delete a bucket file (its descriptor is closed, after an fsync in progress)."""
+        handle = self._files.pop(start_ms, None)
         with self._lock:
-            fd = self._fds.pop(start_ms, None)
-            if fd is not None:
-                self._closing.append(fd)
+            if handle is not None:
+                self._dirty.discard(handle)
             self._dir_dirty = True
+        if handle is not None:
+            handle.close()
         self.path(start_ms).unlink(missing_ok=True)
 
     # -- durability ----------------------------------------------------------------------------
 
     def sync(self) -> None:
-        """fsync every bucket file written since the last call (flusher thread), then close the
-        descriptors given up since.
+        """fsync every bucket file written since the last call (flusher thread), then the
+        directory if files came or went.
 
         Raises:
             OSError: an fsync failed (the entries are not durable).
         """
         with self._lock:
             dirty, self._dirty = self._dirty, set()
-            closing, self._closing = self._closing, []
             dir_dirty, self._dir_dirty = self._dir_dirty, False
-        try:
-            for fd in dirty:
-                os.fsync(fd)
-            if dir_dirty:
-                fsync_directory(self.directory)
-        finally:
-            for fd in closing:
-                os.close(fd)
+        for handle in dirty:
+            handle.fsync()  # a handle closed since (deleted) needs none
+        if dir_dirty:
+            fsync_directory(self.directory)
 
     def rewrite_all(self) -> None:
         """After an fsync failed (ENOSPC): read every bucket file back, check that its entries
@@ -346,23 +353,24 @@ class ScheduleStore:
             self._dirty.clear()
             self._dir_dirty = False
         fsync_directory(self.directory)
+        for handle in self._files.values():  # durable now: their descriptors may be evicted
+            handle.fsync()
 
     @property
     def has_unsynced(self) -> bool:
-        """Whether anything was written (or given up) since the last :meth:`sync`."""
-        return bool(self._dirty or self._closing or self._dir_dirty)
+        """Whether anything was written (or a file created or deleted) since the last
+        :meth:`sync`."""
+        return bool(self._dirty or self._dir_dirty)
 
     def close(self) -> None:
         """fsync and close every file (the flusher must have stopped)."""
         self.sync()
-        with self._lock:
-            fds = list(self._fds.values())
-            self._fds.clear()
-        for fd in fds:
+        files, self._files = list(self._files.values()), {}
+        for handle in files:
             try:
-                os.fsync(fd)
+                handle.fsync()
             finally:
-                os.close(fd)
+                handle.close()
 
     # -- watermarks ----------------------------------------------------------------------------
 

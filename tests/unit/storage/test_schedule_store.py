@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from ferrymq.storage.checkpoint import write_checkpoint
+from ferrymq.storage.handles import FileHandles
 from ferrymq.storage.schedule import (
     CANCELLED,
     ENTRY_SIZE,
@@ -131,13 +132,19 @@ def test_append_after_a_torn_tail_cuts_it_first(tmp_path: Path, garbage: bytes) 
 
 
 def test_many_buckets_open_at_once_stay_bounded(tmp_path: Path) -> None:
-    store = ScheduleStore(tmp_path, max_open=4)
+    handles = FileHandles(4)
+    store = ScheduleStore(tmp_path, handles=handles)
     for i in range(20):
         store.append(i * 1000, encode_entries([(SCHEDULED, i * 1000, 1, 0, i, 0)]))
-    assert len(store._fds) == 4
-    store.sync()  # closes the descriptors given up
+    assert handles.open_count == 20  # written, not yet fsynced: none may be closed
+    store.sync()
+    store.append(20_000, encode_entries([(SCHEDULED, 20_000, 1, 0, 20, 0)]))
+    assert handles.open_count == 4  # fsynced ones were evicted for the new one
+    store.append(0, encode_entries([(SCHEDULED, 0, 1, 0, 0, 1)]))  # reopened on demand
     store.close()
-    assert all(len(store.read(i * 1000).entries) == 1 for i in range(20))
+    assert handles.open_count == 0
+    assert all(len(store.read(i * 1000).entries) == 1 for i in range(1, 21))
+    assert len(store.read(0).entries) == 2
 
 
 def test_watermarks_round_trip_and_damage_means_rescan(tmp_path: Path) -> None:

@@ -88,7 +88,7 @@ class Scheduler:
         self.topics = topics
         self.flusher = flusher
         self.clock = clock
-        self.store = ScheduleStore(data_dir / "schedule")
+        self.store = ScheduleStore(data_dir / "schedule", handles=topics.handles)
         self.schedule_clock = SchedulerClock(clock)
         self.index = BucketIndex(self.store, config.schedule_bucket_ms,
                                  config.schedule_lookahead_ms)
