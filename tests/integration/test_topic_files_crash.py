@@ -68,3 +68,23 @@ def test_create_over_a_leftover_directory_starts_empty(tmp_path: Path) -> None:
             shutil.copytree(saved, data / "topics" / "old")
             admin.create_topic("old", queues=1)
         assert ends(b.address, "old") == [0]
+    kept = list((data / "orphaned").iterdir())  # set aside, not deleted
+    assert [p.name.split(".")[0] for p in kept] == ["old"]
+    assert (kept[0] / "0").is_dir()
+
+
+def test_a_lost_topic_list_sets_the_data_aside(tmp_path: Path) -> None:
+    """Without its topic list a data directory's topics are unknown, but their data is not
+    thrown away: it is moved to orphaned/ for the operator, and the broker starts empty."""
+    data = tmp_path / "data"
+    with ferrymq.Broker(data, port=0) as b:
+        with ferrymq.AdminClient(b.address) as admin:
+            admin.create_topic("kept", queues=1)
+        with ferrymq.Producer(b.address) as p:
+            p.send(ferrymq.Message("kept", b"x"))
+    (data / "meta" / "topics").unlink()
+    with ferrymq.Broker(data, port=0) as b, ferrymq.AdminClient(b.address) as admin:
+        assert [t[0] for t in admin.list_topics() if not t[0].startswith("%")] == []
+    kept = list((data / "orphaned").iterdir())
+    assert [p.name.split(".")[0] for p in kept] == ["kept"]
+    assert any((kept[0] / "0").glob("*.log"))

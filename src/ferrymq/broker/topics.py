@@ -34,6 +34,7 @@ import asyncio
 import logging
 import re
 import shutil
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -301,9 +302,11 @@ class TopicRegistry:
         self._topics_dir.mkdir(parents=True, exist_ok=True)
         raw = read_checkpoint(self._meta_path)
         meta = msgpack.unpackb(raw, raw=False) if raw is not None else None
-        self._remove_leftovers(set(meta["topics"]) if meta is not None else set())
-        if meta is None:
+        if meta is None:  # a new data directory, or one whose topic list was lost
+            for path in self._topics_dir.iterdir():
+                self._set_aside(path, "the topic list (meta/topics) is missing")
             return
+        self._remove_leftovers(set(meta["topics"]))
         self._next_id = meta["next_id"]
         for name, t in meta["topics"].items():
             self._open_topic(name, t["id"], t["queues"], t["config"], t["created_ms"], now_ms)
@@ -313,13 +316,22 @@ class TopicRegistry:
 
         The list (``meta/topics``) is the commit point of a create and of a delete: a crash
         after a delete wrote it and before the directory was removed (or while a create made
-        directories it never listed) leaves one, and it must not come back as the data of a
-        later topic of that name."""
+        directories it never listed, so never acknowledged) leaves one, and it must not come
+        back as the data of a later topic of that name."""
         for path in self._topics_dir.iterdir():
             if path.name not in listed:
                 log.warning("removing %s: no topic of that name (left by a crash in a topic "
                             "create or delete)", path)
                 shutil.rmtree(path, ignore_errors=True)
+
+    def _set_aside(self, path: Path, why: str) -> None:
+        """Move a topic directory that no topic owns to ``<data-dir>/orphaned/`` instead of
+        deleting it (nothing proves its data was meant to go), with a warning."""
+        dest = self._dir / "orphaned" / f"{path.name}.{time.time_ns() // 1_000_000}"
+        dest.parent.mkdir(exist_ok=True)
+        path.rename(dest)
+        log.warning("moved %s to %s: %s; no topic uses it (delete it when it is not needed)",
+                    path, dest, why)
 
     def _log_config(self, overrides: dict[str, str]) -> LogConfig:
         """The log settings of a topic's stored config (checked when it was created)."""
@@ -345,10 +357,8 @@ class TopicRegistry:
         states: list[QueueState] = []
         tdir = self._topics_dir / name
         try:
-            if new and tdir.exists():  # not listed, so not data: a leftover put back by hand
-                log.warning("removing %s before creating topic %s: no topic owned it", tdir,
-                            name)
-                shutil.rmtree(tdir)
+            if new and tdir.exists():  # put there while the broker runs: not this topic's
+                self._set_aside(tdir, f"it was in the way of creating topic {name!r}")
             for q in range(queues):
                 qdir = tdir / str(q)
                 qdir.mkdir(parents=True, exist_ok=True)
