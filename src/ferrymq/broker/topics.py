@@ -357,8 +357,10 @@ class TopicRegistry:
         states: list[QueueState] = []
         tdir = self._topics_dir / name
         try:
-            if new and tdir.exists():  # put there while the broker runs: not this topic's
-                self._set_aside(tdir, f"it was in the way of creating topic {name!r}")
+            if new and tdir.exists():  # not listed, so no topic's data (a failed create's)
+                log.warning("removing %s before creating topic %s: no topic owns it", tdir,
+                            name)
+                shutil.rmtree(tdir)  # an error (EMFILE, ...) fails the create: nothing reused
             for q in range(queues):
                 qdir = tdir / str(q)
                 qdir.mkdir(parents=True, exist_ok=True)
