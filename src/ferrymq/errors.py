@@ -9,6 +9,10 @@
     │       └── FrameSizeError        a frame above max_frame_bytes
     ├── BrokerError                   reported by the broker with an ErrorCode
     │   └── one subclass per code     (code, retriable) as class attributes
+    ├── MetadataError                 the cluster's metadata store (etcd)
+    │   ├── MetadataUnavailableError  the store cannot be reached
+    │   ├── MetadataLeaseExpiredError a lease ended (the holder lost what it held)
+    │   └── ClusterStartError         this broker may not join (id in use, other cluster)
     ├── ClientError                   raised on the client side
     │   ├── ConnectionClosedError     (also a ConnectionError)
     │   ├── FerryMQTimeoutError       (also a TimeoutError)
@@ -42,12 +46,14 @@ __all__ = [
     "BrokerShuttingDownError",
     "BusyError",
     "ClientError",
+    "ClusterStartError",
     "ConcurrentTransactionsError",
     "ConfigError",
     "ConnectionClosedError",
     "CorruptRecordError",
     "DuplicateSequenceError",
     "ErrorCode",
+    "FencedLeaderEpochError",
     "FerryMQError",
     "FerryMQTimeoutError",
     "FrameSizeError",
@@ -58,15 +64,22 @@ __all__ = [
     "InvalidConfigError",
     "InvalidOffsetError",
     "InvalidReceiptError",
+    "InvalidReplicationFactorError",
     "InvalidRequestError",
     "InvalidTopicNameError",
     "InvalidTxnStateError",
     "InvalidTxnTimeoutError",
+    "LeaderNotAvailableError",
     "LocalProtocolError",
     "LogClosedError",
     "MemberConflictError",
     "MessageTooLargeError",
+    "MetadataError",
+    "MetadataLeaseExpiredError",
+    "MetadataUnavailableError",
     "NonEmptyGroupError",
+    "NotEnoughReplicasError",
+    "NotLeaderError",
     "NotScheduledError",
     "OffsetOutOfRangeError",
     "OutOfOrderSequenceError",
@@ -475,6 +488,67 @@ class MemberConflictError(BrokerError):
     a second member is refused until the first leaves, is evicted, or its connection closes."""
 
     code = ErrorCode.MEMBER_CONFLICT
+
+
+class NotLeaderError(BrokerError):
+    """This broker does not lead the queue (any more): refresh the cluster metadata and send
+    to its leader. Clients do so by themselves within their timeouts."""
+
+    code = ErrorCode.NOT_LEADER
+    retriable = True
+
+
+class FencedLeaderEpochError(BrokerError):
+    """The request carried a leader epoch older (or newer) than the queue's: the sender's view
+    of the cluster is stale; refresh the metadata and retry."""
+
+    code = ErrorCode.FENCED_LEADER_EPOCH
+    retriable = True
+
+
+class NotEnoughReplicasError(BrokerError):
+    """With ``acks="all"``: the queue's in-sync replica set is smaller than its
+    ``min_insync``, or the in-sync replicas did not all store the batch in time. Retriable:
+    an idempotent producer's retry is never stored twice."""
+
+    code = ErrorCode.NOT_ENOUGH_REPLICAS
+    retriable = True
+
+
+class LeaderNotAvailableError(BrokerError):
+    """The queue has no live leader now (an election is under way, or every in-sync replica
+    is down): retry after a metadata refresh."""
+
+    code = ErrorCode.LEADER_NOT_AVAILABLE
+    retriable = True
+
+
+class InvalidReplicationFactorError(BrokerError):
+    """``replicas`` is below 1 or above the number of live brokers, or ``min_insync`` is not
+    within ``1..replicas``."""
+
+    code = ErrorCode.INVALID_REPLICATION_FACTOR
+
+
+# --- cluster metadata -----------------------------------------------------------------------
+
+
+class MetadataError(FerryMQError):
+    """Raised by the cluster's metadata store or by a broker's use of it."""
+
+
+class MetadataUnavailableError(MetadataError):
+    """The metadata store (etcd) cannot be reached, or answered with a server error."""
+
+
+class MetadataLeaseExpiredError(MetadataError):
+    """A lease of the metadata store has expired: whatever was held with it (a broker's
+    registration, the controller's seat) is lost."""
+
+
+class ClusterStartError(MetadataError):
+    """This broker may not join the cluster: its broker id is held by a live broker, or its
+    data directory belongs to another cluster."""
 
 
 # --- client ---------------------------------------------------------------------------------

@@ -101,6 +101,10 @@ NEEDS: dict[int, _Rule] = {
     m.ApiKey.DELETE_USER: lambda r, s: [ADMIN],
     m.ApiKey.LIST_USERS: lambda r, s: [ADMIN],
     m.ApiKey.METADATA: _metadata,
+    m.ApiKey.CLUSTER_METADATA: lambda r, s: [ADMIN] if r.topics is None
+    else _topics("describe", set(r.topics)),
+    m.ApiKey.REPLICA_FETCH: lambda r, s: [ADMIN],  # brokers of the cluster
+    m.ApiKey.OFFSET_FOR_EPOCH: lambda r, s: [ADMIN],
     m.ApiKey.CREATE_TOPIC: lambda r, s: [ADMIN],
     m.ApiKey.DELETE_TOPIC: lambda r, s: [ADMIN],
     m.ApiKey.DESCRIBE_TOPIC: lambda r, s: [("describe", r.name)],

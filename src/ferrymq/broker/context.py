@@ -43,6 +43,11 @@ class BrokerContext(Protocol):
     """The broker as handlers see it: its configuration, clock, state flags and managers."""
 
     @property
+    def address(self) -> tuple[str, int]:
+        """The (host, port) the broker listens on."""
+        ...
+
+    @property
     def config(self) -> BrokerConfig:
         """The broker's configuration."""
 

@@ -132,6 +132,14 @@ SAMPLES: list[m.Body] = [
     m.DeleteUserResponse(2),
     m.ListUsersRequest(),
     m.ListUsersResponse([("carol", False, ["orders*"], [], ["billing-*"], 1000)]),
+    m.ClusterMetadataRequest(["orders"]),
+    m.ClusterMetadataResponse("prod", 2, [(1, "h1", 9876), (2, "h2", 9876)],
+                              [("orders", 0, 7, 2, [(0, 1, 3, [1, 2, 3], [1, 2])])]),
+    m.ReplicaFetchRequest(2, 5, 500, 1 << 20, [("orders", 0, 3, 120, 118)]),
+    m.ReplicaFetchResponse([("orders", 0, 0, "", 118, 130, 0, b"batches")],
+                           [("orders", 0, [(2, 100), (3, 125)])]),
+    m.OffsetForEpochRequest(2, [("orders", 0, 4, 3)]),
+    m.OffsetForEpochResponse([("orders", 0, 0, 3, 125)]),
 ]
 
 BODY_TYPES = sorted(

@@ -13,6 +13,7 @@ from ferrymq.broker.context import Handler
 from ferrymq.broker.handlers import (
     admin,
     auth,
+    cluster,
     consumer_groups,
     delivery,
     fetch,
@@ -75,5 +76,8 @@ HANDLERS: dict[int, Handler] = {
     ApiKey.UPSERT_USER: users.upsert_user,
     ApiKey.DELETE_USER: users.delete_user,
     ApiKey.LIST_USERS: users.list_users,
+    ApiKey.CLUSTER_METADATA: cluster.cluster_metadata,
+    ApiKey.REPLICA_FETCH: cluster.replica_fetch,
+    ApiKey.OFFSET_FOR_EPOCH: cluster.offset_for_epoch,
 }
 assert set(HANDLERS) == set(ApiKey)

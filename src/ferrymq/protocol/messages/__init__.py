@@ -9,7 +9,8 @@ Modules:
   specs (``INT``, ``STR``, ``lst(...)``, ...), the fast paths for bulk bodies, :class:`ApiKey`,
   and how versions and trailing fields work.
 * One module per API family: :mod:`.connection` (HELLO, PING, authentication, WHOAMI),
-  :mod:`.topics` (metadata, topic admin, find by key, cancel scheduled), :mod:`.produce`,
+  :mod:`.cluster` (cluster metadata, replica fetch), :mod:`.topics` (metadata, topic admin,
+  find by key, cancel scheduled), :mod:`.produce`,
   :mod:`.fetch` (and LIST_OFFSETS), :mod:`.consumer_groups` (offset-based pull groups and
   their offsets), :mod:`.delivery` (delivery groups: leases, acks, retries, dead letters),
   :mod:`.half_messages` (half messages with check-back), :mod:`.txn` (exactly-once
@@ -21,6 +22,21 @@ from it); every :class:`ApiKey` has one (asserted at import).
 
 from __future__ import annotations
 
+from ferrymq.protocol.messages.cluster import (
+    BrokerAddress,
+    ClusterMetadataRequest,
+    ClusterMetadataResponse,
+    EpochEndResult,
+    EpochEntries,
+    OffsetForEpochRequest,
+    OffsetForEpochResponse,
+    QueueLeadership,
+    ReplicaFetchEntry,
+    ReplicaFetchRequest,
+    ReplicaFetchResponse,
+    ReplicaFetchResult,
+    TopicLeadership,
+)
 from ferrymq.protocol.messages.connection import (
     AuthFinishRequest,
     AuthFinishResponse,
@@ -103,6 +119,7 @@ from ferrymq.protocol.messages.half_messages import (
     PrepareHalfResponse,
 )
 from ferrymq.protocol.messages.produce import (
+    Acks,
     Duplicate,
     Durability,
     InitProducerRequest,
@@ -179,6 +196,11 @@ __all__ = [
     # schema
     "ApiKey", "BOOL", "BYTES", "Body", "Empty", "FLOAT", "INT", "MAX_LIST_ITEMS", "Request", "STR",
     "STRMAP", "astuple_shallow", "lst", "opt", "tup",
+    # cluster
+    "BrokerAddress", "ClusterMetadataRequest", "ClusterMetadataResponse", "EpochEndResult",
+    "EpochEntries", "OffsetForEpochRequest", "OffsetForEpochResponse", "QueueLeadership",
+    "ReplicaFetchEntry", "ReplicaFetchRequest", "ReplicaFetchResponse", "ReplicaFetchResult",
+    "TopicLeadership",
     # connection
     "AuthFinishRequest", "AuthFinishResponse", "AuthStartRequest", "AuthStartResponse",
     "HelloRequest", "HelloResponse", "PingRequest", "WhoAmIRequest", "WhoAmIResponse",
@@ -188,7 +210,7 @@ __all__ = [
     "INTERNAL_TOPIC_PREFIX", "KeyMatch", "MAX_NAME_CHARS", "MetadataRequest", "MetadataResponse",
     "QueueInfo", "TopicMeta", "is_internal_topic",
     # produce
-    "Duplicate", "Durability", "InitProducerRequest", "InitProducerResponse", "ProduceEntry",
+    "Acks", "Duplicate", "Durability", "InitProducerRequest", "InitProducerResponse", "ProduceEntry",
     "ProduceRequest", "ProduceResponse", "ProduceResult",
     # fetch
     "FetchEntry", "FetchRequest", "FetchResponse", "FetchResult", "FetchTxnInfo", "Isolation",
@@ -233,6 +255,7 @@ REQUESTS: dict[int, type[Request]] = {
         HalfCheckPollRequest, InitTxnRequest, EndTxnRequest, TxnOffsetCommitRequest,
         CommitStagedRequest, AbortStagedRequest, DescribeTxnsRequest,
         AuthStartRequest, AuthFinishRequest, WhoAmIRequest,
+        ClusterMetadataRequest, ReplicaFetchRequest, OffsetForEpochRequest,
         UpsertUserRequest, DeleteUserRequest, ListUsersRequest, DeleteGroupRequest,
     )
 }

@@ -81,21 +81,33 @@ ProduceEntry = tuple[str, int, bytes | bytearray | memoryview | BatchBuffers]
 buffers); a decoded request always holds a memoryview."""
 
 
+class Acks(enum.IntEnum):
+    """When a produce is answered (Kafka's ``acks``): ``ALL`` when every in-sync replica has
+    the batch (fsynced in sync mode) and the ISR has at least ``min_insync`` members; ``LEADER``
+    after the leader's own write (and fsync in sync mode), losable on a failover. On a single
+    broker the two are the same."""
+
+    ALL = -1
+    LEADER = 1
+
+
 @dataclass(frozen=True, slots=True)
 class ProduceRequest(Request):
-    """Append record batches (one per entry) to queues."""
+    """Append record batches (one per entry) to queues; ``acks``: :class:`Acks` (a client that
+    does not send it gets ``ALL``)."""
 
     timeout_ms: int
     entries: list[ProduceEntry]
+    acks: int = -1
     API_KEY = ApiKey.PRODUCE
     RESPONSE = ProduceResponse
-    SCHEMA = (INT, lst(tup(STR, INT, BYTES)))
+    SCHEMA = (INT, lst(tup(STR, INT, BYTES)), INT)
 
     def encode_parts(self) -> list[bytes | bytearray | memoryview]:
         """Headers and batches as separate buffers (no copy of the batches; a batch given as
         :class:`~ferrymq.protocol.records.BatchBuffers` goes as its buffers)."""
         parts: list[bytes | bytearray | memoryview] = [
-            b"\x92" + msgpack.packb(self.timeout_ms) + array_header(len(self.entries))
+            b"\x93" + msgpack.packb(self.timeout_ms) + array_header(len(self.entries))
         ]
         for topic, queue, batch in self.entries:
             parts.append(b"\x93" + msgpack.packb(topic) + msgpack.packb(queue)
@@ -105,6 +117,7 @@ class ProduceRequest(Request):
                 parts.extend(batch.parts)
             else:
                 parts.append(batch)
+        parts.append(msgpack.packb(self.acks))
         return parts
 
     @classmethod
@@ -113,7 +126,8 @@ class ProduceRequest(Request):
         generic, fully checked path."""
         r = Reader(memoryview(data))
         try:
-            if r.array() != 2:
+            fields = r.array()
+            if fields not in (2, 3):
                 raise Unexpected
             timeout = r.int_()
             n = r.array()
@@ -124,8 +138,9 @@ class ProduceRequest(Request):
                 if r.array() != 3:
                     raise Unexpected
                 entries.append((r.str_(), r.int_(), r.bin_()))
+            acks = r.int_() if fields == 3 else Acks.ALL
             if r.pos != len(r.buf):
                 raise Unexpected
         except Unexpected:
             return decode_generic(cls, data)
-        return cls(timeout, entries)
+        return cls(timeout, entries, acks)

@@ -77,6 +77,9 @@ class ApiKey(enum.IntEnum):
     COMMIT_STAGED = 46
     ABORT_STAGED = 47
     DESCRIBE_TXNS = 48
+    CLUSTER_METADATA = 50
+    REPLICA_FETCH = 51
+    OFFSET_FOR_EPOCH = 52
 
 
 # --- schema ---------------------------------------------------------------------------------

@@ -66,14 +66,18 @@ class CreateTopicResponse(Body):
 
 @dataclass(frozen=True, slots=True)
 class CreateTopicRequest(Request):
-    """Create a topic with ``queues`` queues and optional per-topic config overrides."""
+    """Create a topic with ``queues`` queues and optional per-topic config overrides; on a
+    cluster, ``replicas`` copies of each queue, ``min_insync`` of them needed by ``acks="all"``
+    (-1: the broker's defaults)."""
 
     name: str
     queues: int
     config: dict[str, str]
+    replicas: int = -1
+    min_insync: int = -1
     API_KEY = ApiKey.CREATE_TOPIC
     RESPONSE = CreateTopicResponse
-    SCHEMA = (STR, INT, STRMAP)
+    SCHEMA = (STR, INT, STRMAP, INT, INT)
 
 
 @dataclass(frozen=True, slots=True)
