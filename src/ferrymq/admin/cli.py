@@ -169,10 +169,20 @@ def cli(ctx: click.Context, server: str, json_mode: bool, debug: bool,
               help="CA bundle to verify client certificates with.")
 @click.option("--tls-client-auth", type=click.Choice(["none", "optional", "required"]),
               help="Client certificates: none (default), optional or required.")
+@click.option("--metadata", metavar="URL",
+              help="Join a cluster whose metadata lives in etcd://host:port[,host:port...].")
+@click.option("--cluster", "cluster_name", metavar="NAME",
+              help="The cluster's name (default ferrymq).")
+@click.option("--broker-id", type=click.IntRange(0, 2**31 - 1),
+              help="This broker's id in the cluster (unique).")
+@click.option("--advertised-address", metavar="HOST:PORT",
+              help="Address clients and brokers reach this broker at (default: --host:--port).")
 def broker(host: str | None, port: int | None, data_dir: str | None, config_file: str | None,
            flush: str | None, log_level: str | None, users_file: str | None,
            insecure: bool | None, tls_cert_file: str | None, tls_key_file: str | None,
-           tls_ca_file: str | None, tls_client_auth: str | None) -> None:
+           tls_ca_file: str | None, tls_client_auth: str | None, metadata: str | None,
+           cluster_name: str | None, broker_id: int | None,
+           advertised_address: str | None) -> None:
     """Run a broker in the foreground until SIGTERM or Ctrl-C (graceful shutdown, exit 0).
 
     Settings come from, lowest to highest priority: defaults, --config FILE, FERRYMQ_<SETTING>
@@ -186,7 +196,9 @@ def broker(host: str | None, port: int | None, data_dir: str | None, config_file
                  "log_level": log_level.upper() if log_level else None,
                  "users_file": users_file, "insecure": insecure or None,
                  "tls_cert_file": tls_cert_file, "tls_key_file": tls_key_file,
-                 "tls_ca_file": tls_ca_file, "tls_client_auth": tls_client_auth}
+                 "tls_ca_file": tls_ca_file, "tls_client_auth": tls_client_auth,
+                 "metadata": metadata, "cluster": cluster_name, "broker_id": broker_id,
+                 "advertised_address": advertised_address}
     config = load(config_file, os.environ, overrides)
     run(config, Faults.from_env(os.environ))  # tests' fault hooks; none in production
 

@@ -45,7 +45,9 @@ class BrokerConfig:
     host: str = _f("127.0.0.1", "Address to listen on.")
     port: int = _f(9876, "TCP port to listen on (0: any free port).")
     data_dir: str = _f("./ferrymq-data", "Directory holding topics, offsets and state.")
-    broker_id: int = _f(0, "This broker's id (in message ids and HELLO).")
+    broker_id: int = _f(0, "This broker's id (in message ids and HELLO); in a cluster unique "
+                           "(0..2**31-1): a second broker with a live broker's id refuses to "
+                           "start.")
     flush: str = _f(
         "sync",
         "sync: acknowledge a send after its bytes are fsynced (group commit); "
@@ -318,6 +320,32 @@ class BrokerConfig:
         "none", "TLS: client certificates: none, optional (verified if sent) or required."
     )
     log_level: str = _f("INFO", "Logging level (DEBUG, INFO, WARNING, ERROR).")
+    metadata: str = _f(
+        "",
+        "Cluster: the metadata store, etcd://host:port[,host:port...]. Empty: a single broker "
+        "with its metadata in data_dir (the default; nothing else runs).",
+    )
+    cluster: str = _f("ferrymq", "Cluster: the cluster's name (the key prefix in the metadata "
+                                 "store); a data directory belongs to one cluster.")
+    advertised_address: str = _f(
+        "", "Cluster: host:port that clients and other brokers use to reach this broker. "
+            "Empty: the address it listens on.")
+    default_replicas: int = _f(
+        0, "Cluster: replicas of a topic created without --replicas. 0: 1 on a one-broker "
+           "cluster, min(3, live brokers) on bigger ones.")
+    default_min_insync: int = _f(
+        0, "Cluster: min_insync of a topic created without --min-insync. 0: min(2, replicas).")
+    replica_lag_ms: int = _f(
+        10_000, "Cluster: a follower that has not caught up with the leader's end for this long "
+                "is dropped from the in-sync replicas (it rejoins by itself once caught up).")
+    replica_fetch_wait_ms: int = _f(
+        500, "Cluster: longest wait of a follower's long-polled fetch; appends wake it at once.")
+    replica_fetch_bytes: int = _f(
+        4 * 1024 * 1024, "Cluster: most bytes one follower fetch asks for per queue.")
+    metadata_lease_ms: int = _f(
+        6_000, "Cluster: TTL of this broker's lease in the metadata store. A broker that cannot "
+               "renew it stops acknowledging acks=all writes before it could have expired; "
+               "the controller moves leadership away once it has.")
 
     def validate(self) -> BrokerConfig:
         """Check every field; return self.
@@ -347,6 +375,7 @@ class BrokerConfig:
             "max_write_queue_bytes", "write_stall_timeout_ms", "disk_check_interval_ms",
             "busy_retry_after_ms", "max_topics", "max_total_queues",
             "auto_create_topics_per_minute", "max_delivery_groups", "max_consumer_groups",
+            "replica_lag_ms", "replica_fetch_wait_ms", "replica_fetch_bytes", "metadata_lease_ms",
         )
         for name in positive:
             if getattr(self, name) <= 0:
@@ -375,9 +404,30 @@ class BrokerConfig:
         if self.orderly_retry_ms < 0:
             raise ConfigError(f"orderly_retry_ms must be >= 0, not {self.orderly_retry_ms}")
         self._validate_security()
+        self._validate_cluster()
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
             raise ConfigError(f"unknown log_level {self.log_level!r}")
         return self
+
+    def _validate_cluster(self) -> None:
+        if not 0 <= self.broker_id < 2**31:
+            raise ConfigError(f"broker_id must be 0..2**31-1, not {self.broker_id}")
+        if self.metadata and not self.metadata.startswith(("etcd://", "memory://")):
+            raise ConfigError(f"metadata must be etcd://host:port[,host:port...], not "
+                              f"{self.metadata!r}")
+        if not self.cluster or not all(c.isalnum() or c in "-_." for c in self.cluster):
+            raise ConfigError(f"cluster must be a non-empty name of letters, digits, '-', '_' "
+                              f"and '.', not {self.cluster!r}")
+        if self.advertised_address:
+            host, sep, port = self.advertised_address.rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ConfigError(f"advertised_address must be host:port, not "
+                                  f"{self.advertised_address!r}")
+        if self.default_replicas < 0 or self.default_min_insync < 0:
+            raise ConfigError("default_replicas and default_min_insync must be >= 0 (0: auto)")
+        if self.metadata_lease_ms < 2000:
+            raise ConfigError(f"metadata_lease_ms must be >= 2000 (etcd leases count whole "
+                              f"seconds), not {self.metadata_lease_ms}")
 
     def _validate_security(self) -> None:
         if not 100 <= self.auth_failure_delay_ms <= 60_000:

@@ -13,9 +13,6 @@ from ferrymq.errors import InvalidRequestError
 from ferrymq.protocol import messages as m
 from ferrymq.protocol.codes import ErrorCode
 
-SINGLE_BROKER_ID = 0
-"""The broker id a single broker (no ``--metadata``) gives itself in CLUSTER_METADATA."""
-
 
 def cluster_metadata(conn: ClientConnection,
                      req: m.ClusterMetadataRequest) -> m.ClusterMetadataResponse:
@@ -24,7 +21,7 @@ def cluster_metadata(conn: ClientConnection,
     reg = srv.topics
     names = sorted(reg.topics) if req.topics is None else req.topics
     topics: list[m.TopicLeadership] = []
-    me = SINGLE_BROKER_ID
+    me = srv.config.broker_id
     for name in names:
         t = reg.topics.get(name)
         if t is None:

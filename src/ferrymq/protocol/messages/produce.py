@@ -33,6 +33,8 @@ class Durability(enum.IntEnum):
     NONE = 0  # not acknowledged (oneway)
     WRITTEN = 1  # write(2) done: survives a broker crash, not a power loss
     FSYNCED = 2  # fsync done: survives a power loss
+    REPLICATED = 3  # every in-sync replica has it (acks=all; fsynced on each in sync mode) and
+    #                 the ISR had at least min_insync members: survives the loss of a broker
 
 
 @dataclass(frozen=True, slots=True)
