@@ -82,6 +82,11 @@ def check_topic_name(name: str, *, internal_ok: bool = False) -> None:
         )
 
 
+CLUSTER_TOPIC_ID_BASE = 1 << 24
+"""Topic ids a cluster hands out start here; a broker's own ids (its internal topics, and every
+topic of a single broker) stay below it, so the two never meet."""
+
+
 @dataclass(eq=False)
 class QueueState:
     """One queue: its log plus the broker's bookkeeping around it."""
@@ -307,7 +312,7 @@ class TopicRegistry:
                 self._set_aside(path, "the topic list (meta/topics) is missing")
             return
         self._remove_leftovers(set(meta["topics"]))
-        self._next_id = meta["next_id"]
+        self._next_id = min(meta["next_id"], CLUSTER_TOPIC_ID_BASE)
         for name, t in meta["topics"].items():
             self._open_topic(name, t["id"], t["queues"], t["config"], t["created_ms"], now_ms)
 
@@ -419,7 +424,7 @@ class TopicRegistry:
 
     def create(
         self, name: str, queues: int, config: dict[str, str], now_ms: int,
-        *, internal_ok: bool = False,
+        *, internal_ok: bool = False, topic_id: int | None = None,
     ) -> Topic:
         """Create a topic: check everything first (name, queue count, settings, limits), then
         create its queues; on failure nothing is left behind.
@@ -429,6 +434,9 @@ class TopicRegistry:
             PolicyViolationError: ``max_topics`` or ``max_total_queues`` would be passed
                 (never for internal topics).
             OSError: a file cannot be created (EMFILE, ENOSPC, ...): nothing was created.
+
+        ``topic_id``: the id a cluster gave the topic (at least ``CLUSTER_TOPIC_ID_BASE``);
+        None: the next local id.
         """
         check_topic_name(name, internal_ok=internal_ok)
         if name in self.topics:
@@ -442,8 +450,11 @@ class TopicRegistry:
         if not internal_ok and "dedup_window_ms" not in config and self._default_dedup_window_ms:
             config = {**config, "dedup_window_ms": str(self._default_dedup_window_ms)}
         self._check_dedup_window(config)
-        topic_id = self._next_id
-        self._next_id += 1
+        if topic_id is None:
+            topic_id = self._next_id
+            self._next_id += 1
+        elif topic_id < CLUSTER_TOPIC_ID_BASE or topic_id in self.by_id:
+            raise InvalidConfigError(f"topic id {topic_id} is not a free cluster topic id")
         topic = self._open_topic(name, topic_id, queues, config, now_ms, now_ms, new=True)
         try:
             self._save()
