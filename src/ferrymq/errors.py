@@ -21,7 +21,9 @@
     └── StorageError                  raised by the log library
         ├── CorruptRecordError        (also BrokerError CORRUPT_MESSAGE)
         ├── LogClosedError
-        └── OffsetOutOfRangeError     (also BrokerError OFFSET_OUT_OF_RANGE)
+        ├── OffsetOutOfRangeError     (also BrokerError OFFSET_OUT_OF_RANGE)
+        ├── UnexpectedAppendOffsetError  a replica batch not at the log's end offset
+        └── LeaderEpochOrderError     a leader epoch out of order in the epoch cache
 
 Broker errors travel as ``(code, message)``; :func:`error_for_code` turns them back into the
 matching class on the client. The wire never carries a traceback.
@@ -69,6 +71,7 @@ __all__ = [
     "InvalidTopicNameError",
     "InvalidTxnStateError",
     "InvalidTxnTimeoutError",
+    "LeaderEpochOrderError",
     "LeaderNotAvailableError",
     "LocalProtocolError",
     "LogClosedError",
@@ -96,6 +99,7 @@ __all__ = [
     "TopicAlreadyExistsError",
     "TransactionTimedOutError",
     "TxnUsageError",
+    "UnexpectedAppendOffsetError",
     "UnknownApiError",
     "UnknownGroupError",
     "UnknownHalfMessageError",
@@ -600,6 +604,46 @@ class OffsetOutOfRangeError(StorageError, BrokerError):
     """The offset is before the log start or after the log end."""
 
     code = ErrorCode.OFFSET_OUT_OF_RANGE
+
+
+class UnexpectedAppendOffsetError(StorageError):
+    """A batch copied from the leader does not start at the log's end offset
+    (``Log.append_replica``; Kafka's ``UnexpectedAppendOffsetException``): the follower is
+    not where it thinks it is, and nothing was written.
+
+    Attributes:
+        base_offset: the batch's base offset.
+        end_offset: the log's end offset, where the batch had to start.
+    """
+
+    def __init__(self, base_offset: int, end_offset: int, where: str = "") -> None:
+        self.base_offset = base_offset
+        self.end_offset = end_offset
+        prefix = f"{where}: " if where else ""
+        super().__init__(
+            f"{prefix}replica batch starts at offset {base_offset}, the log ends at {end_offset}"
+        )
+
+
+class LeaderEpochOrderError(StorageError):
+    """A leader epoch given to a queue's epoch cache would break its order: epochs and their
+    start offsets only grow (``LeaderEpochCache.assign``); nothing was changed.
+
+    Attributes:
+        epoch: the epoch given.
+        start_offset: the start offset given.
+        latest: the cache's latest ``(epoch, start_offset)``, None when it is empty.
+    """
+
+    def __init__(self, epoch: int, start_offset: int, latest: tuple[int, int] | None,
+                 reason: str) -> None:
+        self.epoch = epoch
+        self.start_offset = start_offset
+        self.latest = latest
+        known = "none" if latest is None else f"epoch {latest[0]} from offset {latest[1]}"
+        super().__init__(
+            f"leader epoch {epoch} at offset {start_offset} refused: {reason} (latest: {known})"
+        )
 
 
 def error_for_code(code: int, message: str = "") -> BrokerError:

@@ -11,6 +11,8 @@ and the base offset of a segment is known without opening it::
                                     exists iff the segment holds a control batch
     00000000000000004711.snapshot   producer state as of offset 4711 (a cache)
     recovery-point.checkpoint       offsets below this were fsynced (a cache)
+    leader-epochs                   which leader epoch starts at which offset (authoritative:
+                                    batches carry no epoch; see ferrymq.storage.epochs)
 
 A file being written ends in ``.tmp`` until it is complete and fsynced, then it is renamed
 over its final name (:func:`atomic_write`); a crash leaves either the old or the new file,
@@ -27,6 +29,7 @@ from pathlib import Path
 __all__ = [
     "DELETED_SUFFIX",
     "INDEX_SUFFIX",
+    "LEADER_EPOCHS_FILE",
     "LOG_SUFFIX",
     "OFFSET_DIGITS",
     "RECOVERY_POINT_FILE",
@@ -50,6 +53,7 @@ TXNINDEX_SUFFIX = ".txnindex"
 TMP_SUFFIX = ".tmp"
 DELETED_SUFFIX = ".deleted"
 RECOVERY_POINT_FILE = "recovery-point.checkpoint"
+LEADER_EPOCHS_FILE = "leader-epochs"  # Kafka's leader-epoch-checkpoint
 
 _OFFSET_SUFFIXES = (LOG_SUFFIX, INDEX_SUFFIX, TIMEINDEX_SUFFIX, SNAPSHOT_SUFFIX, TXNINDEX_SUFFIX)
 
