@@ -38,6 +38,13 @@ producer with an open transaction appends ``(producer_id, first_offset, marker_o
 The producer state tracks the open transactions (:meth:`Log.ongoing_txns`);
 :meth:`Log.aborted_txns` reads the segments' entries, kept in memory.
 
+Replication (docs/cluster.md). A follower copies the leader's batches with
+:meth:`Log.append_replica`: header and bytes unchanged (the leader's offsets and append
+times), producer state and transaction index updated as :meth:`Log.append` would. Which leader
+epoch wrote which offsets is not in the batches: :attr:`Log.epochs`
+(:mod:`ferrymq.storage.epochs`) keeps it beside the log, and is cut with it by
+:meth:`Log.truncate_to`, retention and :meth:`Log.open`.
+
 Recovery-point checkpoint payload: ``<qq`` (little-endian): the recovery point (offsets below
 it are fsynced) and the largest append time ever stamped (kept so that append times never go
 backwards even after retention removed every batch).
@@ -58,6 +65,7 @@ from ferrymq.errors import (
     CorruptRecordError,
     LogClosedError,
     OffsetOutOfRangeError,
+    UnexpectedAppendOffsetError,
 )
 from ferrymq.protocol.markers import marker_of
 from ferrymq.protocol.records import (
@@ -65,10 +73,12 @@ from ferrymq.protocol.records import (
     ATTR_TRANSACTIONAL,
     HEADER_SIZE,
     BatchHeader,
+    check_stored_batch,
     decode_header,
     stamp_batch,
 )
 from ferrymq.storage.checkpoint import read_checkpoint, write_checkpoint
+from ferrymq.storage.epochs import LeaderEpochCache
 from ferrymq.storage.files import RECOVERY_POINT_FILE, fsync_directory
 from ferrymq.storage.handles import FileHandle, FileHandles
 from ferrymq.storage.index import MAX_RELATIVE_OFFSET
@@ -168,9 +178,12 @@ class Log:
         last_append_time_ms: int,
         recovery_point: int,
         handles: FileHandles,
+        epochs: LeaderEpochCache,
     ) -> None:
         """Use :meth:`open`."""
         self.directory = directory
+        self.epochs = epochs
+        """Which leader epoch wrote which offsets (replicated queues; empty otherwise)."""
         self._handles = handles
         self.config = config
         self._segments = segments
@@ -200,13 +213,15 @@ class Log:
         Args:
             directory: the log's own directory.
             config: storage settings.
-            clean_shutdown: the broker's clean-shutdown marker existed: trust the files.
+            clean_shutdown: the broker's clean-shutdown marker existed: trust the files (the
+                leader epoch cache is cut to the recovered log either way).
             now_ms: wall clock, for producer-id expiry.
             handles: the descriptor cache its segment files share with other logs (None: one
                 of its own).
 
         Raises:
-            CorruptRecordError: mid-log corruption (valid data after an invalid batch).
+            CorruptRecordError: mid-log corruption (valid data after an invalid batch), or an
+                unreadable ``leader-epochs`` file.
             OSError: the files cannot be read or repaired.
         """
         started = time.monotonic()
@@ -228,7 +243,11 @@ class Log:
                     last_time = max(last_time, seg.max_append_time_ms)
                     break
             producers = ProducerStateManager(directory, producer_id_expiry_ms=config.producer_id_expiry_ms)
-            log = cls(directory, config, segments, producers, last_time, recovery_point, handles)
+            epochs = LeaderEpochCache.open(directory)
+            log = cls(directory, config, segments, producers, last_time, recovery_point, handles,
+                      epochs)
+            epochs.truncate_from_end(log.end_offset)  # a power loss can leave it ahead
+            epochs.truncate_from_start(log.start_offset)
             # a new log's first segment is named in its directory by the first flush, before
             # anything written to it is acknowledged in sync mode
             log._directory_dirty = new
@@ -380,23 +399,24 @@ class Log:
 
     def _append_txn(self, batch: bytes | bytearray | memoryview, h: BatchHeader, now_ms: int) -> AppendResult:
         """:meth:`append` of a transactional data batch (bit 4) or a control batch (bit 5)."""
-        control = bool(h.attributes & ATTR_CONTROL)
-        commit = False
-        if control:
-            if h.producer_id < 0:
-                raise CorruptRecordError("a control batch needs a producer id")
-            commit = marker_of(batch, 0, h).commit
+        commit = _marker_commit(batch, h)
         dup = self._producers.check(h)
         if dup is not None:
             return AppendResult(dup.base_offset, dup.last_offset, dup.append_time_ms, True)
         active, stamped = self._write(batch, h, now_ms)
-        base, append_time = stamped.base_offset, stamped.append_time_ms
+        self._stored_txn(active, stamped, commit)
+        return AppendResult(stamped.base_offset, stamped.last_offset, stamped.append_time_ms,
+                            False)
+
+    def _stored_txn(self, active: Segment, h: BatchHeader, commit: bool | None) -> None:
+        """Producer state, end offset and ``.txnindex`` after the transactional data batch
+        (``commit`` None) or marker ``h`` was written to ``active``."""
         first = self._producers.ongoing.get(h.producer_id, -1)
-        self._producers.update_txn(stamped)
-        self._last_append_time_ms = append_time
+        self._producers.update_txn(h)
+        self._last_append_time_ms = max(self._last_append_time_ms, h.append_time_ms)
         with self._lock:
-            self._end_offset = stamped.last_offset + 1
-        if control:
+            self._end_offset = h.last_offset + 1
+        if commit is not None:
             # The marker is in the log: the state above is final. The index follows (one
             # write(2)); its entry stays in memory even if that write fails.
             if active.txnindex.mark():
@@ -404,8 +424,50 @@ class Log:
                     self._directory_dirty = True
                 self._control_segments.append(active)
             if not commit and first >= 0:
-                active.txnindex.append(AbortedTxn(h.producer_id, first, base))
-        return AppendResult(base, stamped.last_offset, append_time, False)
+                active.txnindex.append(AbortedTxn(h.producer_id, first, h.base_offset))
+
+    def append_replica(self, batch: bytes | bytearray | memoryview) -> AppendResult:
+        """Append one batch copied from the leader exactly as the leader stored it.
+
+        The header and bytes are written unchanged (the leader's base offset and append time:
+        no stamping; both CRCs are checked), the producer state is updated as the leader's
+        :meth:`append` updated it (so a follower that becomes leader answers a retry of a batch
+        it copied as a duplicate) and a marker goes into the ``.txnindex`` as there. Nothing
+        is checked against the producer state: the leader did that, and the copy must not
+        differ. A time-based roll uses the batch's append time as the clock.
+
+        The caller records the batch's leader epoch first (``self.epochs.assign(epoch,
+        base_offset)``), so that no data is ever stored without its epoch.
+
+        Raises:
+            UnexpectedAppendOffsetError: the batch does not start at :attr:`end_offset`.
+            CorruptRecordError: the buffer is not exactly one valid batch (CRCs, magic, record
+                count), or a control batch is not a marker.
+            LogClosedError: the log is closed.
+            OSError: the write failed (the file is cut back).
+
+        Nothing is written when it raises one of the first three.
+        """
+        self._check_open()
+        h = check_stored_batch(batch)
+        if h.size != len(batch):
+            raise CorruptRecordError(f"buffer of {len(batch)} bytes holds a {h.size}-byte batch")
+        if h.base_offset != self._end_offset:
+            raise UnexpectedAppendOffsetError(h.base_offset, self._end_offset, str(self.directory))
+        txn = h.attributes & _TXN_BITS
+        commit = _marker_commit(batch, h) if txn else None
+        active = self._segments[-1]
+        if self._should_roll(active, len(batch), h.record_count, h.append_time_ms):
+            active = self._roll()
+        active.append(batch, h)
+        if txn:
+            self._stored_txn(active, h, commit)
+        else:
+            self._producers.update_plain(h)
+            self._last_append_time_ms = max(self._last_append_time_ms, h.append_time_ms)
+            with self._lock:
+                self._end_offset = h.last_offset + 1
+        return AppendResult(h.base_offset, h.last_offset, h.append_time_ms, False)
 
     def _should_roll(self, active: Segment, batch_bytes: int, records: int, now_ms: int) -> bool:
         if active.size_bytes == 0:
@@ -674,6 +736,7 @@ class Log:
                 self._control_segments = [s for s in self._control_segments if s not in victims]
             for seg in victims:
                 seg.delete()
+            self.epochs.truncate_from_start(self.start_offset)
             self._producers.remove_expired(now_ms)
             if victims:
                 _log.debug(
@@ -688,7 +751,9 @@ class Log:
         """Remove every batch whose last offset is >= ``offset``.
 
         When ``offset`` falls inside a batch the whole batch goes, so the end offset becomes
-        that batch's base offset. Offsets at or past the end are a no-op.
+        that batch's base offset. Offsets at or past the end leave the batches. Either way
+        :attr:`epochs` then holds no entry at or past the end (a leader epoch that wrote
+        nothing here must not outlive a truncation: Kafka does the same).
 
         Raises:
             OffsetOutOfRangeError: ``offset`` is below the start offset.
@@ -696,6 +761,7 @@ class Log:
         with self._flush_lock:
             self._check_open()
             if offset >= self._end_offset:
+                self.epochs.truncate_from_end(self._end_offset)
                 return
             if offset < self.start_offset:
                 raise OffsetOutOfRangeError(
@@ -718,6 +784,7 @@ class Log:
             self._control_segments = [s for s in self._control_segments if s not in dropped]
             self._write_recovery_point(min(self._recovery_point, self._end_offset))
             self._reload_producer_state()
+            self.epochs.truncate_from_end(self._end_offset)  # after the log: see epochs.py
 
     # --- closing -----------------------------------------------------------------------------
 
@@ -738,6 +805,19 @@ class Log:
             self._closed = True
             for seg in self._segments:
                 seg.close()
+
+
+def _marker_commit(batch: bytes | bytearray | memoryview, h: BatchHeader) -> bool | None:
+    """Whether the control batch ``h`` commits (False: aborts); None for a data batch.
+
+    Raises:
+        CorruptRecordError: a control batch without a producer id, or not a marker.
+    """
+    if not h.attributes & ATTR_CONTROL:
+        return None
+    if h.producer_id < 0:
+        raise CorruptRecordError("a control batch needs a producer id")
+    return marker_of(batch, 0, h).commit
 
 
 def _read_recovery_point(path: Path) -> tuple[int, int]:
