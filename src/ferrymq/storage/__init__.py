@@ -5,12 +5,14 @@ state files. See ``docs/storage.md`` for the on-disk format.
 """
 
 from ferrymq.storage.checkpoint import read_checkpoint, write_checkpoint
+from ferrymq.storage.epochs import LeaderEpochCache
 from ferrymq.storage.files import atomic_write
 from ferrymq.storage.log import AppendResult, Log, LogConfig, SegmentInfo
 from ferrymq.storage.recovery import RecoveryReport
 
 __all__ = [
     "AppendResult",
+    "LeaderEpochCache",
     "Log",
     "LogConfig",
     "RecoveryReport",
