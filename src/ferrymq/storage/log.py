@@ -43,7 +43,8 @@ Replication (docs/cluster.md). A follower copies the leader's batches with
 times), producer state and transaction index updated as :meth:`Log.append` would. Which leader
 epoch wrote which offsets is not in the batches: :attr:`Log.epochs`
 (:mod:`ferrymq.storage.epochs`) keeps it beside the log, and is cut with it by
-:meth:`Log.truncate_to`, retention and :meth:`Log.open`.
+:meth:`Log.truncate_to`, retention and :meth:`Log.open`. A follower whose log ends before the
+leader's start begins again there with :meth:`Log.truncate_fully_and_start_at`.
 
 Recovery-point checkpoint payload: ``<qq`` (little-endian): the recovery point (offsets below
 it are fsynced) and the largest append time ever stamped (kept so that append times never go
@@ -785,6 +786,39 @@ class Log:
             self._write_recovery_point(min(self._recovery_point, self._end_offset))
             self._reload_producer_state()
             self.epochs.truncate_from_end(self._end_offset)  # after the log: see epochs.py
+
+    def truncate_fully_and_start_at(self, offset: int) -> None:
+        """Empty the log and make ``offset`` its start and end (Kafka's
+        ``truncateFullyAndStartAt``): how a follower whose log ends before the leader's start
+        (retention on the leader) begins again where the leader's log begins.
+
+        Every segment, producer snapshot and leader epoch goes. The epoch cache is emptied
+        first and the new segment's name made durable before the recovery point moves, so a
+        crash part way leaves a log that is empty or holds nothing with a wrong epoch.
+
+        Raises:
+            OffsetOutOfRangeError: ``offset`` is negative.
+            OSError: a file could not be written or removed (call again).
+        """
+        if offset < 0:
+            raise OffsetOutOfRangeError(f"cannot start a log at {offset}")
+        with self._flush_lock:
+            self._check_open()
+            self.epochs.truncate_from_end(0)
+            self._producers.set_producers({})
+            self._producers.delete_snapshots_after(-1)
+            for seg in self._segments:
+                seg.delete()
+            new = Segment.create(self.directory, offset,
+                                 index_interval_bytes=self.config.index_interval_bytes,
+                                 handles=self._handles)
+            with self._lock:
+                self._segments = [new]
+                self._pending_sealed = []
+                self._end_offset = self._durable_offset = offset
+            self._control_segments = []
+            fsync_directory(self.directory)
+            self._write_recovery_point(offset)
 
     # --- closing -----------------------------------------------------------------------------
 

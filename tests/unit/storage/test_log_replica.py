@@ -10,6 +10,7 @@ from storage_support import BatchFactory, build_batch
 
 from ferrymq.errors import (
     CorruptRecordError,
+    OffsetOutOfRangeError,
     OutOfOrderSequenceError,
     ProducerFencedError,
     UnexpectedAppendOffsetError,
@@ -319,3 +320,42 @@ def test_a_log_without_replication_writes_no_epoch_file(
     pair.leader.truncate_to(1)
     pair.leader.delete_old_segments(now_ms=1)
     assert not (pair.leader.directory / LEADER_EPOCHS_FILE).exists()
+
+
+@pytest.mark.parametrize("clean", [True, False])
+def test_a_follower_starts_again_where_the_leaders_log_starts(
+    pair: Pair, make_batch: BatchFactory, clean: bool
+) -> None:
+    """The leader's retention removed what the follower still needs: the follower's log is
+    emptied and starts at the leader's start offset."""
+    follower = pair.follower
+    follower.epochs.assign(0, 0)
+    follower.append_replica(_stamped(make_batch(2), 0))
+    follower.append_replica(_stamped(_idempotent(0), 2))
+    follower.close()  # a producer snapshot at 4
+    follower = pair.follower = pair.open("follower")
+    assert list(follower.directory.glob("*.snapshot"))
+    follower.truncate_fully_and_start_at(50)
+    assert (follower.start_offset, follower.end_offset, follower.durable_offset) == (50, 50, 50)
+    assert follower.epochs.entries() == []
+    assert follower.producer_state.entries == {}
+    assert follower.read(50, 100) == b""
+    assert [p.name for p in sorted(follower.directory.iterdir())] == [
+        f"{50:020d}.log", LEADER_EPOCHS_FILE, "recovery-point.checkpoint"]
+    follower.epochs.assign(3, 50)
+    follower.append_replica(_stamped(make_batch(1), 50))
+    if clean:
+        follower = pair.reopen_follower()
+    else:
+        for seg in follower._segments:
+            seg.close()
+        follower = pair.follower = pair.open("follower", clean=False)
+    assert (follower.start_offset, follower.end_offset) == (50, 51)
+    assert follower.epochs.entries() == [(3, 50)]
+    with pytest.raises(OffsetOutOfRangeError):
+        follower.truncate_fully_and_start_at(-1)
+
+
+def _stamped(batch: bytearray, offset: int) -> bytearray:
+    stamp_batch(batch, 0, offset, 7)
+    return batch
