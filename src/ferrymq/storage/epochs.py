@@ -18,7 +18,8 @@ with the log:
 - ``Log.truncate_to`` cuts it after cutting the log (:meth:`~LeaderEpochCache.truncate_from_end`:
   no entry is left at or past the log end), retention moves its first entry's start up
   (:meth:`~LeaderEpochCache.truncate_from_start`), and ``Log.open`` does both against the
-  recovered log, since a power loss can leave the file ahead of the log.
+  recovered log, since a power loss can leave the file ahead of the log (an epoch that wrote
+  nothing goes too: a leader records its epoch again each time it takes over).
 
 After a leader change a follower truncates by epoch, never to its high watermark: it asks the
 leader :meth:`~LeaderEpochCache.end_offset_for` its own latest epoch (OFFSET_FOR_EPOCH) and
