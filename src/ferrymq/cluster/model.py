@@ -5,9 +5,11 @@ Keys, under ``/ferrymq/<cluster>/``::
     id                      ClusterIdentity   created once by the first broker
     brokers/<id>            BrokerRecord      put with the broker's lease: present = alive
     controller              ControllerRecord  created only if absent, with the controller's lease
-    topics/<name>           TopicRecord       written by the controller (create, delete)
+    topics/<name>           TopicRecord       created with its queues in one commit, by any broker
     queues/<topic>/<queue>  QueueRecord       leader, epoch, replicas, ISR: every write a CAS
     producer_ids            ProducerIdBlock   the next free producer id (blocks taken by CAS)
+    counters/controller_epoch  Counter        the last controller epoch (bumped by each new controller)
+    counters/topic_id          Counter        the next free topic id (taken by a topic's create)
 
 A record's ``version`` is the key's mod revision when it was read (not stored): a writer passes
 it back as the check of its compare-and-swap, so a writer with a stale view (a deposed leader or
@@ -108,6 +110,14 @@ class QueueRecord(_Record):
 
 
 @dataclass(frozen=True, slots=True)
+class Counter(_Record):
+    """A number that only grows, taken by compare-and-swap (the controller epoch, the next
+    topic id)."""
+
+    value: int
+
+
+@dataclass(frozen=True, slots=True)
 class ProducerIdBlock(_Record):
     """The first producer id no broker has taken yet."""
 
@@ -125,6 +135,9 @@ class Keys:
         self.topics = self.root + "topics/"
         self.queues = self.root + "queues/"
         self.producer_ids = self.root + "producer_ids"
+        # not under "controller": a watch of the controller key is a watch of its prefix
+        self.controller_epoch = self.root + "counters/controller_epoch"
+        self.topic_ids = self.root + "counters/topic_id"
 
     def broker(self, broker_id: int) -> str:
         """The key of broker ``broker_id``."""
