@@ -86,6 +86,7 @@ ERRORS_ALL = [
     "MetadataLeaseExpiredError",
     "MetadataUnavailableError",
     "NonEmptyGroupError",
+    "NotControllerError",
     "NotEnoughReplicasError",
     "NotLeaderError",
     "NotScheduledError",

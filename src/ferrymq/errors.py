@@ -12,7 +12,8 @@
     ├── MetadataError                 the cluster's metadata store (etcd)
     │   ├── MetadataUnavailableError  the store cannot be reached
     │   ├── MetadataLeaseExpiredError a lease ended (the holder lost what it held)
-    │   └── ClusterStartError         this broker may not join (id in use, other cluster)
+    │   ├── ClusterStartError         this broker may not join (id in use, other cluster)
+    │   └── NotControllerError        this broker is not (any more) the cluster's controller
     ├── ClientError                   raised on the client side
     │   ├── ConnectionClosedError     (also a ConnectionError)
     │   ├── FerryMQTimeoutError       (also a TimeoutError)
@@ -80,6 +81,7 @@ __all__ = [
     "MetadataError",
     "MetadataLeaseExpiredError",
     "MetadataUnavailableError",
+    "NotControllerError",
     "NonEmptyGroupError",
     "NotEnoughReplicasError",
     "NotLeaderError",
@@ -553,6 +555,12 @@ class MetadataLeaseExpiredError(MetadataError):
 class ClusterStartError(MetadataError):
     """This broker may not join the cluster: its broker id is held by a live broker, or its
     data directory belongs to another cluster."""
+
+
+class NotControllerError(MetadataError):
+    """This broker is not the cluster's controller, or no longer: another broker holds the
+    controller's seat, or this one's lease ended. Its writes as controller fail (each is
+    checked on the seat's revision); it stops acting as controller and campaigns again."""
 
 
 # --- client ---------------------------------------------------------------------------------

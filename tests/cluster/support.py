@@ -82,3 +82,15 @@ class YieldingStore:
 
     async def close(self) -> None:
         await self.inner.close()
+
+
+async def outlive(store: MemoryMetadataStore, clock: FakeClock, keep: list[int]) -> list[int]:
+    """Let every lease but those in ``keep`` expire (the clock moves past their TTL while the
+    ``keep`` ones are renewed); the leases that ended."""
+    for lease in keep:
+        await store.keep_alive(lease)
+    clock.advance(LEASE_TTL_S - 1)
+    for lease in keep:
+        await store.keep_alive(lease)
+    clock.advance(2)
+    return store.expire_leases()
