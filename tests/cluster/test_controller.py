@@ -13,7 +13,7 @@ from ferrymq.cluster.metadata.memory import MemoryMetadataStore
 from ferrymq.cluster.metadata.store import Check, Put
 from ferrymq.cluster.model import NO_LEADER, ControllerRecord, Keys, QueueRecord
 from ferrymq.cluster.topics import create_topic, load_topics
-from ferrymq.errors import NotControllerError, UnknownTopicError
+from ferrymq.errors import MetadataLeaseExpiredError, NotControllerError, UnknownTopicError
 from ferrymq.testing import FakeClock
 from tests.cluster.support import (
     LEASE_TTL_S,
@@ -316,3 +316,58 @@ async def test_controllers_racing_as_tasks_one_serves_and_the_next_takes_over() 
     for t in tasks.values():
         t.cancel()
     await asyncio.gather(*tasks.values(), return_exceptions=True)
+
+
+@sync
+async def test_a_controller_with_its_own_lease_resigns_and_frees_the_seat() -> None:
+    clock = FakeClock()
+    store = memory_store(clock)
+    ctl = Controller(store, KEYS, 7, lease_ttl_s=LEASE_TTL_S, clock=clock.monotonic)
+    assert await ctl.campaign()
+    kv = await store.get(KEYS.controller)
+    assert kv is not None and kv.lease != 0
+    await ctl.resign()
+    assert not ctl.active and await store.get(KEYS.controller) is None
+    with pytest.raises(MetadataLeaseExpiredError, match="has expired"):
+        await store.keep_alive(kv.lease)  # revoked with the seat
+    other = Controller(store, KEYS, 8, lease_ttl_s=LEASE_TTL_S, clock=clock.monotonic)
+    assert await other.campaign() and other.epoch == 2
+
+
+@sync
+async def test_no_seat_is_taken_without_a_lease() -> None:
+    store = memory_store(FakeClock())
+    ctl = Controller(store, KEYS, 1, lease_ttl_s=LEASE_TTL_S, lease_of=lambda: 0)
+    assert not await ctl.campaign()
+    assert await store.get(KEYS.controller) is None
+
+
+@sync
+async def test_serving_survives_a_lost_watch_and_an_unreachable_store() -> None:
+    clock = FakeClock()
+    c = Cluster(memory_store(clock), clock)
+    await c.start(1, 2, 3)
+    await create_topic(c.memory, KEYS, "t", 3, 3, 1, {}, 0, start=0)
+    ctl = c.controllers[3]
+    task = asyncio.create_task(ctl.run())
+    for _ in range(100):
+        if ctl.active:
+            break
+        await asyncio.sleep(0.005)
+    assert ctl.active
+    c.memory.lose_watches()
+    c.memory.available = False
+    await asyncio.sleep(0.1)
+    c.memory.available = True
+    await c.kill(1)  # while the controller waits to read again
+
+    async def moved() -> bool:
+        return all(1 not in q.isr for q in (await c.queues()).values())
+    for _ in range(300):
+        if await moved():
+            break
+        await asyncio.sleep(0.01)
+    assert await moved() and ctl.active
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task

@@ -167,11 +167,14 @@ class Controller:
                 return True
             self.seat = 0
             return False
+        lease = await self._lease()
+        if not lease:  # the broker is between leases (registering again): a seat without a
+            return False  # lease would outlive it
         counter = await self.store.get(self.keys.controller_epoch)
         epoch = (Counter.decode(counter).value if counter is not None else 0) + 1
         checks = [Check(key, 0), Check(self.keys.controller_epoch,
                                        counter.mod_revision if counter is not None else 0)]
-        puts = [Put(key, ControllerRecord(self.broker_id, epoch).encode(), await self._lease()),
+        puts = [Put(key, ControllerRecord(self.broker_id, epoch).encode(), lease),
                 Put(self.keys.controller_epoch, Counter(epoch).encode())]
         try:
             rev = await self.store.commit(checks, puts)
@@ -332,11 +335,19 @@ class Controller:
     # --- running -----------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Campaign until elected, then serve until deposed; returns when deposed (the caller
-        runs it again to campaign again). Cancelling it leaves the seat to its lease (call
-        :meth:`resign` to free it at once)."""
-        while not await self.campaign():
-            await self._wait_for_vacancy()
+        """Campaign until elected (through an unreachable store or a lapsed broker lease:
+        trying again), then serve until deposed; returns when deposed (the caller runs it again
+        to campaign again). Cancelling it leaves the seat to its lease (call :meth:`resign` to
+        free it at once)."""
+        while True:
+            try:
+                if await self.campaign():
+                    break
+                await self._wait_for_vacancy()
+            except (MetadataUnavailableError, MetadataLeaseExpiredError) as exc:
+                log.debug("controller campaign of broker %d: %s; trying again", self.broker_id,
+                          exc)
+                await asyncio.sleep(RETRY_AFTER_UNAVAILABLE_S)
         keeper = (asyncio.get_running_loop().create_task(self._keep_own_lease())
                   if self._lease_of is None else None)
         try:
