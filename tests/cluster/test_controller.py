@@ -200,10 +200,13 @@ async def test_a_broker_that_restarted_between_two_reconciles_leaves_the_isr() -
             assert new.leader_epoch == old.leader_epoch + 1
 
 
+@pytest.mark.parametrize("back", [False, True])
 @sync
-async def test_the_controller_reconciles_what_happened_while_there_was_none() -> None:
+async def test_the_controller_reconciles_what_happened_while_there_was_none(back: bool) -> None:
     c = await cluster_with_topic(queues=3)
     await c.kill(1)  # no controller yet
+    if back:
+        await c.start(1)  # restarted too, before any controller looked
     ctl = c.controllers[2]
     assert await ctl.campaign()
     assert await ctl.reconcile() == 3

@@ -253,9 +253,7 @@ class ControlModel(RuleBasedStateMachine):
     def reconcile(self, c: int) -> None:
         ctl = self.controllers[c]
         held = self.seat()
-        seen = dict(ctl._incarnations)
-        restarted = {b for b, kv in self.brokers().items()
-                     if b in seen and seen[b] != kv.create_revision}
+        incarnations = {b: kv.create_revision for b, kv in self.brokers().items()}
         _, before = self.queues()
         try:
             self.run(ctl.reconcile())
@@ -266,9 +264,11 @@ class ControlModel(RuleBasedStateMachine):
         assert held is not None and held.broker_id == c
         _, after = self.queues()
         for tq, old in before.items():
-            for b in restarted & set(old.isr):
-                # a restarted broker lost its memory: it is out of the ISR, or (the last
-                # member) leads again at a new epoch
+            for b in old.isr:
+                if incarnations.get(b, 0) < old.version:
+                    continue
+                # b restarted since it was put in the ISR: it lost its memory, so it is out
+                # of the ISR now, or (the last member) leads again at a new epoch
                 new = after[tq]
                 assert b not in new.isr or new.leader_epoch > old.leader_epoch, (b, old, new)
         self.settled = True

@@ -32,9 +32,13 @@ each queue's record should be with those brokers alive:
 
 It runs when the controller takes its seat (which also repairs what happened while there was
 none) and after every change of the ``brokers/`` or ``topics/`` keys seen by its watch. A broker
-that restarted between two reconciles (its key re-created: a new ``create_revision``, its
-incarnation) is first treated as gone, then as back: its in-memory state is new, so it leaves the
-ISR it was in (unless it was the last member: then it leads again, at a new epoch).
+that **restarted** is first treated as gone, then as back: its in-memory state is new, so it
+leaves the ISR it was in (unless it was the last member: then it leads again, at a new epoch).
+No memory of the controller is needed to tell: a leader or ISR member whose broker key was
+created (its incarnation, ``create_revision``) after the queue record was last written
+(``version``) was in the ISR as a former incarnation, since a leader adds a broker to the ISR
+only while it is registered (:func:`~ferrymq.cluster.isr.change_isr`). So a controller that
+takes over also sees restarts that happened while there was none.
 
 Writes race with the leaders' own ISR changes (:func:`~ferrymq.cluster.isr.change_isr`): when a
 queue's CAS fails, the controller re-reads that queue and decides again.
@@ -140,7 +144,6 @@ class Controller:
         """The controller epoch of the seat held (or last held)."""
         self.seat = 0
         """The controller key's mod revision while this broker holds it; 0 when it does not."""
-        self._incarnations: dict[int, int] = {}
         self.read_revision = 0
         """The store revision of the last reconcile's read."""
         self.renewed_at = 0.0
@@ -186,7 +189,6 @@ class Controller:
         if rev is None:
             return False
         self.seat, self.epoch = rev, epoch
-        self._incarnations = {}
         log.info("broker %d is the controller (epoch %d)", self.broker_id, epoch)
         return True
 
@@ -227,9 +229,6 @@ class Controller:
         if not self.seat:
             raise NotControllerError(f"broker {self.broker_id} is not the controller")
         brokers, topics, queues, self.read_revision = await self._read()
-        restarted = {b for b, inc in brokers.items()
-                     if b in self._incarnations and self._incarnations[b] != inc}
-        self._incarnations = brokers
         live = set(brokers)
         written = 0
         for (name, q), record in sorted(queues.items()):
@@ -238,7 +237,9 @@ class Controller:
                 continue
             unclean = is_unclean(topic)
             current: QueueRecord | None = record
-            if restarted & ({record.leader} | set(record.isr)):
+            restarted = {b for b in (record.leader, *record.isr)
+                         if brokers.get(b, 0) > record.version}
+            if restarted:
                 gone = live - restarted
                 current, n = await self._update(
                     name, q, record, partial(decide_leadership, live=gone, unclean=unclean))
