@@ -151,12 +151,14 @@ class ControlModel(RuleBasedStateMachine):
             assert old.leader == int(b), where + " by a broker that does not lead"
             assert set(new.isr) - set(old.isr) <= alive, where + ": a dead member added"
 
-    @initialize(brokers=st.sets(st.sampled_from(BROKERS), min_size=2),
+    @initialize(brokers=st.sets(st.sampled_from(BROKERS), min_size=2).filter(
+                    lambda bs: bool(bs & set(CONTROLLERS))),
                 queues=st.integers(1, 3), replicas=st.integers(1, 3), unclean=st.booleans())
     def cluster(self, brokers: set[int], queues: int, replicas: int, unclean: bool) -> None:
         for b in sorted(brokers):
             self.start_broker(b)
         self.create("a", queues, replicas, unclean, 0)
+        self.controller_runs(min(brokers & set(CONTROLLERS)))
 
     # --- brokers -------------------------------------------------------------------------------
 
@@ -328,10 +330,11 @@ class ControlModel(RuleBasedStateMachine):
             key = data.draw(st.sampled_from(keys))
             self.views[(b, *KEYS.parse_queue(key))] = QueueRecord.decode(self.store._kvs[key])
 
-    @rule(data=st.data(), grow=st.booleans(), reread=st.booleans())
-    def leader_changes_isr(self, data: st.DataObject, grow: bool, reread: bool) -> None:
-        """A leader (live or a zombie) changes the ISR by the record it last read (or reads
-        it first)."""
+    def _isr_change(self, data: st.DataObject, grow: bool, reread: bool, near: int | None = None,
+                    ) -> tuple[int, str, int, QueueRecord, list[int]] | None:
+        """An ISR change some leader would make by the record it last read (or reads first):
+        (leader, topic, queue, its view, the new ISR), or None. ``near``: preferably of a queue
+        whose view has that broker in the ISR."""
         if reread:
             for (b, topic, q) in list(self.views):
                 kv = self.store._kvs.get(KEYS.queue(topic, q))
@@ -342,29 +345,86 @@ class ControlModel(RuleBasedStateMachine):
                 if r.leader != NO_LEADER:
                     self.views[(r.leader, *KEYS.parse_queue(key))] = r
         mine = sorted((k, v) for k, v in self.views.items() if v.leader == k[0])
+        mine = [(k, v) for k, v in mine if near in v.isr] or mine
         if not mine:
-            return
+            return None
         (b, topic, q), view = data.draw(st.sampled_from(mine))
         if grow:
             outside = [r for r in view.replicas if r not in view.isr]
             if not outside:
-                return
-            new_isr = [*view.isr, data.draw(st.sampled_from(outside))]
+                return None
+            return b, topic, q, view, [*view.isr, data.draw(st.sampled_from(outside))]
+        followers = [r for r in view.isr if r != b]
+        if not followers:
+            return None
+        drop = data.draw(st.sampled_from(followers))
+        return b, topic, q, view, [r for r in view.isr if r != drop]
+
+    def _isr_changed(self, b: int, topic: str, q: int, written: QueueRecord | None) -> None:
+        event(f"leader ISR change: {'stale' if written is None else 'written'}")
+        if written is None:
+            del self.views[(b, topic, q)]  # the leader re-reads (and steps down if replaced)
         else:
-            followers = [r for r in view.isr if r != b]
-            if not followers:
-                return
-            drop = data.draw(st.sampled_from(followers))
-            new_isr = [r for r in view.isr if r != drop]
+            self.views[(b, topic, q)] = written
+
+    @rule(data=st.data(), grow=st.booleans(), reread=st.booleans())
+    def leader_changes_isr(self, data: st.DataObject, grow: bool, reread: bool) -> None:
+        """A leader (live or a zombie) changes the ISR by the record it last read (or reads
+        it first)."""
+        change = self._isr_change(data, grow, reread)
+        if change is None:
+            return
+        b, topic, q, view, new_isr = change
         current = self.store._kvs.get(KEYS.queue(topic, q))
         fresh = current is not None and current.mod_revision == view.version
         written = self.run(change_isr(self.leader_stores[b], KEYS, topic, q, view, new_isr))
-        event(f"leader ISR change: {'stale' if written is None else 'written'}")
-        if written is None:
-            del self.views[(b, topic, q)]
-        else:
-            assert fresh or written is view
-            self.views[(b, topic, q)] = written
+        assert written is None or fresh or written is view
+        self._isr_changed(b, topic, q, written)
+
+    @rule(c=st.sampled_from(CONTROLLERS), data=st.data(), grow=st.booleans(),
+          reread=st.booleans(), delay=st.integers(-3, 3),
+          kill=st.none() | st.sampled_from(BROKERS))
+    def controller_races_a_leader(self, c: int, data: st.DataObject, grow: bool, reread: bool,
+                                  delay: int, kill: int | None) -> None:
+        """A controller's reconcile and a leader's ISR change run at once, interleaved at every
+        store call (the leader starting ``delay`` yields later; < 0: the controller starting
+        ``-delay`` yields later), just after broker ``kill`` died
+        (so the controller has something to do)."""
+        ctl = self.controllers[c]
+        if kill is not None and kill != c:
+            self.kill_broker(kill)
+        change = self._isr_change(data, grow, reread, kill)
+        if change is None or not ctl.active:
+            return
+        b, topic, q, view, new_isr = change
+
+        async def leader() -> QueueRecord | None:
+            for _ in range(delay):
+                await asyncio.sleep(0)
+            return await change_isr(self.leader_stores[b], KEYS, topic, q, view, new_isr)
+
+        async def controller() -> bool:
+            for _ in range(-delay):
+                await asyncio.sleep(0)
+            try:
+                await ctl.reconcile()
+            except NotControllerError:
+                return False
+            return True
+
+        async def both() -> tuple[bool, QueueRecord | None]:
+            return await asyncio.gather(controller(), leader())
+
+        store = ctl.store
+        assert isinstance(store, Audited)
+        lost = store.failed_commits
+        served, written = self.run(both())
+        self._isr_changed(b, topic, q, written)
+        if served and store.failed_commits > lost:
+            event("controller decided again after losing a CAS to a leader")
+        if served:
+            self.settled = True
+            self.died_since_reconcile = set()
 
     # --- invariants ----------------------------------------------------------------------------
 
@@ -402,7 +462,7 @@ class ControlModel(RuleBasedStateMachine):
 
 
 ControlModel.TestCase.settings = settings(
-    max_examples=300,
+    max_examples=500,
     stateful_step_count=50,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
