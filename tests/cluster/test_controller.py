@@ -374,3 +374,27 @@ async def test_serving_survives_a_lost_watch_and_an_unreachable_store() -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+@sync
+async def test_concurrent_campaigns_elect_one_and_a_zombie_racing_the_new_controller_loses() -> None:
+    clock = FakeClock()
+    c = Cluster(YieldingStore(memory_store(clock)), clock)
+    await c.start(1, 2, 3)
+    await create_topic(c.memory, KEYS, "t", 3, 3, 1, {}, 0, start=0)
+    won = await asyncio.gather(*(ctl.campaign() for ctl in c.controllers.values()))
+    assert sorted(won) == [False, False, True]
+    zombie = next(ctl for ctl in c.controllers.values() if ctl.active)
+    assert zombie.epoch == 1
+    # the seat holder pauses past its lease; another takes the seat; a follower of every queue
+    # dies too; then the zombie wakes up and acts at the same time as the new controller
+    others = [b for b in (1, 2, 3) if b != zombie.broker_id]
+    await c.kill(zombie.broker_id)
+    new = c.controllers[others[0]]
+    assert await new.campaign() and new.epoch == 2
+    await c.kill(others[1])
+    results = await asyncio.gather(zombie.reconcile(), new.reconcile(), return_exceptions=True)
+    assert isinstance(results[0], NotControllerError) and results[1] == 3
+    assert not zombie.active and new.active
+    for q in (await c.queues()).values():
+        assert q.leader == others[0] and q.isr == [others[0]]
