@@ -30,12 +30,14 @@ queue's own epoch) to the sender, which alone changes them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ferrymq._time import Clock
+from ferrymq.client._cluster import Cluster
 from ferrymq.client._session import Session, TopicInfo
 from ferrymq.client.message import Message
 from ferrymq.client.partitioner import QueueSelector, RoundRobin, queue_for_key
@@ -98,6 +100,7 @@ class Accumulator:
 
     Args:
         session: the producer's session (topic metadata).
+        cluster: the leaders (learnt for a topic before its first batch is sent).
         wake: set when a buffer becomes ready (the sender waits on it).
         linger_s: how long a buffer of ``send_nowait`` messages waits for company.
         batch_max_bytes, batch_max_records: a batch's limits (a buffer this full is ready).
@@ -108,11 +111,12 @@ class Accumulator:
         clock: born timestamps (and scheduled messages' due times).
     """
 
-    def __init__(self, session: Session, wake: asyncio.Event, *, linger_s: float,
-                 batch_max_bytes: int, batch_max_records: int, max_buffer_bytes: int,
-                 selector: QueueSelector | None, sticky_queue_bytes: int, auto_create: bool,
-                 clock: Clock) -> None:
+    def __init__(self, session: Session, cluster: Cluster, wake: asyncio.Event, *,
+                 linger_s: float, batch_max_bytes: int, batch_max_records: int,
+                 max_buffer_bytes: int, selector: QueueSelector | None, sticky_queue_bytes: int,
+                 auto_create: bool, clock: Clock) -> None:
         self._session = session
+        self._cluster = cluster
         self._wake = wake
         self._linger_s = linger_s
         self.batch_max_bytes = batch_max_bytes
@@ -239,6 +243,8 @@ class Accumulator:
     async def _resolve(self, topic: str, immediate: bool) -> None:
         try:
             await self._session.topic(topic, auto_create=self._auto_create)
+            with contextlib.suppress(FerryMQError):  # else its batches wait for a refresh
+                await self._cluster.ensure(topic)
         except FerryMQError as exc:
             for _, unit in self.unresolved.pop(topic, []):
                 settle(unit, exc=exc)

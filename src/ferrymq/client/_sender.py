@@ -8,6 +8,14 @@ of every queue in PRODUCE requests of at most ``max_request_bytes``, writing eac
 is encoded, so the broker stores one while the next is encoded. A task per request awaits the
 answer and settles the messages' futures.
 
+Each batch goes to the leader of its queue (:meth:`ferrymq.client._cluster.Cluster.route`):
+one request per leader is filled at a time. A batch whose queue has no live leader known, or
+that a broker refused with NOT_LEADER, FENCED_LEADER_EPOCH or LEADER_NOT_AVAILABLE, or whose
+leader's connection was lost, asks for a metadata refresh and is retried like any retriable
+failure (so after the refresh it goes to the new leader). ``acks`` is sent with every request:
+``Acks.ALL`` (answered once every in-sync replica has the batch and the ISR has at least
+``min_insync`` members; else the retriable NOT_ENOUGH_REPLICAS) or ``Acks.LEADER``.
+
 Idempotence: the broker gives the producer an id; each batch carries the producer id, epoch and
 the queue's next sequence number, fixed when the batch is built. A batch that fails with a
 retriable error, a timeout or a dropped connection is sent again byte for byte after a backoff,
@@ -40,6 +48,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ferrymq.client._accumulator import Accumulator, QueueBuffer, Unit, settle
+from ferrymq.client._cluster import Cluster, means_stale_view
 from ferrymq.client._session import Session
 from ferrymq.client._transport import Transport
 from ferrymq.client.message import DURABILITY_BY_WIRE, Durability, SendResult, SendResults
@@ -48,6 +57,7 @@ from ferrymq.errors import (
     ConnectionClosedError,
     FerryMQError,
     FerryMQTimeoutError,
+    LeaderNotAvailableError,
     OutOfOrderSequenceError,
     UnknownTopicError,
     error_for_code,
@@ -105,7 +115,8 @@ class Sender:
     """Ships the accumulator's ready buffers and retries what failed.
 
     Args:
-        session: the producer's session.
+        session: the producer's bootstrap session (producer ids).
+        cluster: the leaders and their sessions (each batch goes to its queue's leader).
         acc: the accumulator it drains.
         wake: set when there may be work (a buffer ready, a retry due, an answer came).
         request_timeout_s: one request's deadline.
@@ -113,12 +124,16 @@ class Sender:
         idempotent: stamp producer id and sequence numbers.
         max_in_flight: batches of one queue on the wire at once.
         max_request_bytes: a PRODUCE request's size (a larger batch goes alone).
+        acks: ``Acks.ALL`` or ``Acks.LEADER``, sent with every request.
     """
 
-    def __init__(self, session: Session, acc: Accumulator, wake: asyncio.Event, *,
-                 request_timeout_s: float, delivery_timeout_s: float, idempotent: bool,
-                 max_in_flight: int, max_request_bytes: int) -> None:
+    def __init__(self, session: Session, cluster: Cluster, acc: Accumulator,
+                 wake: asyncio.Event, *, request_timeout_s: float, delivery_timeout_s: float,
+                 idempotent: bool, max_in_flight: int, max_request_bytes: int,
+                 acks: int = m.Acks.ALL) -> None:
         self._session = session
+        self._cluster = cluster
+        self._acks = acks
         self._acc = acc
         self._wake = wake
         self._request_timeout_s = request_timeout_s
@@ -167,15 +182,16 @@ class Sender:
             await self._wake.wait()
             self._wake.clear()
             now = loop.time()
-            req = _Request()
+            reqs: dict[Session, _Request] = {}  # one being filled per leader
             for bt in self._due_retries(now):
-                self._add_to_request(req, bt)
+                self._add_to_request(reqs, bt)
             for b in self._acc.buffers.values():
                 if b.ready and b.records and not b.retrying and not b.gap and len(b.outstanding) < (
                         1 if b.units[0].attrs & ATTR_DEDUP else self._max_in_flight):
-                    self._add_to_request(req, self._close_batch(b, now))
-            if req.batches:
-                self._ship(req.take())
+                    self._add_to_request(reqs, self._close_batch(b, now))
+            for session, req in reqs.items():
+                if req.batches:
+                    self._ship(session, req.take())
             if not self._pending_work():
                 self._idle.set()
 
@@ -222,59 +238,75 @@ class Sender:
         b.outstanding.append(bt)
         return bt
 
-    def _add_to_request(self, req: _Request, bt: Batch) -> None:
-        """Add ``bt`` to the request being filled; ship the request once it is full (a batch
-        that does not fit ships the request before it)."""
+    def _add_to_request(self, reqs: dict[Session, _Request], bt: Batch) -> None:
+        """Add ``bt`` to the request being filled for its queue's leader; ship the request
+        once it is full (a batch that does not fit ships the request before it). A batch whose
+        queue has no live leader known waits for a refresh as a retry."""
+        topic = bt.buf.topic.name
+        session = self._cluster.route(topic, bt.buf.queue)
+        if session is None:
+            self._cluster.refresh_soon((topic,))
+            self._retry_or_fail(bt, LeaderNotAvailableError(
+                f"{topic}/{bt.buf.queue}: no live leader known"))
+            return
+        req = reqs.get(session)
+        if req is None:
+            req = reqs[session] = _Request()
         n = len(bt.data)
         if req.batches and req.nbytes + n > self.max_request_bytes:
-            self._ship(req.take())
+            self._ship(session, req.take())
         req.batches.append(bt)
         req.nbytes += n
         if req.nbytes >= self.max_request_bytes:
-            self._ship(req.take())
+            self._ship(session, req.take())
 
     # -- requests ------------------------------------------------------------------------------
 
-    def _ship(self, batches: list[Batch]) -> None:
-        """Write a PRODUCE request of ``batches`` now if the connection is open (so the broker
-        works on it while the next is encoded); a task awaits the answer (or connects)."""
+    def _ship(self, session: Session, batches: list[Batch]) -> None:
+        """Write a PRODUCE request of ``batches`` to ``session`` (their leader's) now if its
+        connection is open (so the broker works on it while the next is encoded); a task
+        awaits the answer (or connects)."""
         req = m.ProduceRequest(
             int(self._request_timeout_s * 1000),
             [(bt.buf.topic.name, bt.buf.queue, bt.data) for bt in batches],
+            self._acks,
         )
         sent: tuple[Transport, asyncio.Future[bytes | memoryview]] | None = None
-        conn = self._session.open_connection
+        conn = session.open_connection
         if conn is not None:
             with contextlib.suppress(ConnectionClosedError):  # the task reconnects
                 sent = (conn, conn.send(req))
         self._in_flight_requests += 1
-        task = asyncio.get_running_loop().create_task(self._send_request(batches, req, sent))
+        task = asyncio.get_running_loop().create_task(
+            self._send_request(session, batches, req, sent))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     async def _send_request(
-        self, batches: list[Batch], req: m.ProduceRequest,
+        self, session: Session, batches: list[Batch], req: m.ProduceRequest,
         sent: tuple[Transport, asyncio.Future[bytes | memoryview]] | None,
     ) -> None:
         try:
             try:
                 if sent is None:  # not written yet: (re)connect first
-                    conn = await self._session.connection()
+                    conn = await session.connection()
                     sent = (conn, conn.send(req))
                 conn, fut = sent
                 resp = await conn.response(fut, req, m.ProduceResponse, self._request_timeout_s)
-            except (ConnectionClosedError, FerryMQTimeoutError) as exc:
-                for bt in batches:
-                    self._retry_or_fail(bt, exc)
-                return
-            except BrokerError as exc:
+            except (ConnectionClosedError, FerryMQTimeoutError, BrokerError) as exc:
+                if means_stale_view(exc) or isinstance(exc, FerryMQTimeoutError):
+                    # a lost or silent leader: maybe a failover (the refresh says)
+                    self._cluster.refresh_soon({bt.buf.topic.name for bt in batches})
                 for bt in batches:
                     self._retry_or_fail(bt, exc)
                 return
             for bt, res in zip(batches, resp.results, strict=False):
                 _t, _q, code, msg, base, _last, _ts, durability, topic_id, dups = res
                 if code:
-                    self._retry_or_fail(bt, error_for_code(code, msg))
+                    err = error_for_code(code, msg)
+                    if means_stale_view(err):
+                        self._cluster.refresh_soon((bt.buf.topic.name,))
+                    self._retry_or_fail(bt, err)
                     continue
                 self._complete(bt, base, DURABILITY_BY_WIRE.get(durability, Durability.NONE),
                                topic_id, dups)
@@ -312,6 +344,7 @@ class Sender:
 
         if isinstance(exc, UnknownTopicError):
             self._session.topics.pop(bt.buf.topic.name, None)
+            self._cluster.refresh_soon((bt.buf.topic.name,))
         bt.attempts += 1
         bt.last_error = exc
         b = bt.buf

@@ -165,6 +165,18 @@ class Session:
         self.topics: dict[str, TopicInfo] = {}
         self.reconnects = 0
 
+    def for_broker(self, host: str, port: int) -> Session:
+        """A new session to the one broker at ``host:port`` with this session's options
+        (credentials, TLS, timeouts, backoff), except that a lost connection is given up
+        after ``connect_timeout_s`` instead of ``reconnect_timeout_s``: a cluster client
+        whose leader is gone asks the others who leads now rather than wait for it
+        (:mod:`ferrymq.client._cluster`)."""
+        return Session([f"{host}:{port}"], client_id=self.client_id,
+                       connect_timeout_s=self.connect_timeout_s,
+                       request_timeout_s=self.request_timeout_s,
+                       reconnect_timeout_s=self.connect_timeout_s, keepalive_s=self.keepalive_s,
+                       backoff=self.backoff, auth=self._auth, tls=self._tls)
+
     @property
     def closed(self) -> bool:
         """True after :meth:`close`."""

@@ -198,9 +198,13 @@ class Durability(enum.Enum):
     """Written to the OS (survives a broker crash, not a power loss)."""
     FSYNCED = "fsynced"
     """On disk (survives a power loss)."""
+    REPLICATED = "replicated"
+    """On every in-sync replica of its queue, at least ``min_insync`` of them (``acks="all"``
+    on a cluster; fsynced on each with ``--flush sync``): survives the loss of a broker."""
 
 
-DURABILITY_BY_WIRE = {0: Durability.NONE, 1: Durability.WRITTEN, 2: Durability.FSYNCED}
+DURABILITY_BY_WIRE = {0: Durability.NONE, 1: Durability.WRITTEN, 2: Durability.FSYNCED,
+                      3: Durability.REPLICATED}
 
 
 class SendResult:

@@ -19,6 +19,11 @@ The producer is split as aiokafka's and Kafka's are; each part says more in its 
   ``transactional_id`` (docs/exactly-once.md): INIT_TXN at ``start()``, ``begin()``,
   ``send_offsets()``, ``commit()``/``abort()`` and ``stage()`` for the Spark sink.
 
+* :mod:`ferrymq.client._cluster` knows who leads each queue: the sender sends each queue's
+  batches to its leader, and after NOT_LEADER, FENCED_LEADER_EPOCH, LEADER_NOT_AVAILABLE or a
+  lost leader it refreshes the leaders and retries there (same bytes, same sequence numbers).
+  A single broker is a cluster of one: the one connection is used for everything.
+
 This module holds the facade: options, lifecycle (``start``, ``flush``, ``close``) and the
 ``send*`` calls, whose hot path is one accumulator call per message.
 """
@@ -32,6 +37,7 @@ from typing import Any, NamedTuple
 
 from ferrymq._time import SYSTEM_CLOCK, Clock
 from ferrymq.client._accumulator import Accumulator, Unit
+from ferrymq.client._cluster import Cluster
 from ferrymq.client._sender import Sender
 from ferrymq.client._session import Auth, Session, TLSOption
 from ferrymq.client._txn_manager import TxnManager
@@ -54,6 +60,19 @@ MAX_IN_FLIGHT_PER_QUEUE = 5
 """The broker remembers this many batches per producer and queue (its PRODUCER_BATCHES_CACHED)
 to answer retries of them: more in flight could make a retry look like a gap."""
 REQUEST_OVERHEAD_BYTES = 64 * 1024
+ACKS = {"all": m.Acks.ALL, "leader": m.Acks.LEADER}
+"""The producer's ``acks`` choices and what is sent for each."""
+
+
+def check_acks(acks: object) -> int:
+    """The wire value of the ``acks=`` option.
+
+    Raises:
+        ConfigError: not one of the choices.
+    """
+    if not isinstance(acks, str) or acks not in ACKS:
+        raise ConfigError(f"acks must be one of {', '.join(map(repr, ACKS))}, not {acks!r}")
+    return ACKS[acks]
 
 
 class StagedHandle(NamedTuple):
@@ -66,10 +85,21 @@ class StagedHandle(NamedTuple):
 
 
 class AsyncProducer:
-    """Sends messages to a FerryMQ broker (asyncio).
+    """Sends messages to a FerryMQ broker or cluster (asyncio).
 
     Args:
-        servers: ``"host:port"`` (or several, comma separated).
+        servers: ``"host:port"``, or a bootstrap list (``"h1:9876,h2:9876,h3:9876"``): the
+            producer learns from any of them which broker leads each queue and sends each
+            queue's messages to its leader; on a failover it finds the new leader by itself
+            within ``delivery_timeout_s``.
+        acks: when a send is answered. ``"all"`` (the default): once every in-sync replica of
+            the queue has the message (fsynced on each, with a broker in ``--flush sync``)
+            and the in-sync replicas are at least the topic's ``min_insync``; otherwise the
+            broker answers ``NotEnoughReplicasError``, retried until ``delivery_timeout_s``.
+            ``"leader"``: once the leader alone has it: faster, but **a message acknowledged
+            this way can be lost** if the leader fails before a follower copied it. On a single
+            broker both mean the same. ``SendResult.durability`` says what was reached
+            (``Durability.REPLICATED`` for acks="all" on a replicated queue).
         client_id: shown in the broker's logs and group listings.
         linger_ms: how long ``send_async``/``send_oneway`` messages wait for company.
         batch_max_bytes: close a batch at this size.
@@ -111,6 +141,7 @@ class AsyncProducer:
         servers: str | list[str] = "127.0.0.1:9876",
         *,
         client_id: str = "ferrymq-producer",
+        acks: str = "all",
         linger_ms: float = DEFAULT_LINGER_MS,
         batch_max_bytes: int = DEFAULT_BATCH_MAX_BYTES,
         batch_max_records: int = DEFAULT_BATCH_MAX_RECORDS,
@@ -131,6 +162,7 @@ class AsyncProducer:
         auth: Auth | None = None,
         tls: TLSOption = None,
     ) -> None:
+        wire_acks = check_acks(acks)
         if transactional_id is not None and not transactional_id:
             raise ConfigError("transactional_id must not be empty")
         if txn_timeout_s is not None and txn_timeout_s <= 0:
@@ -153,17 +185,21 @@ class AsyncProducer:
         self._delivery_timeout_s = delivery_timeout_s
         self._idempotent = idempotent or transactional_id is not None
         self._request_bytes = max_request_bytes
+        self._cluster = Cluster(self._session)
         wake = asyncio.Event()  # the sender's: a buffer is ready, a retry is due, an answer came
+        self._cluster.on_refresh(wake.set)
         self._accumulator = Accumulator(
-            self._session, wake, linger_s=linger_ms / 1000, batch_max_bytes=batch_max_bytes,
+            self._session, self._cluster, wake, linger_s=linger_ms / 1000, batch_max_bytes=batch_max_bytes,
             batch_max_records=batch_max_records, max_buffer_bytes=max_buffer_bytes,
             selector=queue_selector, sticky_queue_bytes=sticky_queue_bytes,
             auto_create=auto_create_topics, clock=clock)
         self._sender = Sender(
-            self._session, self._accumulator, wake, request_timeout_s=request_timeout_s,
-            delivery_timeout_s=delivery_timeout_s, idempotent=self._idempotent,
+            self._session, self._cluster, self._accumulator, wake,
+            request_timeout_s=request_timeout_s, delivery_timeout_s=delivery_timeout_s,
+            idempotent=self._idempotent,
             max_in_flight=max_in_flight_per_queue if self._idempotent else 1,
-            max_request_bytes=min(max_request_bytes, 8 * 1024 * 1024 - REQUEST_OVERHEAD_BYTES))
+            max_request_bytes=min(max_request_bytes, 8 * 1024 * 1024 - REQUEST_OVERHEAD_BYTES),
+            acks=wire_acks)
         self._txn: TxnManager | None = None
         if transactional_id is not None:
             self._txn = TxnManager(self._session, self._accumulator, self._sender,
@@ -227,6 +263,7 @@ class AsyncProducer:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._sender_task
         self._sender.fail_everything(ClientError("producer closed"))
+        await self._cluster.close()
         await self._session.close()
 
     # -- transactions --------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from ferrymq.client._accumulator import Accumulator, QueueBuffer, Unit
+from ferrymq.client._cluster import Cluster
 from ferrymq.client._sender import Batch, Sender
 from ferrymq.client._session import Session, TopicInfo
 from ferrymq.client._txn_manager import IN_TXN, TxnManager
@@ -44,7 +45,7 @@ def _parts(**options: Any) -> tuple[Session, Accumulator, asyncio.Event]:
         "auto_create": False, "clock": FakeClock(),
     }
     settings.update(options)
-    return session, Accumulator(session, wake, **settings), wake
+    return session, Accumulator(session, Cluster(session), wake, **settings), wake
 
 
 def _run(coro: Any) -> Any:
@@ -234,8 +235,9 @@ def test_a_closed_accumulator_refuses_sends() -> None:
 
 def _sender(acc: Accumulator, session: Session, wake: asyncio.Event, *,
             idempotent: bool = True) -> Sender:
-    return Sender(session, acc, wake, request_timeout_s=5.0, delivery_timeout_s=60.0,
-                  idempotent=idempotent, max_in_flight=4, max_request_bytes=1 << 20)
+    return Sender(session, Cluster(session), acc, wake, request_timeout_s=5.0,
+                  delivery_timeout_s=60.0, idempotent=idempotent, max_in_flight=4,
+                  max_request_bytes=1 << 20)
 
 
 def test_batches_carry_the_queues_next_sequence() -> None:

@@ -1,0 +1,220 @@
+"""A client's view of the cluster: who leads each queue, and one session per broker.
+
+Theory of operation
+-------------------
+A client is given a bootstrap list (``"h1:9876,h2:9876,h3:9876"``), and its bootstrap
+:class:`~ferrymq.client._session.Session` connects to one of them. :class:`Cluster` asks a
+broker for CLUSTER_METADATA (the live brokers with their addresses and, per queue, the leader and
+its epoch; :mod:`ferrymq.client._leaders` keeps the answers) and hands out the session to use
+for a queue: :meth:`Cluster.route`. The producer sends each queue's batches, and the consumer
+each queue's fetches, through the session of the queue's leader.
+
+One session per broker id. The bootstrap session counts as the session of the broker it is
+connected to (the broker id its HELLO answer gave), so a client of a single broker, which
+answers as a cluster of one, keeps its one connection and routing costs two dict look-ups per
+batch. Other brokers get a session of their own (:meth:`Session.for_broker`), made when a queue
+is first routed to them; such a session gives up a lost connection after ``connect_timeout_s``,
+since a leader that is gone is replaced by a refresh, not waited for.
+
+Refreshes happen on demand: when a topic is first used (:meth:`Cluster.ensure`), and when a
+request failed in a way that says the view is stale (NOT_LEADER, FENCED_LEADER_EPOCH,
+LEADER_NOT_AVAILABLE, a lost connection to a leader: :meth:`Cluster.refresh_soon`). Concurrent
+refreshes coalesce into one request, and refreshes are at least ``MIN_REFRESH_INTERVAL_S``
+apart, so a burst of NOT_LEADER answers after a failover costs one metadata request, not one per
+batch. The answer is asked of any live broker: the bootstrap session if it is connected, else a
+broker session that is, else the bootstrap session, which connects to one of the bootstrap list.
+
+Requests that are not per queue (INIT_PRODUCER, group membership and offsets, transactions,
+admin) stay on the bootstrap session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Iterable
+
+from ferrymq.client._leaders import Leaders
+from ferrymq.client._session import Session
+from ferrymq.errors import (
+    ConnectionClosedError,
+    FencedLeaderEpochError,
+    FerryMQError,
+    FerryMQTimeoutError,
+    LeaderNotAvailableError,
+    NotLeaderError,
+)
+from ferrymq.protocol import messages as m
+
+log = logging.getLogger("ferrymq.client")
+
+MIN_REFRESH_INTERVAL_S = 0.1
+"""Least time between two metadata refreshes (Kafka's ``retry.backoff.ms``): leaders move
+rarely, and a burst of NOT_LEADER answers must not become a burst of metadata requests."""
+
+STALE_VIEW_ERRORS = (NotLeaderError, FencedLeaderEpochError, LeaderNotAvailableError,
+                     ConnectionClosedError)
+"""Errors of a per-queue request that say the client's view of the leaders may be stale."""
+
+
+def means_stale_view(exc: BaseException) -> bool:
+    """Whether ``exc`` (a per-queue request's failure) calls for a metadata refresh."""
+    return isinstance(exc, STALE_VIEW_ERRORS)
+
+
+class Cluster:
+    """Leaders and broker sessions of a client (see the module docstring).
+
+    Args:
+        bootstrap: the client's session over the bootstrap list (owned by the client: it
+            closes it; :meth:`close` closes only the broker sessions made here).
+        min_refresh_interval_s: least time between two refreshes.
+    """
+
+    def __init__(self, bootstrap: Session, *,
+                 min_refresh_interval_s: float = MIN_REFRESH_INTERVAL_S) -> None:
+        self.bootstrap = bootstrap
+        self.leaders = Leaders()
+        self.sessions: dict[int, Session] = {}
+        """Sessions to brokers other than the bootstrap session's, by broker id."""
+        self._min_interval_s = min_refresh_interval_s
+        self._wanted: set[str] = set()  # topics to describe (the ones this client uses)
+        self._refresh: asyncio.Task[None] | None = None
+        self._again = False  # a refresh was asked for while one was in flight
+        self._last_refresh = float("-inf")
+        self._listeners: list[Callable[[], None]] = []
+        self.refreshes = 0
+        """Metadata answers received (tests and diagnostics)."""
+        self._closed = False
+
+    # -- routing (the hot path) ----------------------------------------------------------------
+
+    def route(self, topic: str, queue: int) -> Session | None:
+        """The session to the leader of ``queue`` of ``topic`` (None: no live leader known;
+        call :meth:`refresh_soon`)."""
+        leader = self.leaders.leader(topic, queue)
+        if leader is None:
+            return None
+        boot = self.bootstrap
+        hello = boot.hello
+        if hello is not None and hello.broker_id == leader:
+            return boot
+        s = self.sessions.get(leader)
+        if s is None:
+            s = self._session_for(leader)
+        return s
+
+    def _session_for(self, broker_id: int) -> Session:
+        host, port = self.leaders.brokers[broker_id]
+        s = self.bootstrap.for_broker(host, port)
+        self.sessions[broker_id] = s
+        return s
+
+    def _drop_moved_sessions(self) -> None:
+        """Close sessions of brokers that left or now have another address."""
+        for bid, s in list(self.sessions.items()):
+            addr = self.leaders.brokers.get(bid)
+            if addr is None or [addr] != s.addresses:
+                del self.sessions[bid]
+                task = asyncio.get_running_loop().create_task(s.close())
+                task.add_done_callback(_ignore_result)
+
+    # -- refreshing ----------------------------------------------------------------------------
+
+    def on_refresh(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` after every refresh (a producer's sender wakes up on it)."""
+        self._listeners.append(callback)
+
+    async def ensure(self, topic: str) -> None:
+        """Know the leaders of ``topic``'s queues (one refresh if it is new to this client).
+
+        Raises:
+            FerryMQError: no broker answered within the request timeout.
+        """
+        if self.leaders.knows(topic):
+            return
+        self._wanted.add(topic)
+        await self.refresh()
+        if not self.leaders.knows(topic):  # the in-flight refresh did not ask for it
+            await self.refresh()
+
+    def refresh_soon(self, topics: Iterable[str] = ()) -> None:
+        """Ask for a refresh without waiting for it (coalesced with one in flight)."""
+        self._wanted.update(topics)
+        if self._closed:
+            return
+        if self._refresh is not None and not self._refresh.done():
+            self._again = True
+            return
+        self._refresh = asyncio.get_running_loop().create_task(self._run_refresh())
+        self._refresh.add_done_callback(_ignore_result)
+
+    async def refresh(self) -> None:
+        """Refresh now (or join the refresh in flight, then run one more if others asked
+        meanwhile) and wait for it.
+
+        Raises:
+            FerryMQError: no broker answered within the request timeout.
+        """
+        if self._refresh is None or self._refresh.done():
+            self._refresh = asyncio.get_running_loop().create_task(self._run_refresh())
+            self._refresh.add_done_callback(_ignore_result)
+        await asyncio.shield(self._refresh)
+
+    async def _run_refresh(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            self._again = False
+            wait = self._last_refresh + self._min_interval_s - loop.time()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            try:
+                resp = await self._ask()
+            finally:
+                self._last_refresh = loop.time()
+            moved = self.leaders.update(resp)
+            self.refreshes += 1
+            if moved:
+                log.info("leaders moved: %s", ", ".join(
+                    f"{t}/{q} -> broker {self.leaders.leader(t, q)}" for t, q in moved[:10]))
+            self._drop_moved_sessions()
+            for cb in self._listeners:
+                cb()
+            if not self._again or self._closed:
+                return
+
+    async def _ask(self) -> m.ClusterMetadataResponse:
+        """CLUSTER_METADATA from any live broker (see the module docstring)."""
+        req = m.ClusterMetadataRequest(sorted(self._wanted))
+        boot = self.bootstrap
+        candidates = [s for s in self.sessions.values() if s.open_connection is not None]
+        if boot.open_connection is not None:
+            candidates.insert(0, boot)
+        last: FerryMQError | None = None
+        for s in candidates:
+            try:
+                return await s.request(req, m.ClusterMetadataResponse, retry=False)
+            except (ConnectionClosedError, FerryMQTimeoutError) as exc:
+                last = exc
+        try:
+            return await boot.request(req, m.ClusterMetadataResponse)
+        except FerryMQError as exc:
+            raise exc from last
+
+    async def close(self) -> None:
+        """Stop refreshing; close the broker sessions (not the bootstrap one)."""
+        self._closed = True
+        if self._refresh is not None:
+            self._refresh.cancel()
+            with contextlib.suppress(BaseException):
+                await self._refresh
+        for s in self.sessions.values():
+            await s.close()
+        self.sessions.clear()
+
+
+def _ignore_result(task: asyncio.Task[None]) -> None:
+    """Done callback of a background task: its failure was logged or will be retried."""
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.debug("metadata refresh failed: %s", exc)
