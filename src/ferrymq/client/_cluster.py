@@ -34,6 +34,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 from ferrymq.client._leaders import Leaders
 from ferrymq.client._session import Session
@@ -48,6 +49,7 @@ from ferrymq.errors import (
 from ferrymq.protocol import messages as m
 
 log = logging.getLogger("ferrymq.client")
+T = TypeVar("T", bound=tuple[Any, ...])  # (topic, queue, ...)
 
 MIN_REFRESH_INTERVAL_S = 0.1
 """Least time between two metadata refreshes (Kafka's ``retry.backoff.ms``): leaders move
@@ -104,6 +106,32 @@ class Cluster:
         if s is None:
             s = self._session_for(leader)
         return s
+
+    def split(self, items: Iterable[T]) -> tuple[dict[Session, list[T]], list[T]]:
+        """``items`` (each starting with topic and queue) grouped by their leader's session,
+        and those whose queue has no live leader known."""
+        groups: dict[Session, list[T]] = {}
+        unrouted: list[T] = []
+        for item in items:
+            s = self.route(item[0], item[1])
+            if s is None:
+                unrouted.append(item)
+            else:
+                groups.setdefault(s, []).append(item)
+        return groups, unrouted
+
+    async def split_routed(self, items: Iterable[T]) -> tuple[dict[Session, list[T]], list[T]]:
+        """As :meth:`split`, after one refresh if some had no live leader known (a refresh
+        that fails leaves them unrouted)."""
+        groups, unrouted = self.split(items)
+        if unrouted:
+            self._wanted.update(str(item[0]) for item in unrouted)
+            with contextlib.suppress(FerryMQError):
+                await self.refresh()
+            more, unrouted = self.split(unrouted)
+            for s, some in more.items():
+                groups.setdefault(s, []).extend(some)
+        return groups, unrouted
 
     def _session_for(self, broker_id: int) -> Session:
         host, port = self.leaders.brokers[broker_id]

@@ -35,6 +35,15 @@ after an OFFSET_OUT_OF_RANGE (retention deleted the data under a committed offse
 A seek drops what was buffered for that queue; results of a fetch started before the seek are
 ignored for it (a per-queue epoch).
 
+On a cluster each queue is read from its leader (:mod:`ferrymq.client._cluster`): a fetch is
+one FETCH per leader, sent together; when some answer brings messages the others are not
+waited for (their queues are fetched again, from the same offsets). A queue answered with
+NOT_LEADER, FENCED_LEADER_EPOCH or LEADER_NOT_AVAILABLE, or whose leader's connection was lost,
+makes the leaders be refreshed and is fetched again from the same offset. Log-end and time look-ups
+(LIST_OFFSETS) go to the leaders too. Group membership and committed offsets stay on the
+bootstrap connection (one broker is the group coordinator today; a cluster-wide coordinator is
+a later step of issue 20). A single broker is a cluster of one: one connection, one FETCH.
+
 Where each part lives: this module is the public :class:`AsyncPullConsumer` (subscriptions and
 assignments, positions, commits and seeks, the poll loop and its FETCH requests); the buffer of
 fetched messages and each queue's offsets are :mod:`ferrymq.client._pull_buffer` (no I/O); the
@@ -49,6 +58,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 
+from ferrymq.client._cluster import Cluster, means_stale_view
 from ferrymq.client._missing_topics import MissingTopics
 from ferrymq.client._pull_buffer import FetchBuffer, QueueState
 from ferrymq.client._pull_buffer import TopicQueue as TopicQueue  # re-exported: its old home
@@ -63,6 +73,7 @@ from ferrymq.errors import (
     FerryMQError,
     FerryMQTimeoutError,
     IllegalGenerationError,
+    LeaderNotAvailableError,
     RebalanceInProgressError,
     UnknownMemberError,
     error_for_code,
@@ -93,7 +104,8 @@ class AsyncPullConsumer:
     the last batch when stopping cleanly, or that batch is read again).
 
     Args:
-        servers: ``"host:port"`` (or several, comma separated).
+        servers: ``"host:port"``, or a bootstrap list (``"h1:9876,h2:9876,h3:9876"``): each
+            queue is read from its leader, found again by itself after a failover.
         group: the consumer group (offsets are committed per group).
         client_id: shown in group listings.
         auto_commit: commit finished positions every ``auto_commit_interval_s`` (checked in
@@ -157,6 +169,7 @@ class AsyncPullConsumer:
                                 connect_timeout_s=connect_timeout_s,
                                 reconnect_timeout_s=reconnect_timeout_s,
                                 auth=auth, tls=tls)
+        self._cluster = Cluster(self._session)
         self._require_topic = require_topic
         self._missing = MissingTopics(self._session)
         self._auto_commit = auto_commit
@@ -310,19 +323,61 @@ class AsyncPullConsumer:
     async def _reset_to(self, queues: list[TopicQueue], spec: int) -> None:
         if not queues:
             return
-        resp = await self._session.request(
-            m.ListOffsetsRequest([(t, q, spec) for t, q in queues], self._isolation),
-            m.ListOffsetsResponse
-        )
-        for t, q, code, off in resp.results:
-            if code:
-                raise error_for_code(code, f"list offsets of {t}/{q}")
+        for t, q, off in await self._list_offsets(queues, spec):
             st = self._queues.get((t, q))
             if st is not None:
                 st.position = st.fetch_position = st.finished = off
                 st.epoch += 1
         wanted = set(queues)
         self._buffer.drop(self._queues, wanted.__contains__)
+
+    async def _list_offsets(self, queues: list[TopicQueue], spec: int
+                            ) -> list[tuple[str, int, int]]:
+        """LIST_OFFSETS of ``queues`` at ``spec``, asked of each queue's leader; a queue whose
+        leader moved is asked again of the new one within the request timeout.
+
+        Raises:
+            BrokerError subclass: refused; LeaderNotAvailableError once the request timeout
+                passed without a live leader.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._session.request_timeout_s
+        todo = [(t, q, spec) for t, q in queues]
+        out: list[tuple[str, int, int]] = []
+        attempt = 0
+        while todo:
+            groups, unrouted = await self._cluster.split_routed(todo)
+            todo = list(unrouted)
+            last: BaseException = LeaderNotAvailableError(
+                f"list offsets: no live leader of {', '.join(f'{t}/{q}' for t, q, _ in todo)}")
+            for session, entries in groups.items():
+                try:
+                    resp = await session.request(
+                        m.ListOffsetsRequest(entries, self._isolation), m.ListOffsetsResponse)
+                except ConnectionClosedError as exc:
+                    if session is self._session:
+                        raise
+                    self._cluster.refresh_soon(t for t, _, _ in entries)
+                    todo += entries
+                    last = exc
+                    continue
+                for t, q, code, off in resp.results:
+                    if not code:
+                        out.append((t, q, off))
+                        continue
+                    err = error_for_code(code, f"list offsets of {t}/{q}")
+                    if not means_stale_view(err):
+                        raise err
+                    self._cluster.refresh_soon((t,))
+                    todo.append((t, q, spec))
+                    last = err
+            if todo:
+                attempt += 1
+                wait = self._session.backoff.delay(attempt)
+                if loop.time() + wait >= deadline:
+                    raise last
+                await asyncio.sleep(wait)
+        return out
 
     def position(self) -> dict[TopicQueue, int]:
         """Next offset to be returned, per assigned queue (resolved ones)."""
@@ -480,7 +535,7 @@ class AsyncPullConsumer:
         return out
 
     async def _do_fetch(self, wait_s: float) -> None:
-        entries = []
+        entries: list[m.FetchEntry] = []
         epochs = {}
         for (topic, queue), st in self._queues.items():
             if st.fetch_position is None:
@@ -490,13 +545,48 @@ class AsyncPullConsumer:
             epochs[(topic, queue)] = st.epoch
         if not entries:
             return
+        groups, unrouted = self._cluster.split(entries)
+        if unrouted:
+            groups, unrouted = await self._cluster.split_routed(entries)
+            if not groups:  # no queue has a live leader now: a failover is under way
+                await asyncio.sleep(self._session.backoff.delay(1))
+                return
+        if len(groups) == 1:  # one broker (or all the queues led by one): one FETCH
+            [(session, some)] = groups.items()
+            await self._fetch_from(session, some, wait_s, epochs)
+            return
+        tasks = [asyncio.ensure_future(self._fetch_from(s, some, wait_s, epochs))
+                 for s, some in groups.items()]
+        try:
+            # as soon as one leader's answer brought messages, the others are not waited for
+            # (their queues are fetched again from the same offsets)
+            pending: set[asyncio.Future[None]] = set(tasks)
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for t in done:
+                    t.result()
+                if self._buffer:
+                    break
+        finally:
+            for t in tasks:
+                if not t.done():
+                    t.cancel()
+            for t in tasks:
+                with contextlib.suppress(BaseException):
+                    await t
+
+    async def _fetch_from(self, session: Session, entries: list[m.FetchEntry], wait_s: float,
+                          epochs: dict[TopicQueue, int]) -> None:
+        """One FETCH of ``entries`` from their leader's ``session``; its messages go into the
+        buffer (of queues neither sought nor reassigned meanwhile: ``epochs``)."""
         req = m.FetchRequest(int(wait_s * 1000), 1, self._fetch_max_bytes, entries,
                              self._isolation)
         try:
-            resp = await self._session.request(req, m.FetchResponse,
-                                               timeout_s=wait_s + self._session.request_timeout_s)
+            resp = await session.request(req, m.FetchResponse,
+                                         timeout_s=wait_s + session.request_timeout_s)
         except ConnectionClosedError:
-            await asyncio.sleep(self._session.backoff.delay(1))
+            self._cluster.refresh_soon({e[0] for e in entries})
+            await asyncio.sleep(session.backoff.delay(1))
             raise
         reset: list[TopicQueue] = []
         aborted = {(t, q): ab for t, q, _lso, ab in resp.txn if ab}
@@ -510,6 +600,9 @@ class AsyncPullConsumer:
                     reset.append((topic, queue))
                     continue
                 err = error_for_code(code, msg)
+                if means_stale_view(err):  # the leader moved: fetch again from the same offset
+                    self._cluster.refresh_soon((topic,))
+                    continue
                 if isinstance(err, BrokerError) and err.retriable:
                     continue
                 raise err
@@ -562,6 +655,7 @@ class AsyncPullConsumer:
                     t.cancel()
                     with contextlib.suppress(BaseException):
                         await t
+            await self._cluster.close()
             await self._session.close()
 
 
