@@ -8,7 +8,8 @@ Each command parses its arguments, makes one or a few calls on the synchronous c
 :class:`~ferrymq.client.sync.PullConsumer`) and hands the result to
 :class:`~ferrymq.admin.output.Printer`. Nothing here decides anything the clients or the broker
 decide already. The commands live in one module per group: :mod:`~ferrymq.admin.cli_topics`
-(``topic``), :mod:`~ferrymq.admin.cli_produce_consume` (``produce``, ``consume``),
+(``topic``), :mod:`~ferrymq.admin.cli_cluster` (``cluster``),
+:mod:`~ferrymq.admin.cli_produce_consume` (``produce``, ``consume``),
 :mod:`~ferrymq.admin.cli_groups` (``group``), :mod:`~ferrymq.admin.cli_users` (``user``,
 ``whoami``), :mod:`~ferrymq.admin.cli_delivery` (``message``, ``dlq``) and
 :mod:`~ferrymq.admin.bench` (``bench``); what they share is :mod:`~ferrymq.admin.cli_state` (the
@@ -41,6 +42,7 @@ import click
 from ferrymq._connect import client_tls_context
 from ferrymq._hints import for_cli
 from ferrymq.admin.bench import bench
+from ferrymq.admin.cli_cluster import cluster
 from ferrymq.admin.cli_delivery import dlq, message
 from ferrymq.admin.cli_groups import group
 from ferrymq.admin.cli_params import KEY_VALUE, KeyValueType, Position, PositionType, parse_time_ms
@@ -203,7 +205,7 @@ def broker(host: str | None, port: int | None, data_dir: str | None, config_file
     run(config, Faults.from_env(os.environ))  # tests' fault hooks; none in production
 
 
-for command in (topic, produce, consume, group, user, whoami, message, dlq, bench):
+for command in (topic, cluster, produce, consume, group, user, whoami, message, dlq, bench):
     cli.add_command(command)
 
 

@@ -16,13 +16,11 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 
-from ferrymq.admin.cli_state import CliState, CommandError
-from ferrymq.admin.output import Printer
+from ferrymq.admin.cli_state import CliState, CommandError, json_option
 from ferrymq.client.sync import AdminClient
 from ferrymq.protocol import messages as m
 
@@ -34,8 +32,6 @@ DEFAULT_FIND_LIMIT = 32
 """``message find``: messages shown unless ``--limit``."""
 DEFAULT_DLQ_LIST_LIMIT = 100
 """``dlq list``: dead letters shown unless ``--limit``."""
-
-F = TypeVar("F", bound=Callable[..., Any])
 
 
 class MessageIdType(click.ParamType[str]):
@@ -53,16 +49,6 @@ class MessageIdType(click.ParamType[str]):
 
 
 MSG_ID = MessageIdType()
-
-
-def _printer(state: CliState, json_flag: bool) -> Printer:
-    return Printer(True) if json_flag and not state.json else state.printer
-
-
-def json_option(f: F) -> F:
-    """``--json`` after the command too (same as the global ``ferrymq --json``)."""
-    return click.option("--json", "json_flag", is_flag=True,
-                        help="Print JSON (same as the global --json).")(f)
 
 
 # -- message -------------------------------------------------------------------------------------
@@ -87,7 +73,7 @@ def message_status(state: CliState, msg_id: str, json_flag: bool) -> None:
     """
     with state.admin() as admin:
         resp = admin.message_status(msg_id)
-    _printer(state, json_flag).message_status(msg_id, resp)
+    state.printer_with(json_flag).message_status(msg_id, resp)
 
 
 @message.command("show")
@@ -98,7 +84,7 @@ def message_show(state: CliState, msg_id: str, json_flag: bool) -> None:
     """Print the message MSG_ID: its fields, then its body."""
     with state.admin() as admin:
         msg = admin.get_message(msg_id)
-    _printer(state, json_flag).message(msg)
+    state.printer_with(json_flag).message(msg)
 
 
 @message.command("cancel")
@@ -113,7 +99,7 @@ def message_cancel(state: CliState, msg_id: str, json_flag: bool) -> None:
     """
     with state.admin() as admin:
         admin.cancel_scheduled(msg_id)
-    _printer(state, json_flag).cancelled(msg_id)
+    state.printer_with(json_flag).cancelled(msg_id)
 
 
 @message.command("find")
@@ -134,7 +120,7 @@ def message_find(state: CliState, topic_name: str, key: str, limit: int, json_fl
         raise click.BadParameter("must be a non-empty key without NUL", param_hint="--key")
     with state.admin() as admin:
         resp = admin.find_by_key(topic_name, key, limit)
-    _printer(state, json_flag).found_by_key(topic_name, key, resp)
+    state.printer_with(json_flag).found_by_key(topic_name, key, resp)
 
 
 # -- dlq -----------------------------------------------------------------------------------------
@@ -155,7 +141,7 @@ def dlq_list(state: CliState, group: str, limit: int, json_flag: bool) -> None:
     """List GROUP's dead letters not yet redriven or purged, oldest first."""
     with state.admin() as admin:
         letters = admin.dlq_list(group, limit)
-    _printer(state, json_flag).dead_letters(group, letters)
+    state.printer_with(json_flag).dead_letters(group, letters)
 
 
 @dlq.command("show")
@@ -170,7 +156,7 @@ def dlq_show(state: CliState, group: str, msg_id: str, json_flag: bool) -> None:
         letter = admin.dlq_get(group, msg_id)
     if letter is None:
         raise CommandError(f"message {msg_id} is not in the dead-letter queue of group {group}")
-    _printer(state, json_flag).dead_letter(letter)
+    state.printer_with(json_flag).dead_letter(letter)
 
 
 @dlq.command("redrive")
@@ -189,7 +175,7 @@ def dlq_redrive(state: CliState, group: str, rate: float | None, max_messages: i
     They are delivered again at once (from the group's retry queue) with a fresh attempt count,
     with their original topic, id and properties.
     """
-    printer = _printer(state, json_flag)
+    printer = state.printer_with(json_flag)
     with state.admin() as admin:
         if dry_run:
             resp = admin.dlq_redrive(group, max_messages or 0, dry_run=True)
@@ -242,7 +228,7 @@ def dlq_purge(state: CliState, group: str, yes: bool, dry_run: bool, json_flag: 
 
     Asks for confirmation unless --yes or --dry-run; without a terminal, --yes is required.
     """
-    printer = _printer(state, json_flag)
+    printer = state.printer_with(json_flag)
     ask = not dry_run and not yes
     if ask and not sys.stdin.isatty():
         raise click.UsageError("refusing to purge without --yes (stdin is not a terminal)")

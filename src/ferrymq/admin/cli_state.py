@@ -13,14 +13,16 @@ from __future__ import annotations
 import contextlib
 import ssl
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 import click
 
 from ferrymq.admin.output import Printer
 from ferrymq.client.sync import AdminClient
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 class CommandError(click.ClickException):
@@ -52,6 +54,11 @@ class CliState:
         """A printer for this invocation's output mode."""
         return Printer(self.json)
 
+    def printer_with(self, json_flag: bool) -> Printer:
+        """A printer for this invocation, in JSON also when the command's own ``--json``
+        (:func:`json_option`) was given."""
+        return Printer(True) if json_flag and not self.json else self.printer
+
     @property
     def client_options(self) -> dict[str, Any]:
         """``auth=`` and ``tls=`` for every client this invocation creates."""
@@ -72,3 +79,9 @@ class CliState:
 
 
 pass_state = click.make_pass_decorator(CliState)
+
+
+def json_option(f: F) -> F:
+    """``--json`` after the command too (same as the global ``ferrymq --json``)."""
+    return click.option("--json", "json_flag", is_flag=True,
+                        help="Print JSON (same as the global --json).")(f)

@@ -30,12 +30,20 @@ def topic() -> None:
 @click.option("--config", "config", type=KEY_VALUE, multiple=True,
               help="Topic setting (retention_ms, retention_bytes, segment_bytes, segment_ms); "
                    "repeatable.")
+@click.option("--replicas", type=click.IntRange(min=1), metavar="R",
+              help="On a cluster: copies of each queue, on R brokers (default: the brokers' "
+                   "default_replicas).")
+@click.option("--min-insync", type=click.IntRange(min=1), metavar="M",
+              help="On a cluster: in-sync replicas an acks=\"all\" send needs (default: the "
+                   "brokers' default_min_insync).")
 @pass_state
 def topic_create(state: CliState, name: str, queues: int,
-                 config: Sequence[tuple[str, str]]) -> None:
-    """Create topic NAME with N queues."""
+                 config: Sequence[tuple[str, str]], replicas: int | None,
+                 min_insync: int | None) -> None:
+    """Create topic NAME with N queues (and, on a cluster, R replicas of each)."""
     with state.admin() as admin:
-        resp: m.CreateTopicResponse = admin.create_topic(name, queues, dict(config))
+        resp: m.CreateTopicResponse = admin.create_topic(
+            name, queues, dict(config), replicas=replicas, min_insync=min_insync)
     state.printer.topic_created(name, resp)
 
 

@@ -13,6 +13,7 @@ import datetime as _dt
 from typing import Any
 
 from ferrymq.client.admin import (
+    ClusterDescription,
     DeadLetter,
     DeliveryGroupDescription,
     DeliveryStatus,
@@ -122,6 +123,34 @@ def topic_to_dict(topic: TopicDescription) -> dict[str, Any]:
         "next_due_ms": _opt(topic.next_due_ms),
         "dedup_window_ms": topic.dedup_window_ms,
         "dedup_keys": topic.dedup_keys,
+    }
+
+
+def cluster_to_dict(desc: ClusterDescription) -> dict[str, Any]:
+    """A cluster description as a JSON-ready dict: ``leader`` is null for an offline queue,
+    ``cluster`` "" for a single broker; queues in the description's order (offline first,
+    then under-replicated)."""
+    return {
+        "cluster": desc.cluster,
+        "controller": _opt(desc.controller),
+        "brokers": [{"broker_id": b.broker_id, "address": b.address or None, "alive": b.alive}
+                    for b in desc.brokers],
+        "offline": len(desc.offline),
+        "under_replicated": len(desc.under_replicated),
+        "queues": [
+            {
+                "topic": q.topic,
+                "queue": q.queue,
+                "leader": None if q.offline else q.leader,
+                "leader_epoch": q.leader_epoch,
+                "replicas": q.replicas,
+                "isr": q.isr,
+                "min_insync": q.min_insync,
+                "offline": q.offline,
+                "under_replicated": q.under_replicated,
+            }
+            for q in desc.queues
+        ],
     }
 
 

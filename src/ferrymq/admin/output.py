@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ferrymq.admin.formats import (
+    cluster_to_dict,
     dead_letter_to_dict,
     delivery_to_dict,
     format_duration_ms,
@@ -40,6 +41,7 @@ from ferrymq.admin.formats import (
     topic_to_dict,
 )
 from ferrymq.client.admin import (
+    ClusterDescription,
     DeadLetter,
     DeliveryGroupDescription,
     GroupDescription,
@@ -166,6 +168,27 @@ class Printer:
                 for q in topic.queues
             ],
         )
+
+    # -- the cluster ---------------------------------------------------------------------------
+
+    def cluster(self, desc: ClusterDescription) -> None:
+        """``cluster describe``: brokers, then queues (offline and under-replicated first)."""
+        if self.json_mode:
+            self.json(cluster_to_dict(desc))
+            return
+        controller = "none" if desc.controller < 0 else f"broker {desc.controller}"
+        name = f"cluster {desc.cluster}" if desc.cluster else "single broker (a cluster of one)"
+        self.line(f"{name}, controller: {controller}; {len(desc.queues)} queues, "
+                  f"{len(desc.offline)} offline, {len(desc.under_replicated)} under-replicated")
+        self.table(("BROKER", "ADDRESS", "ALIVE"),
+                   [(b.broker_id, b.address or "-", "yes" if b.alive else "no")
+                    for b in desc.brokers])
+        self.table(
+            ("TOPIC", "QUEUE", "LEADER", "EPOCH", "REPLICAS", "ISR", "MIN ISR", "STATE"),
+            [(q.topic, q.queue, "-" if q.offline else q.leader, q.leader_epoch,
+              ",".join(map(str, q.replicas)), ",".join(map(str, q.isr)) or "-", q.min_insync,
+              "offline" if q.offline else "under-replicated" if q.under_replicated else "ok")
+             for q in desc.queues])
 
     # -- groups --------------------------------------------------------------------------------
 

@@ -79,6 +79,86 @@ class TopicDescription:
                    resp.dedup_keys)
 
 
+# -- the cluster -------------------------------------------------------------------------------
+
+
+class BrokerDescription(NamedTuple):
+    """A broker of :class:`ClusterDescription`: a live one with the address clients and
+    replicas reach it at, or one named as a replica whose lease ended (``alive`` False, no
+    address)."""
+
+    broker_id: int
+    host: str
+    port: int
+    alive: bool
+
+    @property
+    def address(self) -> str:
+        """``host:port`` ("" for a broker that is not alive)."""
+        return f"{self.host}:{self.port}" if self.alive else ""
+
+
+class QueueReplication(NamedTuple):
+    """One queue of :class:`ClusterDescription`: its leader (-1: none), the leader's epoch, its
+    replicas (the preferred leader first) and in-sync replicas."""
+
+    topic: str
+    queue: int
+    leader: int
+    leader_epoch: int
+    replicas: list[int]
+    isr: list[int]
+    min_insync: int
+    offline: bool
+    """No live leader: the queue takes no sends and serves no reads until one is elected."""
+    under_replicated: bool
+    """Fewer in-sync replicas than replicas: a broker is down or lagging."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterDescription:
+    """The cluster as a broker sees it (``cluster`` "" and one broker, leader of every queue at
+    epoch 0, for a single broker). ``queues`` come offline first, then under-replicated, then
+    the others, each by topic and queue."""
+
+    cluster: str
+    controller: int
+    """The controller's broker id (-1: none elected now)."""
+    brokers: list[BrokerDescription]
+    queues: list[QueueReplication]
+
+    @property
+    def offline(self) -> list[QueueReplication]:
+        """Queues without a live leader."""
+        return [q for q in self.queues if q.offline]
+
+    @property
+    def under_replicated(self) -> list[QueueReplication]:
+        """Queues with fewer in-sync replicas than replicas."""
+        return [q for q in self.queues if q.under_replicated]
+
+    @classmethod
+    def from_wire(cls, resp: m.ClusterMetadataResponse) -> ClusterDescription:
+        """From a CLUSTER_METADATA answer (topics answered with an error are left out)."""
+        alive = {bid: (host, port) for bid, host, port in resp.brokers}
+        named: set[int] = set()
+        queues: list[QueueReplication] = []
+        for topic, code, _topic_id, min_insync, rows in resp.topics:
+            if code:
+                continue
+            for queue, leader, epoch, replicas, isr in rows:
+                named.update(replicas)
+                queues.append(QueueReplication(
+                    topic, queue, leader, epoch, list(replicas), list(isr), min_insync,
+                    offline=leader not in alive, under_replicated=len(isr) < len(replicas)))
+        queues.sort(key=lambda q: (0 if q.offline else 1 if q.under_replicated else 2,
+                                   q.topic, q.queue))
+        brokers = [BrokerDescription(bid, host, port, True) for bid, (host, port) in alive.items()]
+        brokers += [BrokerDescription(bid, "", 0, False) for bid in named - alive.keys()]
+        brokers.sort(key=lambda b: b.broker_id)
+        return cls(resp.cluster, resp.controller, brokers, queues)
+
+
 # -- consumer (pull) groups ----------------------------------------------------------------------
 
 

@@ -12,6 +12,8 @@ from collections.abc import AsyncIterator, Sequence
 
 from ferrymq.client._admin_results import (
     BlockedKey,
+    BrokerDescription,
+    ClusterDescription,
     CommittedOffset,
     DeadLetter,
     DeliveryGroupDescription,
@@ -27,6 +29,7 @@ from ferrymq.client._admin_results import (
     OffsetLookup,
     QueueDescription,
     QueueOffset,
+    QueueReplication,
     SinkFence,
     TopicDescription,
     TopicListing,
@@ -37,6 +40,7 @@ from ferrymq.client._admin_results import (
 from ferrymq.client._session import Auth, Session, TLSOption
 from ferrymq.client.message import BatchContext, ReceivedMessage
 from ferrymq.errors import (
+    ConfigError,
     InvalidRequestError,
     OffsetOutOfRangeError,
     UnknownTopicError,
@@ -59,6 +63,8 @@ __all__ = [
     "DLQ_PREFIX",
     "AsyncAdminClient",
     "BlockedKey",
+    "BrokerDescription",
+    "ClusterDescription",
     "CommittedOffset",
     "DeadLetter",
     "DeliveryGroupDescription",
@@ -74,6 +80,7 @@ __all__ = [
     "OffsetLookup",
     "QueueDescription",
     "QueueOffset",
+    "QueueReplication",
     "SinkFence",
     "TopicDescription",
     "TopicListing",
@@ -139,11 +146,43 @@ class AsyncAdminClient:
         return await self._session.request(m.WhoAmIRequest(), m.WhoAmIResponse)
 
     async def create_topic(self, name: str, queues: int = 4,
-                           config: dict[str, str] | None = None) -> m.CreateTopicResponse:
+                           config: dict[str, str] | None = None, *, replicas: int | None = None,
+                           min_insync: int | None = None) -> m.CreateTopicResponse:
         """Create a topic (config keys: retention_ms, retention_bytes, segment_bytes,
-        segment_ms, dedup_window_ms)."""
-        return await self._session.request(m.CreateTopicRequest(name, queues, config or {}),
-                                           m.CreateTopicResponse, retry=False)
+        segment_ms, dedup_window_ms).
+
+        Args:
+            replicas: on a cluster, copies of each queue, on as many brokers (None: the
+                brokers' ``default_replicas``: 1 on a one-broker cluster, else up to 3). A
+                single broker keeps one copy whatever is asked.
+            min_insync: in-sync replicas a send with ``acks="all"`` needs (None: the brokers'
+                ``default_min_insync``); with fewer, such sends get the retriable
+                ``NotEnoughReplicasError``.
+
+        Raises:
+            ConfigError: ``replicas`` or ``min_insync`` below 1, or ``min_insync`` above
+                ``replicas`` (nothing is sent).
+            InvalidReplicationFactorError: more replicas than live brokers.
+            TopicExistsError, InvalidTopicNameError, ...: refused by the broker.
+        """
+        for what, value in (("replicas", replicas), ("min_insync", min_insync)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or value < 1):
+                raise ConfigError(f"{what} must be an integer >= 1, not {value!r}")
+        if replicas is not None and min_insync is not None and min_insync > replicas:
+            raise ConfigError(f"min_insync ({min_insync}) cannot exceed replicas ({replicas}): "
+                              f"acks=\"all\" sends could never be acknowledged")
+        req = m.CreateTopicRequest(name, queues, config or {},
+                                   -1 if replicas is None else replicas,
+                                   -1 if min_insync is None else min_insync)
+        return await self._session.request(req, m.CreateTopicResponse, retry=False)
+
+    async def cluster_describe(self) -> ClusterDescription:
+        """The brokers (alive, with their addresses), the controller and, per queue, its
+        leader, leader epoch, replicas and in-sync replicas; offline and under-replicated
+        queues first. A single broker describes itself as a cluster of one."""
+        return ClusterDescription.from_wire(await self._session.request(
+            m.ClusterMetadataRequest(None), m.ClusterMetadataResponse))
 
     async def delete_topic(self, name: str) -> None:
         """Delete a topic and its data."""

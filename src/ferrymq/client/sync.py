@@ -20,6 +20,7 @@ from ferrymq.client._delivery import LeasedMessage
 from ferrymq.client._renamed import rename_options
 from ferrymq.client.admin import (
     AsyncAdminClient,
+    ClusterDescription,
     DeadLetter,
     DeliveryGroupDescription,
     KeySearch,
@@ -345,7 +346,11 @@ class AdminClient:
 
         return call
 
-    # groups, dead letters, messages by id or key: typed mirrors of the async client
+    # the cluster, groups, dead letters, messages by id or key: typed mirrors of the async client
+
+    def cluster_describe(self) -> ClusterDescription:
+        """See :meth:`ferrymq.client.admin.AsyncAdminClient.cluster_describe`."""
+        return _run(self._async.cluster_describe())
 
     def delete_group(self, group: str, *, delete_dlq: bool = False) -> m.DeleteGroupResponse:
         """See :meth:`ferrymq.client.admin.AsyncAdminClient.delete_group`."""

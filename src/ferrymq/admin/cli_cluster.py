@@ -1,0 +1,31 @@
+"""``ferrymq cluster``: how the brokers share the queues.
+
+Like every command (see :mod:`ferrymq.admin.cli`), it makes one call on the synchronous
+:class:`~ferrymq.client.sync.AdminClient` and hands the answer to
+:class:`~ferrymq.admin.output.Printer`.
+"""
+
+from __future__ import annotations
+
+import click
+
+from ferrymq.admin.cli_state import CliState, json_option, pass_state
+from ferrymq.client.admin import ClusterDescription
+
+
+@click.group()
+def cluster() -> None:
+    """Look at the cluster: brokers, leaders, in-sync replicas."""
+
+
+@cluster.command("describe")
+@json_option
+@pass_state
+def cluster_describe(state: CliState, json_flag: bool) -> None:
+    """Show the brokers (alive, address), the controller and, per queue, its leader, leader
+    epoch, replicas and in-sync replicas (ISR). Offline queues (no leader) come first, then
+    under-replicated ones (ISR smaller than the replicas). A single broker shows itself as a
+    cluster of one, leading every queue at epoch 0."""
+    with state.admin() as admin:
+        desc: ClusterDescription = admin.cluster_describe()
+    state.printer_with(json_flag).cluster(desc)
