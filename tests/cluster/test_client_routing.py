@@ -4,8 +4,9 @@ connection, every queue led by it), acks, refreshes coalescing, and routing to t
 The brokers of a cluster are not there yet (issue 20 builds them in parallel), so a view in
 which two brokers lead different queues cannot come from a broker's answer today. The last
 tests give the client such a view by hand (an injected fault, labelled so) and check, over real
-sockets to two real single brokers, that each queue's produce and fetch go to the broker the
-view names.
+sockets, that each queue's produce and fetch go to the broker the view names (two real single
+brokers), and that a NOT_LEADER answer (from a stand-in for a deposed leader,
+tests/cluster/deposed.py) sends the client to the leader a real broker names.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from ferrymq.client._cluster import Cluster
 from ferrymq.client._session import Session
 from ferrymq.errors import ConfigError
 from ferrymq.protocol import messages as m
+from ferrymq.protocol.records import decode_header
+from tests.cluster.deposed import DeposedLeader
 from tests.helpers import wait_for
 
 
@@ -218,5 +221,92 @@ def test_a_broker_that_left_the_view_loses_its_session(
         finally:
             await cluster.close()
             await session.close()
+
+    run(main())
+
+
+# -- a deposed leader answering NOT_LEADER (an injected fault: tests/cluster/deposed.py) -----
+
+
+def moved_view(real: Broker, deposed: DeposedLeader, topic_id: int) -> m.ClusterMetadataResponse:
+    """Queue 1 led by the deposed broker 1 at epoch 0: the real broker's (id 0) own answer (it
+    leads every queue at epoch 0) is as new, so a refresh moves queue 1 to it."""
+    h0, p0 = real.server.address
+    h1, p1 = deposed.address.rsplit(":", 1)
+    return m.ClusterMetadataResponse("test", 0, [(0, h0, p0), (1, h1, int(p1))], [
+        ("t", 0, topic_id, 1, [(0, 0, 0, [0, 1], [0, 1]), (1, 1, 0, [1, 0], [1, 0])])])
+
+
+def test_not_leader_moves_the_retry_to_the_new_leader_with_the_same_sequence(
+        broker: Broker) -> None:
+    async def main() -> None:
+        topic_id = await create(broker.address, "t", 2)
+        deposed = await DeposedLeader(1).start()
+        try:
+            async with AsyncProducer(broker.address, linger_ms=0, delivery_timeout_s=20,
+                                     queue_selector=lambda msg, n: int(msg.body[:1])) as p:
+                p._cluster.leaders.update(moved_view(broker, deposed, topic_id))
+                res = await p.send(Message("t", b"1-moved"))
+                assert (res.queue, res.offset) == (1, 0)
+                assert p._cluster.leaders.leader("t", 1) == 0
+                assert p._cluster.sessions == {}  # broker 1 left the view: its session closed
+                pid = p.producer_id
+        finally:
+            await deposed.close()
+        # the deposed leader was sent the batch first; the real broker stored the same batch
+        # (same producer id and sequence), once
+        [(t, q, refused)] = deposed.produced[0].entries
+        assert (t, q) == ("t", 1)
+        h = decode_header(bytes(refused))
+        assert (h.producer_id, h.base_sequence) == (pid, 0)
+        session = Session(broker.address)
+        try:
+            resp = await session.request(m.FetchRequest(0, 1, 1 << 20, [("t", 1, 0, 1 << 20, "*")]),
+                                         m.FetchResponse)
+        finally:
+            await session.close()
+        [(_, _, code, _, hw, _, _, data)] = resp.results
+        assert code == 0 and hw == 1
+        stored = decode_header(bytes(data))
+        assert (stored.producer_id, stored.base_sequence, stored.base_offset) == (pid, 0, 0)
+
+    run(main())
+
+
+def test_a_consumer_follows_not_leader_to_the_new_leader_from_the_same_offset(
+        broker: Broker) -> None:
+    async def main() -> None:
+        topic_id = await create(broker.address, "t", 2)
+        async with AsyncProducer(broker.address,
+                                 queue_selector=lambda msg, n: int(msg.body[:1])) as p:
+            await p.send_batch([Message("t", b"1-%d" % i) for i in range(5)])
+        deposed = await DeposedLeader(1).start()
+        try:
+            async with AsyncPullConsumer(broker.address, group="",
+                                         auto_offset_reset="earliest", auto_commit=False) as c:
+                c._cluster.leaders.update(moved_view(broker, deposed, topic_id))
+                await c.assign([("t", 0), ("t", 1)])
+                got: list[bytes] = []
+                deadline = time.monotonic() + 10
+                while len(got) < 5 and time.monotonic() < deadline:
+                    got += [msg.body for msg in await c.poll(0.5)]
+                assert got == [b"1-%d" % i for i in range(5)]
+                assert c.position()[("t", 1)] == 5
+            # a position known already (a seek): the FETCH itself meets the deposed leader
+            async with AsyncPullConsumer(broker.address, group="", auto_commit=False) as c:
+                c._cluster.leaders.update(moved_view(broker, deposed, topic_id))
+                await c.assign([("t", 1)])
+                await c.seek("t", 1, 2)
+                got = []
+                deadline = time.monotonic() + 10
+                while len(got) < 3 and time.monotonic() < deadline:
+                    got += [msg.body for msg in await c.poll(0.5)]
+                assert got == [b"1-%d" % i for i in range(2, 5)]
+        finally:
+            await deposed.close()
+        # the deposed leader was asked where queue 1 starts (LIST_OFFSETS), then for its
+        # messages from offset 2 (FETCH), and refused both
+        assert [e[:2] for r in deposed.listed for e in r.entries] == [("t", 1)]
+        assert {e[:3] for r in deposed.fetched for e in r.entries} == {("t", 1, 2)}
 
     run(main())
