@@ -197,6 +197,34 @@ def test_each_queue_goes_to_its_leader_over_a_session_per_broker(
     run(main())
 
 
+def test_a_lost_leader_is_replaced_by_the_leader_a_refresh_names(
+        two_brokers: tuple[Broker, Broker]) -> None:
+    one, two = two_brokers
+
+    async def main() -> None:
+        topic_id = await create(one.address, "t", 2)
+        h1, p1 = one.server.address
+        h2, p2 = two.server.address
+        # queue 1 led by broker 2 at epoch 0: broker 1's own answer is as new
+        moved = m.ClusterMetadataResponse("test", 1, [(1, h1, p1), (2, h2, p2)], [
+            ("t", 0, topic_id, 1, [(0, 1, 0, [1, 2], [1, 2]), (1, 2, 0, [2, 1], [2, 1])])])
+        async with AsyncProducer(one.address, linger_ms=0, connect_timeout_s=1,
+                                 delivery_timeout_s=20,
+                                 queue_selector=lambda msg, n: int(msg.body[:1])) as p:
+            p._cluster.leaders.update(moved)  # injected, as above
+            to_two = p._cluster.route("t", 1)
+            assert to_two is not None and to_two is not p._session
+            await to_two.connection()
+            two.stop()  # the leader of queue 1 dies with the producer connected to it
+            res = await p.send(Message("t", b"1-after"))
+            assert (res.queue, res.offset) == (1, 0)
+            assert p._cluster.leaders.leader("t", 1) == 1 and p._cluster.sessions == {}
+        async with AsyncAdminClient(one.address) as a1:
+            assert [q.end_offset for q in (await a1.describe_topic("t")).queues] == [0, 1]
+
+    run(main())
+
+
 def test_a_broker_that_left_the_view_loses_its_session(
         two_brokers: tuple[Broker, Broker]) -> None:
     one, two = two_brokers

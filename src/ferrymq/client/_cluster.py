@@ -221,8 +221,9 @@ class Cluster:
             candidates.insert(0, boot)
         last: FerryMQError | None = None
         for s in candidates:
-            try:
-                return await s.request(req, m.ClusterMetadataResponse, retry=False)
+            try:  # a connected broker answers at once: a silent one must not hold the refresh
+                return await s.request(req, m.ClusterMetadataResponse, retry=False,
+                                       timeout_s=s.connect_timeout_s)
             except (ConnectionClosedError, FerryMQTimeoutError) as exc:
                 last = exc
         try:
