@@ -16,13 +16,14 @@ batch. Other brokers get a session of their own (:meth:`Session.for_broker`), ma
 is first routed to them; such a session gives up a lost connection after ``connect_timeout_s``,
 since a leader that is gone is replaced by a refresh, not waited for.
 
-Refreshes happen on demand: when a topic is first used (:meth:`Cluster.ensure`), and when a
-request failed in a way that says the view is stale (NOT_LEADER, FENCED_LEADER_EPOCH,
+Refreshes happen on demand: when a topic is first used (:meth:`Cluster.ensure`, at once), and
+when a request failed in a way that says the view is stale (NOT_LEADER, FENCED_LEADER_EPOCH,
 LEADER_NOT_AVAILABLE, a lost connection to a leader: :meth:`Cluster.refresh_soon`). Concurrent
-refreshes coalesce into one request, and refreshes are at least ``MIN_REFRESH_INTERVAL_S``
-apart, so a burst of NOT_LEADER answers after a failover costs one metadata request, not one per
-batch. The answer is asked of any live broker: the bootstrap session if it is connected, else a
-broker session that is, else the bootstrap session, which connects to one of the bootstrap list.
+refreshes coalesce into one request, and those for errors are at least
+``MIN_REFRESH_INTERVAL_S`` apart, so a burst of NOT_LEADER answers after a failover costs one
+metadata request, not one per batch. The answer is asked of any live broker: the bootstrap
+session if it is connected, else a broker session that is, else the bootstrap session, which
+connects to one of the bootstrap list.
 
 Requests that are not per queue (INIT_PRODUCER, group membership and offsets, transactions,
 admin) stay on the bootstrap session.
@@ -125,9 +126,10 @@ class Cluster:
         that fails leaves them unrouted)."""
         groups, unrouted = self.split(items)
         if unrouted:
-            self._wanted.update(str(item[0]) for item in unrouted)
-            with contextlib.suppress(FerryMQError):
-                await self.refresh()
+            topics = {str(item[0]) for item in unrouted}
+            self._wanted.update(topics)
+            with contextlib.suppress(FerryMQError):  # a topic's first use is not paced
+                await self.refresh(paced=all(map(self.leaders.knows, topics)))
             more, unrouted = self.split(unrouted)
             for s, some in more.items():
                 groups.setdefault(s, []).extend(some)
@@ -163,9 +165,10 @@ class Cluster:
         if self.leaders.knows(topic):
             return
         self._wanted.add(topic)
-        await self.refresh()
+        # a topic's first use is no error burst: it does not wait for the refresh interval
+        await self.refresh(paced=False)
         if not self.leaders.knows(topic):  # the in-flight refresh did not ask for it
-            await self.refresh()
+            await self.refresh(paced=False)
 
     def refresh_soon(self, topics: Iterable[str] = ()) -> None:
         """Ask for a refresh without waiting for it (coalesced with one in flight)."""
@@ -178,25 +181,27 @@ class Cluster:
         self._refresh = asyncio.get_running_loop().create_task(self._run_refresh())
         self._refresh.add_done_callback(_ignore_result)
 
-    async def refresh(self) -> None:
-        """Refresh now (or join the refresh in flight, then run one more if others asked
-        meanwhile) and wait for it.
+    async def refresh(self, *, paced: bool = True) -> None:
+        """Refresh (or join the refresh in flight, then run one more if others asked
+        meanwhile) and wait for it; ``paced``: not sooner than ``min_refresh_interval_s``
+        after the last one.
 
         Raises:
             FerryMQError: no broker answered within the request timeout.
         """
         if self._refresh is None or self._refresh.done():
-            self._refresh = asyncio.get_running_loop().create_task(self._run_refresh())
+            self._refresh = asyncio.get_running_loop().create_task(self._run_refresh(paced))
             self._refresh.add_done_callback(_ignore_result)
         await asyncio.shield(self._refresh)
 
-    async def _run_refresh(self) -> None:
+    async def _run_refresh(self, paced: bool = True) -> None:
         loop = asyncio.get_running_loop()
         while True:
             self._again = False
             wait = self._last_refresh + self._min_interval_s - loop.time()
-            if wait > 0:
+            if wait > 0 and paced:
                 await asyncio.sleep(wait)
+            paced = True  # a refresh asked for meanwhile is paced
             try:
                 resp = await self._ask()
             finally:
