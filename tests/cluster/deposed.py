@@ -1,6 +1,7 @@
 """A deposed leader, for client tests while the cluster brokers are being built: a TCP server
 speaking FerryMQ's wire that answers HELLO as broker ``broker_id`` and every PRODUCE, FETCH and
-LIST_OFFSETS entry with NOT_LEADER (what a broker that lost a queue's leadership answers). It
+LIST_OFFSETS entry with NOT_LEADER (what a broker that lost a queue's leadership answers), or
+with ``whole=True`` the whole request (as a broker that refuses it before looking inside). It
 is an injected fault standing in for a broker of a cluster, not a model of the client: the
 client under test talks to it over a real socket, and to real brokers for everything else.
 It records what it was sent, so a test can check that a retry carried the same bytes."""
@@ -23,6 +24,7 @@ class DeposedLeader:
     """Start with :meth:`start` (on the test's event loop); :attr:`address` is ``host:port``."""
 
     broker_id: int
+    whole: bool = False
     produced: list[m.ProduceRequest] = field(default_factory=list)
     fetched: list[m.FetchRequest] = field(default_factory=list)
     listed: list[m.ListOffsetsRequest] = field(default_factory=list)
@@ -64,6 +66,9 @@ class DeposedLeader:
                                       "sync").encode()
         if api_key == m.ApiKey.PING:
             return 0, b""
+        if api_key in (m.ApiKey.PRODUCE, m.ApiKey.FETCH, m.ApiKey.LIST_OFFSETS) and self.whole:
+            self._record(api_key, payload)
+            return not_leader, _REFUSED.encode()
         if api_key == m.ApiKey.PRODUCE:
             req = m.ProduceRequest.decode(payload)
             self.produced.append(req)
@@ -81,3 +86,11 @@ class DeposedLeader:
             return 0, m.ListOffsetsResponse([(t, q, not_leader, -1)
                                              for t, q, _ in lreq.entries]).encode()
         return ErrorCode.INVALID_REQUEST, b"not served by this stand-in"
+
+    def _record(self, api_key: int, payload: bytes) -> None:
+        if api_key == m.ApiKey.PRODUCE:
+            self.produced.append(m.ProduceRequest.decode(payload))
+        elif api_key == m.ApiKey.FETCH:
+            self.fetched.append(m.FetchRequest.decode(payload))
+        else:
+            self.listed.append(m.ListOffsetsRequest.decode(payload))

@@ -271,11 +271,12 @@ def moved_view(real: Broker, deposed: DeposedLeader, topic_id: int) -> m.Cluster
         ("t", 0, topic_id, 1, [(0, 0, 0, [0, 1], [0, 1]), (1, 1, 0, [1, 0], [1, 0])])])
 
 
+@pytest.mark.parametrize("whole", [False, True], ids=["per-queue", "whole-request"])
 def test_not_leader_moves_the_retry_to_the_new_leader_with_the_same_sequence(
-        broker: Broker) -> None:
+        broker: Broker, whole: bool) -> None:
     async def main() -> None:
         topic_id = await create(broker.address, "t", 2)
-        deposed = await DeposedLeader(1).start()
+        deposed = await DeposedLeader(1, whole).start()
         try:
             async with AsyncProducer(broker.address, linger_ms=0, delivery_timeout_s=20,
                                      queue_selector=lambda msg, n: int(msg.body[:1])) as p:
@@ -307,14 +308,15 @@ def test_not_leader_moves_the_retry_to_the_new_leader_with_the_same_sequence(
     run(main())
 
 
+@pytest.mark.parametrize("whole", [False, True], ids=["per-queue", "whole-request"])
 def test_a_consumer_follows_not_leader_to_the_new_leader_from_the_same_offset(
-        broker: Broker) -> None:
+        broker: Broker, whole: bool) -> None:
     async def main() -> None:
         topic_id = await create(broker.address, "t", 2)
         async with AsyncProducer(broker.address,
                                  queue_selector=lambda msg, n: int(msg.body[:1])) as p:
             await p.send_batch([Message("t", b"1-%d" % i) for i in range(5)])
-        deposed = await DeposedLeader(1).start()
+        deposed = await DeposedLeader(1, whole).start()
         try:
             async with AsyncPullConsumer(broker.address, group="",
                                          auto_offset_reset="earliest", auto_commit=False) as c:

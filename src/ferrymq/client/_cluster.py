@@ -40,14 +40,17 @@ from typing import Any, TypeVar
 from ferrymq.client._leaders import Leaders
 from ferrymq.client._session import Session
 from ferrymq.errors import (
+    BrokerError,
     ConnectionClosedError,
     FencedLeaderEpochError,
     FerryMQError,
     FerryMQTimeoutError,
     LeaderNotAvailableError,
     NotLeaderError,
+    error_for_code,
 )
 from ferrymq.protocol import messages as m
+from ferrymq.protocol.codes import ErrorCode
 
 log = logging.getLogger("ferrymq.client")
 T = TypeVar("T", bound=tuple[Any, ...])  # (topic, queue, ...)
@@ -64,6 +67,21 @@ STALE_VIEW_ERRORS = (NotLeaderError, FencedLeaderEpochError, LeaderNotAvailableE
 def means_stale_view(exc: BaseException) -> bool:
     """Whether ``exc`` (a per-queue request's failure) calls for a metadata refresh."""
     return isinstance(exc, STALE_VIEW_ERRORS)
+
+
+def _same_broker_retry_codes() -> frozenset[int]:
+    out = set()
+    for code in ErrorCode:
+        exc = error_for_code(code, "") if code else None
+        if isinstance(exc, BrokerError) and exc.retriable and not means_stale_view(exc):
+            out.add(int(code))
+    return frozenset(out)
+
+
+SAME_BROKER_RETRY_CODES = _same_broker_retry_codes()
+"""The retriable codes a per-queue request (FETCH, LIST_OFFSETS) retries on the same broker
+(``Session.request(retry_codes=...)``); the others (NOT_LEADER, ...) mean another broker may
+lead now: the caller refreshes the leaders instead."""
 
 
 class Cluster:

@@ -58,7 +58,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 
-from ferrymq.client._cluster import Cluster, means_stale_view
+from ferrymq.client._cluster import SAME_BROKER_RETRY_CODES, Cluster, means_stale_view
 from ferrymq.client._missing_topics import MissingTopics
 from ferrymq.client._pull_buffer import FetchBuffer, QueueState
 from ferrymq.client._pull_buffer import TopicQueue as TopicQueue  # re-exported: its old home
@@ -353,9 +353,11 @@ class AsyncPullConsumer:
             for session, entries in groups.items():
                 try:
                     resp = await session.request(
-                        m.ListOffsetsRequest(entries, self._isolation), m.ListOffsetsResponse)
-                except ConnectionClosedError as exc:
-                    if session is self._session:
+                        m.ListOffsetsRequest(entries, self._isolation), m.ListOffsetsResponse,
+                        retry_codes=SAME_BROKER_RETRY_CODES)
+                except (ConnectionClosedError, BrokerError) as exc:
+                    if not means_stale_view(exc) or (
+                            session is self._session and isinstance(exc, ConnectionClosedError)):
                         raise
                     self._cluster.refresh_soon(t for t, _, _ in entries)
                     todo += entries
@@ -583,11 +585,18 @@ class AsyncPullConsumer:
                              self._isolation)
         try:
             resp = await session.request(req, m.FetchResponse,
-                                         timeout_s=wait_s + session.request_timeout_s)
+                                         timeout_s=wait_s + session.request_timeout_s,
+                                         retry_codes=SAME_BROKER_RETRY_CODES)
         except ConnectionClosedError:
             self._cluster.refresh_soon({e[0] for e in entries})
             await asyncio.sleep(session.backoff.delay(1))
             raise
+        except BrokerError as exc:
+            if not means_stale_view(exc):
+                raise
+            self._cluster.refresh_soon({e[0] for e in entries})  # fetched again from there
+            await asyncio.sleep(session.backoff.delay(1))
+            return
         reset: list[TopicQueue] = []
         aborted = {(t, q): ab for t, q, _lso, ab in resp.txn if ab}
         for topic, queue, code, msg, hw, _start, topic_id, data in resp.results:
