@@ -199,6 +199,14 @@ class Cluster:
         self._refresh = asyncio.get_running_loop().create_task(self._run_refresh())
         self._refresh.add_done_callback(_ignore_result)
 
+    async def await_refresh(self, topics: Iterable[str]) -> None:
+        """Refresh for ``topics`` (paced, coalesced with one in flight) and wait for it; a
+        refresh that fails is left to the caller's next attempt. What a request refused for a
+        stale view waits for before it is sent again."""
+        self._wanted.update(topics)
+        with contextlib.suppress(FerryMQError):
+            await self.refresh()
+
     async def refresh(self, *, paced: bool = True) -> None:
         """Refresh (or join the refresh in flight, then run one more if others asked
         meanwhile) and wait for it; ``paced``: not sooner than ``min_refresh_interval_s``

@@ -344,7 +344,6 @@ class AsyncPullConsumer:
         deadline = loop.time() + self._session.request_timeout_s
         todo = [(t, q, spec) for t, q in queues]
         out: list[tuple[str, int, int]] = []
-        attempt = 0
         while todo:
             groups, unrouted = await self._cluster.split_routed(todo)
             todo = list(unrouted)
@@ -359,7 +358,6 @@ class AsyncPullConsumer:
                     if not means_stale_view(exc) or (
                             session is self._session and isinstance(exc, ConnectionClosedError)):
                         raise
-                    self._cluster.refresh_soon(t for t, _, _ in entries)
                     todo += entries
                     last = exc
                     continue
@@ -370,15 +368,12 @@ class AsyncPullConsumer:
                     err = error_for_code(code, f"list offsets of {t}/{q}")
                     if not means_stale_view(err):
                         raise err
-                    self._cluster.refresh_soon((t,))
                     todo.append((t, q, spec))
                     last = err
             if todo:
-                attempt += 1
-                wait = self._session.backoff.delay(attempt)
-                if loop.time() + wait >= deadline:
+                if loop.time() >= deadline:
                     raise last
-                await asyncio.sleep(wait)
+                await self._cluster.await_refresh(t for t, _, _ in todo)  # paced
         return out
 
     def position(self) -> dict[TopicQueue, int]:
@@ -588,16 +583,21 @@ class AsyncPullConsumer:
                                          timeout_s=wait_s + session.request_timeout_s,
                                          retry_codes=SAME_BROKER_RETRY_CODES)
         except ConnectionClosedError:
-            self._cluster.refresh_soon({e[0] for e in entries})
-            await asyncio.sleep(session.backoff.delay(1))
+            topics = {e[0] for e in entries}
+            if session is self._session:  # it reconnects (one broker restarting, or another)
+                self._cluster.refresh_soon(topics)
+                await asyncio.sleep(session.backoff.delay(1))
+            else:  # a leader lost: ask who leads now
+                await self._cluster.await_refresh(topics)
             raise
         except BrokerError as exc:
             if not means_stale_view(exc):
                 raise
-            self._cluster.refresh_soon({e[0] for e in entries})  # fetched again from there
-            await asyncio.sleep(session.backoff.delay(1))
+            # fetched again, from the same offsets, from the leader the refresh names
+            await self._cluster.await_refresh({e[0] for e in entries})
             return
         reset: list[TopicQueue] = []
+        stale: set[str] = set()
         aborted = {(t, q): ab for t, q, _lso, ab in resp.txn if ab}
         for topic, queue, code, msg, hw, _start, topic_id, data in resp.results:
             qst = self._queues.get((topic, queue))
@@ -610,7 +610,7 @@ class AsyncPullConsumer:
                     continue
                 err = error_for_code(code, msg)
                 if means_stale_view(err):  # the leader moved: fetch again from the same offset
-                    self._cluster.refresh_soon((topic,))
+                    stale.add(topic)
                     continue
                 if isinstance(err, BrokerError) and err.retriable:
                     continue
@@ -623,6 +623,8 @@ class AsyncPullConsumer:
                                          aborted.get((topic, queue), ()))
         if reset:
             await self._reset_to(reset, self._reset)
+        if stale:
+            await self._cluster.await_refresh(stale)
 
     async def _read_appeared_topics(self, timeout_s: float) -> None:
         """Start reading the awaited topics that exist now (a rejoin gets their queues)."""
