@@ -203,6 +203,27 @@ def test_each_queue_goes_to_its_leader_over_a_session_per_broker(
     run(main())
 
 
+def test_an_idle_leaders_long_poll_does_not_hold_another_leaders_messages(
+        two_brokers: tuple[Broker, Broker]) -> None:
+    one, two = two_brokers
+
+    async def main() -> None:
+        topic_id = await create(one.address, "t", 2)
+        await create(two.address, "t", 2)
+        async with AsyncProducer(one.address, queue_selector=lambda msg, n: 0) as p:
+            await p.send(Message("t", b"0-on-one"))
+        async with AsyncPullConsumer(one.address, group="", auto_offset_reset="earliest",
+                                     auto_commit=False) as c:
+            c._cluster.leaders.update(view(one, two, topic_id))  # injected, as above
+            await c.assign([("t", 0), ("t", 1)])  # queue 1: broker 2, empty (long polls)
+            started = time.monotonic()
+            got = await c.poll(10.0)
+            assert [msg.body for msg in got] == [b"0-on-one"]
+            assert time.monotonic() - started < 5.0  # not broker 2's 10 s long poll
+
+    run(main())
+
+
 def test_a_lost_leader_is_replaced_by_the_leader_a_refresh_names(
         two_brokers: tuple[Broker, Broker]) -> None:
     one, two = two_brokers
