@@ -56,8 +56,9 @@ log = logging.getLogger("ferrymq.client")
 T = TypeVar("T", bound=tuple[Any, ...])  # (topic, queue, ...)
 
 MIN_REFRESH_INTERVAL_S = 0.1
-"""Least time between two metadata refreshes (Kafka's ``retry.backoff.ms``): leaders move
-rarely, and a burst of NOT_LEADER answers must not become a burst of metadata requests."""
+"""Least time between two metadata refreshes asked for by errors (Kafka's
+``retry.backoff.ms``): leaders move rarely, and a burst of NOT_LEADER answers must not become a
+burst of metadata requests."""
 
 STALE_VIEW_ERRORS = (NotLeaderError, FencedLeaderEpochError, LeaderNotAvailableError,
                      ConnectionClosedError)
@@ -90,7 +91,7 @@ class Cluster:
     Args:
         bootstrap: the client's session over the bootstrap list (owned by the client: it
             closes it; :meth:`close` closes only the broker sessions made here).
-        min_refresh_interval_s: least time between two refreshes.
+        min_refresh_interval_s: least time between two refreshes asked for by errors.
     """
 
     def __init__(self, bootstrap: Session, *,
@@ -123,6 +124,8 @@ class Cluster:
             return boot
         s = self.sessions.get(leader)
         if s is None:
+            if self._closed:  # no new session once closed (it would never be closed)
+                return None
             s = self._session_for(leader)
         return s
 
