@@ -73,3 +73,11 @@ def test_cli_topic_create_refuses_zero_replicas_as_a_usage_error(broker: Broker)
     assert res.returncode == 1 and res.stderr.startswith(
         "error: min_insync (2) cannot exceed replicas (1)"), res.stderr
     assert "zero" not in ok(broker.address, "topic", "list")
+
+
+def test_cli_produce_with_either_acks_and_a_bad_one(broker: Broker) -> None:
+    for acks in ("all", "leader"):
+        out = json.loads(ok(broker.address, "--json", "produce", "acked", "x", "--acks", acks))
+        assert out["durability"] == "fsynced"  # one broker: its own flush either way
+    res = ferrymq(broker.address, "produce", "acked", "x", "--acks", "none")
+    assert res.returncode == 2 and "'none' is not one of 'all', 'leader'" in res.stderr

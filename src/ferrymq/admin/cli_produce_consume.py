@@ -21,6 +21,7 @@ import click
 from ferrymq.admin.cli_params import KEY_VALUE, Position, PositionType
 from ferrymq.admin.cli_state import CliState, pass_state
 from ferrymq.client.message import Message, ReceivedMessage, SendResult
+from ferrymq.client.producer import ACKS
 from ferrymq.client.sync import Producer, PullConsumer
 from ferrymq.protocol.dedup import check_dedup_key
 
@@ -77,10 +78,13 @@ def _stdin_batches(stream: IO[bytes], lines_per_batch: int) -> Iterator[list[byt
 @click.option("--dedup-key", callback=_dedup_key_option,
               help="Dedup key of the message (one BODY only): a topic with a dedup window "
                    "stores it once.")
+@click.option("--acks", type=click.Choice(sorted(ACKS)), default="all", show_default=True,
+              help="On a cluster: answered once every in-sync replica has the message (all), "
+                   "or once the leader has it (leader: losable on a failover).")
 @pass_state
 def produce(state: CliState, topic_name: str, bodies: Sequence[str], tag: str | None,
             keys: Sequence[str], sharding_key: str | None,
-            properties: Sequence[tuple[str, str]], dedup_key: str | None) -> None:
+            properties: Sequence[tuple[str, str]], dedup_key: str | None, acks: str) -> None:
     """Send each BODY to TOPIC, or, without BODY, one message per line of stdin.
 
     Prints the message id, queue and offset of every stored message ("duplicate" after a
@@ -97,7 +101,7 @@ def produce(state: CliState, topic_name: str, bodies: Sequence[str], tag: str | 
     printer = state.printer
     with Producer(state.server, connect_timeout_s=state.connect_timeout_s,
                   delivery_timeout_s=max(PRODUCE_DELIVERY_TIMEOUT_S, state.connect_timeout_s),
-                  **state.client_options) as producer:
+                  acks=acks, **state.client_options) as producer:
         if bodies:
             results: list[SendResult] = list(producer.send_batch([make(b) for b in bodies]))
             printer.sent(results)
