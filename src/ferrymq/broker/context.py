@@ -39,6 +39,19 @@ if TYPE_CHECKING:
     from ferrymq.protocol.codes import ErrorCode
 
 
+class ReplicaService(Protocol):
+    """In a cluster, what the replicas' requests reach
+    (:class:`~ferrymq.cluster.replication.ReplicaManager`)."""
+
+    def replica_fetch(self, conn: ClientConnection, req: Any) -> Body | Awaitable[Body]:
+        """REPLICA_FETCH: a follower's long-polled fetch."""
+        ...
+
+    def offset_for_epoch(self, req: Any) -> Body:
+        """OFFSET_FOR_EPOCH: where an epoch ends on this leader."""
+        ...
+
+
 class BrokerContext(Protocol):
     """The broker as handlers see it: its configuration, clock, state flags and managers."""
 
@@ -106,6 +119,10 @@ class BrokerContext(Protocol):
     @property
     def key_index(self) -> KeyIndexer:
         """Find-by-key."""
+
+    @property
+    def replicas(self) -> ReplicaService | None:
+        """In a cluster, the replica manager (None: a single broker)."""
 
     @property
     def auth(self) -> Authenticator | None:

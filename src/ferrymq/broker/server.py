@@ -40,6 +40,7 @@ from ferrymq.broker.auth import Authenticator, UserStore
 from ferrymq.broker.config import BrokerConfig
 from ferrymq.broker.connection import BrokerConnection
 from ferrymq.broker.consumer_groups import ConsumerGroupCoordinator
+from ferrymq.broker.context import ReplicaService
 from ferrymq.broker.dedup import Deduplicator
 from ferrymq.broker.delivery import DeliveryManager
 from ferrymq.broker.descriptors import DescriptorBudget, plan_descriptors, raise_descriptor_limit
@@ -80,6 +81,8 @@ class BrokerServer:
         self.auth = (Authenticator(UserStore.open(config.users_file), config.auth_failure_delay_ms)
                      if config.users_file else None)
         """Authentication (None: off, every connection has every right)."""
+        self.replicas: ReplicaService | None = None
+        """In a cluster, the replica manager (set by the cluster node; None: a single broker)."""
         self.ssl_context = server_context(config)
         self.limits = ConnectionLimits(config.max_connections, config.max_connections_per_ip)
         self.quota = ByteRateQuota(clock.monotonic)

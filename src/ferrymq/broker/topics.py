@@ -11,6 +11,12 @@ lives in one checkpoint file (``meta/topics``) rewritten atomically on every cha
 mode), the long-poll waiters to wake when it advances, and the flush waiters of sends that are
 acknowledged only when their bytes are fsynced.
 
+In a cluster, a queue this broker leads or follows carries a :class:`ReplicaRole` (set by
+:class:`~ferrymq.cluster.replication.ReplicaManager`): :meth:`QueueState.advance` then reports
+local progress to it instead of moving ``visible_end``, and the role moves ``visible_end`` to
+the high watermark with :meth:`QueueState.show` (consumers read only what the in-sync replicas
+have). A single broker's queues have none: one attribute test is all that costs them.
+
 Limits, checked before anything is created (a refusal is POLICY_VIOLATION naming the limit):
 ``max_topics`` and ``max_total_queues`` count the topics clients create (explicitly or by
 auto-creation); the broker's internal topics (``%RETRY%``, ``%DLQ%``, ``%HALF%``, ``%TXN%``:
@@ -39,6 +45,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Protocol
 
 import msgpack
 
@@ -87,6 +94,27 @@ CLUSTER_TOPIC_ID_BASE = 1 << 24
 topic of a single broker) stay below it, so the two never meet."""
 
 
+class ReplicaRole(Protocol):
+    """What a cluster's replica manager hangs on a queue it leads or follows
+    (:attr:`QueueState.replica`)."""
+
+    def on_local_progress(self, qs: QueueState) -> None:
+        """The local log grew or became more durable (an append, or a flush in sync mode)."""
+        ...
+
+    def check_produce(self, acks: int) -> None:
+        """Raise before anything is appended if a produce with ``acks`` must be refused here
+        (not the leader: NotLeaderError; ``acks="all"`` with too few in-sync replicas:
+        NotEnoughReplicasError)."""
+        ...
+
+    def wait_acks(self, end: int, timeout_ms: int,
+                  cb: Callable[[BaseException | None], None]) -> None:
+        """``acks="all"``: run ``cb(None)`` once the high watermark reaches ``end`` with enough
+        in-sync replicas, ``cb(exc)`` if not within ``timeout_ms``."""
+        ...
+
+
 @dataclass(eq=False)
 class QueueState:
     """One queue: its log plus the broker's bookkeeping around it."""
@@ -102,6 +130,8 @@ class QueueState:
     )
     open_txns: dict[int, int] = field(default_factory=dict)
     """Producer id -> first offset of its open transaction here (owned by the coordinator)."""
+    replica: ReplicaRole | None = None
+    """In a cluster, this broker's role for the queue (None: a single broker's queue)."""
 
     @property
     def lso(self) -> int:
@@ -120,7 +150,15 @@ class QueueState:
             self.waiters.clear()
 
     def advance(self, end: int) -> None:
-        """Make offsets below ``end`` visible and wake long-polling fetches."""
+        """Make offsets below ``end`` visible and wake long-polling fetches; in a cluster, tell
+        the queue's :class:`ReplicaRole` instead (it shows the high watermark)."""
+        if self.replica is not None:
+            self.replica.on_local_progress(self)
+        elif end > self.visible_end:
+            self.show(end)
+
+    def show(self, end: int) -> None:
+        """Make offsets below ``end`` visible (never back) and wake long-polling fetches."""
         if end <= self.visible_end:
             return
         self.visible_end = end

@@ -2,16 +2,23 @@
 
 A single broker (no ``--metadata``) answers CLUSTER_METADATA with itself as the only broker and
 the leader of every queue at epoch 0, so that clients take one path whether they talk to a
-single broker or a cluster; it refuses the replicas' requests (it has no replicas).
+single broker or a cluster; it refuses the replicas' requests (it has no replicas). In a cluster
+the replicas' requests go to the replica manager (``server.replicas``,
+:mod:`ferrymq.cluster.replication`).
 """
 
 from __future__ import annotations
+
+from collections.abc import Awaitable
 
 from ferrymq.broker.context import ClientConnection
 from ferrymq.broker.topics import valid_topic_name
 from ferrymq.errors import InvalidRequestError
 from ferrymq.protocol import messages as m
 from ferrymq.protocol.codes import ErrorCode
+from ferrymq.protocol.messages import Body
+
+NOT_A_CLUSTER = "this broker is not part of a cluster (started without --metadata)"
 
 
 def cluster_metadata(conn: ClientConnection,
@@ -34,12 +41,19 @@ def cluster_metadata(conn: ClientConnection,
     return m.ClusterMetadataResponse("", me, [(me, host, port)], topics)
 
 
-def replica_fetch(conn: ClientConnection, req: m.ReplicaFetchRequest) -> m.ReplicaFetchResponse:
-    """A follower's fetch: only brokers of a cluster have followers."""
-    raise InvalidRequestError("this broker is not part of a cluster (started without --metadata)")
+def replica_fetch(conn: ClientConnection,
+                  req: m.ReplicaFetchRequest) -> Body | Awaitable[Body]:
+    """A follower's fetch: answered by the replica manager (only brokers of a cluster have
+    followers)."""
+    replicas = conn.server.replicas
+    if replicas is None:
+        raise InvalidRequestError(NOT_A_CLUSTER)
+    return replicas.replica_fetch(conn, req)
 
 
-def offset_for_epoch(conn: ClientConnection,
-                     req: m.OffsetForEpochRequest) -> m.OffsetForEpochResponse:
-    """A follower's question after a leader change: only brokers of a cluster have followers."""
-    raise InvalidRequestError("this broker is not part of a cluster (started without --metadata)")
+def offset_for_epoch(conn: ClientConnection, req: m.OffsetForEpochRequest) -> Body:
+    """A follower's question after a leader change: answered by the replica manager."""
+    replicas = conn.server.replicas
+    if replicas is None:
+        raise InvalidRequestError(NOT_A_CLUSTER)
+    return replicas.offset_for_epoch(req)

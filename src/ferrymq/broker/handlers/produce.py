@@ -12,6 +12,12 @@ first (:mod:`ferrymq.broker.txn`). In sync flush mode the response waits until
 every entry's offsets are fsynced (group commit, see :mod:`ferrymq.broker.flusher`), and for a
 duplicate until the message it duplicates is.
 
+In a cluster, a queue this broker leads carries a replica role (:class:`~ferrymq.broker.topics.
+ReplicaRole`): it refuses the entry before the append when it must (not the leader; ``acks="all"``
+with fewer in-sync replicas than ``min_insync``), and with ``acks="all"`` the entry is answered
+when the high watermark covers it (:mod:`ferrymq.cluster.replication`), with ``acks="leader"``
+when the leader's own flush does (sync mode) or at once (async mode).
+
 Back-pressure (:mod:`ferrymq.broker.watermarks`): while memory or free disk is past its
 watermark the whole request is refused (BUSY / STORAGE_FULL with a retry-after) before anything
 is looked at. A write that fails with ENOSPC/EDQUOT leaves nothing behind (the segment cuts the
@@ -33,7 +39,7 @@ from ferrymq.errors import (
     StorageFailureError,
 )
 from ferrymq.protocol import messages as m
-from ferrymq.protocol.messages import Durability
+from ferrymq.protocol.messages import Acks, Durability
 from ferrymq.protocol.records import (
     ATTR_CONTROL,
     ATTR_DEDUP,
@@ -65,6 +71,9 @@ def produce(
             if srv.shutting_down:
                 raise BrokerShuttingDownError("broker is shutting down")
             qs = srv.topics.queue(topic, queue)
+            rep = qs.replica
+            if rep is not None:  # a cluster's queue: not the leader, or too few in-sync
+                rep.check_produce(req.acks)
             srv.flusher.check_writable(qs)
             h = validate_batch(batch, max_message_bytes=cfg.max_message_bytes,
                                max_records=cfg.max_batch_records)
@@ -97,7 +106,9 @@ def produce(
         dups = [] if plan is None else srv.dedup.on_append(plan, qs, res.base_offset,
                                                             res.append_time_ms)
         results.append((topic, queue, 0, "", res.base_offset, res.last_offset,
-                        res.append_time_ms, durability, qs.topic_id, dups))
+                        res.append_time_ms,
+                        durability if rep is None or req.acks != Acks.ALL
+                        else Durability.REPLICATED, qs.topic_id, dups))
         if h.attributes & ATTR_TRANSACTIONAL:
             if not res.duplicate:
                 srv.txn.on_append(qs, h.producer_id, res.base_offset)
@@ -109,9 +120,10 @@ def produce(
             if dues is not None:
                 srv.scheduler.on_append(qs, batch, res.base_offset, res.append_time_ms, dues)
             srv.flusher.mark_dirty(qs)
-            if not sync:
+            if not sync or rep is not None:  # a replica role wakes its followers at once
                 qs.advance(qs.log.end_offset)
-        if sync and res.last_offset + 1 > qs.visible_end:
+        if ((sync or (rep is not None and req.acks == Acks.ALL))
+                and res.last_offset + 1 > qs.visible_end):
             waits.append((qs, res.last_offset + 1, len(results) - 1))
     if not waits:
         return m.ProduceResponse(results)
@@ -128,7 +140,13 @@ def produce(
             fut.set_result(m.ProduceResponse(results))
 
     for qs, end, idx in waits:  # (a retried duplicate may wait for an earlier end)
-        qs.wait_durable(end, functools.partial(done, idx))
+        rep = qs.replica
+        if rep is None:
+            qs.wait_durable(end, functools.partial(done, idx))
+        elif req.acks == Acks.ALL:
+            rep.wait_acks(end, req.timeout_ms, functools.partial(done, idx))
+        else:  # acks="leader" in sync mode: the leader's own fsync
+            qs.when_durable(end, functools.partial(done, idx))
     return fut
 
 
