@@ -1,0 +1,379 @@
+"""Replication's data path between real brokers: followers copy exactly, the high watermark
+and ``acks="all"`` wait for the in-sync replicas, ISR shrink and expand, truncation by epoch.
+
+Each test starts two or three real :class:`~ferrymq.broker.server.BrokerServer`\\ s in this
+process on port 0, each with a real :class:`~ferrymq.cluster.replication.ReplicaManager` wired
+in the way the cluster node does it (``server.replicas``); producers and followers talk over
+real sockets. What the node would do (the metadata store, the roles) is done by the test
+directly: ``on_isr_change`` is a recording stand-in for the node's compare-and-swap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from ferrymq.broker.config import BrokerConfig
+from ferrymq.broker.server import BrokerServer
+from ferrymq.client._transport import Transport
+from ferrymq.cluster.model import QueueRecord
+from ferrymq.cluster.replication import ReplicaManager
+from ferrymq.errors import NotEnoughReplicasError
+from ferrymq.protocol import messages as m
+from ferrymq.protocol.codes import ErrorCode
+from ferrymq.protocol.messages import Acks, Durability
+from ferrymq.protocol.records import RecordInput, encode_batch
+
+pytestmark = pytest.mark.integration
+
+TOPIC = "rep"
+
+
+class Node:
+    """One broker of the test cluster and its replica manager."""
+
+    def __init__(self, broker_id: int, server: BrokerServer, isr_calls: list[tuple[int, list[int]]],
+                 addresses: dict[int, tuple[str, int]]) -> None:
+        self.id = broker_id
+        self.server = server
+        self.isr_calls = isr_calls
+        self.isr_answer = True
+
+        async def on_isr_change(topic: str, queue: int, isr: list[int]) -> bool:
+            isr_calls.append((broker_id, list(isr)))
+            return self.isr_answer
+
+        self.mgr = ReplicaManager(broker_id, 1, server.topics, server.config, server.clock,
+                                  server.flusher, addresses.get, on_isr_change)
+        server.replicas = self.mgr
+
+    @property
+    def log(self):  # type: ignore[no-untyped-def]
+        return self.server.topics.queue(TOPIC, 0).log
+
+    @property
+    def qs(self):  # type: ignore[no-untyped-def]
+        return self.server.topics.queue(TOPIC, 0)
+
+    def data(self) -> bytes:
+        """The whole log's bytes."""
+        return self.log.read(0, 1 << 30)
+
+
+@asynccontextmanager
+async def cluster(tmp_path: Path, n: int, **cfg: object) -> AsyncIterator[list[Node]]:
+    """``n`` brokers (ids 1..n) with topic ``rep`` (one queue) on each."""
+    addresses: dict[int, tuple[str, int]] = {}
+    isr_calls: list[tuple[int, list[int]]] = []
+    nodes: list[Node] = []
+    try:
+        for i in range(1, n + 1):
+            config = BrokerConfig(data_dir=str(tmp_path / f"b{i}"), port=0, broker_id=i,
+                                  **cfg)  # type: ignore[arg-type]
+            srv = BrokerServer(config)
+            await srv.start()
+            addresses[i] = srv.address
+            srv.topics.create(TOPIC, 1, {}, srv.clock.wall_ms())
+            nodes.append(Node(i, srv, isr_calls, addresses))
+        yield nodes
+    finally:
+        for node in nodes:
+            await node.mgr.close()
+            await node.server.stop()
+
+
+def record(leader: int, epoch: int, replicas: list[int], isr: list[int] | None = None
+           ) -> QueueRecord:
+    return QueueRecord(replicas, leader, epoch, list(replicas if isr is None else isr))
+
+
+def assign(nodes: list[Node], rec: QueueRecord, min_insync: int = 1,
+           skip: tuple[int, ...] = ()) -> None:
+    """What the node does on a queue record: the leader leads, the other replicas follow."""
+    for node in nodes:
+        if node.id in skip:
+            continue
+        if node.id == rec.leader:
+            node.mgr.become_leader(TOPIC, 0, rec, min_insync)
+        elif node.id in rec.replicas:
+            node.mgr.become_follower(TOPIC, 0, rec)
+
+
+def batch(i: int, n: int = 3) -> bytes:
+    return bytes(encode_batch([RecordInput(f"m{i}-{k}".encode() * 10, 1) for k in range(n)]))
+
+
+@asynccontextmanager
+async def connect(node: Node) -> AsyncIterator[Transport]:
+    host, port = node.server.address
+    t = await Transport.connect(host, port, 5)
+    try:
+        await t.request(m.HelloRequest("test", "0"), m.HelloResponse, 5)
+        yield t
+    finally:
+        t.close()
+
+
+async def produce(t: Transport, i: int, acks: int = Acks.ALL,
+                  timeout_ms: int = 5000) -> m.ProduceResult:
+    resp = await t.request(m.ProduceRequest(timeout_ms, [(TOPIC, 0, batch(i))], acks),
+                           m.ProduceResponse, timeout_ms / 1000 + 5)
+    return resp.results[0]
+
+
+async def until(cond: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.01)
+
+
+def run(coro_fn: Callable[[], object]) -> None:
+    asyncio.run(coro_fn())  # type: ignore[arg-type]
+
+
+# --- copying -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("flush", ["sync", "async"])
+def test_followers_copy_the_leaders_log_exactly(tmp_path: Path, flush: str) -> None:
+    async def main() -> None:
+        async with cluster(tmp_path, 3, flush=flush) as nodes:
+            assign(nodes, record(1, 1, [1, 2, 3]), min_insync=2)
+            async with connect(nodes[0]) as t:
+                for i in range(20):
+                    res = await produce(t, i)
+                    assert res[2] == 0, res
+                    assert res[7] == Durability.REPLICATED
+                    assert res[4] == 3 * i
+            leader = nodes[0]
+            end = leader.log.end_offset
+            assert end == 60
+            # acks=all answered: the HW covered it, so every in-sync follower has it
+            assert leader.qs.visible_end == end
+            for f in nodes[1:]:
+                assert f.log.end_offset == end
+                assert f.data() == leader.data()  # same bytes, same offsets
+                assert f.log.epochs.entries() == [(1, 0)]
+                if flush == "sync":
+                    assert f.log.durable_offset == end
+    run(main)
+
+
+def test_a_long_poll_is_woken_by_the_append_not_a_timer(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with cluster(tmp_path, 2, replica_fetch_wait_ms=20_000) as nodes:
+            assign(nodes, record(1, 1, [1, 2]), min_insync=2)
+            async with connect(nodes[0]) as t:
+                await produce(t, 0)  # the follower is connected and long-polling
+                await asyncio.sleep(0.2)
+                started = time.monotonic()
+                for i in range(1, 11):
+                    assert (await produce(t, i))[2] == 0
+                took = time.monotonic() - started
+            assert took < 2.0, f"10 acks=all produces took {took:.2f} s with a 20 s long poll"
+    run(main)
+
+
+# --- the high watermark and acks=all -----------------------------------------------------------
+
+
+def test_hw_and_acks_all_wait_for_the_follower(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with cluster(tmp_path, 2) as nodes:
+            leader, follower = nodes
+            rec = record(1, 1, [1, 2])
+            assign(nodes, rec, min_insync=2, skip=(2,))  # the follower does not fetch yet
+            async with connect(leader) as t:
+                pending = asyncio.ensure_future(produce(t, 0, timeout_ms=10_000))
+                await asyncio.sleep(0.5)
+                assert not pending.done()  # stored and fsynced on the leader, not acked
+                assert leader.log.end_offset == 3 and leader.log.durable_offset == 3
+                assert leader.qs.visible_end == 0  # consumers see nothing above the HW
+                fetched = await t.request(m.FetchRequest(0, 0, 1 << 20, [(TOPIC, 0, 0, 1 << 20,
+                                                                          "")]),
+                                          m.FetchResponse, 5)
+                assert fetched.results[0][7] == b"" and fetched.results[0][4] == 0
+                follower.mgr.become_follower(TOPIC, 0, rec)
+                res = await asyncio.wait_for(pending, 5)
+                assert res[2] == 0 and res[4:6] == (0, 2)
+                assert leader.qs.visible_end == 3
+                assert follower.data() == leader.data()
+    run(main)
+
+
+def test_acks_all_times_out_and_acks_leader_does_not_wait(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with cluster(tmp_path, 2) as nodes:
+            assign(nodes, record(1, 1, [1, 2]), min_insync=2, skip=(2,))
+            async with connect(nodes[0]) as t:
+                res = await produce(t, 0, timeout_ms=300)
+                assert res[2] == ErrorCode.NOT_ENOUGH_REPLICAS
+                assert "within 300 ms" in res[3]
+                res = await produce(t, 1, acks=Acks.LEADER)
+                assert res[2] == 0 and res[7] == Durability.FSYNCED
+            assert nodes[0].qs.visible_end == 0
+    run(main)
+
+
+def test_acks_all_is_refused_before_the_append_below_min_insync(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with cluster(tmp_path, 2) as nodes:
+            leader, follower = nodes
+            rec = record(1, 1, [1, 2], isr=[1])
+            assign(nodes, rec, min_insync=2, skip=(2,))
+            async with connect(leader) as t:
+                res = await produce(t, 0)
+                assert res[2] == ErrorCode.NOT_ENOUGH_REPLICAS
+                assert "min_insync 2" in res[3]
+                assert leader.log.end_offset == 0  # nothing stored
+                assert (await produce(t, 1, acks=Acks.LEADER))[2] == 0
+                with pytest.raises(NotEnoughReplicasError, match="min_insync"):
+                    leader.mgr.check_acks_all(TOPIC, 0)
+                # the follower catches up and is taken back: acks=all works again
+                follower.mgr.become_follower(TOPIC, 0, rec)
+                await until(lambda: (1, [1, 2]) in leader.isr_calls)
+                assert (await produce(t, 2))[2] == 0
+                assert follower.data() == leader.data()
+    run(main)
+
+
+def test_fence_fails_waits_and_refuses_acks_all(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with cluster(tmp_path, 2) as nodes:
+            leader, follower = nodes
+            assign(nodes, record(1, 1, [1, 2]), min_insync=2, skip=(2,))
+            async with connect(leader) as t:
+                pending = asyncio.ensure_future(produce(t, 0, timeout_ms=10_000))
+                await until(lambda: leader.log.end_offset == 3)
+                leader.mgr.fence()
+                res = await asyncio.wait_for(pending, 5)
+                assert res[2] == ErrorCode.NOT_LEADER and "metadata store" in res[3]
+                assert (await produce(t, 1))[2] == ErrorCode.NOT_LEADER
+                assert leader.log.end_offset == 3
+                leader.mgr.unfence()
+                follower.mgr.become_follower(TOPIC, 0, record(1, 1, [1, 2]))
+                assert (await produce(t, 2))[2] == 0
+    run(main)
+
+
+def test_a_follower_refuses_produce_and_stale_fetches_are_fenced(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with cluster(tmp_path, 2) as nodes:
+            assign(nodes, record(1, 3, [1, 2]))
+            async with connect(nodes[1]) as t:
+                res = await produce(t, 0)
+                assert res[2] == ErrorCode.NOT_LEADER and "broker 1 leads it" in res[3]
+            async with connect(nodes[0]) as t:
+                stale = m.ReplicaFetchRequest(2, 1, 0, 1 << 20, [(TOPIC, 0, 2, 0, 0)])
+                r = (await t.request(stale, m.ReplicaFetchResponse, 5)).results[0]
+                assert r[2] == ErrorCode.FENCED_LEADER_EPOCH
+                stranger = m.ReplicaFetchRequest(7, 1, 0, 1 << 20, [(TOPIC, 0, 3, 0, 0)])
+                r = (await t.request(stranger, m.ReplicaFetchResponse, 5)).results[0]
+                assert r[2] == ErrorCode.NOT_LEADER
+            async with connect(nodes[1]) as t:  # not the leader
+                req = m.OffsetForEpochRequest(1, [(TOPIC, 0, 3, 3)])
+                r2 = (await t.request(req, m.OffsetForEpochResponse, 5)).results[0]
+                assert r2[2] == ErrorCode.NOT_LEADER
+    run(main)
+
+
+# --- the ISR ------------------------------------------------------------------------------------
+
+
+def test_isr_shrinks_after_the_lag_and_expands_after_catching_up(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with cluster(tmp_path, 3, replica_lag_ms=400) as nodes:
+            leader = nodes[0]
+            rec = record(1, 1, [1, 2, 3])
+            assign(nodes, rec, min_insync=2)
+            async with connect(leader) as t:
+                assert (await produce(t, 0))[2] == 0
+                nodes[2].mgr.stop_replica(TOPIC, 0)  # broker 3 stops fetching
+                started = time.monotonic()
+                res = await produce(t, 1, timeout_ms=10_000)  # waits until 3 is dropped
+                waited = time.monotonic() - started
+                assert res[2] == 0
+                assert (1, [1, 2]) in leader.isr_calls
+                assert 0.3 < waited < 5, waited
+                assert leader.mgr.leaders[(TOPIC, 0)].isr.isr == [1, 2]
+                for i in range(2, 6):  # broker 3 no longer holds acks=all back
+                    assert (await produce(t, i))[2] == 0
+                assert nodes[2].log.end_offset == 3
+                # broker 3 comes back, catches up and is taken back
+                nodes[2].mgr.become_follower(TOPIC, 0, replace(rec, isr=[1, 2]))
+                await until(lambda: (1, [1, 2, 3]) in leader.isr_calls)
+                assert leader.mgr.leaders[(TOPIC, 0)].isr.isr == [1, 2, 3]
+                assert nodes[2].data() == leader.data()
+            assert [c for c in leader.isr_calls if c[0] != 1] == []
+    run(main)
+
+
+def test_a_refused_isr_change_keeps_the_old_isr(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with cluster(tmp_path, 2, replica_lag_ms=200) as nodes:
+            leader = nodes[0]
+            leader.isr_answer = False  # the node's compare-and-swap fails (stale view)
+            assign(nodes, record(1, 1, [1, 2]), min_insync=1, skip=(2,))
+            await until(lambda: len(leader.isr_calls) >= 2)  # proposed again later
+            assert leader.mgr.leaders[(TOPIC, 0)].isr.isr == [1, 2]
+            assert all(c == (1, [1]) for c in leader.isr_calls)
+    run(main)
+
+
+# --- truncation by epoch -------------------------------------------------------------------------
+
+
+def test_a_follower_truncates_a_divergent_tail_after_a_leader_change(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with cluster(tmp_path, 2) as nodes:
+            a, b = nodes
+            assign(nodes, record(1, 1, [1, 2]), min_insync=2)
+            async with connect(a) as t:
+                for i in range(3):
+                    assert (await produce(t, i))[2] == 0  # on both: offsets 0..8
+                b.mgr.stop_replica(TOPIC, 0)  # b is cut off
+                for i in range(3, 5):  # a's tail in epoch 1, never on b: offsets 9..14
+                    assert (await produce(t, i, acks=Acks.LEADER))[2] == 0
+            assert a.log.end_offset == 15 and b.log.end_offset == 9
+            # b becomes leader at epoch 2 (the controller's choice) and writes its own tail
+            a.mgr.stop_replica(TOPIC, 0)
+            b.mgr.become_leader(TOPIC, 0, record(2, 2, [1, 2], isr=[2]), 1)
+            async with connect(b) as t:
+                for i in range(100, 104):
+                    assert (await produce(t, i))[2] == 0  # offsets 9..20 in epoch 2
+            assert b.log.epochs.entries() == [(1, 0), (2, 9)]
+            # a follows b: asks where epoch 1 ends on b (9), truncates its tail, copies b's
+            a.mgr.become_follower(TOPIC, 0, record(2, 2, [1, 2], isr=[2]))
+            await until(lambda: a.log.end_offset == b.log.end_offset)
+            assert a.data() == b.data()
+            assert a.log.epochs.entries() == [(1, 0), (2, 9)]
+            assert b"m3-0" not in a.data()  # the divergent tail is gone
+    run(main)
+
+
+def test_a_new_leader_keeps_the_followers_tail_and_commits_it(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with cluster(tmp_path, 3) as nodes:
+            assign(nodes, record(1, 1, [1, 2, 3]), min_insync=2)
+            async with connect(nodes[0]) as t:
+                for i in range(4):
+                    assert (await produce(t, i))[2] == 0
+            end = nodes[0].log.end_offset
+            # broker 1 dies; 2 leads at epoch 2, 3 follows it: nothing acknowledged is lost
+            nodes[0].mgr.stop_replica(TOPIC, 0)
+            rec = record(2, 2, [1, 2, 3], isr=[2, 3])
+            assign(nodes, rec, min_insync=2, skip=(1,))
+            async with connect(nodes[1]) as t:
+                res = await produce(t, 50)
+                assert res[2] == 0 and res[4] == end
+            assert nodes[2].data() == nodes[1].data()
+            assert nodes[1].data().startswith(nodes[0].data())
+    run(main)
