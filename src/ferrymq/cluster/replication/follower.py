@@ -261,6 +261,7 @@ class Fetcher:
                 await self._rest(self._next_rest())
                 continue
             req = self._request(ready, wait_ms, self.host.fetch_bytes * len(ready))
+            self._report = False  # the long poll carries the durable offsets
             fut = t.send(req)
             fut.add_done_callback(_retrieved)  # it may be left behind (superseded, closed)
             while not fut.done():

@@ -80,6 +80,7 @@ class LeaderQueue:
         qs.visible_end = self.hw  # (a follower's visible end is its last known HW)
         self.fetch_waiters: set[asyncio.Future[None]] = set()
         """Followers' long polls, woken by every append."""
+        self._woken_at = lg.end_offset
         self._acks: list[tuple[int, int, list[AckCallback | asyncio.TimerHandle | None]]] = []
         self._seq = itertools.count()
 
@@ -90,7 +91,10 @@ class LeaderQueue:
 
     def on_local_progress(self, qs: QueueState) -> None:
         """The leader's log grew (wake the followers) or became durable (the HW may move)."""
-        self.wake_fetchers()
+        end = qs.log.end_offset
+        if end > self._woken_at:  # (a flush round alone gives followers nothing new)
+            self._woken_at = end
+            self.wake_fetchers()
         self.update_hw()
 
     def check_produce(self, acks: int) -> None:
