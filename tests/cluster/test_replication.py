@@ -67,7 +67,8 @@ class Node:
 
 
 @asynccontextmanager
-async def cluster(tmp_path: Path, n: int, **cfg: object) -> AsyncIterator[list[Node]]:
+async def cluster(tmp_path: Path, n: int, topic_config: dict[str, str] | None = None,
+                  **cfg: object) -> AsyncIterator[list[Node]]:
     """``n`` brokers (ids 1..n) with topic ``rep`` (one queue) on each."""
     addresses: dict[int, tuple[str, int]] = {}
     isr_calls: list[tuple[int, list[int]]] = []
@@ -79,7 +80,7 @@ async def cluster(tmp_path: Path, n: int, **cfg: object) -> AsyncIterator[list[N
             srv = BrokerServer(config)
             await srv.start()
             addresses[i] = srv.address
-            srv.topics.create(TOPIC, 1, {}, srv.clock.wall_ms())
+            srv.topics.create(TOPIC, 1, topic_config or {}, srv.clock.wall_ms())
             nodes.append(Node(i, srv, isr_calls, addresses))
         yield nodes
     finally:
@@ -376,4 +377,25 @@ def test_a_new_leader_keeps_the_followers_tail_and_commits_it(tmp_path: Path) ->
                 assert res[2] == 0 and res[4] == end
             assert nodes[2].data() == nodes[1].data()
             assert nodes[1].data().startswith(nodes[0].data())
+    run(main)
+
+
+def test_a_follower_behind_the_leaders_start_starts_again_there(tmp_path: Path) -> None:
+    async def main() -> None:
+        config = {"segment_bytes": "2000", "retention_ms": "1"}
+        async with cluster(tmp_path, 2, config) as nodes:
+            leader, follower = nodes
+            rec = record(1, 1, [1, 2], isr=[1])
+            assign(nodes, rec, skip=(2,))  # the follower is away
+            async with connect(leader) as t:
+                for i in range(30):
+                    assert (await produce(t, i))[2] == 0
+            leader.log.delete_old_segments(leader.server.clock.wall_ms() + 60_000)
+            start = leader.log.start_offset
+            assert start > 0  # retention on the leader took what the follower lacks
+            follower.mgr.become_follower(TOPIC, 0, rec)
+            await until(lambda: follower.log.end_offset == leader.log.end_offset)
+            assert follower.log.start_offset == start
+            assert follower.log.read(start, 1 << 30) == leader.log.read(start, 1 << 30)
+            assert follower.log.epochs.entries() == leader.log.epochs.entries()
     run(main)

@@ -28,7 +28,9 @@ long-polled REPLICA_FETCH at a time covering every queue.
 4. **Errors.** NOT_LEADER / FENCED_LEADER_EPOCH: the metadata is catching up (the node will
    call :meth:`~ferrymq.cluster.replication.ReplicaManager.become_follower` with the new
    record); the queue rests briefly and is asked again. OFFSET_OUT_OF_RANGE past the leader's
-   end: truncate again. A lost connection: reconnect with a capped backoff.
+   end: truncate again; before the leader's start (retention there): empty the log and start
+   it at the leader's start (``Log.truncate_fully_and_start_at``). A lost connection:
+   reconnect with a capped backoff.
 
 The follower's ``visible_end`` follows the leader's high watermark (capped at its own log end);
 consumers do not read it (the node answers NOT_LEADER), but a follower that becomes leader
@@ -385,7 +387,9 @@ class Fetcher:
                     break
                 while todo and todo[0][1] <= h.base_offset:
                     epoch, start = todo.pop(0)
-                    if start < have:  # an epoch starting inside what we have: diverged
+                    if start < have and lg.epochs.latest() is None and lg.start_offset == have:
+                        start = have  # an empty log started at the leader's start
+                    elif start < have:  # an epoch starting inside what we have: diverged
                         log.warning("%s: leader epoch %d starts at %d, below the log end %d: "
                                     "truncating again", fq, epoch, start, have)
                         fq.truncated = False
@@ -406,8 +410,21 @@ class Fetcher:
             log.debug("%s: %s (waiting for the metadata)", fq, msg)
             fq.rest_until = now + RETRY_AFTER_METADATA_S
             return
-        if code == ErrorCode.OFFSET_OUT_OF_RANGE and fq.qs.log.end_offset > leader_end >= 0:
+        lg = fq.qs.log
+        if code == ErrorCode.OFFSET_OUT_OF_RANGE and lg.end_offset > leader_end >= 0:
             fq.truncated = False
+            return
+        if code == ErrorCode.OFFSET_OUT_OF_RANGE and 0 <= lg.end_offset < leader_start:
+            log.warning("%s: the log ends at %d, before the leader's start %d (retention "
+                        "there): starting again at %d", fq, lg.end_offset, leader_start,
+                        leader_start)
+            try:
+                lg.truncate_fully_and_start_at(leader_start)
+            except OSError as exc:
+                log.error("%s: cannot empty the log: %s", fq, exc)
+                fq.rest_until = now + RETRY_AFTER_ERROR_S
+                return
+            fq.qs.visible_end = leader_start
             return
         log.error("%s: %s", fq, msg)
         fq.rest_until = now + RETRY_AFTER_ERROR_S
