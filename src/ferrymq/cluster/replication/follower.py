@@ -376,6 +376,7 @@ class Fetcher:
         todo = [e for e in entries if e[0] > lg.epochs.latest_epoch()]
         copied = False
         try:
+            self.host.flusher.check_writable(fq.qs)  # its last fsync failed: copy nothing
             for pos, h in iter_batches(data):
                 have = lg.end_offset
                 if h.last_offset < have:
@@ -397,7 +398,7 @@ class Fetcher:
                     lg.epochs.assign(epoch, start)
                 lg.append_replica(data[pos:pos + h.size])
                 copied = True
-        except (StorageError, OSError) as exc:
+        except (StorageError, OSError, BrokerError) as exc:
             log.error("%s: copying from the leader failed: %s", fq, exc)
             fq.truncated = False
             fq.rest_until = self.host.monotonic() + RETRY_AFTER_ERROR_S

@@ -94,7 +94,8 @@ class ReplicaManager:
             incarnation: this start's incarnation (sent with every REPLICA_FETCH).
             topics: the broker's queues.
             config: ``flush`` (sync: positions are durable offsets), ``replica_lag_ms``,
-                ``replica_fetch_wait_ms``, ``replica_fetch_bytes``, ``max_fetch_bytes``.
+                ``replica_fetch_wait_ms``, ``replica_fetch_bytes``, ``max_fetch_bytes``,
+                ``max_fetch_wait_ms`` (the longest follower long poll served).
             clock: its ``monotonic`` times the ISR rules.
             flusher: the broker's group commit (followers' copies are flushed by it).
             address_of: a live broker's (host, port), or None.
@@ -117,7 +118,8 @@ class ReplicaManager:
         self.followers: dict[tuple[str, int], FollowerQueue] = {}
         self.fetchers: dict[int, Fetcher] = {}
         self._server = ReplicaServer(broker_id, self.leaders, config.max_fetch_bytes,
-                                     config.replica_fetch_bytes, self.now_ms)
+                                     config.replica_fetch_bytes, config.max_fetch_wait_ms,
+                                     self.now_ms)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._ticker: asyncio.Task[None] | None = None
 

@@ -46,10 +46,12 @@ class ReplicaServer:
     """Answers followers' REPLICA_FETCH and OFFSET_FOR_EPOCH from the queues led here."""
 
     def __init__(self, broker_id: int, leaders: dict[tuple[str, int], LeaderQueue],
-                 max_fetch_bytes: int, entry_bytes: int, now_ms: Callable[[], int]) -> None:
+                 max_fetch_bytes: int, entry_bytes: int, max_wait_ms: int,
+                 now_ms: Callable[[], int]) -> None:
         self.broker_id = broker_id
         self.leaders = leaders
         self.max_fetch_bytes = max_fetch_bytes
+        self.max_wait_ms = max_wait_ms
         self.entry_bytes = entry_bytes
         self.now_ms = now_ms
         self._polls: dict[int, asyncio.Future[None]] = {}
@@ -76,7 +78,7 @@ class ReplicaServer:
         for lq in waitable:
             lq.fetch_waiters.add(w)
         try:
-            await asyncio.wait_for(w, req.max_wait_ms / 1000)
+            await asyncio.wait_for(w, min(req.max_wait_ms, self.max_wait_ms) / 1000)
         except TimeoutError:
             pass
         finally:
