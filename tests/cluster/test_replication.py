@@ -21,6 +21,7 @@ import pytest
 
 from ferrymq.broker.config import BrokerConfig
 from ferrymq.broker.server import BrokerServer
+from ferrymq.client import AsyncProducer, Message
 from ferrymq.client._transport import Transport
 from ferrymq.cluster.model import QueueRecord
 from ferrymq.cluster.replication import ReplicaManager
@@ -398,4 +399,22 @@ def test_a_follower_behind_the_leaders_start_starts_again_there(tmp_path: Path) 
             assert follower.log.start_offset == start
             assert follower.log.read(start, 1 << 30) == leader.log.read(start, 1 << 30)
             assert follower.log.epochs.entries() == leader.log.epochs.entries()
+    run(main)
+
+
+def test_the_real_producer_gets_replicated_acks_and_a_follower_the_same_bytes(
+        tmp_path: Path) -> None:
+    async def main() -> None:
+        async with cluster(tmp_path, 3) as nodes:
+            assign(nodes, record(1, 1, [1, 2, 3]), min_insync=2)
+            host, port = nodes[0].server.address
+            async with AsyncProducer(f"{host}:{port}", acks="all") as producer:
+                results = await asyncio.gather(*(
+                    producer.send(Message(TOPIC, f"body-{i}")) for i in range(50)))
+            assert {r.durability.name for r in results} == {"REPLICATED"}
+            assert sorted(r.offset for r in results) == list(range(50))
+            for f in nodes[1:]:  # idempotent batches: producer state copied with them
+                assert f.data() == nodes[0].data()
+                assert (dict(f.log.producer_state.entries)
+                        == dict(nodes[0].log.producer_state.entries))
     run(main)
