@@ -418,3 +418,33 @@ def test_the_real_producer_gets_replicated_acks_and_a_follower_the_same_bytes(
                 assert (dict(f.log.producer_state.entries)
                         == dict(nodes[0].log.producer_state.entries))
     run(main)
+
+
+def test_a_restarted_follower_takes_the_leaders_hw_not_its_log_end(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with cluster(tmp_path, 3) as nodes:
+            a, b, _c = nodes
+            rec = record(1, 1, [1, 2, 3])
+            assign(nodes, rec, min_insync=2, skip=(3,))  # 3 is in the ISR but away: HW stays
+            async with connect(a) as t:
+                for i in range(2):
+                    assert (await produce(t, i, acks=Acks.LEADER))[2] == 0
+            await until(lambda: b.log.end_offset == 6 and b.log.durable_offset == 6)
+            assert a.qs.visible_end == 0
+            # b restarts: recovery shows its whole log, 6, above the leader's HW
+            await b.mgr.close()
+            await b.server.stop()
+            srv = BrokerServer(b.server.config)
+            await srv.start()
+            b.server = srv
+            b.mgr = ReplicaManager(2, 2, srv.topics, srv.config, srv.clock, srv.flusher,
+                                   {1: a.server.address}.get, b.mgr._on_isr_change)
+            srv.replicas = b.mgr
+            assert b.qs.visible_end == 6
+            b.mgr.become_follower(TOPIC, 0, rec)
+            await until(lambda: b.qs.visible_end == 0)
+            # so as leader (broker 1 gone) it starts from the HW it knows, not from 6
+            a.mgr.stop_replica(TOPIC, 0)
+            b.mgr.become_leader(TOPIC, 0, record(2, 2, [1, 2, 3], isr=[2, 3]), 2)
+            assert b.mgr.high_watermark(TOPIC, 0) == 0
+    run(main)

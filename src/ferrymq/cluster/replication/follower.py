@@ -165,6 +165,12 @@ class Fetcher:
         """Start the fetch task."""
         self._task = asyncio.get_running_loop().create_task(
             self._run(), name=f"ferrymq-replica-fetcher-{self.leader}")
+        self._task.add_done_callback(self._ended)
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.error("replication from broker %d stopped: %r", self.leader, exc,
+                      exc_info=exc)
 
     def add(self, fq: FollowerQueue) -> None:
         """Fetch ``fq`` too (after truncating it)."""
@@ -189,12 +195,13 @@ class Fetcher:
 
     async def close(self) -> None:
         """Stop the task and the connection."""
-        self._closed = True  # (a cancellation asyncio.wait_for swallowed ends the loop too)
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        self._closed = True
+        task, self._task = self._task, None
+        # Python 3.11's asyncio.wait_for swallows a cancellation that arrives as the awaited
+        # answer does: cancel until the task has ended (the loops also check _closed)
+        while task is not None and not task.done():
+            task.cancel()
+            await asyncio.wait({task}, timeout=0.1)
         if self.transport is not None:
             self.transport.close("the follower stopped")
             self.transport = None
@@ -255,7 +262,7 @@ class Fetcher:
     async def _session(self, t: Transport) -> None:
         wait_ms = self.host.fetch_wait_ms
         answer_s = wait_ms / 1000 + self.host.connect_timeout_s
-        while True:
+        while not self._closed:
             self._changed = False
             await self._truncate(t)
             ready = self._ready()
@@ -365,7 +372,9 @@ class Fetcher:
                 continue
             if data and self._copy(fq, data, epochs.get((topic, queue), [])):
                 copied.append(fq)
-            fq.qs.show(min(hw, fq.qs.log.end_offset))
+            # the leader's HW, even below what this replica showed before (its recovered log
+            # end after a restart): a follower is not read, and a leader starts from it
+            fq.qs.visible_end = min(hw, fq.qs.log.end_offset)
         for fq in copied:  # sync mode: the group commit fsyncs them; the report follows
             self.host.flusher.mark_dirty(fq.qs)
 
