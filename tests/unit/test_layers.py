@@ -67,7 +67,8 @@ STORAGE = _modules("storage")
 CLIENT = _modules("client")
 SPARK = _modules("spark")
 BELOW_SERVER = [p for p in _modules("broker") if p.relative_to(PKG).as_posix() not in (
-    "broker/server.py", "broker/__init__.py", "broker/__main__.py", "broker/embedded.py")]
+    "broker/server.py", "broker/__init__.py", "broker/__main__.py", "broker/embedded.py",
+    "broker/cluster_link.py")]  # the server's own part in a cluster: built only by the server
 HANDLER_SIDE = [*_modules("broker/handlers"),
                 *(PKG / "broker" / f"{name}.py" for name in ("acl", "auth", "context"))]
 BANNED_IN_PROTOCOL = {"asyncio", "socket", "os", "time", "selectors", "threading",

@@ -24,6 +24,7 @@ from ferrymq.protocol.messages import Body
 
 if TYPE_CHECKING:
     from ferrymq._time import Clock
+    from ferrymq.broker.cluster_link import ClusterLink
     from ferrymq.broker.config import BrokerConfig
     from ferrymq.broker.consumer_groups import ConsumerGroupCoordinator
     from ferrymq.broker.dedup import Deduplicator
@@ -59,6 +60,10 @@ class BrokerContext(Protocol):
     def address(self) -> tuple[str, int]:
         """The (host, port) the broker listens on."""
         ...
+
+    @property
+    def cluster(self) -> ClusterLink | None:
+        """This broker's part in a cluster (None: a single broker)."""
 
     @property
     def config(self) -> BrokerConfig:

@@ -30,7 +30,7 @@ import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from ferrymq import _faults, _sockets
 from ferrymq._faults import NO_FAULTS, Faults
@@ -61,6 +61,10 @@ from ferrymq.storage import LogConfig
 from ferrymq.storage.files import fsync_directory
 from ferrymq.storage.handles import FileHandles
 
+if TYPE_CHECKING:
+    from ferrymq.broker.cluster_link import ClusterLink
+    from ferrymq.cluster.metadata import MetadataStore
+
 log = logging.getLogger("ferrymq.broker")
 
 CLEAN_SHUTDOWN_MARKER = ".clean_shutdown"
@@ -71,7 +75,11 @@ HOUSEKEEPING_INTERVAL_S = 0.5
 class BrokerServer:
     """One broker. Create, ``await start()``, ``await stop()`` (or ``await run()``)."""
 
-    def __init__(self, config: BrokerConfig, clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(self, config: BrokerConfig, clock: Clock = SYSTEM_CLOCK, *,
+                 metadata_store: MetadataStore | None = None) -> None:
+        """A broker of ``config``; ``metadata_store``: the cluster's store object to use
+        instead of opening ``config.metadata`` (tests run brokers of one process on one memory
+        store)."""
         self.config = config
         self.clock = clock
         self.sync_flush = config.flush == "sync"
@@ -112,6 +120,9 @@ class BrokerServer:
         self._stopped = asyncio.Event()
         self._last_retention = 0.0
         self.shutdown_error: BaseException | None = None
+        self._metadata_store = metadata_store
+        self.cluster: ClusterLink | None = None
+        """This broker's part in a cluster (None without ``metadata``)."""
 
     def now_monotonic_ms(self) -> int:
         """Monotonic milliseconds (sessions, timeouts)."""
@@ -162,6 +173,8 @@ class BrokerServer:
             _sockets.tune_listener(listener)
         sock = self._server.sockets[0].getsockname()
         self.address = (sock[0], sock[1])
+        if cfg.metadata:
+            await self._join_cluster()
         self._tasks.append(loop.create_task(self._housekeeping()))
         self._tasks.append(loop.create_task(self._delivery_ticks()))
         self.scheduler.start()
@@ -177,6 +190,20 @@ class BrokerServer:
         log.info("security: %s, %s", "TLS" if self.ssl_context else "plain TCP (no TLS)",
                  f"authentication on ({len(self.auth.store.users)} users)" if self.auth
                  else "authentication OFF (every client may do everything)")
+
+    async def _join_cluster(self) -> None:
+        """Join the cluster of ``metadata``; on failure stop everything started and raise."""
+        from ferrymq.broker.cluster_link import ClusterLink
+
+        self.cluster = ClusterLink(self, self._metadata_store)
+        try:
+            await self.cluster.start()
+        except BaseException:
+            link, self.cluster = self.cluster, None
+            with contextlib.suppress(Exception):
+                await link.stop()
+            await self.stop()
+            raise
 
     def _lock_data_dir(self) -> None:
         """Take the data directory's lock (creating the directory and its lock file).
@@ -288,6 +315,8 @@ class BrokerServer:
     async def _shutdown(self) -> None:
         if self._server is not None:
             self._server.close()
+        if self.cluster is not None:  # first: the lease goes, leadership moves at once
+            await self.cluster.stop()
         self.scheduler.stop()
         self.half_messages.stop()  # answers waiting check polls
         for qs in self.topics.all_queues():  # answer long polls now

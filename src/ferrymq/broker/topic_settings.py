@@ -19,7 +19,7 @@ from ferrymq.errors import InvalidConfigError
 from ferrymq.protocol.dedup import MAX_DEDUP_WINDOW_MS
 from ferrymq.storage.log import MAX_SEGMENT_BYTES
 
-__all__ = ["LOG_SETTINGS", "MAX_SETTING_VALUE", "TOPIC_SETTINGS", "TopicSetting",
+__all__ = ["BOOLEAN_TOPIC_SETTINGS", "LOG_SETTINGS", "MAX_SETTING_VALUE", "TOPIC_SETTINGS", "TopicSetting",
            "parse_topic_config"]
 
 MAX_SETTING_VALUE = (1 << 63) - 1
@@ -80,6 +80,10 @@ TOPIC_SETTINGS: dict[str, TopicSetting] = {
     )
 }
 """Every per-topic setting, by name."""
+BOOLEAN_TOPIC_SETTINGS = frozenset(("unclean_leader_election",))
+"""Per-topic settings whose value is ``true`` or ``false`` (parsed as 1 or 0). On a cluster,
+``unclean_leader_election=true`` lets the controller give an offline queue to a live replica
+outside the ISR (it may lack acknowledged messages: Kafka's setting of the same name)."""
 LOG_SETTINGS = frozenset(("retention_ms", "retention_bytes", "segment_bytes", "segment_ms"))
 """The topic settings that are :class:`~ferrymq.storage.LogConfig` fields."""
 
@@ -92,9 +96,15 @@ def parse_topic_config(config: Mapping[str, str]) -> dict[str, int]:
     """
     out: dict[str, int] = {}
     for key, value in config.items():
+        if key in BOOLEAN_TOPIC_SETTINGS:
+            if not isinstance(value, str) or value.lower() not in ("true", "false"):
+                raise InvalidConfigError(f"topic setting {key}={repr(value)[:40]} is not valid: "
+                                         f"use true or false")
+            out[key] = int(value.lower() == "true")
+            continue
         setting = TOPIC_SETTINGS.get(key)
         if setting is None:
-            raise InvalidConfigError(
-                f"unknown topic setting {repr(key)[:64]}; known: {', '.join(TOPIC_SETTINGS)}")
+            known = ", ".join([*TOPIC_SETTINGS, *sorted(BOOLEAN_TOPIC_SETTINGS)])
+            raise InvalidConfigError(f"unknown topic setting {repr(key)[:64]}; known: {known}")
         out[setting.name] = setting.parse(value)
     return out

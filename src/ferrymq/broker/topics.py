@@ -476,15 +476,7 @@ class TopicRegistry:
         ``topic_id``: the id a cluster gave the topic (at least ``CLUSTER_TOPIC_ID_BASE``);
         None: the next local id.
         """
-        check_topic_name(name, internal_ok=internal_ok)
-        if name in self.topics:
-            raise TopicAlreadyExistsError(f"topic {name!r} exists")
-        if not 1 <= queues <= self._max_queues:
-            raise InvalidConfigError(
-                f"queues must be 1..{self._max_queues} (max_queues), not {queues}")
-        parse_topic_config(config)
-        if not name.startswith(INTERNAL_PREFIX):
-            self._check_limits(name, queues)
+        self.check_new_topic(name, queues, config, internal_ok=internal_ok)
         if not internal_ok and "dedup_window_ms" not in config and self._default_dedup_window_ms:
             config = {**config, "dedup_window_ms": str(self._default_dedup_window_ms)}
         self._check_dedup_window(config)
@@ -504,6 +496,24 @@ class TopicRegistry:
             raise
         log.info("created topic %s (id %d, %d queues)", name, topic_id, queues)
         return topic
+
+    def check_new_topic(self, name: str, queues: int, config: dict[str, str], *,
+                        internal_ok: bool = False) -> None:
+        """The checks of :meth:`create` (name, queue count, settings, limits), creating nothing.
+
+        Raises:
+            InvalidTopicNameError, TopicAlreadyExistsError, InvalidConfigError,
+            PolicyViolationError: as :meth:`create`.
+        """
+        check_topic_name(name, internal_ok=internal_ok)
+        if name in self.topics:
+            raise TopicAlreadyExistsError(f"topic {name!r} exists")
+        if not 1 <= queues <= self._max_queues:
+            raise InvalidConfigError(
+                f"queues must be 1..{self._max_queues} (max_queues), not {queues}")
+        parse_topic_config(config)
+        if not name.startswith(INTERNAL_PREFIX):
+            self._check_limits(name, queues)
 
     def auto_create(self, name: str, queues: int, now_ms: int, *, who: str | object) -> Topic:
         """Create a topic a client asked for by name (a produce or a metadata request), within

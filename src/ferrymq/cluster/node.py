@@ -33,7 +33,7 @@ import contextlib
 import json
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -108,8 +108,9 @@ class ClusterNode:
         self._url = metadata_url
         self._data_dir = data_dir
         self.advertised = advertised
-        self._lease_ttl_s = max(2, lease_ms // 1000)
+        self.lease_ttl_s = max(2, lease_ms // 1000)
         self.store: MetadataStore = store if store is not None else open_store(metadata_url)
+        self._owns_store = store is None
         self._monotonic = monotonic
         self.view = ClusterView()
         self.incarnation = 0
@@ -149,7 +150,7 @@ class ClusterNode:
         await self._register()
         await self._load()
 
-    def start_background(self, controller_run: Callable[[], asyncio.Future[None]] | None = None
+    def start_background(self, controller_run: Callable[[], Awaitable[None]] | None = None
                          ) -> None:
         """Start the lease keeper, the watch and (if given) the controller's campaign."""
         loop = asyncio.get_running_loop()
@@ -170,8 +171,9 @@ class ClusterNode:
         if self.lease:
             with contextlib.suppress(MetadataError, OSError):
                 await asyncio.wait_for(self.store.revoke_lease(self.lease), 2)
-        with contextlib.suppress(MetadataError, OSError):
-            await self.store.close()
+        if self._owns_store:  # a store given by the caller is the caller's to close
+            with contextlib.suppress(MetadataError, OSError):
+                await self.store.close()
 
     async def _identity(self) -> ClusterIdentity:
         kv = await self.store.get(self.keys.identity)
@@ -205,7 +207,7 @@ class ClusterNode:
 
     async def _register(self) -> None:
         key = self.keys.broker(self.broker_id)
-        self.lease = await self.store.grant_lease(self._lease_ttl_s)
+        self.lease = await self.store.grant_lease(self.lease_ttl_s)
         record = BrokerRecord(self.broker_id, self.advertised[0], self.advertised[1], 0)
         rev = await self.store.commit([Check(key, 0)], [Put(key, record.encode(), self.lease)])
         if rev is None:
@@ -363,7 +365,7 @@ class ClusterNode:
     # --- background --------------------------------------------------------------------------
 
     async def _keep_lease(self) -> None:
-        interval = self._lease_ttl_s / 3
+        interval = self.lease_ttl_s / 3
         while True:
             await asyncio.sleep(min(interval, 0.5) if self.fenced else interval)
             try:
@@ -380,7 +382,7 @@ class ClusterNode:
                 await self._rejoin()
             except (MetadataUnavailableError, TimeoutError, OSError) as exc:
                 if (not self.fenced
-                        and self._monotonic() - self._last_renewal > self._lease_ttl_s / 2):
+                        and self._monotonic() - self._last_renewal > self.lease_ttl_s / 2):
                     self.fenced = True
                     log.error("metadata store unreachable for %.1f s (%s): not acknowledging "
                               "acks=all writes until it is back (the lease could expire)",
@@ -402,7 +404,7 @@ class ClusterNode:
                 await self._load()
                 break
             except ClusterStartError:  # our old key not gone yet: it goes with its lease
-                await asyncio.sleep(self._lease_ttl_s / 3)
+                await asyncio.sleep(self.lease_ttl_s / 3)
             except (MetadataUnavailableError, OSError):
                 await asyncio.sleep(0.5)
         self.fenced = False
@@ -419,7 +421,7 @@ class ClusterNode:
             with contextlib.suppress(MetadataUnavailableError, OSError):
                 await self._load()
 
-    async def _run_controller(self, run: Callable[[], asyncio.Future[None]]) -> None:
+    async def _run_controller(self, run: Callable[[], Awaitable[None]]) -> None:
         while True:
             try:
                 await run()

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING
 
 from ferrymq._version import __version__
 from ferrymq.broker.topics import valid_topic_name
-from ferrymq.errors import InvalidTopicNameError, UnknownTopicError
+from ferrymq.errors import InvalidTopicNameError, TopicAlreadyExistsError, UnknownTopicError
 from ferrymq.protocol import messages as m
 from ferrymq.protocol.codes import ErrorCode
 
@@ -34,7 +35,8 @@ def ping(conn: ClientConnection, req: m.PingRequest) -> m.Empty:
     return m.Empty()
 
 
-def metadata(conn: ClientConnection, req: m.MetadataRequest) -> m.MetadataResponse:
+def metadata(conn: ClientConnection,
+             req: m.MetadataRequest) -> m.MetadataResponse | Awaitable[m.MetadataResponse]:
     """Topics with ids and queue counts; creates missing topics when asked and allowed.
 
     A name that is not valid is answered INVALID_TOPIC_NAME in its entry. A creation refused by
@@ -44,6 +46,9 @@ def metadata(conn: ClientConnection, req: m.MetadataRequest) -> m.MetadataRespon
     """
     srv = conn.server
     reg = srv.topics
+    if srv.cluster is not None and req.topics is not None and req.auto_create \
+            and srv.config.auto_create_topics and any(n not in reg.topics for n in req.topics):
+        return _cluster_metadata_creating(conn, req)
     if req.topics is None:
         return m.MetadataResponse(
             [(t.name, t.topic_id, len(t.queues), 0, t.dedup_window_ms)
@@ -67,19 +72,60 @@ def metadata(conn: ClientConnection, req: m.MetadataRequest) -> m.MetadataRespon
     return m.MetadataResponse(out)
 
 
-def create_topic(conn: ClientConnection, req: m.CreateTopicRequest) -> m.CreateTopicResponse:
+async def _cluster_metadata_creating(conn: ClientConnection,
+                                     req: m.MetadataRequest) -> m.MetadataResponse:
+    """METADATA on a cluster that must auto-create topics first: through the metadata store
+    (the topic gets the cluster's default replicas), then answered as usual."""
+    srv = conn.server
+    assert srv.cluster is not None
+    assert req.topics is not None
+    for name in req.topics:
+        if name in srv.topics.topics or not valid_topic_name(name):
+            continue
+        try:
+            await srv.cluster.create_topic(name, srv.config.default_queues, {}, -1, -1)
+        except TopicAlreadyExistsError:
+            pass  # created by another client meanwhile
+    answer = metadata(conn, m.MetadataRequest(req.topics, False))
+    assert isinstance(answer, m.MetadataResponse)
+    return answer
+
+
+def create_topic(conn: ClientConnection, req: m.CreateTopicRequest
+                 ) -> m.CreateTopicResponse | Awaitable[m.CreateTopicResponse]:
     """Create a topic (checked first: name, queues, settings, ``max_topics``,
-    ``max_total_queues``)."""
+    ``max_total_queues``); on a cluster through the metadata store, with ``replicas`` and
+    ``min_insync``."""
+    if conn.server.cluster is not None:
+        return _cluster_create_topic(conn, req)
     t = conn.server.topics.create(req.name, req.queues, req.config, conn.server.clock.wall_ms())
     return m.CreateTopicResponse(t.topic_id, len(t.queues))
 
 
-def delete_topic(conn: ClientConnection, req: m.DeleteTopicRequest) -> m.Empty:
-    """Delete a topic, its data and the groups' offsets on it."""
+async def _cluster_create_topic(conn: ClientConnection,
+                                req: m.CreateTopicRequest) -> m.CreateTopicResponse:
+    assert conn.server.cluster is not None
+    t = await conn.server.cluster.create_topic(req.name, req.queues, req.config, req.replicas,
+                                               req.min_insync)
+    return m.CreateTopicResponse(t.topic_id, t.queues)
+
+
+def delete_topic(conn: ClientConnection, req: m.DeleteTopicRequest
+                 ) -> m.Empty | Awaitable[m.Empty]:
+    """Delete a topic, its data and the groups' offsets on it (on a cluster: on every
+    broker, through the metadata store)."""
+    if conn.server.cluster is not None:
+        return _cluster_delete_topic(conn, req)
     topic_id = conn.server.topics.get(req.name).topic_id
     conn.server.topics.delete(req.name)
     conn.server.consumer_groups.forget_topic(req.name)
     conn.server.dedup.forget(topic_id)
+    return m.Empty()
+
+
+async def _cluster_delete_topic(conn: ClientConnection, req: m.DeleteTopicRequest) -> m.Empty:
+    assert conn.server.cluster is not None
+    await conn.server.cluster.delete_topic(req.name)
     return m.Empty()
 
 

@@ -25,6 +25,8 @@ def cluster_metadata(conn: ClientConnection,
                      req: m.ClusterMetadataRequest) -> m.ClusterMetadataResponse:
     """Brokers, the controller and who leads each queue."""
     srv = conn.server
+    if srv.cluster is not None:
+        return srv.cluster.cluster_metadata(req)
     reg = srv.topics
     names = sorted(reg.topics) if req.topics is None else req.topics
     topics: list[m.TopicLeadership] = []

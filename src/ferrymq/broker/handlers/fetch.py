@@ -105,6 +105,8 @@ def _read_all(
     for (topic, queue, offset, max_bytes, _expr), tags in zip(req.entries, filters, strict=True):
         try:
             qs = srv.topics.queue(topic, queue)
+            if srv.cluster is not None:  # consumers read from the leader
+                srv.cluster.check_serves(qs)
             lg = qs.log
             visible = qs.visible_end
             if offset < lg.start_offset or offset > visible:

@@ -36,6 +36,8 @@ def list_offsets(conn: ClientConnection, req: m.ListOffsetsRequest) -> m.ListOff
     for topic, queue, spec in req.entries:
         try:
             qs = conn.server.topics.queue(topic, queue)
+            if conn.server.cluster is not None:
+                conn.server.cluster.check_serves(qs)
             out.append((topic, queue, 0, resolve_spec(qs, spec, committed=committed)))
         except BrokerError as exc:
             out.append((topic, queue, exc.code, -1))

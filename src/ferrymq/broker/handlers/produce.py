@@ -74,6 +74,8 @@ def produce(
             rep = qs.replica
             if rep is not None:  # a cluster's queue: not the leader, or too few in-sync
                 rep.check_produce(req.acks)
+            elif srv.cluster is not None:  # a cluster's queue this broker does not replicate
+                srv.cluster.check_serves(qs)
             srv.flusher.check_writable(qs)
             h = validate_batch(batch, max_message_bytes=cfg.max_message_bytes,
                                max_records=cfg.max_batch_records)

@@ -1,0 +1,239 @@
+"""How a broker takes part in a cluster: the glue between the broker and :mod:`ferrymq.cluster`.
+
+Only a broker started with ``--metadata`` has a :class:`ClusterLink`. It owns the
+:class:`~ferrymq.cluster.node.ClusterNode` (membership, the metadata view, roles), the
+:class:`~ferrymq.cluster.replication.ReplicaManager` (the data path of replication) and the
+:class:`~ferrymq.cluster.controller.Controller` campaign, and answers the handlers' cluster
+questions: who leads a queue, creating and deleting topics through the metadata store, the
+CLUSTER_METADATA answer.
+
+Every broker of a cluster holds every cluster topic with all its queues (the queues it does not
+replicate stay empty and refuse produce and fetch with NOT_LEADER), so the topic registry and
+every feature built on it work unchanged; only the queues' roles differ.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from ferrymq.broker.topics import CLUSTER_TOPIC_ID_BASE
+from ferrymq.cluster.controller import Controller
+from ferrymq.cluster.isr import change_isr
+from ferrymq.cluster.metadata.store import MetadataStore
+from ferrymq.cluster.model import NO_LEADER, QueueRecord, TopicRecord
+from ferrymq.cluster.node import ClusterNode, QueueRole
+from ferrymq.cluster.replication import ReplicaManager
+from ferrymq.cluster.topics import create_topic, delete_topic
+from ferrymq.errors import (
+    RequestTimedOutError,
+    UnknownTopicError,
+)
+from ferrymq.protocol import messages as m
+from ferrymq.protocol.codes import ErrorCode
+
+if TYPE_CHECKING:
+    from ferrymq.broker.server import BrokerServer
+    from ferrymq.broker.topics import QueueState
+
+log = logging.getLogger(__name__)
+
+TOPIC_APPLY_TIMEOUT_S = 10.0
+"""How long a topic create waits for this broker to apply the new topic from the store."""
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """``host:port`` as a tuple (checked by the configuration already)."""
+    host, _, port = text.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+class ClusterLink:
+    """A broker's part in a cluster (see the module docstring)."""
+
+    def __init__(self, server: BrokerServer, store: MetadataStore | None = None) -> None:
+        self.server = server
+        cfg = server.config
+        advertised = (parse_address(cfg.advertised_address) if cfg.advertised_address
+                      else server.address)
+        self.node = ClusterNode(
+            broker_id=cfg.broker_id, cluster=cfg.cluster, metadata_url=cfg.metadata,
+            data_dir=server.data_dir, advertised=advertised, lease_ms=cfg.metadata_lease_ms,
+            store=store, monotonic=server.clock.monotonic)
+        node = self.node
+        node.local_topics = self._local_topics
+        node.ensure_topic = self._ensure_topic
+        node.drop_topic = self._drop_topic
+        node.on_role = self._on_role
+        self.replicas: ReplicaManager | None = None
+        self.controller: Controller | None = None
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Join the cluster, take this broker's roles, start the background tasks.
+
+        Raises:
+            MetadataUnavailableError, ClusterStartError: see :meth:`ClusterNode.start`.
+        """
+        srv, node = self.server, self.node
+        self.replicas = ReplicaManager(
+            srv.config.broker_id, 0, srv.topics, srv.config, srv.clock, srv.flusher,
+            address_of=lambda bid: node.view.address_of(bid),
+            on_isr_change=self._persist_isr)
+        srv.replicas = self.replicas
+        node.on_fence = self._on_fence
+        await node.start()
+        self.replicas.incarnation = node.incarnation
+        first = await node.reserve_producer_ids()
+        srv.producer_ids.use_cluster_blocks(first, self._refill_producer_ids)
+        self.controller = Controller(node.store, node.keys, srv.config.broker_id,
+                                     lease_ttl_s=node.lease_ttl_s, clock=srv.clock.monotonic,
+                                     lease_of=lambda: node.lease)
+        node.start_background(self.controller.run)
+
+    async def stop(self) -> None:
+        """Leave the cluster (the lease is revoked: leadership moves at once)."""
+        await self.node.stop()
+        if self.replicas is not None:
+            await self.replicas.close()
+
+    # --- the node's callbacks ------------------------------------------------------------------
+
+    def _local_topics(self) -> dict[str, int]:
+        return {n: t.topic_id for n, t in self.server.topics.topics.items()
+                if t.topic_id >= CLUSTER_TOPIC_ID_BASE}
+
+    def _ensure_topic(self, t: TopicRecord) -> None:
+        srv = self.server
+        srv.topics.create(t.name, t.queues, dict(t.config), t.created_ms or srv.clock.wall_ms(),
+                          topic_id=t.topic_id)
+        srv.consumer_groups.sync_queue_counts({t.name: t.queues})
+
+    def _drop_topic(self, name: str) -> None:
+        srv = self.server
+        topic = srv.topics.topics.get(name)
+        if topic is None:
+            return
+        if self.replicas is not None:
+            for q in range(len(topic.queues)):
+                self.replicas.stop_replica(name, q)
+        srv.topics.delete(name)
+        srv.consumer_groups.forget_topic(name)
+        srv.dedup.forget(topic.topic_id)
+
+    def _on_role(self, topic: str, queue: int, old: QueueRole | None, new: QueueRole,
+                 rec: QueueRecord, min_insync: int) -> None:
+        rm = self.replicas
+        if rm is None:
+            return
+        same_epoch = old is not None and old.leader_epoch == new.leader_epoch
+        if new.role == "leader":
+            if old is not None and old.role == "leader" and same_epoch:
+                rm.update_record(topic, queue, rec)
+            else:
+                log.info("leading %s/%d at epoch %d (ISR %s)", topic, queue, rec.leader_epoch,
+                         rec.isr)
+                rm.become_leader(topic, queue, rec, min_insync)
+        elif new.role == "follower":
+            if old is not None and old.role == "follower" and same_epoch:
+                rm.update_record(topic, queue, rec)
+            elif rec.leader != NO_LEADER:
+                log.info("following %s/%d from broker %d at epoch %d", topic, queue,
+                         rec.leader, rec.leader_epoch)
+                rm.become_follower(topic, queue, rec)
+            else:
+                rm.stop_replica(topic, queue)
+        elif old is not None and old.role != "none":
+            rm.stop_replica(topic, queue)
+
+    def _on_fence(self, fenced: bool) -> None:
+        if self.replicas is not None:
+            if fenced:
+                self.replicas.fence()
+            else:
+                self.replicas.unfence()
+
+    async def _persist_isr(self, topic: str, queue: int, isr: list[int]) -> bool:
+        node = self.node
+        rec = node.view.queues.get((topic, queue))
+        if rec is None or rec.leader != node.broker_id:
+            return False
+        new = await change_isr(node.store, node.keys, topic, queue, rec, isr)
+        if new is None:
+            return False
+        node.view.queues[(topic, queue)] = new
+        return True
+
+    def _refill_producer_ids(self) -> None:
+        async def refill() -> None:
+            while True:
+                try:
+                    block = await self.node.reserve_producer_ids()
+                except Exception as exc:  # noqa: BLE001 - retried; the store may be back soon
+                    log.warning("reserving producer ids failed (%s); retrying", exc)
+                    await asyncio.sleep(0.5)
+                    continue
+                self.server.producer_ids.add_block(block)
+                return
+        asyncio.get_running_loop().create_task(refill())
+
+    # --- the handlers' questions ---------------------------------------------------------------
+
+    def check_serves(self, qs: QueueState) -> None:
+        """Raise unless clients may produce to and read ``qs`` here: a cluster topic's queue
+        that this broker does not lead is NOT_LEADER (or LEADER_NOT_AVAILABLE:
+        :meth:`ClusterNode.check_leader`); the broker's own internal topics are local."""
+        if qs.topic_id >= CLUSTER_TOPIC_ID_BASE:
+            self.node.check_leader(qs.topic, qs.queue)
+
+    async def create_topic(self, name: str, queues: int, config: dict[str, str],
+                           replicas: int, min_insync: int) -> TopicRecord:
+        """Create a topic in the cluster and wait until this broker has applied it.
+
+        Raises:
+            InvalidReplicationFactorError: more replicas than live brokers, or min_insync out
+                of range.
+            TopicAlreadyExistsError, InvalidTopicNameError, InvalidConfigError.
+        """
+        srv, node = self.server, self.node
+        srv.topics.check_new_topic(name, queues, config)
+        t = await create_topic(node.store, node.keys, name, queues, replicas, min_insync, config,
+                               srv.clock.wall_ms(),
+                               default_replicas_setting=srv.config.default_replicas,
+                               default_min_insync_setting=srv.config.default_min_insync)
+        if not await node.wait_for_topic(name, t.topic_id, TOPIC_APPLY_TIMEOUT_S):
+            raise RequestTimedOutError(f"topic {name!r} was created in the cluster but this "
+                                       f"broker did not apply it within "
+                                       f"{TOPIC_APPLY_TIMEOUT_S:.0f} s")
+        return t
+
+    async def delete_topic(self, name: str) -> None:
+        """Delete a topic from the cluster (every broker drops it when it sees the delete)."""
+        if name not in self.node.view.topics:
+            raise UnknownTopicError(f"unknown topic {name[:249]!r}")
+        await delete_topic(self.node.store, self.node.keys, name)
+
+    def cluster_metadata(self, req: m.ClusterMetadataRequest) -> m.ClusterMetadataResponse:
+        """The CLUSTER_METADATA answer from this broker's view."""
+        view = self.node.view
+        names = sorted(view.topics) if req.topics is None else req.topics
+        topics: list[m.TopicLeadership] = []
+        for name in names:
+            t = view.topics.get(name)
+            if t is None:
+                topics.append((name, ErrorCode.UNKNOWN_TOPIC, -1, 1, []))
+                continue
+            qs: list[m.QueueLeadership] = []
+            for q in range(t.queues):
+                rec = view.queues.get((name, q))
+                if rec is None:
+                    qs.append((q, NO_LEADER, -1, [], []))
+                else:
+                    qs.append((q, rec.leader, rec.leader_epoch, list(rec.replicas),
+                               list(rec.isr)))
+            topics.append((name, ErrorCode.NONE, t.topic_id, t.min_insync, qs))
+        brokers = [(b.broker_id, b.host, b.port) for b in sorted(view.brokers.values(),
+                                                                  key=lambda b: b.broker_id)]
+        return m.ClusterMetadataResponse(self.node.cluster, view.controller, brokers, topics)
