@@ -50,9 +50,9 @@ ELECTION_TIMEOUT_MS = 500
 
 
 def etcd_binary() -> str | None:
-    """The etcd executable: ``$FERRYMQ_ETCD`` if set, else ``etcd`` on ``PATH`` (None: not
-    installed; :data:`ETCD_INSTALL_HINT` says how)."""
-    return os.environ.get("FERRYMQ_ETCD") or shutil.which("etcd")
+    """The etcd executable on ``PATH`` (None: not installed; :data:`ETCD_INSTALL_HINT` says
+    how). Another one can be given to :class:`EtcdProcess` as ``binary``."""
+    return shutil.which("etcd")
 
 
 class EtcdProcess:

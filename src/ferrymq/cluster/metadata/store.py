@@ -124,6 +124,10 @@ def open_store(url: str) -> MetadataStore:
         ConfigError: an unknown scheme or a malformed address list.
     """
     scheme = urlsplit(url).scheme
+    if scheme == "etcd":
+        from ferrymq.cluster.metadata.etcd import EtcdMetadataStore
+
+        return EtcdMetadataStore.from_url(url)
     if scheme == "memory":
         from ferrymq.cluster.metadata.memory import MemoryMetadataStore
 
