@@ -1,6 +1,6 @@
 # FerryMQ: two commands to start.
 #   make run    create .venv, install FerryMQ, start a broker on 127.0.0.1:9876 (data: ./ferrymq-data)
-#   make test   install the test dependencies and run the whole suite (lint, types, tests)
+#   make test   install the test dependencies (and etcd, as root) and run the whole suite (lint, types, tests)
 #   make pipeline  the PySpark example pipeline (examples/pipeline) on an embedded broker
 PYTHON ?= python3
 VENV   ?= .venv
@@ -10,7 +10,7 @@ PORT   ?= 9876
 DATA   ?= ./ferrymq-data
 FLUSH  ?= sync
 
-.PHONY: run test venv install install-test lint typecheck pytest soak bench pipeline fuzz clean
+.PHONY: run test venv install install-test etcd lint typecheck pytest soak bench pipeline fuzz clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,18 @@ venv install: $(VENV)/.installed
 
 install-test: $(VENV)/.installed $(VENV)/.installed-test
 
+# etcd for the cluster tests: Debian's etcd-server, installed when missing if we are root (CI is);
+# otherwise the command is printed and the etcd tests skip (with FERRYMQ_REQUIRE_ALL_TESTS: fail)
+ETCD_APT = DEBIAN_FRONTEND=noninteractive apt-get install -y -q etcd-server
+etcd:
+	@if command -v etcd >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing etcd for the cluster tests: apt-get install -y etcd-server"; \
+		$(ETCD_APT) || { apt-get update -q && $(ETCD_APT); }; \
+	else \
+		echo "the cluster tests need etcd, which is not installed: sudo apt-get install -y etcd-server"; \
+	fi
+
 run: $(VENV)/.installed
 	@echo "In another shell, the CLI and Python with FerryMQ: '. $(VENV)/bin/activate' (then 'ferrymq topic list',"
 	@echo "'python app.py'), or without activating: '$(BIN)/ferrymq topic list', '$(BIN)/python app.py'."
@@ -45,12 +57,12 @@ lint: install-test
 typecheck: install-test
 	$(BIN)/mypy
 
-pytest: install-test
+pytest: install-test etcd
 	$(BIN)/pytest -n 2 -m "not soak" $(PYTEST_ARGS)
 
 test: lint typecheck pytest
 
-soak: install-test
+soak: install-test etcd
 	$(BIN)/pytest -m soak $(PYTEST_ARGS)
 
 $(VENV)/.installed-spark: pyproject.toml setup.py | $(BIN)/python
