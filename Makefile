@@ -1,6 +1,7 @@
 # FerryMQ: two commands to start.
 #   make run    create .venv, install FerryMQ, start a broker on 127.0.0.1:9876 (data: ./ferrymq-data)
 #   make test   install the test dependencies (and etcd, as root) and run the whole suite (lint, types, tests)
+#   make cluster   etcd and three brokers on loopback for trying a cluster (data: ./ferrymq-cluster); Ctrl-C stops all
 #   make pipeline  the PySpark example pipeline (examples/pipeline) on an embedded broker
 PYTHON ?= python3
 VENV   ?= .venv
@@ -10,7 +11,7 @@ PORT   ?= 9876
 DATA   ?= ./ferrymq-data
 FLUSH  ?= sync
 
-.PHONY: run test venv install install-test etcd lint typecheck pytest soak bench pipeline fuzz clean
+.PHONY: run cluster test venv install install-test etcd lint typecheck pytest soak bench pipeline fuzz clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -50,6 +51,12 @@ run: $(VENV)/.installed
 	@echo "In another shell, the CLI and Python with FerryMQ: '. $(VENV)/bin/activate' (then 'ferrymq topic list',"
 	@echo "'python app.py'), or without activating: '$(BIN)/ferrymq topic list', '$(BIN)/python app.py'."
 	$(BIN)/ferrymq broker --host $(HOST) --port $(PORT) --data-dir $(DATA) --flush $(FLUSH)
+
+# a local cluster: etcd on 127.0.0.1:2379 and BROKERS brokers on PORT, PORT+1, ... (ferrymq dev-cluster)
+BROKERS ?= 3
+CLUSTER_DIR ?= ./ferrymq-cluster
+cluster: $(VENV)/.installed etcd
+	$(BIN)/ferrymq dev-cluster --brokers $(BROKERS) --port $(PORT) --dir $(CLUSTER_DIR) --flush $(FLUSH)
 
 lint: install-test
 	$(BIN)/ruff check $(wildcard src tests bench fuzz)

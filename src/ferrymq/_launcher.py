@@ -105,6 +105,10 @@ class BrokerProcess:
         """The process id of the broker started last (None before the first start)."""
         return None if self.proc is None else self.proc.pid
 
+    def running(self) -> bool:
+        """Whether the broker process is alive."""
+        return self.proc is not None and self.proc.poll() is None
+
     def argv(self) -> list[str]:
         """The command line that starts the broker."""
         argv = [self.python, "-m", "ferrymq.broker", "--host", "127.0.0.1", "--port",
@@ -191,7 +195,7 @@ class BrokerProcess:
     def stop(self, timeout: float = 60.0) -> None:
         """Stop gracefully (SIGTERM; SIGKILL after ``timeout`` s) if running; remove a
         temporary data directory."""
-        if self.proc is not None and self.proc.poll() is None:
+        if self.running():
             try:
                 self.terminate(timeout)
             except subprocess.TimeoutExpired:

@@ -28,7 +28,7 @@ if ETCD_MISSING and REQUIRE_ALL_TESTS:
                        "FERRYMQ_REQUIRE_ALL_TESTS is set")
 needs_etcd = pytest.mark.skipif(ETCD_MISSING, reason=f"etcd is not installed ({ETCD_INSTALL_HINT})")
 
-REQUEST_TIMEOUT_S = 1.0
+REQUEST_TIMEOUT_S = 1.5
 """The etcd stores' deadline in these tests: a dead etcd must be noticed within it."""
 _prefixes = itertools.count()
 

@@ -44,6 +44,7 @@ from ferrymq._hints import for_cli
 from ferrymq.admin.bench import bench
 from ferrymq.admin.cli_cluster import cluster
 from ferrymq.admin.cli_delivery import dlq, message
+from ferrymq.admin.cli_dev_cluster import dev_cluster
 from ferrymq.admin.cli_groups import group
 from ferrymq.admin.cli_params import KEY_VALUE, KeyValueType, Position, PositionType, parse_time_ms
 from ferrymq.admin.cli_produce_consume import consume, produce
@@ -205,7 +206,8 @@ def broker(host: str | None, port: int | None, data_dir: str | None, config_file
     run(config, Faults.from_env(os.environ))  # tests' fault hooks; none in production
 
 
-for command in (topic, cluster, produce, consume, group, user, whoami, message, dlq, bench):
+for command in (topic, cluster, produce, consume, group, user, whoami, message, dlq, bench,
+                dev_cluster):
     cli.add_command(command)
 
 

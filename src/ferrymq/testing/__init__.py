@@ -1,7 +1,7 @@
 """A public test kit for FerryMQ users: a real broker in this process (a pytest fixture) or in a
 subprocess (:class:`BrokerProcess`, to kill -9 and restart, with :class:`Faults` injected),
-etcd members for cluster tests (:class:`EtcdProcess`, :class:`EtcdCluster`), free ports, a
-fake clock.
+etcd members for cluster tests (:class:`EtcdProcess`, :class:`EtcdCluster`), etcd with N brokers
+(:class:`ClusterProcess`), free ports, a fake clock.
 
 In your ``conftest.py``::
 
@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from ferrymq._cluster_launcher import ClusterProcess
 from ferrymq._etcd_launcher import ETCD_INSTALL_HINT, EtcdCluster, EtcdProcess, etcd_binary
 from ferrymq._faults import NO_FAULTS, Faults
 from ferrymq._launcher import BrokerProcess, free_port
@@ -32,8 +33,9 @@ from ferrymq._launcher import BrokerProcess, free_port
 if TYPE_CHECKING:
     from ferrymq.broker.embedded import Broker
 
-__all__ = ["ETCD_INSTALL_HINT", "NO_FAULTS", "BrokerProcess", "EtcdCluster", "EtcdProcess",
-           "FakeClock", "Faults", "etcd_binary", "ferrymq_broker", "free_port", "start_broker"]
+__all__ = ["ETCD_INSTALL_HINT", "NO_FAULTS", "BrokerProcess", "ClusterProcess", "EtcdCluster",
+           "EtcdProcess", "FakeClock", "Faults", "etcd_binary", "ferrymq_broker", "free_port",
+           "start_broker"]
 
 
 @dataclass
