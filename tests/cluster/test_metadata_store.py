@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ferrymq.cluster.metadata.etcd import EtcdMetadataStore, parse_endpoints
+from ferrymq.cluster.metadata.etcd import MAX_TXN_OPS, EtcdMetadataStore, parse_endpoints
 from ferrymq.cluster.metadata.store import (
     Check,
     KeyValue,
@@ -21,7 +21,12 @@ from ferrymq.cluster.metadata.store import (
     open_store,
     replace,
 )
-from ferrymq.errors import ConfigError, MetadataLeaseExpiredError, MetadataUnavailableError
+from ferrymq.errors import (
+    ConfigError,
+    MetadataError,
+    MetadataLeaseExpiredError,
+    MetadataUnavailableError,
+)
 from ferrymq.testing import EtcdCluster, EtcdProcess
 from tests.cluster.conftest import REQUEST_TIMEOUT_S, StoreBackend, etcd_backend, needs_etcd
 
@@ -327,6 +332,47 @@ async def eventually(call: Callable[[], Awaitable[int]], within: float) -> int:
             await asyncio.sleep(0.1)
 
 
+@needs_etcd
+def test_a_range_larger_than_a_page_is_read_whole_at_one_revision(
+        etcd_server: EtcdProcess) -> None:
+    async def body() -> None:
+        store = EtcdMetadataStore.from_url(etcd_server.url, range_page_keys=3)
+        p = f"/paged-{time.monotonic_ns()}/"
+        try:
+            keys = [f"{p}{i:02d}" for i in range(10)]
+            for k in reversed(keys):
+                rev = await store.commit([], [Put(k, k.encode())])
+            kvs, at = await store.range(p)
+            assert [kv.key for kv in kvs] == keys and at == rev
+            assert [kv.value for kv in kvs] == [k.encode() for k in keys]
+            assert (await store.range(p + "09"))[0] == kvs[-1:]
+        finally:
+            await store.close()
+    asyncio.run(body())
+
+
+@needs_etcd
+def test_a_commit_over_the_txn_limit_is_refused_and_writes_nothing(
+        etcd_server: EtcdProcess) -> None:
+    async def body() -> None:
+        p = f"/big-{time.monotonic_ns()}/"
+        small = EtcdMetadataStore.from_url(etcd_server.url, max_txn_ops=2)
+        unaware = EtcdMetadataStore.from_url(etcd_server.url, max_txn_ops=1000)
+        try:
+            with pytest.raises(MetadataError, match=r"3 puts and deletes .* limit of 2 .*max_txn_ops"):
+                await small.commit([], [Put(p + "a", b""), Put(p + "b", b"")], [p + "c"])
+            # etcd's own limit (128 by default) is a refusal too, not an outage
+            too_many = [Put(f"{p}{i}", b"") for i in range(MAX_TXN_OPS + 1)]
+            with pytest.raises(MetadataError, match="etcd refused the request") as refused:
+                await unaware.commit([], too_many)
+            assert not isinstance(refused.value, MetadataUnavailableError)
+            assert (await small.range(p))[0] == []
+        finally:
+            await small.close()
+            await unaware.close()
+    asyncio.run(body())
+
+
 # --- addresses -------------------------------------------------------------------------------
 
 
@@ -344,6 +390,13 @@ def test_an_etcd_url_lists_endpoints_in_order() -> None:
 def test_a_malformed_etcd_url_is_refused_by_name(url: str) -> None:
     with pytest.raises(ConfigError, match="metadata store"):
         EtcdMetadataStore.from_url(url)
+
+
+@pytest.mark.parametrize("option", ["request_timeout_s", "watch_probe_s", "range_page_keys",
+                                    "max_txn_ops"])
+def test_a_store_option_that_is_not_positive_is_refused_by_name(option: str) -> None:
+    with pytest.raises(ConfigError, match=f"{option} must be > 0, not 0"):
+        EtcdMetadataStore.from_url("etcd://h:1", **{option: 0})
 
 
 def test_an_unreachable_endpoint_fails_in_time() -> None:

@@ -64,6 +64,13 @@ KEEPALIVE_INTERVAL_S = 10.0
 """gRPC keepalive pings on an idle connection; etcd refuses pings more often than every 5 s
 (its ``--grpc-keepalive-min-time``)."""
 
+RANGE_PAGE_KEYS = 1000
+"""A range reads this many keys per request (all pages at the revision of the first, so the
+result is one snapshot): a reply stays far below gRPC's 4 MiB message limit with FerryMQ's
+records (a few hundred bytes each)."""
+MAX_TXN_OPS = 128
+"""etcd's default ``--max-txn-ops``: at most this many checks, and this many puts and deletes,
+in one commit. Checked here first, so the error names FerryMQ's terms."""
 RECONNECT_MS = 100
 """gRPC's first wait before connecting again to members that refused."""
 RECONNECT_MAX_MS = 1000
@@ -107,22 +114,30 @@ class EtcdMetadataStore:
         request_timeout_s: the deadline of each call (:data:`DEFAULT_REQUEST_TIMEOUT_S`).
         watch_probe_s: how long a watch waits for events before it checks the store still
             answers (:data:`DEFAULT_WATCH_PROBE_S`).
+        range_page_keys: keys per request of a range (:data:`RANGE_PAGE_KEYS`).
+        max_txn_ops: the etcd cluster's ``--max-txn-ops`` (:data:`MAX_TXN_OPS`).
 
     Raises:
-        ConfigError: no endpoint, or a timeout that is not positive.
+        ConfigError: no endpoint, or a timeout or limit that is not positive.
     """
 
     def __init__(self, endpoints: Sequence[tuple[str, int]], *,
                  request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
-                 watch_probe_s: float = DEFAULT_WATCH_PROBE_S) -> None:
+                 watch_probe_s: float = DEFAULT_WATCH_PROBE_S,
+                 range_page_keys: int = RANGE_PAGE_KEYS,
+                 max_txn_ops: int = MAX_TXN_OPS) -> None:
         if not endpoints:
             raise ConfigError("an etcd metadata store needs at least one endpoint")
-        if not request_timeout_s > 0 or not watch_probe_s > 0:
-            raise ConfigError(f"etcd request_timeout_s and watch_probe_s must be > 0, not "
-                              f"{request_timeout_s} and {watch_probe_s}")
+        for name, value in (("request_timeout_s", request_timeout_s),
+                            ("watch_probe_s", watch_probe_s),
+                            ("range_page_keys", range_page_keys), ("max_txn_ops", max_txn_ops)):
+            if not value > 0:
+                raise ConfigError(f"etcd metadata store: {name} must be > 0, not {value}")
         self.endpoints = list(endpoints)
         self.request_timeout_s = request_timeout_s
         self.watch_probe_s = watch_probe_s
+        self.range_page_keys = range_page_keys
+        self.max_txn_ops = max_txn_ops
         self._call: dict[str, Any] = {"timeout": request_timeout_s, "wait_for_ready": True}
         """Every call's deadline; it waits for a connection up to that (see RECONNECT_MAX_MS)."""
         self._client: Any = None  # aetcd.Client, made at the first call (in its event loop)
@@ -130,14 +145,18 @@ class EtcdMetadataStore:
 
     @classmethod
     def from_url(cls, url: str, *, request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
-                 watch_probe_s: float = DEFAULT_WATCH_PROBE_S) -> EtcdMetadataStore:
-        """The store of ``etcd://host:port[,host:port...]`` (port 2379 when left out).
+                 watch_probe_s: float = DEFAULT_WATCH_PROBE_S,
+                 range_page_keys: int = RANGE_PAGE_KEYS,
+                 max_txn_ops: int = MAX_TXN_OPS) -> EtcdMetadataStore:
+        """The store of ``etcd://host:port[,host:port...]`` (port 2379 when left out); the
+        options as for the constructor.
 
         Raises:
-            ConfigError: a malformed URL.
+            ConfigError: a malformed URL or option.
         """
         return cls(parse_endpoints(url), request_timeout_s=request_timeout_s,
-                   watch_probe_s=watch_probe_s)
+                   watch_probe_s=watch_probe_s, range_page_keys=range_page_keys,
+                   max_txn_ops=max_txn_ops)
 
     def __repr__(self) -> str:
         return "EtcdMetadataStore(etcd://" + ",".join(f"{h}:{p}" for h, p in self.endpoints) + ")"
@@ -153,16 +172,28 @@ class EtcdMetadataStore:
 
     async def range(self, prefix: str) -> tuple[list[KeyValue], int]:
         client = await self._connected()
-        start = prefix.encode() or b"\0"
-        request = rpc.RangeRequest(key=start, range_end=_prefix_end(prefix.encode()),
-                                   sort_order=rpc.RangeRequest.ASCEND,
-                                   sort_target=rpc.RangeRequest.KEY)
-        with self._mapped():
-            resp = await client.kvstub.Range(request, **self._call)
-        return [_key_value(kv) for kv in resp.kvs], int(resp.header.revision)
+        start, end = prefix.encode() or b"\0", _prefix_end(prefix.encode())
+        kvs: list[KeyValue] = []
+        revision = 0  # the first page's revision, then every page at it: one snapshot
+        while True:
+            request = rpc.RangeRequest(key=start, range_end=end, limit=self.range_page_keys,
+                                       revision=revision, sort_order=rpc.RangeRequest.ASCEND,
+                                       sort_target=rpc.RangeRequest.KEY)
+            with self._mapped():
+                resp = await client.kvstub.Range(request, **self._call)
+            revision = revision or int(resp.header.revision)
+            kvs.extend(_key_value(kv) for kv in resp.kvs)
+            if not resp.more or not resp.kvs:
+                return kvs, revision
+            start = resp.kvs[-1].key + b"\0"  # the next key after the last one read
 
     async def commit(self, checks: Sequence[Check], puts: Sequence[Put] = (),
                      deletes: Sequence[str] = ()) -> int | None:
+        ops = len(puts) + len(deletes)
+        if len(checks) > self.max_txn_ops or ops > self.max_txn_ops:
+            raise MetadataError(f"a commit of {len(checks)} checks and {ops} puts and deletes "
+                                f"passes etcd's limit of {self.max_txn_ops} of each "
+                                "(max_txn_ops, etcd's --max-txn-ops)")
         client = await self._connected()
         compare = [rpc.Compare(key=c.key.encode(), target=rpc.Compare.MOD,
                                result=rpc.Compare.EQUAL, mod_revision=c.mod_revision)
