@@ -27,7 +27,7 @@ from ferrymq.errors import (
     MetadataLeaseExpiredError,
     MetadataUnavailableError,
 )
-from ferrymq.testing import EtcdCluster, EtcdProcess
+from ferrymq.testing import EtcdCluster, EtcdProcess, free_port
 from tests.cluster.conftest import REQUEST_TIMEOUT_S, StoreBackend, etcd_backend, needs_etcd
 
 
@@ -397,6 +397,23 @@ def test_a_malformed_etcd_url_is_refused_by_name(url: str) -> None:
 def test_a_store_option_that_is_not_positive_is_refused_by_name(option: str) -> None:
     with pytest.raises(ConfigError, match=f"{option} must be > 0, not 0"):
         EtcdMetadataStore.from_url("etcd://h:1", **{option: 0})
+
+
+@needs_etcd
+def test_endpoints_by_host_name_are_resolved_and_tried_in_turn(etcd_server: EtcdProcess) -> None:
+    async def body() -> None:
+        # a dead endpoint first, then the live one by name
+        store = EtcdMetadataStore.from_url(
+            f"etcd://127.0.0.1:{free_port()},localhost:{etcd_server.client_port}",
+            request_timeout_s=REQUEST_TIMEOUT_S)
+        try:
+            assert await create(store, f"/named-{time.monotonic_ns()}", b"1") is not None
+        finally:
+            await store.close()
+        nowhere = EtcdMetadataStore.from_url("etcd://no-such-host.invalid:2379")
+        with pytest.raises(MetadataUnavailableError, match=r"no-such-host\.invalid:2379"):
+            await nowhere.get("/x")
+    asyncio.run(body())
 
 
 def test_an_unreachable_endpoint_fails_in_time() -> None:

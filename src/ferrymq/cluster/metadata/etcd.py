@@ -287,7 +287,8 @@ class EtcdMetadataStore:
         if self._closed:
             raise MetadataUnavailableError(f"{self!r} is closed")
         if self._client is None:
-            target = await _target(self.endpoints)
+            with self._mapped():  # a name lookup gets the call's deadline too
+                target = await asyncio.wait_for(_target(self.endpoints), self.request_timeout_s)
             host, _, port = target.rpartition(":")  # aetcd joins them back as host:port
             keepalive_ms = int(KEEPALIVE_INTERVAL_S * 1000)
             client = aetcd.Client(host=host, port=int(port), timeout=self.request_timeout_s,
