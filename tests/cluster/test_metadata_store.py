@@ -8,6 +8,7 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import aetcd
 import pytest
 
 from ferrymq.cluster.metadata.etcd import MAX_TXN_OPS, EtcdMetadataStore, parse_endpoints
@@ -330,6 +331,27 @@ async def eventually(call: Callable[[], Awaitable[int]], within: float) -> int:
             if time.monotonic() > deadline:
                 raise
             await asyncio.sleep(0.1)
+
+
+@needs_etcd
+def test_a_watch_from_a_compacted_revision_ends_unavailable(etcd: EtcdProcess) -> None:
+    async def body() -> None:
+        store = EtcdMetadataStore.from_url(etcd.url, request_timeout_s=REQUEST_TIMEOUT_S)
+        compactor = aetcd.Client("127.0.0.1", etcd.client_port)
+        try:
+            first = await store.commit([], [Put("/c/a", b"1")])
+            last = await store.commit([], [Put("/c/a", b"2")])
+            assert first is not None and last is not None
+            await compactor.compact(last, physical=True)  # history before `last` is gone
+            with pytest.raises(MetadataUnavailableError, match=r"compacted.*read again"):
+                await next_events(store.watch("/c/", first), 1)
+            kvs, _ = await store.range("/c/")  # what a caller does next
+            assert [kv.value for kv in kvs] == [b"2"]
+            assert (await next_events(store.watch("/c/", last), 1))[0].kv.value == b"2"
+        finally:
+            await compactor.close()
+            await store.close()
+    asyncio.run(body())
 
 
 @needs_etcd

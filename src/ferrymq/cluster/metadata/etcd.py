@@ -82,7 +82,10 @@ _LEASE_NOT_FOUND = "requested lease not found"
 _UNAVAILABLE = frozenset((rpc.StatusCode.UNAVAILABLE, rpc.StatusCode.DEADLINE_EXCEEDED,
                           rpc.StatusCode.CANCELLED, rpc.StatusCode.UNKNOWN,
                           rpc.StatusCode.INTERNAL, rpc.StatusCode.RESOURCE_EXHAUSTED,
-                          rpc.StatusCode.ABORTED))
+                          rpc.StatusCode.ABORTED, rpc.StatusCode.OUT_OF_RANGE))
+"""gRPC codes of a failure to be retried (``MetadataUnavailableError``): etcd down, no leader,
+overloaded, a timeout, or a range page's revision compacted meanwhile (OUT_OF_RANGE: read
+again). Other codes are refusals of the request itself (``MetadataError``)."""
 
 
 def parse_endpoints(url: str) -> list[tuple[str, int]]:
