@@ -52,11 +52,13 @@ run: $(VENV)/.installed
 	@echo "'python app.py'), or without activating: '$(BIN)/ferrymq topic list', '$(BIN)/python app.py'."
 	$(BIN)/ferrymq broker --host $(HOST) --port $(PORT) --data-dir $(DATA) --flush $(FLUSH)
 
-# a local cluster: etcd on 127.0.0.1:2379 and BROKERS brokers on PORT, PORT+1, ... (ferrymq dev-cluster)
+# a local cluster: etcd on 127.0.0.1:ETCD_PORT and BROKERS brokers on PORT, PORT+1, ... (ferrymq dev-cluster)
 BROKERS ?= 3
+ETCD_PORT ?= 2379
 CLUSTER_DIR ?= ./ferrymq-cluster
 cluster: $(VENV)/.installed etcd
-	$(BIN)/ferrymq dev-cluster --brokers $(BROKERS) --port $(PORT) --dir $(CLUSTER_DIR) --flush $(FLUSH)
+	$(BIN)/ferrymq dev-cluster --brokers $(BROKERS) --port $(PORT) --etcd-port $(ETCD_PORT) \
+		--dir $(CLUSTER_DIR) --flush $(FLUSH)
 
 lint: install-test
 	$(BIN)/ruff check $(wildcard src tests bench fuzz)

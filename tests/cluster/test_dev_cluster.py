@@ -6,12 +6,16 @@ command's flags and its Ctrl-C."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import pty
 import re
+import select
 import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -57,31 +61,58 @@ def test_a_cluster_starts_etcd_and_brokers_and_restarts_a_killed_broker(tmp_path
         assert (tmp_path / "c" / "broker-2" / "data").is_dir()  # data kept
 
 
+def on_a_terminal(argv: list[str]) -> tuple[int, int]:
+    """Run ``argv`` on a new pseudo-terminal, in its foreground process group, as a shell
+    would: its pid and the terminal's master end."""
+    pid, master = pty.fork()
+    if pid == 0:  # the child: Ctrl-C must reach it even if this process ignores SIGINT
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.execv(argv[0], argv)
+    return pid, master
+
+
+def read_until(master: int, marker: str, timeout: float) -> str:
+    """What the terminal showed until ``marker`` (or its end, or ``timeout``)."""
+    seen = b""
+    deadline = time.monotonic() + timeout
+    while marker.encode() not in seen and time.monotonic() < deadline:
+        if select.select([master], [], [], 0.1)[0]:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:  # the terminal closed: every process on it is gone
+                break
+            if not chunk:
+                break
+            seen += chunk
+    return seen.decode(errors="replace")
+
+
 @needs_etcd
 def test_dev_cluster_runs_until_ctrl_c_and_then_stops_everything(tmp_path: Path) -> None:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ferrymq.admin.cli", "dev-cluster", "--brokers", "2", "--dir",
-         str(tmp_path / "dev"), "--port", "0", "--etcd-port", "0", "--flush", "async"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pid, master = on_a_terminal([
+        sys.executable, "-m", "ferrymq.admin.cli", "dev-cluster", "--brokers", "2", "--dir",
+        str(tmp_path / "dev"), "--port", "0", "--etcd-port", "0", "--flush", "async"])
     try:
-        lines = []
-        assert proc.stdout is not None
-        while not lines or not lines[-1].startswith("bootstrap"):
-            line = proc.stdout.readline()
-            assert line, f"dev-cluster exited: {proc.wait(10)}: {proc.stderr.read()}"  # type: ignore[union-attr]
-            lines.append(line.strip())
-        etcd = re.search(r"etcd://([\d.:]+)", lines[0])
-        assert etcd is not None and accepts(etcd.group(1))
-        brokers = lines[-1].split()[1].split(",")
-        assert len(brokers) == 2 and all(accepts(b) for b in brokers)
-        proc.send_signal(signal.SIGINT)  # Ctrl-C
-        _, err = proc.communicate(timeout=60)
+        shown = read_until(master, "Ctrl-C stops everything", 60)
+        etcd = re.search(r"etcd://([\d.:]+)", shown)
+        bootstrap = re.search(r"bootstrap (\S+)", shown)
+        assert etcd is not None and bootstrap is not None, shown
+        brokers = bootstrap.group(1).split(",")
+        assert accepts(etcd.group(1)) and len(brokers) == 2 and all(map(accepts, brokers))
+        os.write(master, b"\x03")  # Ctrl-C: SIGINT to the terminal's foreground group
+        shown = read_until(master, "stopped\r\n", 60)
+        _, status = os.waitpid(pid, 0)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, err
-    assert "stopped" in err
-    assert not accepts(etcd.group(1)) and not any(accepts(b) for b in brokers)
+        with contextlib.suppress(ProcessLookupError, ChildProcessError):
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        os.close(master)
+    assert os.waitstatus_to_exitcode(status) == 0, shown
+    assert "stopping the brokers, then etcd" in shown and "exited on its own" not in shown
+    assert not accepts(etcd.group(1)) and not any(map(accepts, brokers))
+    for i in (1, 2):  # the brokers were stopped by the command, gracefully
+        log = next((tmp_path / "dev" / f"broker-{i}").glob("broker-*.log")).read_text()
+        assert "stopped cleanly" in log, log[-2000:]
 
 
 @needs_etcd

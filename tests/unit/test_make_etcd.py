@@ -36,6 +36,6 @@ def test_make_run_needs_no_etcd(tmp_path: Path) -> None:
 
 
 def test_make_cluster_runs_dev_cluster(tmp_path: Path) -> None:
-    plan = planned("cluster", tmp_path)
+    plan = " ".join(planned("cluster", tmp_path).replace("\\\n", " ").split())
     assert (f"{tmp_path / 'venv'}/bin/ferrymq dev-cluster --brokers 3 --port 9876 "
-            "--dir ./ferrymq-cluster --flush sync") in plan
+            "--etcd-port 2379 --dir ./ferrymq-cluster --flush sync") in plan
