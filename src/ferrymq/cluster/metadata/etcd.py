@@ -144,6 +144,7 @@ class EtcdMetadataStore:
         self._call: dict[str, Any] = {"timeout": request_timeout_s, "wait_for_ready": True}
         """Every call's deadline; it waits for a connection up to that (see RECONNECT_MAX_MS)."""
         self._client: Any = None  # aetcd.Client, made at the first call (in its event loop)
+        self._connecting = asyncio.Lock()
         self._closed = False
 
     @classmethod
@@ -224,15 +225,20 @@ class EtcdMetadataStore:
 
     async def keep_alive(self, lease: int) -> int:
         client = await self._connected()
-        with self._mapped():
-            replies = client.leasestub.LeaseKeepAlive(iter([rpc.LeaseKeepAliveRequest(ID=lease)]),
-                                                      **self._call)
-            ttl = -1
-            async for reply in replies:
-                ttl = int(reply.TTL)
-                break
-            replies.cancel()
-        if ttl <= 0:
+        ttl: int | None = None
+        replies = client.leasestub.LeaseKeepAlive(iter([rpc.LeaseKeepAliveRequest(ID=lease)]),
+                                                  **self._call)
+        try:
+            with self._mapped():
+                async for reply in replies:  # one request, one reply
+                    ttl = int(reply.TTL)
+                    break
+        finally:
+            replies.cancel()  # also when the caller gave up first
+        if ttl is None:
+            raise MetadataUnavailableError(f"etcd did not answer the keep-alive of lease "
+                                           f"{lease:x}")
+        if ttl <= 0:  # etcd's answer for a lease it does not know
             raise MetadataLeaseExpiredError(f"lease {lease:x} has expired")
         return ttl
 
@@ -289,23 +295,28 @@ class EtcdMetadataStore:
         """The aetcd client, connected (one channel over every endpoint)."""
         if self._closed:
             raise MetadataUnavailableError(f"{self!r} is closed")
-        if self._client is None:
-            with self._mapped():  # a name lookup gets the call's deadline too
-                target = await asyncio.wait_for(_target(self.endpoints), self.request_timeout_s)
-            host, _, port = target.rpartition(":")  # aetcd joins them back as host:port
-            keepalive_ms = int(KEEPALIVE_INTERVAL_S * 1000)
-            client = aetcd.Client(host=host, port=int(port), timeout=self.request_timeout_s,
-                                  options={"grpc.keepalive_time_ms": keepalive_ms,
-                                           "grpc.keepalive_timeout_ms":
-                                               int(self.request_timeout_s * 1000),
-                                           "grpc.keepalive_permit_without_calls": 1,
-                                           "grpc.initial_reconnect_backoff_ms": RECONNECT_MS,
-                                           "grpc.min_reconnect_backoff_ms": RECONNECT_MS,
-                                           "grpc.max_reconnect_backoff_ms": RECONNECT_MAX_MS})
-            with self._mapped():
-                await client.connect()
-            self._client = client
+        async with self._connecting:  # concurrent first calls make one channel
+            if self._client is None:
+                self._client = await self._connect()
         return self._client
+
+    async def _connect(self) -> Any:
+        """A client whose channel lists every endpoint (see the module's docstring)."""
+        with self._mapped():  # a name lookup gets the call's deadline too
+            target = await asyncio.wait_for(_target(self.endpoints), self.request_timeout_s)
+        host, _, port = target.rpartition(":")  # aetcd joins them back as host:port
+        keepalive_ms = int(KEEPALIVE_INTERVAL_S * 1000)
+        client = aetcd.Client(host=host, port=int(port), timeout=self.request_timeout_s,
+                              options={"grpc.keepalive_time_ms": keepalive_ms,
+                                       "grpc.keepalive_timeout_ms":
+                                           int(self.request_timeout_s * 1000),
+                                       "grpc.keepalive_permit_without_calls": 1,
+                                       "grpc.initial_reconnect_backoff_ms": RECONNECT_MS,
+                                       "grpc.min_reconnect_backoff_ms": RECONNECT_MS,
+                                       "grpc.max_reconnect_backoff_ms": RECONNECT_MAX_MS})
+        with self._mapped():
+            await client.connect()
+        return client
 
     @contextlib.contextmanager
     def _mapped(self) -> Iterator[None]:
