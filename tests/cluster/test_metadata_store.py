@@ -260,8 +260,11 @@ def test_a_paused_etcd_fails_calls_and_ends_watches_in_time(etcd: EtcdProcess) -
                 await asyncio.wait_for(waiting, 2 * REQUEST_TIMEOUT_S + 2)  # probe + its call
         finally:
             etcd.resume()
-        kv = await store.get(p + "a")  # the same store works again
-        assert kv is not None and kv.value == b"1"
+        # the same store works again. The commit that timed out was sent: etcd may apply it
+        # once it runs again, so a caller must re-read (its check makes a retry safe)
+        kv = await store.get(p + "a")
+        assert kv is not None and kv.value in (b"1", b"2")
+        assert await replace(store, p + "a", b"3", mod_revision=kv.mod_revision) is not None
     run(backend, body)
 
 

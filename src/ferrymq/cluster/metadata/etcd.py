@@ -12,7 +12,9 @@ Theory of operation
   connection to a hung member is found dead by keepalive pings
   (:data:`KEEPALIVE_INTERVAL_S`).
 * **Every call has a deadline**, ``request_timeout_s``: a dead or hung etcd makes a call raise
-  :class:`~ferrymq.errors.MetadataUnavailableError` within it, never hang.
+  :class:`~ferrymq.errors.MetadataUnavailableError` within it, never hang. A commit that
+  raised it may still be applied (a hung etcd applies what it received once it runs again):
+  the caller reads again, and the revision checks make a retried commit safe.
 * **Commits are etcd transactions**: each :class:`~ferrymq.cluster.metadata.Check` compares a
   key's ``mod_revision`` (0 for an absent key: etcd's create-if-absent), then the deletes and
   the puts run, all at one new revision, or nothing when a compare fails.
