@@ -5,7 +5,9 @@ Theory of operation
 :class:`EtcdProcess` runs the ``etcd`` binary (Debian's ``etcd-server``; see
 :func:`etcd_binary`) on 127.0.0.1 with a client port, a peer port and a data directory of its
 own, with fast elections (``--heartbeat-interval 50 --election-timeout 500``: a lost leader is
-replaced within about a second on loopback). Its output goes to a log file next to the data
+replaced within about a second on loopback), allowing commits of
+:data:`~ferrymq.cluster.metadata.store.COMMIT_MAX_OPS` operations (``--max-txn-ops``; etcd's
+default, 128, is too few for a topic's create). Its output goes to a log file next to the data
 directory. :meth:`EtcdProcess.start` returns once ``/health`` answers true (the member serves
 linearisable requests) and raises with the log when the process exits first or stays unhealthy.
 Starting again after :meth:`~EtcdProcess.kill9` or :meth:`~EtcdProcess.stop` restarts it on the
@@ -37,6 +39,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ferrymq._launcher import free_port
+from ferrymq.cluster.metadata.store import COMMIT_MAX_OPS
 
 __all__ = ["ETCD_INSTALL_HINT", "EtcdCluster", "EtcdProcess", "etcd_binary"]
 
@@ -131,6 +134,7 @@ class EtcdProcess:
                 "--initial-cluster-token", "ferrymq",
                 "--heartbeat-interval", str(HEARTBEAT_INTERVAL_MS),
                 "--election-timeout", str(ELECTION_TIMEOUT_MS),
+                "--max-txn-ops", str(COMMIT_MAX_OPS),
                 "--logger", "zap", "--log-outputs", "stderr", "--log-level", "warn"]
 
     def launch(self) -> EtcdProcess:

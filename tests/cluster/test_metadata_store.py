@@ -11,8 +11,9 @@ from pathlib import Path
 import aetcd
 import pytest
 
-from ferrymq.cluster.metadata.etcd import MAX_TXN_OPS, EtcdMetadataStore, parse_endpoints
+from ferrymq.cluster.metadata.etcd import EtcdMetadataStore, parse_endpoints
 from ferrymq.cluster.metadata.store import (
+    COMMIT_MAX_OPS,
     Check,
     KeyValue,
     MetadataStore,
@@ -377,21 +378,25 @@ def test_a_range_larger_than_a_page_is_read_whole_at_one_revision(
 
 
 @needs_etcd
-def test_a_commit_over_the_txn_limit_is_refused_and_writes_nothing(
+def test_a_commit_carries_up_to_the_op_limit_and_more_is_refused(
         etcd_server: EtcdProcess) -> None:
     async def body() -> None:
         p = f"/big-{time.monotonic_ns()}/"
         small = EtcdMetadataStore.from_url(etcd_server.url, max_txn_ops=2)
-        unaware = EtcdMetadataStore.from_url(etcd_server.url, max_txn_ops=1000)
+        unaware = EtcdMetadataStore.from_url(etcd_server.url, max_txn_ops=10 * COMMIT_MAX_OPS)
         try:
-            with pytest.raises(MetadataError, match=r"3 puts and deletes .* limit of 2 .*max_txn_ops"):
+            with pytest.raises(MetadataError, match=r"3 puts and deletes .* 2 .*max_txn_ops"):
                 await small.commit([], [Put(p + "a", b""), Put(p + "b", b"")], [p + "c"])
-            # etcd's own limit (128 by default) is a refusal too, not an outage
-            too_many = [Put(f"{p}{i}", b"") for i in range(MAX_TXN_OPS + 1)]
-            with pytest.raises(MetadataError, match="etcd refused the request") as refused:
+            # what the launchers' etcd allows (a topic of max_queues queues is one commit) ...
+            most = [Put(f"{p}{i:05d}", b"q") for i in range(COMMIT_MAX_OPS)]
+            assert await unaware.commit([], most) is not None
+            assert len((await unaware.range(p))[0]) == COMMIT_MAX_OPS
+            # ... and past etcd's --max-txn-ops: a refusal naming the flag, not an outage
+            too_many = [Put(f"{p}x{i:05d}", b"") for i in range(COMMIT_MAX_OPS + 1)]
+            with pytest.raises(MetadataError, match="--max-txn-ops 4096") as refused:
                 await unaware.commit([], too_many)
             assert not isinstance(refused.value, MetadataUnavailableError)
-            assert (await small.range(p))[0] == []
+            assert len((await unaware.range(p))[0]) == COMMIT_MAX_OPS  # none of them written
         finally:
             await small.close()
             await unaware.close()

@@ -43,7 +43,7 @@ import aetcd
 import aetcd.exceptions
 import aetcd.rpc as rpc
 
-from ferrymq.cluster.metadata.store import Check, KeyValue, Put, WatchEvent
+from ferrymq.cluster.metadata.store import COMMIT_MAX_OPS, Check, KeyValue, Put, WatchEvent
 from ferrymq.errors import (
     ConfigError,
     MetadataError,
@@ -51,7 +51,8 @@ from ferrymq.errors import (
     MetadataUnavailableError,
 )
 
-__all__ = ["DEFAULT_REQUEST_TIMEOUT_S", "DEFAULT_WATCH_PROBE_S", "EtcdMetadataStore"]
+__all__ = ["DEFAULT_REQUEST_TIMEOUT_S", "DEFAULT_WATCH_PROBE_S", "EtcdMetadataStore",
+           "parse_endpoints"]
 
 DEFAULT_PORT = 2379
 """etcd's client port, for an endpoint given without one."""
@@ -70,9 +71,6 @@ RANGE_PAGE_KEYS = 1000
 """A range reads this many keys per request (all pages at the revision of the first, so the
 result is one snapshot): a reply stays far below gRPC's 4 MiB message limit with FerryMQ's
 records (a few hundred bytes each)."""
-MAX_TXN_OPS = 128
-"""etcd's default ``--max-txn-ops``: at most this many checks, and this many puts and deletes,
-in one commit. Checked here first, so the error names FerryMQ's terms."""
 RECONNECT_MS = 100
 """gRPC's first wait before connecting again to members that refused."""
 RECONNECT_MAX_MS = 1000
@@ -120,7 +118,9 @@ class EtcdMetadataStore:
         watch_probe_s: how long a watch waits for events before it checks the store still
             answers (:data:`DEFAULT_WATCH_PROBE_S`).
         range_page_keys: keys per request of a range (:data:`RANGE_PAGE_KEYS`).
-        max_txn_ops: the etcd cluster's ``--max-txn-ops`` (:data:`MAX_TXN_OPS`).
+        max_txn_ops: the etcd cluster's ``--max-txn-ops``: a commit with more checks, or more
+            puts and deletes, is refused here, naming the limit (default
+            :data:`~ferrymq.cluster.metadata.store.COMMIT_MAX_OPS`, what etcd must allow).
 
     Raises:
         ConfigError: no endpoint, or a timeout or limit that is not positive.
@@ -130,7 +130,7 @@ class EtcdMetadataStore:
                  request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
                  watch_probe_s: float = DEFAULT_WATCH_PROBE_S,
                  range_page_keys: int = RANGE_PAGE_KEYS,
-                 max_txn_ops: int = MAX_TXN_OPS) -> None:
+                 max_txn_ops: int = COMMIT_MAX_OPS) -> None:
         if not endpoints:
             raise ConfigError("an etcd metadata store needs at least one endpoint")
         for name, value in (("request_timeout_s", request_timeout_s),
@@ -153,7 +153,7 @@ class EtcdMetadataStore:
     def from_url(cls, url: str, *, request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
                  watch_probe_s: float = DEFAULT_WATCH_PROBE_S,
                  range_page_keys: int = RANGE_PAGE_KEYS,
-                 max_txn_ops: int = MAX_TXN_OPS) -> EtcdMetadataStore:
+                 max_txn_ops: int = COMMIT_MAX_OPS) -> EtcdMetadataStore:
         """The store of ``etcd://host:port[,host:port...]`` (port 2379 when left out); the
         options as for the constructor.
 
@@ -198,8 +198,8 @@ class EtcdMetadataStore:
         ops = len(puts) + len(deletes)
         if len(checks) > self.max_txn_ops or ops > self.max_txn_ops:
             raise MetadataError(f"a commit of {len(checks)} checks and {ops} puts and deletes "
-                                f"passes etcd's limit of {self.max_txn_ops} of each "
-                                "(max_txn_ops, etcd's --max-txn-ops)")
+                                f"passes the limit of {self.max_txn_ops} of each "
+                                "(max_txn_ops: etcd's --max-txn-ops)")
         client = await self._connected()
         compare = [rpc.Compare(key=c.key.encode(), target=rpc.Compare.MOD,
                                result=rpc.Compare.EQUAL, mod_revision=c.mod_revision)
@@ -352,6 +352,9 @@ def _unavailable(exc: BaseException) -> MetadataError:
     details = exc.details() if isinstance(exc, rpc.AioRpcError) else str(exc)
     if _LEASE_NOT_FOUND in (details or ""):
         return MetadataLeaseExpiredError(f"etcd: {details}")
+    if "too many operations in txn request" in (details or ""):
+        return MetadataError(f"etcd refused a commit: {details}: start etcd with --max-txn-ops "
+                             f"{COMMIT_MAX_OPS} (a topic's create writes all its queues at once)")
     if isinstance(exc, rpc.AioRpcError) and exc.code() not in _UNAVAILABLE:
         return MetadataError(f"etcd refused the request: {exc.code().name}: {details}")
     if isinstance(exc, aetcd.exceptions.RevisionCompactedError):

@@ -25,6 +25,12 @@ from urllib.parse import urlsplit
 
 from ferrymq.errors import ConfigError
 
+COMMIT_MAX_OPS = 4096
+"""The most checks, and the most puts and deletes, one :meth:`MetadataStore.commit` may carry:
+a topic's create writes its queues (``max_queues``, 1024 by default) and two more keys in one
+commit. etcd refuses more than its ``--max-txn-ops`` (128 unless set): FerryMQ's etcd must be
+started with ``--max-txn-ops 4096`` (its launchers do)."""
+
 
 @dataclass(frozen=True, slots=True)
 class KeyValue:
