@@ -121,6 +121,16 @@ def test_create_puts_only_an_absent_key(backend: StoreBackend) -> None:
     run(backend, body)
 
 
+def test_a_commit_past_the_op_limit_is_refused_whole(backend: StoreBackend) -> None:
+    async def body(store: MetadataStore, p: str) -> None:
+        most = [Put(f"{p}{i:05d}", b"q") for i in range(COMMIT_MAX_OPS - 1)]
+        assert await store.commit([Check(p + "x", 0)], most, [p + "x"]) is not None
+        with pytest.raises(MetadataError, match=f"limit of {COMMIT_MAX_OPS}"):
+            await store.commit([], [Put(p + "x", b""), Put(p + "y", b"")], [m.key for m in most])
+        assert len((await store.range(p))[0]) == COMMIT_MAX_OPS - 1  # nothing deleted
+    run(backend, body)
+
+
 # --- leases ----------------------------------------------------------------------------------
 
 

@@ -14,8 +14,8 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
-from ferrymq.cluster.metadata.store import Check, KeyValue, Put, WatchEvent
-from ferrymq.errors import MetadataLeaseExpiredError, MetadataUnavailableError
+from ferrymq.cluster.metadata.store import COMMIT_MAX_OPS, Check, KeyValue, Put, WatchEvent
+from ferrymq.errors import MetadataError, MetadataLeaseExpiredError, MetadataUnavailableError
 
 
 @dataclass(slots=True)
@@ -61,6 +61,10 @@ class MemoryMetadataStore:
     async def commit(self, checks: Sequence[Check], puts: Sequence[Put] = (),
                      deletes: Sequence[str] = ()) -> int | None:
         self._enter()
+        if len(checks) > COMMIT_MAX_OPS or len(puts) + len(deletes) > COMMIT_MAX_OPS:
+            raise MetadataError(f"a commit of {len(checks)} checks and {len(puts) + len(deletes)} "
+                                f"puts and deletes passes the limit of {COMMIT_MAX_OPS} of each "
+                                "(COMMIT_MAX_OPS)")
         for c in checks:
             kv = self._kvs.get(c.key)
             if (kv.mod_revision if kv else 0) != c.mod_revision:
