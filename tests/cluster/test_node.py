@@ -106,3 +106,19 @@ async def test_the_view_follows_the_store_and_answers_who_leads(tmp_path: Path) 
     with pytest.raises(LeaderNotAvailableError):
         a.check_leader("orders", 1)
     await a.stop()
+
+
+@sync
+async def test_a_restart_waits_for_its_former_selfs_lease(tmp_path: Path) -> None:
+    store = MemoryMetadataStore()
+    a = ClusterNode(broker_id=1, cluster="c", metadata_url="memory://", data_dir=tmp_path / "b1",
+                    advertised=("127.0.0.1", 9001), lease_ms=2000, store=store,
+                    monotonic=time.monotonic)
+    await a.start()  # then "kill -9": no stop, the lease runs out by itself
+    b = ClusterNode(broker_id=1, cluster="c", metadata_url="memory://", data_dir=tmp_path / "b1",
+                    advertised=("127.0.0.1", 9001), lease_ms=2000, store=store,
+                    monotonic=time.monotonic)
+    t0 = time.monotonic()
+    await b.start()
+    assert 0.5 < time.monotonic() - t0 < 3.5  # waited for the 2 s lease, no longer
+    assert b.incarnation > a.incarnation

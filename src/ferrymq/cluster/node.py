@@ -146,8 +146,8 @@ class ClusterNode:
                 to another cluster.
         """
         identity = await self._identity()
-        self._check_data_dir(identity)
-        await self._register()
+        restart = self._check_data_dir(identity)
+        await self._register(wait_for_former_self=restart)
         await self._load()
 
     def start_background(self, controller_run: Callable[[], Awaitable[None]] | None = None
@@ -186,7 +186,9 @@ class ClusterNode:
                 raise MetadataUnavailableError("the cluster identity vanished after its create")
         return ClusterIdentity.decode(kv)
 
-    def _check_data_dir(self, identity: ClusterIdentity) -> None:
+    def _check_data_dir(self, identity: ClusterIdentity) -> bool:
+        """Check (or record) that the data directory is this broker's of this cluster; True if
+        it already was (a restart)."""
         path = self._data_dir / CLUSTER_FILE
         mine = {"cluster": identity.name, "cluster_id": identity.cluster_id,
                 "broker_id": self.broker_id}
@@ -201,15 +203,31 @@ class ClusterNode:
                 raise ClusterStartError(
                     f"data directory {self._data_dir} holds broker {saved.get('broker_id')} "
                     f"of cluster {identity.name!r}, not broker {self.broker_id}")
-            return
+            return True
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(path, json.dumps(mine).encode())
+        return False
 
-    async def _register(self) -> None:
+    async def _register(self, *, wait_for_former_self: bool = False) -> None:
+        """Create this broker's key under a new lease.
+
+        ``wait_for_former_self``: the data directory is this broker's (a restart), so a key
+        held now is most likely this broker's own before a kill -9 or a crash, whose lease has
+        not run out yet: wait up to one and a half TTLs for it to go (a live holder renews it
+        and keeps it). Otherwise a held key is refused at once."""
         key = self.keys.broker(self.broker_id)
         self.lease = await self.store.grant_lease(self.lease_ttl_s)
         record = BrokerRecord(self.broker_id, self.advertised[0], self.advertised[1], 0)
         rev = await self.store.commit([Check(key, 0)], [Put(key, record.encode(), self.lease)])
+        if rev is None and wait_for_former_self:
+            log.info("broker id %d is still registered (this broker before a restart?): "
+                     "waiting up to %.0f s for that lease to end", self.broker_id,
+                     1.5 * self.lease_ttl_s)
+            deadline = self._monotonic() + 1.5 * self.lease_ttl_s
+            while rev is None and self._monotonic() < deadline:
+                await asyncio.sleep(0.25)
+                rev = await self.store.commit([Check(key, 0)],
+                                              [Put(key, record.encode(), self.lease)])
         if rev is None:
             with contextlib.suppress(MetadataError):
                 await self.store.revoke_lease(self.lease)
