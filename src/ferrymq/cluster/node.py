@@ -226,6 +226,7 @@ class ClusterNode:
             deadline = self._monotonic() + 1.5 * self.lease_ttl_s
             while rev is None and self._monotonic() < deadline:
                 await asyncio.sleep(0.25)
+                await self.store.keep_alive(self.lease)  # ours must outlive the wait
                 rev = await self.store.commit([Check(key, 0)],
                                               [Put(key, record.encode(), self.lease)])
         if rev is None:
