@@ -83,6 +83,13 @@ if TYPE_CHECKING:
 log = logging.getLogger("ferrymq.client")
 
 
+UNKNOWN_TOPIC_RETRIES = 5
+"""In a cluster (the client talks to more than one broker), how many times a batch answered
+UNKNOWN_TOPIC is sent again after a metadata refresh: a leader learns of a new topic from the
+metadata store a moment after the broker that created it (Kafka retries
+UNKNOWN_TOPIC_OR_PARTITION the same way); a deleted topic still fails within a second."""
+
+
 @dataclass(eq=False)
 class Batch:
     """One encoded record batch of a queue, from its first send until it is answered."""
@@ -340,7 +347,9 @@ class Sender:
         retriable = isinstance(exc, (ConnectionClosedError, FerryMQTimeoutError)) or (
             isinstance(exc, BrokerError) and exc.retriable
         ) or (isinstance(exc, OutOfOrderSequenceError)
-              and any(o.seq < bt.seq for o in bt.buf.outstanding))  # an earlier one failed
+              and any(o.seq < bt.seq for o in bt.buf.outstanding)  # an earlier one failed
+              ) or (isinstance(exc, UnknownTopicError) and bool(self._cluster.sessions)
+                    and bt.attempts < UNKNOWN_TOPIC_RETRIES)  # a leader not told of it yet
 
         if isinstance(exc, UnknownTopicError):
             self._session.topics.pop(bt.buf.topic.name, None)

@@ -145,7 +145,12 @@ class ClusterNode:
             ClusterStartError: the id is held by a live broker, or the data directory belongs
                 to another cluster.
         """
-        identity = await self._identity()
+        try:
+            identity = await self._identity()
+        except MetadataUnavailableError as exc:
+            raise MetadataUnavailableError(
+                f"cannot reach the metadata store {self._url} (--metadata): {exc}; is etcd "
+                f"running there?") from exc
         restart = self._check_data_dir(identity)
         await self._register(wait_for_former_self=restart)
         await self._load()
