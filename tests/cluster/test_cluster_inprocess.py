@@ -133,3 +133,4 @@ def test_a_second_broker_with_the_same_id_refuses_to_start(tmp_path: Path) -> No
                 await srv.start()
 
     run(body)
+

@@ -27,6 +27,7 @@ from ferrymq.cluster.node import ClusterNode, QueueRole
 from ferrymq.cluster.replication import ReplicaManager
 from ferrymq.cluster.topics import create_topic, delete_topic
 from ferrymq.errors import (
+    MetadataError,
     RequestTimedOutError,
     UnknownTopicError,
 )
@@ -171,7 +172,7 @@ class ClusterLink:
             while True:
                 try:
                     block = await self.node.reserve_producer_ids()
-                except Exception as exc:  # noqa: BLE001 - retried; the store may be back soon
+                except (MetadataError, OSError) as exc:  # retried: the store may be back soon
                     log.warning("reserving producer ids failed (%s); retrying", exc)
                     await asyncio.sleep(0.5)
                     continue

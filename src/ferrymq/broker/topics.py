@@ -55,6 +55,7 @@ from ferrymq.broker.topic_settings import LOG_SETTINGS, parse_topic_config
 from ferrymq.errors import (
     InvalidConfigError,
     InvalidTopicNameError,
+    NotLeaderError,
     PolicyViolationError,
     TopicAlreadyExistsError,
     UnknownQueueError,
@@ -148,6 +149,17 @@ class QueueState:
                 if not w.done():
                     w.set_result(None)
             self.waiters.clear()
+
+    def check_own_write(self) -> None:
+        """Raise :class:`~ferrymq.errors.NotLeaderError` unless the broker itself may append to
+        this queue (a scheduled message falling due, a half message's commit, a transaction
+        marker): any queue of a single broker and the broker's own internal topics; of a
+        cluster's queues only those it leads (a write into a follower's copy would make it
+        diverge from its leader)."""
+        if self.replica is not None:
+            self.replica.check_produce(1)  # Acks.LEADER: refused unless this broker leads
+        elif self.topic_id >= CLUSTER_TOPIC_ID_BASE:
+            raise NotLeaderError(f"this broker does not lead {self}")
 
     def advance(self, end: int) -> None:
         """Make offsets below ``end`` visible and wake long-polling fetches; in a cluster, tell

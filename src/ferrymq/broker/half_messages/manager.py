@@ -336,6 +336,7 @@ class HalfMessageManager:
                                           rec.keys, encode_properties(props))],
                              attributes=ATTR_SCHEDULED if scheduled else 0)
         now = self.clock.wall_ms()
+        qs.check_own_write()  # a cluster's queue led elsewhere: NOT_LEADER, nothing written
         self.flusher.check_writable(qs)
         dues = None
         if scheduled:

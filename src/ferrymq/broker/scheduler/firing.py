@@ -31,7 +31,7 @@ from ferrymq.broker.scheduler.buckets import BucketIndex, Item
 from ferrymq.broker.scheduler.clock import SchedulerClock
 from ferrymq.broker.scheduler.originals import Originals
 from ferrymq.broker.watermarks import is_disk_full
-from ferrymq.errors import BrokerError, LogClosedError
+from ferrymq.errors import BrokerError, LogClosedError, NotLeaderError
 from ferrymq.protocol.records import RecordInput, encode_batch
 from ferrymq.storage.schedule import FIRED
 
@@ -191,6 +191,12 @@ class Firer:
                 return
             for rec, item in zip(records, items, strict=True):
                 self._append_copies(qs, [rec], [item])
+            return
+        try:
+            qs.check_own_write()
+        except NotLeaderError:  # a cluster's queue led elsewhere: its leader fires its copy
+            log.debug("%s: not the leader; %d due scheduled messages left to the leader", qs,
+                      len(records))
             return
         if qs in self.flusher.full:  # its tail waits for the rewrite: try again after it
             self.refire.append((qs, records, items))

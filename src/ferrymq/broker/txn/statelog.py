@@ -155,7 +155,9 @@ class StateLog:
             StorageFullError: the disk is full (nothing written).
             StorageFailureError: the queue had an fsync failure (restart needed), or the write
                 failed otherwise.
+            NotLeaderError: a cluster's queue this broker does not lead.
         """
+        qs.check_own_write()
         self.flusher.check_writable(qs)
         try:
             res = qs.log.append(batch, now_ms=now)
