@@ -88,6 +88,7 @@ ERRORS_ALL = [
     "NonEmptyGroupError",
     "NotControllerError",
     "NotEnoughReplicasError",
+    "NotCoordinatorError",
     "NotLeaderError",
     "NotScheduledError",
     "OffsetOutOfRangeError",

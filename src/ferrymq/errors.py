@@ -84,6 +84,7 @@ __all__ = [
     "NotControllerError",
     "NonEmptyGroupError",
     "NotEnoughReplicasError",
+    "NotCoordinatorError",
     "NotLeaderError",
     "NotScheduledError",
     "OffsetOutOfRangeError",
@@ -534,6 +535,15 @@ class InvalidReplicationFactorError(BrokerError):
     within ``1..replicas``."""
 
     code = ErrorCode.INVALID_REPLICATION_FACTOR
+
+
+class NotCoordinatorError(BrokerError):
+    """This broker does not coordinate the consumer group (any more), or the group's
+    coordinator is being chosen: find the coordinator again (the leader of the group's queue of
+    ``%GROUPS%offsets``) and retry. Clients do so by themselves within their timeouts."""
+
+    code = ErrorCode.NOT_COORDINATOR
+    retriable = True
 
 
 # --- cluster metadata -----------------------------------------------------------------------

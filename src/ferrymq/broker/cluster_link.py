@@ -5,7 +5,9 @@ Only a broker started with ``--metadata`` has a :class:`ClusterLink`. It owns th
 :class:`~ferrymq.cluster.replication.ReplicaManager` (the data path of replication) and the
 :class:`~ferrymq.cluster.controller.Controller` campaign, and answers the handlers' cluster
 questions: who leads a queue, creating and deleting topics through the metadata store, the
-CLUSTER_METADATA answer.
+CLUSTER_METADATA answer. Consumer groups are coordinated by the leaders of ``%GROUPS%offsets``
+(:mod:`ferrymq.broker.cluster_groups`); :attr:`ClusterLink.groups` hears of this broker's roles
+for that topic.
 
 Every broker of a cluster holds every cluster topic with all its queues (the queues it does not
 replicate stay empty and refuse produce and fetch with NOT_LEADER), so the topic registry and
@@ -18,7 +20,8 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-from ferrymq.broker.topics import CLUSTER_TOPIC_ID_BASE
+from ferrymq.broker.cluster_groups import ClusterGroups
+from ferrymq.broker.topics import CLUSTER_TOPIC_ID_BASE, INTERNAL_PREFIX
 from ferrymq.cluster.controller import Controller
 from ferrymq.cluster.isr import change_isr
 from ferrymq.cluster.metadata.store import MetadataStore
@@ -33,6 +36,7 @@ from ferrymq.errors import (
 )
 from ferrymq.protocol import messages as m
 from ferrymq.protocol.codes import ErrorCode
+from ferrymq.protocol.coordinator import OFFSETS_TOPIC
 
 if TYPE_CHECKING:
     from ferrymq.broker.server import BrokerServer
@@ -69,6 +73,8 @@ class ClusterLink:
         node.on_role = self._on_role
         self.replicas: ReplicaManager | None = None
         self.controller: Controller | None = None
+        self.groups = ClusterGroups(self)
+        """The consumer groups this broker coordinates (:mod:`ferrymq.broker.cluster_groups`)."""
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -109,7 +115,7 @@ class ClusterLink:
     def _ensure_topic(self, t: TopicRecord) -> None:
         srv = self.server
         srv.topics.create(t.name, t.queues, dict(t.config), t.created_ms or srv.clock.wall_ms(),
-                          topic_id=t.topic_id)
+                          topic_id=t.topic_id, internal_ok=t.name.startswith(INTERNAL_PREFIX))
         srv.consumer_groups.sync_queue_counts({t.name: t.queues})
 
     def _drop_topic(self, name: str) -> None:
@@ -148,6 +154,8 @@ class ClusterLink:
                 rm.stop_replica(topic, queue)
         elif old is not None and old.role != "none":
             rm.stop_replica(topic, queue)
+        if topic == OFFSETS_TOPIC:
+            self.groups.on_role(queue, new.role == "leader", not same_epoch)
 
     def _on_fence(self, fenced: bool) -> None:
         if self.replicas is not None:

@@ -22,6 +22,8 @@ from ferrymq.protocol.dedup import MAX_DEDUP_WINDOW_MS
 
 FLUSH_MODES = ("sync", "async")
 TLS_CLIENT_AUTH = ("none", "optional", "required")
+MAX_OFFSETS_TOPIC_QUEUES = 1024
+"""Most queues of ``%GROUPS%offsets`` (``offsets_topic_queues``)."""
 
 
 def is_loopback(host: str) -> bool:
@@ -335,6 +337,10 @@ class BrokerConfig:
            "cluster, min(3, live brokers) on bigger ones.")
     default_min_insync: int = _f(
         0, "Cluster: min_insync of a topic created without --min-insync. 0: min(2, replicas).")
+    offsets_topic_queues: int = _f(
+        8, "Cluster: queues of %GROUPS%offsets, the replicated log of consumer groups' committed "
+           "offsets (created with default_replicas when a group is first used); each group's "
+           "coordinator is the leader of one of them. Fixed once the topic exists.")
     replica_lag_ms: int = _f(
         10_000, "Cluster: a follower that has not caught up with the leader's end for this long "
                 "is dropped from the in-sync replicas (it rejoins by itself once caught up).")
@@ -425,6 +431,9 @@ class BrokerConfig:
                                   f"{self.advertised_address!r}")
         if self.default_replicas < 0 or self.default_min_insync < 0:
             raise ConfigError("default_replicas and default_min_insync must be >= 0 (0: auto)")
+        if not 1 <= self.offsets_topic_queues <= MAX_OFFSETS_TOPIC_QUEUES:
+            raise ConfigError(f"offsets_topic_queues must be 1..{MAX_OFFSETS_TOPIC_QUEUES}, not "
+                              f"{self.offsets_topic_queues}")
         if self.metadata_lease_ms < 2000:
             raise ConfigError(f"metadata_lease_ms must be >= 2000 (etcd leases count whole "
                               f"seconds), not {self.metadata_lease_ms}")

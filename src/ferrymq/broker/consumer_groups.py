@@ -37,6 +37,11 @@ Committed offsets survive restarts: each group's offsets are one checkpoint file
 (``groups/<group>``), rewritten atomically (write, fsync, rename) on every commit. Deleting a
 group (``ferrymq group delete``, only while it has no member) removes that file: a member that
 joins later under the same name starts afresh, from ``auto_offset_reset``.
+
+In a cluster (``files=False``) this class holds only the groups this broker coordinates, in
+memory: their offsets are made durable first by :mod:`ferrymq.broker.cluster_groups` (records in
+the replicated ``%GROUPS%offsets``), which then calls the same methods; it loads them with
+:meth:`ConsumerGroupCoordinator.adopt` and drops them with :meth:`ConsumerGroupCoordinator.drop`.
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ from __future__ import annotations
 import logging
 import re
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -82,17 +87,18 @@ def check_group_name(name: str) -> None:
 
 def check_offsets(
     topics: TopicRegistry, entries: list[tuple[str, int, int]],
-    also: Callable[[str, int], None] | None = None,
+    also: Callable[[str, int], None] | None = None, *, local_end: bool = True,
 ) -> tuple[list[tuple[str, int, int]], list[tuple[str, int, int]]]:
-    """Check offsets to commit one by one: the queue exists, the offset is in 0..end, and
-    ``also(topic, queue)`` does not raise. Returns (the valid entries, (topic, queue, code) per
-    entry in request order)."""
+    """Check offsets to commit one by one: the queue exists, the offset is in 0..end (not above
+    the local log's end only when ``local_end``: a cluster's coordinator may hold no replica of
+    the queue), and ``also(topic, queue)`` does not raise. Returns (the valid entries, (topic,
+    queue, code) per entry in request order)."""
     valid: list[tuple[str, int, int]] = []
     out: list[tuple[str, int, int]] = []
     for topic, queue, offset in entries:
         try:
             qs = topics.queue(topic, queue)
-            if offset < 0 or offset > qs.log.end_offset:
+            if offset < 0 or (local_end and offset > qs.log.end_offset):
                 raise InvalidOffsetError(f"offset {offset} is outside 0..{qs.log.end_offset} "
                                          f"of {topic}/{queue}")
             if also is not None:
@@ -155,15 +161,20 @@ def assign_averagely(
 class ConsumerGroupCoordinator:
     """All groups of this broker."""
 
-    def __init__(self, data_dir: Path, *, max_groups: int = 0) -> None:
+    def __init__(self, data_dir: Path, *, max_groups: int = 0, files: bool = True) -> None:
         self._dir = data_dir / "groups"
+        self.files = files
+        """Whether offsets are kept in checkpoint files (a single broker) or only in memory (a
+        cluster: the replicated log keeps them)."""
         self.groups: dict[str, ConsumerGroup] = {}
         self._queue_counts: dict[str, int] = {}  # as of the last sync_queue_counts()
         self.max_groups = max_groups
         """Most groups (``max_consumer_groups``; 0: no limit): see :meth:`check_new`."""
 
     def load(self) -> None:
-        """Read every group's committed offsets."""
+        """Read every group's committed offsets (a cluster's come from its log instead)."""
+        if not self.files:
+            return
         self._dir.mkdir(parents=True, exist_ok=True)
         for path in sorted(self._dir.iterdir()):
             if path.name.endswith(".tmp") or not path.is_file():
@@ -179,6 +190,9 @@ class ConsumerGroupCoordinator:
     def _save(self, g: ConsumerGroup, offsets: dict[tuple[str, int], int]) -> None:
         """Write ``offsets`` durably, then make them ``g``'s: when the write fails (OSError,
         e.g. a full disk) the group keeps the offsets it had, on disk and in memory."""
+        if not self.files:
+            g.offsets = offsets
+            return
         if _faults.ENOSPC_FAULTS:
             _faults.enospc_point("write", f"%groups/{g.name}")
         data = {"name": g.name, "offsets": [[t, q, o] for (t, q), o in offsets.items()]}
@@ -334,6 +348,20 @@ class ConsumerGroupCoordinator:
             IllegalGenerationError / UnknownMemberError: a fenced member.
             OSError: the write failed; the group's offsets are unchanged.
         """
+        g = self.check_commit(name, member_id, generation)
+        offsets = dict(g.offsets)
+        for topic, queue, offset in entries:
+            offsets[(topic, queue)] = offset
+        self._save(g, offsets)
+
+    def check_commit(self, name: str, member_id: str, generation: int) -> ConsumerGroup:
+        """The group ``name`` (created if new) if a commit from ``member_id`` at ``generation``
+        may be stored (generation -1: not fenced).
+
+        Raises:
+            IllegalGenerationError / UnknownMemberError: a fenced member.
+            InvalidRequestError, PolicyViolationError: see :meth:`_get_or_create`.
+        """
         g = self._get_or_create(name)
         if generation >= 0:
             if member_id not in g.members:
@@ -342,10 +370,7 @@ class ConsumerGroupCoordinator:
                 raise IllegalGenerationError(
                     f"commit for generation {generation}, group {name!r} is at {g.generation}"
                 )
-        offsets = dict(g.offsets)
-        for topic, queue, offset in entries:
-            offsets[(topic, queue)] = offset
-        self._save(g, offsets)
+        return g
 
     def apply_txn_offsets(self, name: str, offsets: dict[tuple[str, int], int]) -> None:
         """Store offsets a committed transaction carried (durably, before returning).
@@ -388,11 +413,24 @@ class ConsumerGroupCoordinator:
         self.check_deletable(name)
         if name not in self.groups:
             return False
-        (self._dir / name).unlink(missing_ok=True)
-        fsync_directory(self._dir)
+        if self.files:
+            (self._dir / name).unlink(missing_ok=True)
+            fsync_directory(self._dir)
         del self.groups[name]
         log.info("group %s: deleted with its committed offsets", name)
         return True
+
+    def adopt(self, offsets: dict[str, dict[tuple[str, int], int]]) -> None:
+        """Take over groups with their committed offsets (a cluster broker that became their
+        coordinator); members start afresh (they rejoin)."""
+        for name, offs in offsets.items():
+            self.groups[name] = ConsumerGroup(name, offsets=offs)
+
+    def drop(self, names: Iterable[str]) -> None:
+        """Forget groups (in memory only: a cluster broker that no longer coordinates them)."""
+        for name in names:
+            if self.groups.pop(name, None) is not None:
+                log.info("group %s: no longer coordinated here", name)
 
     def forget_topic(self, topic: str) -> None:
         """Drop committed offsets of a deleted topic."""

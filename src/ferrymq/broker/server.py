@@ -112,7 +112,8 @@ class BrokerServer:
         self.half_messages: HalfMessageManager
         self.txn: TxnCoordinator
         self.dedup: Deduplicator
-        self.consumer_groups = ConsumerGroupCoordinator(self.data_dir, max_groups=config.max_consumer_groups)
+        self.consumer_groups = ConsumerGroupCoordinator(
+            self.data_dir, max_groups=config.max_consumer_groups, files=not config.metadata)
         self.producer_ids = ProducerIdManager(self.data_dir)
         self._server: asyncio.Server | None = None
         self._lock_file: IO[bytes] | None = None

@@ -25,8 +25,9 @@ metadata request, not one per batch. The answer is asked of any live broker: the
 session if it is connected, else a broker session that is, else the bootstrap session, which
 connects to one of the bootstrap list.
 
-Requests that are not per queue (INIT_PRODUCER, group membership and offsets, transactions,
-admin) stay on the bootstrap session.
+A consumer group's requests go to the group's coordinator
+(:mod:`ferrymq.client._coordinator`, which routes through this class); other requests that are
+not per queue (INIT_PRODUCER, transactions, admin) stay on the bootstrap session.
 """
 
 from __future__ import annotations
@@ -109,6 +110,11 @@ class Cluster:
         self.refreshes = 0
         """Metadata answers received (tests and diagnostics)."""
         self._closed = False
+
+    @property
+    def min_refresh_interval_s(self) -> float:
+        """Least time between two refreshes asked for by errors."""
+        return self._min_interval_s
 
     # -- routing (the hot path) ----------------------------------------------------------------
 

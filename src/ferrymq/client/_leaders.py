@@ -51,6 +51,10 @@ class Leaders:
         """Whether an answer described ``topic``."""
         return topic in self.topic_ids
 
+    def queue_count(self, topic: str) -> int:
+        """How many queues ``topic`` has, as the answers described it (0: unknown)."""
+        return sum(1 for t, _ in self.queues if t == topic) if topic in self.topic_ids else 0
+
     def leader(self, topic: str, queue: int) -> int | None:
         """The id of the live broker leading ``queue`` of ``topic`` (None: unknown, or no live
         leader now)."""

@@ -11,7 +11,9 @@ member is alive. When the broker answers that the group rebalances, or that the 
 the member is unknown, the task sets :attr:`GroupMembership.need_join`: the consumer's next
 :meth:`~ferrymq.client.consumer.AsyncPullConsumer.poll` commits what it finished and rejoins.
 An outage is the session's to report (one warning); a failed heartbeat is not retried, the
-next one comes after the interval.
+next one comes after the interval. Requests go to the group's coordinator
+(:mod:`ferrymq.client._coordinator`); when it moved (NOT_COORDINATOR: a cluster's failover),
+the new one knows no member yet, so the member rejoins there.
 """
 
 from __future__ import annotations
@@ -20,13 +22,14 @@ import asyncio
 import contextlib
 import logging
 
+from ferrymq.client._coordinator import CoordinatorRoute
 from ferrymq.client._pull_buffer import TopicQueue
-from ferrymq.client._session import Session
 from ferrymq.errors import (
     ConnectionClosedError,
     FerryMQError,
     FerryMQTimeoutError,
     IllegalGenerationError,
+    NotCoordinatorError,
     RebalanceInProgressError,
     UnknownMemberError,
 )
@@ -38,7 +41,7 @@ log = logging.getLogger("ferrymq.client")
 class GroupMembership:
     """The member id, the generation and the heartbeat task of one pull consumer in ``group``."""
 
-    def __init__(self, session: Session, group: str, client_id: str, session_timeout_ms: int,
+    def __init__(self, session: CoordinatorRoute, group: str, client_id: str, session_timeout_ms: int,
                  heartbeat_interval_s: float) -> None:
         self._session = session
         self.group = group
@@ -82,7 +85,7 @@ class GroupMembership:
                 )
             except (RebalanceInProgressError, IllegalGenerationError):
                 self.need_join = True
-            except UnknownMemberError:
+            except (UnknownMemberError, NotCoordinatorError):  # (a new coordinator: rejoin)
                 self.member_id = ""
                 self.need_join = True
             except (ConnectionClosedError, FerryMQTimeoutError) as exc:

@@ -59,6 +59,7 @@ import logging
 from collections.abc import Callable
 
 from ferrymq.client._cluster import SAME_BROKER_RETRY_CODES, Cluster, means_stale_view
+from ferrymq.client._coordinator import CoordinatorRoute
 from ferrymq.client._missing_topics import MissingTopics
 from ferrymq.client._pull_buffer import FetchBuffer, QueueState
 from ferrymq.client._pull_buffer import TopicQueue as TopicQueue  # re-exported: its old home
@@ -177,7 +178,8 @@ class AsyncPullConsumer:
         self._reset = OffsetSpec.LATEST if auto_offset_reset == "latest" else OffsetSpec.EARLIEST
         self._fetch_max_bytes = fetch_max_bytes
         self._queue_fetch_max_bytes = queue_fetch_max_bytes
-        self._membership = GroupMembership(self._session, group, client_id,
+        self._coordinator = CoordinatorRoute(self._cluster, group)
+        self._membership = GroupMembership(self._coordinator, group, client_id,
                                            int(session_timeout_s * 1000), heartbeat_interval_s)
         self._subscriptions: dict[str, str] = {}
         self._manual: list[TopicQueue] | None = None
@@ -293,7 +295,7 @@ class AsyncPullConsumer:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + self._session.request_timeout_s
             while True:
-                resp = await self._session.request(
+                resp = await self._coordinator.request(
                     m.FetchOffsetsRequest(self.group, sorted({t for t, _ in missing})),
                     m.FetchOffsetsResponse,
                 )
@@ -383,8 +385,8 @@ class AsyncPullConsumer:
     async def committed(self) -> dict[TopicQueue, int]:
         """The group's committed offsets for the assigned queues."""
         topics = sorted({t for t, _ in self._queues}) or None
-        resp = await self._session.request(m.FetchOffsetsRequest(self.group, topics),
-                                           m.FetchOffsetsResponse)
+        resp = await self._coordinator.request(m.FetchOffsetsRequest(self.group, topics),
+                                               m.FetchOffsetsResponse)
         return {(t, q): o for t, q, o in resp.offsets if (t, q) in self._queues}
 
     async def commit(self, offsets: dict[TopicQueue, int] | None = None) -> None:
@@ -419,7 +421,7 @@ class AsyncPullConsumer:
         if not offsets:
             return
         generation = self._membership.generation if self._subscriptions else -1
-        resp = await self._session.request(
+        resp = await self._coordinator.request(
             m.CommitOffsetsRequest(self.group, self._membership.member_id, generation,
                                    [(t, q, o) for (t, q), o in offsets.items()]),
             m.CommitOffsetsResponse,

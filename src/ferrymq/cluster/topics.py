@@ -43,7 +43,7 @@ async def live_brokers(store: MetadataStore, keys: Keys) -> list[int]:
 async def create_topic(store: MetadataStore, keys: Keys, name: str, queues: int, replicas: int,
                        min_insync: int, config: Mapping[str, str], now_ms: int, *,
                        default_replicas_setting: int = 0, default_min_insync_setting: int = 0,
-                       start: int | None = None) -> TopicRecord:
+                       start: int | None = None, internal_ok: bool = False) -> TopicRecord:
     """Create topic ``name`` with ``queues`` queues placed on the live brokers (see the module
     docstring); the record written (its ``topic_id`` at least ``CLUSTER_TOPIC_ID_BASE``).
 
@@ -53,7 +53,8 @@ async def create_topic(store: MetadataStore, keys: Keys, name: str, queues: int,
     ``default_replicas`` / ``default_min_insync`` settings). ``config`` is the topic's settings,
     already checked by the caller; ``unclean_leader_election=true`` lets the controller elect a
     replica outside the ISR when every ISR member is down. ``start``: the placement's start
-    (None: random).
+    (None: random). ``internal_ok``: ``name`` may be an internal topic's (``%GROUPS%offsets``,
+    created by the brokers themselves).
 
     Raises:
         InvalidTopicNameError: ``name`` is not a valid topic name.
@@ -63,7 +64,7 @@ async def create_topic(store: MetadataStore, keys: Keys, name: str, queues: int,
         TopicAlreadyExistsError: the cluster has a topic of that name.
         MetadataUnavailableError: the store cannot be reached (nothing was created).
     """
-    check_topic_name(name)
+    check_topic_name(name, internal_ok=internal_ok)
     if queues < 1:
         raise InvalidRequestError(f"queues must be >= 1, not {queues}")
     topic_key = keys.topic(name)

@@ -87,3 +87,4 @@ class ErrorCode(enum.IntEnum, metaclass=_ErrorCodeType):
     NOT_ENOUGH_REPLICAS = 52
     LEADER_NOT_AVAILABLE = 53
     INVALID_REPLICATION_FACTOR = 54
+    NOT_COORDINATOR = 55

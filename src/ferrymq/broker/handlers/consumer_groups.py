@@ -1,5 +1,8 @@
 """Consumer groups (offset-based pull groups): JOIN_GROUP, HEARTBEAT, LEAVE_GROUP; and for both
-kinds of group (consumer and delivery groups) LIST_GROUPS, DESCRIBE_GROUP, DELETE_GROUP."""
+kinds of group (consumer and delivery groups) LIST_GROUPS, DESCRIBE_GROUP, DELETE_GROUP.
+
+In a cluster only a group's coordinator serves its requests (others answer NOT_COORDINATOR:
+:func:`check_coordinator`), and LIST_GROUPS lists the groups this broker coordinates."""
 
 from __future__ import annotations
 
@@ -10,7 +13,16 @@ from ferrymq.errors import InvalidRequestError, UnknownGroupError
 from ferrymq.protocol import messages as m
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable
+
     from ferrymq.broker.context import ClientConnection
+
+
+def check_coordinator(conn: ClientConnection, group: str) -> None:
+    """In a cluster, raise NotCoordinatorError unless this broker coordinates ``group``
+    (:mod:`ferrymq.broker.cluster_groups`); a single broker coordinates every group."""
+    if conn.server.cluster is not None:
+        conn.server.cluster.groups.check_coordinator(group)
 
 
 def _queue_counts(conn: ClientConnection) -> dict[str, int]:
@@ -27,6 +39,7 @@ def join_group(conn: ClientConnection, req: m.JoinGroupRequest) -> m.JoinGroupRe
         InvalidRequestError: more than ``max_member_topics`` topics.
     """
     srv = conn.server
+    check_coordinator(conn, req.group)
     timeout = srv.config.session_timeout_ms(req.session_timeout_ms)
     limit = srv.config.max_member_topics
     if len(req.topics) > limit and len(set(req.topics)) > limit:
@@ -44,6 +57,7 @@ def join_group(conn: ClientConnection, req: m.JoinGroupRequest) -> m.JoinGroupRe
 
 def heartbeat(conn: ClientConnection, req: m.HeartbeatRequest) -> m.Empty:
     """Keep the membership alive (REBALANCE_IN_PROGRESS: rejoin)."""
+    check_coordinator(conn, req.group)
     conn.server.consumer_groups.heartbeat(req.group, req.member_id, req.generation,
                                           conn.server.now_monotonic_ms())
     return m.Empty()
@@ -51,6 +65,7 @@ def heartbeat(conn: ClientConnection, req: m.HeartbeatRequest) -> m.Empty:
 
 def leave_group(conn: ClientConnection, req: m.LeaveGroupRequest) -> m.Empty:
     """Leave at once."""
+    check_coordinator(conn, req.group)
     conn.server.consumer_groups.leave(req.group, req.member_id, _queue_counts(conn))
     return m.Empty()
 
@@ -72,6 +87,7 @@ def list_groups(conn: ClientConnection, req: m.ListGroupsRequest) -> m.ListGroup
 def describe_group(conn: ClientConnection, req: m.DescribeGroupRequest) -> m.DescribeGroupResponse:
     """Members, assignment, committed offsets, end offsets and lag per queue."""
     srv = conn.server
+    check_coordinator(conn, req.group)
     g = srv.consumer_groups.group(req.group)
     members: list[m.MemberInfo] = [
         (mm.member_id, mm.client_id, mm.host, list(mm.assignment)) for mm in g.members.values()
@@ -90,16 +106,30 @@ def describe_group(conn: ClientConnection, req: m.DescribeGroupRequest) -> m.Des
     return m.DescribeGroupResponse(g.name, g.state, g.generation, members, offsets)
 
 
-def delete_group(conn: ClientConnection, req: m.DeleteGroupRequest) -> m.DeleteGroupResponse:
+def delete_group(conn: ClientConnection, req: m.DeleteGroupRequest
+                 ) -> m.DeleteGroupResponse | Awaitable[m.DeleteGroupResponse]:
     """Delete the consumer group and the delivery group of this name (whichever exist), only
-    when neither has a live member; nothing is deleted when either refuses."""
+    when neither has a live member; nothing is deleted when either refuses. In a cluster the
+    consumer group's coordinator deletes it (a tombstone in its replicated log, first)."""
     srv = conn.server
+    check_coordinator(conn, req.group)
     pull, delivery = req.group in srv.consumer_groups.groups, req.group in srv.delivery.groups
     if not pull and not delivery:
         raise UnknownGroupError(f"unknown group {req.group[:249]!r}: no consumer group or "
                                 "delivery group has this name")
     srv.consumer_groups.check_deletable(req.group)
     srv.delivery.check_deletable(req.group, req.delete_dlq)
+    if srv.cluster is not None:
+        return _delete_replicated(conn, req, pull, delivery)
     dead = srv.delivery.delete(req.group, req.delete_dlq)
     srv.consumer_groups.delete(req.group)
+    return m.DeleteGroupResponse(pull, delivery, dead or 0)
+
+
+async def _delete_replicated(conn: ClientConnection, req: m.DeleteGroupRequest, pull: bool,
+                             delivery: bool) -> m.DeleteGroupResponse:
+    srv = conn.server
+    assert srv.cluster is not None
+    await srv.cluster.groups.delete(req.group)
+    dead = srv.delivery.delete(req.group, req.delete_dlq)
     return m.DeleteGroupResponse(pull, delivery, dead or 0)

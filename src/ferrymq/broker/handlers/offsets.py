@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from ferrymq.broker.consumer_groups import check_offsets
+from ferrymq.broker.handlers.consumer_groups import check_coordinator
 from ferrymq.errors import BrokerError, InvalidOffsetError, InvalidRequestError
 from ferrymq.protocol import messages as m
 from ferrymq.protocol.messages import Isolation, OffsetSpec
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Awaitable, Callable
 
     from ferrymq.broker.context import ClientConnection
     from ferrymq.broker.topics import QueueState
+
+R = TypeVar("R")
 
 
 def resolve_spec(qs: QueueState, spec: int, *, committed: bool = False) -> int:
@@ -46,16 +49,29 @@ def list_offsets(conn: ClientConnection, req: m.ListOffsetsRequest) -> m.ListOff
 
 def commit_offsets(
     conn: ClientConnection, req: m.CommitOffsetsRequest
-) -> m.CommitOffsetsResponse:
+) -> m.CommitOffsetsResponse | Awaitable[m.CommitOffsetsResponse]:
     """Store a group's offsets durably (fenced by generation for group members); a queue whose
-    offsets are pending in an open transaction is refused (CONCURRENT_TRANSACTIONS)."""
+    offsets are pending in an open transaction is refused (CONCURRENT_TRANSACTIONS). In a
+    cluster: at the group's coordinator, answered once replicated (acks=all)."""
     txn = conn.server.txn
+    cluster = conn.server.cluster
+    check_coordinator(conn, req.group)
     valid, out = check_offsets(conn.server.topics, req.entries,
-                               lambda t, q: txn.check_pending(req.group, t, q))
+                               lambda t, q: txn.check_pending(req.group, t, q),
+                               local_end=cluster is None)
+    if valid and cluster is not None:
+        return _answer_after(cluster.groups.commit(req.group, req.member_id, req.generation,
+                                                   valid), m.CommitOffsetsResponse(out))
     if valid:
         _durably(conn, req.group, lambda: conn.server.consumer_groups.commit(
             req.group, req.member_id, req.generation, valid))
     return m.CommitOffsetsResponse(out)
+
+
+async def _answer_after(write: Awaitable[None], answer: R) -> R:
+    """``answer`` once ``write`` (a cluster's replicated write) is done."""
+    await write
+    return answer
 
 
 def _durably(conn: ClientConnection, group: str, write: Callable[[], None]) -> None:
@@ -69,6 +85,7 @@ def _durably(conn: ClientConnection, group: str, write: Callable[[], None]) -> N
 
 def fetch_offsets(conn: ClientConnection, req: m.FetchOffsetsRequest) -> m.FetchOffsetsResponse:
     """A group's committed offsets."""
+    check_coordinator(conn, req.group)
     committed = conn.server.consumer_groups.committed(req.group)
     wanted = None if req.topics is None else set(req.topics)
     return m.FetchOffsetsResponse(
@@ -77,8 +94,12 @@ def fetch_offsets(conn: ClientConnection, req: m.FetchOffsetsRequest) -> m.Fetch
     )
 
 
-def reset_offsets(conn: ClientConnection, req: m.ResetOffsetsRequest) -> m.ResetOffsetsResponse:
-    """Move a group's offsets on one topic (replay); live members rejoin and pick them up."""
+def reset_offsets(conn: ClientConnection, req: m.ResetOffsetsRequest
+                  ) -> m.ResetOffsetsResponse | Awaitable[m.ResetOffsetsResponse]:
+    """Move a group's offsets on one topic (replay); live members rejoin and pick them up. In a
+    cluster the positions are resolved on the coordinator's copy of the queues (see
+    docs/cluster.md) and the new offsets replicated before the answer."""
+    check_coordinator(conn, req.group)
     topic = conn.server.topics.get(req.topic)
     new: dict[tuple[str, int], int] = {}
     for qs in topic.queues:
@@ -89,5 +110,8 @@ def reset_offsets(conn: ClientConnection, req: m.ResetOffsetsRequest) -> m.Reset
         else:
             off = resolve_spec(qs, req.spec)
         new[(req.topic, qs.queue)] = off
+    answer = m.ResetOffsetsResponse(sorted((t, q, o) for (t, q), o in new.items()))
+    if conn.server.cluster is not None:
+        return _answer_after(conn.server.cluster.groups.set_offsets(req.group, new), answer)
     _durably(conn, req.group, lambda: conn.server.consumer_groups.set_offsets(req.group, new))
-    return m.ResetOffsetsResponse(sorted((t, q, o) for (t, q), o in new.items()))
+    return answer

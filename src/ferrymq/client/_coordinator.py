@@ -1,0 +1,110 @@
+"""Where a consumer group's requests go: the group's coordinator.
+
+Theory of operation
+-------------------
+A single broker coordinates every group, so a client sends a group's requests (JOIN_GROUP,
+HEARTBEAT, LEAVE_GROUP, COMMIT_OFFSETS, FETCH_OFFSETS, ...) through its bootstrap session, and
+keeps doing so as long as no broker refuses them: one broker costs nothing more than before.
+
+In a cluster the coordinator is the leader of the group's queue of ``%GROUPS%offsets``
+(:mod:`ferrymq.protocol.coordinator`; the broker side is :mod:`ferrymq.broker.cluster_groups`).
+Another broker answers NOT_COORDINATOR; then :class:`CoordinatorRoute` refreshes the cluster
+metadata of that topic (through the client's :class:`~ferrymq.client._cluster.Cluster`: paced
+and coalesced with its other refreshes), computes the group's queue from the group name, sends
+the request to that queue's leader, and keeps that session for the group's next requests. The
+same happens when the coordinator's connection is lost or it does not answer (it may have
+died: the next leader of the queue takes over), until the request's deadline. There is no
+FIND_COORDINATOR request: docs/design.md says why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TypeVar
+
+from ferrymq.client._cluster import Cluster
+from ferrymq.client._session import Session
+from ferrymq.errors import (
+    BrokerError,
+    ConnectionClosedError,
+    FerryMQTimeoutError,
+    NotCoordinatorError,
+    error_for_code,
+)
+from ferrymq.protocol import messages as m
+from ferrymq.protocol.codes import ErrorCode
+from ferrymq.protocol.coordinator import OFFSETS_TOPIC, coordinator_queue
+
+log = logging.getLogger("ferrymq.client")
+B = TypeVar("B", bound=m.Body)
+
+
+def _retry_codes() -> frozenset[int]:
+    out = set()
+    for code in ErrorCode:
+        exc = error_for_code(code, "") if code else None
+        if isinstance(exc, BrokerError) and exc.retriable and code != ErrorCode.NOT_COORDINATOR:
+            out.add(int(code))
+    return frozenset(out)
+
+
+SAME_COORDINATOR_RETRY_CODES = _retry_codes()
+"""The retriable codes a group request retries on the same broker; NOT_COORDINATOR means
+another broker coordinates the group now: find it instead."""
+
+
+class CoordinatorRoute:
+    """The session that reaches ``group``'s coordinator (see the module docstring)."""
+
+    def __init__(self, cluster: Cluster, group: str) -> None:
+        self._cluster = cluster
+        self.group = group
+        self.session: Session = cluster.bootstrap
+        """Where the group's requests go now (the bootstrap session until a refusal)."""
+
+    async def request(self, req: m.Request, resp_type: type[B], *,
+                      timeout_s: float | None = None, retry: bool = True,
+                      retry_codes: frozenset[int] | None = None) -> B:
+        """``Session.request`` sent to the coordinator, found again (see the module
+        docstring) while the deadline allows; ``retry=False``: found again for the next
+        request, and the refusal raised.
+
+        Raises:
+            BrokerError subclass, ConnectionClosedError, FerryMQTimeoutError.
+        """
+        loop = asyncio.get_running_loop()
+        boot = self._cluster.bootstrap
+        total = boot.request_timeout_s if timeout_s is None else timeout_s
+        deadline = loop.time() + total
+        codes = SAME_COORDINATOR_RETRY_CODES if retry_codes is None else (
+            retry_codes - {ErrorCode.NOT_COORDINATOR})
+        while True:
+            s = self.session
+            try:
+                return await s.request(req, resp_type, retry=retry, retry_codes=codes,
+                                       timeout_s=max(deadline - loop.time(), 0.001))
+            except NotCoordinatorError:
+                if not retry or loop.time() >= deadline:
+                    await self.find()
+                    raise
+            except (ConnectionClosedError, FerryMQTimeoutError):
+                if s is boot or not retry or loop.time() >= deadline:
+                    self.session = boot  # a lost coordinator: start again from the bootstrap
+                    raise
+            await self.find()
+
+    async def find(self) -> None:
+        """Refresh the leaders of ``%GROUPS%offsets`` and route to the group's queue's
+        leader (the bootstrap session while none is known: its broker asks the cluster to
+        create the topic, and answers NOT_COORDINATOR until then)."""
+        cluster = self._cluster
+        await cluster.await_refresh([OFFSETS_TOPIC])  # paced: at most one per interval
+        n = cluster.leaders.queue_count(OFFSETS_TOPIC)
+        s = cluster.route(OFFSETS_TOPIC, coordinator_queue(self.group, n)) if n else None
+        if s is None:
+            await asyncio.sleep(cluster.min_refresh_interval_s)
+            s = cluster.bootstrap
+        if s is not self.session:
+            log.info("group %s: coordinator at %s", self.group, s.addresses)
+        self.session = s
