@@ -67,8 +67,10 @@ class CoordinatorRoute:
                       timeout_s: float | None = None, retry: bool = True,
                       retry_codes: frozenset[int] | None = None) -> B:
         """``Session.request`` sent to the coordinator, found again (see the module
-        docstring) while the deadline allows; ``retry=False``: found again for the next
-        request, and the refusal raised.
+        docstring) while the deadline allows, even with ``retry=False``: NOT_COORDINATOR is
+        answered before anything is done (a write whose coordinator moved during it may have
+        been stored; sending it again stores the same offsets). A lost connection to the
+        coordinator is followed to the next one only with ``retry``.
 
         Raises:
             BrokerError subclass, ConnectionClosedError, FerryMQTimeoutError.
@@ -85,8 +87,7 @@ class CoordinatorRoute:
                 return await s.request(req, resp_type, retry=retry, retry_codes=codes,
                                        timeout_s=max(deadline - loop.time(), 0.001))
             except NotCoordinatorError:
-                if not retry or loop.time() >= deadline:
-                    await self.find()
+                if loop.time() >= deadline:
                     raise
             except (ConnectionClosedError, FerryMQTimeoutError):
                 if s is boot or not retry or loop.time() >= deadline:

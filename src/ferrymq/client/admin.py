@@ -37,6 +37,8 @@ from ferrymq.client._admin_results import (
     TxnsDescription,
     UserInfo,
 )
+from ferrymq.client._cluster import Cluster
+from ferrymq.client._coordinator import CoordinatorRoute
 from ferrymq.client._session import Auth, Session, TLSOption
 from ferrymq.client.message import BatchContext, ReceivedMessage
 from ferrymq.errors import (
@@ -122,6 +124,10 @@ class AsyncAdminClient:
                                 connect_timeout_s=connect_timeout_s,
                                 reconnect_timeout_s=reconnect_timeout_s,
                                 auth=auth, tls=tls)
+        self._cluster = Cluster(self._session)  # (a group's requests go to its coordinator)
+
+    def _coordinator(self, group: str) -> CoordinatorRoute:
+        return CoordinatorRoute(self._cluster, group)
 
     async def __aenter__(self) -> AsyncAdminClient:
         await self._session.connection()
@@ -132,6 +138,7 @@ class AsyncAdminClient:
 
     async def close(self) -> None:
         """Close the connection."""
+        await self._cluster.close()
         await self._session.close()
 
     async def hello(self) -> m.HelloResponse:
@@ -206,7 +213,8 @@ class AsyncAdminClient:
     async def describe_group(self, group: str) -> GroupDescription:
         """Members, assignment, committed offsets and lag."""
         return GroupDescription.from_wire(
-            await self._session.request(m.DescribeGroupRequest(group), m.DescribeGroupResponse))
+            await self._coordinator(group).request(m.DescribeGroupRequest(group),
+                                                   m.DescribeGroupResponse))
 
     async def delete_group(self, group: str, *, delete_dlq: bool = False) -> m.DeleteGroupResponse:
         """Delete a group that has no live member: the consumer (pull) group of that name with
@@ -228,8 +236,8 @@ class AsyncAdminClient:
             UnknownGroupError: no group has this name.
             AccessDeniedError: the user is not an admin.
         """
-        return await self._session.request(m.DeleteGroupRequest(group, delete_dlq),
-                                           m.DeleteGroupResponse, retry=False)
+        return await self._coordinator(group).request(m.DeleteGroupRequest(group, delete_dlq),
+                                                      m.DeleteGroupResponse, retry=False)
 
     async def reset_offsets(self, group: str, topic: str, *, to: str | int) -> list[QueueOffset]:
         """Move a group's offsets on a topic: ``to`` is "earliest", "latest", an offset (int)
@@ -249,7 +257,8 @@ class AsyncAdminClient:
         return await self._reset_offsets(m.ResetOffsetsRequest(group, topic, timestamp_ms, False))
 
     async def _reset_offsets(self, req: m.ResetOffsetsRequest) -> list[QueueOffset]:
-        resp = await self._session.request(req, m.ResetOffsetsResponse, retry=False)
+        resp = await self._coordinator(req.group).request(req, m.ResetOffsetsResponse,
+                                                          retry=False)
         return [QueueOffset._make(x) for x in resp.offsets]
 
     async def list_offsets(self, entries: list[tuple[str, int, int]]) -> list[OffsetLookup]:
