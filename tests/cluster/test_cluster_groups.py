@@ -20,6 +20,8 @@ from ferrymq.errors import (
 )
 from ferrymq.protocol import messages as m
 from ferrymq.protocol.coordinator import OFFSETS_TOPIC, coordinator_queue
+from ferrymq.testing import ClusterProcess
+from tests.cluster.conftest import needs_etcd
 from tests.cluster.test_cluster_inprocess import Cluster, cluster, leader_of, run
 
 pytestmark = pytest.mark.integration
@@ -180,3 +182,50 @@ def test_a_consumer_rides_through_its_coordinators_loss(tmp_path: Path) -> None:
             assert not set(again) & set(sent), "read again though committed before the loss"
 
     run(body)
+
+
+@needs_etcd
+def test_committed_offsets_survive_a_kill_9_of_the_coordinator(tmp_path: Path) -> None:
+    """The same with broker processes on etcd: the coordinator's broker is killed with
+    SIGKILL (its lease expires, the controller elects another leader of the group's queue)."""
+    env = {"FERRYMQ_METADATA_LEASE_MS": "2000", "FERRYMQ_REPLICA_LAG_MS": "2000",
+           "FERRYMQ_OFFSETS_TOPIC_QUEUES": "4"}
+    with ClusterProcess(3, tmp_path / "c", env=env) as procs:
+        async def body() -> None:
+            boot = procs.bootstrap
+            async with AsyncAdminClient(boot) as admin:
+                await admin.create_topic("orders", 2, replicas=3, min_insync=2)
+                with pytest.raises(UnknownGroupError):  # creates %GROUPS%offsets
+                    await admin.describe_group("g")
+                d = await admin.cluster_describe()
+                n = sum(r.topic == OFFSETS_TOPIC for r in d.queues)
+                assert n == 4  # offsets_topic_queues, from the environment
+                q = coordinator_queue("g", n)
+                coord = next(r.leader for r in d.queues if (r.topic, r.queue) == (OFFSETS_TOPIC, q))
+            sent = []
+            async with AsyncProducer(boot, delivery_timeout_s=30) as p:
+                for i in range(80):
+                    sent.append(f"m{i}".encode())
+                    await p.send(Message("orders", sent[-1], sharding_key=str(i)))
+            got1: list[bytes] = []
+            async with AsyncPullConsumer(boot, group="g", auto_commit=False,
+                                         auto_offset_reset="earliest") as c1:
+                await c1.subscribe("orders")
+                deadline = time.monotonic() + 30
+                while len(got1) < 30:
+                    got1 += [msg.body for msg in await c1.poll(timeout=0.5, max_messages=10)]
+                    assert time.monotonic() < deadline
+                await c1.commit()
+            procs.kill9(coord)
+            got2: list[bytes] = []
+            async with AsyncPullConsumer(boot, group="g", auto_commit=False,
+                                         auto_offset_reset="earliest",
+                                         request_timeout_s=60) as c2:
+                await c2.subscribe("orders")
+                deadline = time.monotonic() + 60
+                while len(got1) + len(got2) < len(sent) and time.monotonic() < deadline:
+                    got2 += [msg.body for msg in await c2.poll(timeout=0.5)]
+            assert not set(got1) & set(got2), "a committed message read again"
+            assert sorted(got1 + got2) == sorted(sent), "messages skipped or doubled"
+
+        asyncio.run(asyncio.wait_for(body(), 150))
