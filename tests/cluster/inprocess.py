@@ -1,0 +1,70 @@
+"""The in-process cluster of the cluster tests: real brokers (``BrokerServer`` on port 0, real
+sockets, real logs) joined through one memory metadata store."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable, Coroutine
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from ferrymq.broker.config import BrokerConfig
+from ferrymq.broker.server import BrokerServer
+from ferrymq.cluster.metadata.memory import MemoryMetadataStore
+
+
+def run(fn: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    asyncio.run(asyncio.wait_for(fn(), 120))
+
+
+class Cluster:
+    """Brokers 1..n on one memory store."""
+
+    def __init__(self, tmp: Path, store: MemoryMetadataStore, **cfg: Any) -> None:
+        self.tmp = tmp
+        self.store = store
+        self.cfg = cfg
+        self.brokers: dict[int, BrokerServer] = {}
+
+    async def start(self, broker_id: int) -> BrokerServer:
+        config = BrokerConfig(data_dir=str(self.tmp / f"b{broker_id}"), port=0,
+                              broker_id=broker_id, metadata="memory://", cluster="t",
+                              **self.cfg).validate()
+        srv = BrokerServer(config, metadata_store=self.store)
+        await srv.start()
+        self.brokers[broker_id] = srv
+        return srv
+
+    async def stop(self, broker_id: int) -> None:
+        await self.brokers.pop(broker_id).stop()
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(f"{s.address[0]}:{s.address[1]}" for s in self.brokers.values())
+
+    async def wait(self, cond: Callable[[], bool], what: str, timeout: float = 20) -> None:
+        deadline = time.monotonic() + timeout
+        while not cond():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for {what}")
+            await asyncio.sleep(0.02)
+
+
+@asynccontextmanager
+async def cluster(tmp: Path, n: int = 3, **cfg: Any) -> AsyncIterator[Cluster]:
+    c = Cluster(tmp, MemoryMetadataStore(), **cfg)
+    try:
+        for i in range(1, n + 1):
+            await c.start(i)
+        yield c
+    finally:
+        for i in list(c.brokers):
+            await c.stop(i)
+
+
+def leader_of(c: Cluster, topic: str, queue: int) -> int:
+    srv = next(iter(c.brokers.values()))
+    assert srv.cluster is not None
+    return srv.cluster.node.view.queues[(topic, queue)].leader
