@@ -1,5 +1,6 @@
-"""AdminClient.cluster_describe, create_topic's replicas and min_insync, and the CLI's
-``cluster describe`` and ``topic create --replicas --min-insync``, against a real single broker
+"""AdminClient.cluster_describe and elect_preferred_leaders, create_topic's replicas and
+min_insync, and the CLI's ``cluster describe``, ``cluster preferred-leaders`` and ``topic create
+--replicas --min-insync``, against a real single broker
 (which describes itself as a cluster of one)."""
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ import json
 import pytest
 
 from ferrymq import AdminClient, Broker
-from ferrymq.errors import ConfigError
+from ferrymq.errors import ConfigError, UnknownTopicError
 from tests.integration.test_cli import ferrymq, ok
 
 pytestmark = pytest.mark.integration
@@ -81,3 +82,17 @@ def test_cli_produce_with_either_acks_and_a_bad_one(broker: Broker) -> None:
         assert out["durability"] == "fsynced"  # one broker: its own flush either way
     res = ferrymq(broker.address, "produce", "acked", "x", "--acks", "none")
     assert res.returncode == 2 and "'none' is not one of 'all', 'leader'" in res.stderr
+
+
+def test_a_single_broker_moves_no_leader_and_names_an_unknown_topic(broker: Broker) -> None:
+    with AdminClient(broker.address) as admin:
+        admin.create_topic("pref", 2)
+        assert admin.elect_preferred_leaders() == 0
+        assert admin.elect_preferred_leaders(["pref"]) == 0
+        with pytest.raises(UnknownTopicError, match="unknown topic 'nope'"):
+            admin.elect_preferred_leaders(["pref", "nope"])
+    out = ok(broker.address, "cluster", "preferred-leaders", "--topic", "pref")
+    assert out == "0 queues moved to the preferred leader\n"
+    assert json.loads(ok(broker.address, "--json", "cluster", "preferred-leaders")) == {"moved": 0}
+    res = ferrymq(broker.address, "cluster", "preferred-leaders", "--topic", "nope")
+    assert res.returncode == 1 and "unknown topic 'nope'" in res.stderr, res.stderr

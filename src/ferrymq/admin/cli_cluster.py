@@ -15,7 +15,7 @@ from ferrymq.client.admin import ClusterDescription
 
 @click.group()
 def cluster() -> None:
-    """Look at the cluster: brokers, leaders, in-sync replicas."""
+    """Look at the cluster (brokers, leaders, in-sync replicas); move leaders back."""
 
 
 @cluster.command("describe")
@@ -29,3 +29,18 @@ def cluster_describe(state: CliState, json_flag: bool) -> None:
     with state.admin() as admin:
         desc: ClusterDescription = admin.cluster_describe()
     state.printer_with(json_flag).cluster(desc)
+
+
+@cluster.command("preferred-leaders")
+@click.option("--topic", "topics", multiple=True, metavar="TOPIC",
+              help="Only this topic's queues (repeatable; default: every topic).")
+@json_option
+@pass_state
+def cluster_preferred_leaders(state: CliState, topics: tuple[str, ...], json_flag: bool) -> None:
+    """Move each queue's leadership back to its preferred replica (the first of its replicas)
+    where that broker is alive and in the ISR: after a failover and the broker's return, the
+    leaders are spread evenly again. Queues whose preferred replica is down or behind stay as
+    they are. A single broker moves nothing."""
+    with state.admin() as admin:
+        moved = admin.elect_preferred_leaders(list(topics) if topics else None)
+    state.printer_with(json_flag).preferred_leaders(moved)

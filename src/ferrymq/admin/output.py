@@ -171,6 +171,13 @@ class Printer:
 
     # -- the cluster ---------------------------------------------------------------------------
 
+    def preferred_leaders(self, moved: int) -> None:
+        """``cluster preferred-leaders``: how many queues' leadership moved."""
+        if self.json_mode:
+            self.json({"moved": moved})
+        else:
+            self.line(f"{moved} queue{'' if moved == 1 else 's'} moved to the preferred leader")
+
     def cluster(self, desc: ClusterDescription) -> None:
         """``cluster describe``: brokers, then queues (offline and under-replicated first)."""
         if self.json_mode:

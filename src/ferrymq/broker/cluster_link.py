@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from ferrymq.broker.cluster_groups import ClusterGroups
 from ferrymq.broker.topics import CLUSTER_TOPIC_ID_BASE, INTERNAL_PREFIX
-from ferrymq.cluster.controller import Controller
+from ferrymq.cluster.controller import Controller, elect_preferred_leaders
 from ferrymq.cluster.isr import change_isr
 from ferrymq.cluster.metadata.store import MetadataStore
 from ferrymq.cluster.model import NO_LEADER, QueueRecord, TopicRecord
@@ -223,6 +223,14 @@ class ClusterLink:
         if name not in self.node.view.topics:
             raise UnknownTopicError(f"unknown topic {name[:249]!r}")
         await delete_topic(self.node.store, self.node.keys, name)
+
+    async def elect_preferred_leaders(self, topics: list[str] | None
+                                      ) -> m.ElectPreferredLeadersResponse:
+        """Move leadership back to the preferred replicas (from this broker, whichever holds
+        the controller's seat: the writes are checked against it)."""
+        node = self.node
+        return m.ElectPreferredLeadersResponse(
+            await elect_preferred_leaders(node.store, node.keys, topics))
 
     def cluster_metadata(self, req: m.ClusterMetadataRequest) -> m.ClusterMetadataResponse:
         """The CLUSTER_METADATA answer from this broker's view."""

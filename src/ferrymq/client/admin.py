@@ -191,6 +191,19 @@ class AsyncAdminClient:
         return ClusterDescription.from_wire(await self._session.request(
             m.ClusterMetadataRequest(None), m.ClusterMetadataResponse))
 
+    async def elect_preferred_leaders(self, topics: list[str] | None = None) -> int:
+        """Move each queue's leadership (of ``topics``; None: of every topic) back to its
+        preferred replica, the first of its replicas, where that broker is alive and in the
+        ISR; the number of queues moved. Any broker of a cluster does it; a single broker
+        moves none.
+
+        Raises:
+            UnknownTopicError: a named topic does not exist.
+        """
+        resp = await self._session.request(m.ElectPreferredLeadersRequest(topics),
+                                           m.ElectPreferredLeadersResponse)
+        return resp.moved
+
     async def delete_topic(self, name: str) -> None:
         """Delete a topic and its data."""
         await self._session.request(m.DeleteTopicRequest(name), m.Empty, retry=False)

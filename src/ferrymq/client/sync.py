@@ -352,6 +352,10 @@ class AdminClient:
         """See :meth:`ferrymq.client.admin.AsyncAdminClient.cluster_describe`."""
         return _run(self._async.cluster_describe())
 
+    def elect_preferred_leaders(self, topics: list[str] | None = None) -> int:
+        """See :meth:`ferrymq.client.admin.AsyncAdminClient.elect_preferred_leaders`."""
+        return _run(self._async.elect_preferred_leaders(topics))
+
     def delete_group(self, group: str, *, delete_dlq: bool = False) -> m.DeleteGroupResponse:
         """See :meth:`ferrymq.client.admin.AsyncAdminClient.delete_group`."""
         return _run(self._async.delete_group(group, delete_dlq=delete_dlq))

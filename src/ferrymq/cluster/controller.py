@@ -43,8 +43,12 @@ takes over also sees restarts that happened while there was none.
 Writes race with the leaders' own ISR changes (:func:`~ferrymq.cluster.isr.change_isr`): when a
 queue's CAS fails, the controller re-reads that queue and decides again.
 
-:meth:`Controller.elect_preferred_leaders` moves leadership back to each queue's first replica
-where it is alive and in the ISR (``ferrymq cluster preferred-leaders``).
+:func:`elect_preferred_leaders` moves leadership back to each queue's first replica where it is
+alive and in the ISR (``ferrymq cluster preferred-leaders``). Any broker may run it, not only the
+controller's: each queue's write is a compare-and-swap that holds only if, at the commit, the
+queue record, the preferred replica's registration and the controller's seat are all still what
+the decision was made on. So it can neither undo a controller's decision made meanwhile nor
+give leadership to a broker that left (docs/design.md).
 """
 
 from __future__ import annotations
@@ -54,7 +58,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import partial
 
 from ferrymq.cluster.metadata.store import Check, KeyValue, MetadataStore, Put, WatchEvent
@@ -120,6 +124,85 @@ def decide_preferred(record: QueueRecord, live: set[int]) -> QueueRecord | None:
 def is_unclean(topic: TopicRecord) -> bool:
     """Whether ``topic`` allows unclean leader elections."""
     return topic.config.get(UNCLEAN_LEADER_ELECTION, "false").lower() == "true"
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterSnapshot:
+    """The cluster's keys at one store revision, decoded."""
+
+    revision: int
+    seat: int
+    """The controller key's mod revision (0: the seat is free)."""
+    brokers: dict[int, KeyValue]
+    """Live brokers' keys by broker id."""
+    topics: dict[str, TopicRecord]
+    queues: dict[tuple[str, int], QueueRecord]
+
+
+async def read_cluster(store: MetadataStore, keys: Keys) -> ClusterSnapshot:
+    """Every key of the cluster at one revision.
+
+    Raises:
+        MetadataUnavailableError: the store cannot be reached.
+    """
+    kvs, revision = await store.range(keys.root)
+    snap = ClusterSnapshot(revision, 0, {}, {}, {})
+    for kv in kvs:
+        if kv.key == keys.controller:
+            snap = replace(snap, seat=kv.mod_revision)
+        elif kv.key.startswith(keys.brokers):
+            snap.brokers[int(kv.key[len(keys.brokers):])] = kv
+        elif kv.key.startswith(keys.topics):
+            snap.topics[kv.key[len(keys.topics):]] = TopicRecord.decode(kv)
+        elif kv.key.startswith(keys.queues):
+            snap.queues[keys.parse_queue(kv.key)] = QueueRecord.decode(kv)
+    return snap
+
+
+async def elect_preferred_leaders(store: MetadataStore, keys: Keys,
+                                  topics: Iterable[str] | None = None, *,
+                                  seat: int | None = None) -> int:
+    """Move each queue's leadership (of ``topics``; None: of every topic) to its first replica
+    where that one is alive, in the ISR and not leading already; the number of queues moved.
+    Safe from any broker (see the module docstring); ``seat``: the controller key's revision
+    the writes must find (a controller's own call), else whatever seat was read.
+
+    Raises:
+        NotControllerError: ``seat`` given and the seat is not at that revision.
+        UnknownTopicError: a named topic does not exist.
+        MetadataUnavailableError: the store cannot be reached.
+    """
+    snap = await read_cluster(store, keys)
+    held, brokers, known = snap.seat, snap.brokers, snap.topics
+    if seat is not None and held != seat:
+        raise NotControllerError("the seat is " + ("free" if not held else "another broker's"))
+    wanted = set(known) if topics is None else set(topics)
+    missing = sorted(wanted - set(known))
+    if missing:
+        raise UnknownTopicError(f"unknown topic {missing[0][:249]!r}")
+    live = set(brokers)
+    moved = 0
+    for (name, q), record in sorted(snap.queues.items()):
+        if name not in wanted or q >= known[name].queues:
+            continue
+        new = decide_preferred(record, live)
+        if new is None:
+            continue
+        key = keys.queue(name, q)
+        rev = await store.commit([Check(key, record.version), Check(keys.controller, held),
+                                  Check(keys.broker(new.leader), brokers[new.leader].mod_revision)],
+                                 [Put(key, new.encode())])
+        if rev is not None:
+            log.info("%s/%d: preferred leader %d back (was %d, epoch %d)", name, q,
+                     new.leader, record.leader, new.leader_epoch)
+            moved += 1
+        elif seat is not None:
+            now = await store.get(keys.controller)
+            if now is None or now.mod_revision != seat:
+                raise NotControllerError("the seat changed while electing preferred leaders")
+        # else: the queue, its preferred broker or the seat changed meanwhile: whoever changed
+        # it decided on fresher facts; the next run decides again
+    return moved
 
 
 class Controller:
@@ -251,9 +334,8 @@ class Controller:
         return written
 
     async def elect_preferred_leaders(self, topics: Iterable[str] | None = None) -> int:
-        """Move each queue's leadership (of ``topics``; None: of every topic) to its first
-        replica where that one is alive, in the ISR and not leading already; the number of
-        queues moved.
+        """:func:`elect_preferred_leaders` as this controller: its writes also check that it
+        still holds the seat; the number of queues moved.
 
         Raises:
             NotControllerError: this broker does not hold the seat.
@@ -262,18 +344,10 @@ class Controller:
         """
         if not self.seat:
             raise NotControllerError(f"broker {self.broker_id} is not the controller")
-        brokers, known, queues, _ = await self._read()
-        wanted = set(known) if topics is None else set(topics)
-        missing = sorted(wanted - set(known))
-        if missing:
-            raise UnknownTopicError(f"unknown topic {missing[0][:249]!r}")
-        live = set(brokers)
-        moved = 0
-        for (name, q), record in sorted(queues.items()):
-            if name in wanted and q < known[name].queues:
-                _, n = await self._update(name, q, record, partial(decide_preferred, live=live))
-                moved += n
-        return moved
+        try:
+            return await elect_preferred_leaders(self.store, self.keys, topics, seat=self.seat)
+        except NotControllerError as exc:
+            raise self._deposed(str(exc)) from None
 
     async def _read(self) -> tuple[dict[int, int], dict[str, TopicRecord],
                                    dict[tuple[str, int], QueueRecord], int]:
@@ -283,22 +357,11 @@ class Controller:
         Raises:
             NotControllerError: the seat is not this broker's at that revision.
         """
-        kvs, revision = await self.store.range(self.keys.root)
-        k = self.keys
-        held = next((kv for kv in kvs if kv.key == k.controller), None)
-        if held is None or held.mod_revision != self.seat:
-            raise self._deposed("the seat is " + ("free" if held is None else "another broker's"))
-        brokers: dict[int, int] = {}
-        topics: dict[str, TopicRecord] = {}
-        queues: dict[tuple[str, int], QueueRecord] = {}
-        for kv in kvs:
-            if kv.key.startswith(k.brokers):
-                brokers[int(kv.key[len(k.brokers):])] = kv.create_revision
-            elif kv.key.startswith(k.topics):
-                topics[kv.key[len(k.topics):]] = TopicRecord.decode(kv)
-            elif kv.key.startswith(k.queues):
-                queues[k.parse_queue(kv.key)] = QueueRecord.decode(kv)
-        return brokers, topics, queues, revision
+        snap = await read_cluster(self.store, self.keys)
+        if snap.seat != self.seat:
+            raise self._deposed("the seat is " + ("free" if not snap.seat else "another broker's"))
+        brokers = {bid: kv.create_revision for bid, kv in snap.brokers.items()}
+        return brokers, snap.topics, snap.queues, snap.revision
 
     async def _update(self, topic: str, queue: int, record: QueueRecord,
                       decide: Callable[[QueueRecord], QueueRecord | None],

@@ -79,5 +79,6 @@ HANDLERS: dict[int, Handler] = {
     ApiKey.CLUSTER_METADATA: cluster.cluster_metadata,
     ApiKey.REPLICA_FETCH: cluster.replica_fetch,
     ApiKey.OFFSET_FOR_EPOCH: cluster.offset_for_epoch,
+    ApiKey.ELECT_PREFERRED_LEADERS: cluster.elect_preferred_leaders,
 }
 assert set(HANDLERS) == set(ApiKey)

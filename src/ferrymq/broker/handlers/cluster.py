@@ -1,8 +1,9 @@
-"""CLUSTER_METADATA, REPLICA_FETCH and OFFSET_FOR_EPOCH.
+"""CLUSTER_METADATA, ELECT_PREFERRED_LEADERS, REPLICA_FETCH and OFFSET_FOR_EPOCH.
 
 A single broker (no ``--metadata``) answers CLUSTER_METADATA with itself as the only broker and
 the leader of every queue at epoch 0, so that clients take one path whether they talk to a
-single broker or a cluster; it refuses the replicas' requests (it has no replicas). In a cluster
+single broker or a cluster; it answers ELECT_PREFERRED_LEADERS with 0 (its one replica always
+leads) and refuses the replicas' requests (it has no replicas). In a cluster
 the replicas' requests go to the replica manager (``server.replicas``,
 :mod:`ferrymq.cluster.replication`).
 """
@@ -13,7 +14,7 @@ from collections.abc import Awaitable
 
 from ferrymq.broker.context import ClientConnection
 from ferrymq.broker.topics import valid_topic_name
-from ferrymq.errors import InvalidRequestError
+from ferrymq.errors import InvalidRequestError, UnknownTopicError
 from ferrymq.protocol import messages as m
 from ferrymq.protocol.codes import ErrorCode
 from ferrymq.protocol.messages import Body
@@ -41,6 +42,19 @@ def cluster_metadata(conn: ClientConnection,
                        [(q, me, 0, [me], [me]) for q in range(len(t.queues))]))
     host, port = srv.address
     return m.ClusterMetadataResponse("", me, [(me, host, port)], topics)
+
+
+def elect_preferred_leaders(conn: ClientConnection, req: m.ElectPreferredLeadersRequest
+                            ) -> m.ElectPreferredLeadersResponse | Awaitable[Body]:
+    """Move leadership back to the preferred replicas (any broker of a cluster runs it:
+    :func:`ferrymq.cluster.controller.elect_preferred_leaders`); a single broker moves none."""
+    srv = conn.server
+    if srv.cluster is not None:
+        return srv.cluster.elect_preferred_leaders(req.topics)
+    for name in req.topics or ():
+        if name not in srv.topics.topics:
+            raise UnknownTopicError(f"unknown topic {name[:249]!r}")
+    return m.ElectPreferredLeadersResponse(0)
 
 
 def replica_fetch(conn: ClientConnection,

@@ -26,6 +26,8 @@ from ferrymq.protocol.messages.cluster import (
     BrokerAddress,
     ClusterMetadataRequest,
     ClusterMetadataResponse,
+    ElectPreferredLeadersRequest,
+    ElectPreferredLeadersResponse,
     EpochEndResult,
     EpochEntries,
     OffsetForEpochRequest,
@@ -197,7 +199,8 @@ __all__ = [
     "ApiKey", "BOOL", "BYTES", "Body", "Empty", "FLOAT", "INT", "MAX_LIST_ITEMS", "Request", "STR",
     "STRMAP", "astuple_shallow", "lst", "opt", "tup",
     # cluster
-    "BrokerAddress", "ClusterMetadataRequest", "ClusterMetadataResponse", "EpochEndResult",
+    "BrokerAddress", "ClusterMetadataRequest", "ClusterMetadataResponse",
+    "ElectPreferredLeadersRequest", "ElectPreferredLeadersResponse", "EpochEndResult",
     "EpochEntries", "OffsetForEpochRequest", "OffsetForEpochResponse", "QueueLeadership",
     "ReplicaFetchEntry", "ReplicaFetchRequest", "ReplicaFetchResponse", "ReplicaFetchResult",
     "TopicLeadership",
@@ -256,6 +259,7 @@ REQUESTS: dict[int, type[Request]] = {
         CommitStagedRequest, AbortStagedRequest, DescribeTxnsRequest,
         AuthStartRequest, AuthFinishRequest, WhoAmIRequest,
         ClusterMetadataRequest, ReplicaFetchRequest, OffsetForEpochRequest,
+        ElectPreferredLeadersRequest,
         UpsertUserRequest, DeleteUserRequest, ListUsersRequest, DeleteGroupRequest,
     )
 }

@@ -1,5 +1,6 @@
-"""The cluster: CLUSTER_METADATA (who leads what), REPLICA_FETCH and OFFSET_FOR_EPOCH (the
-followers' side of replication). See ``docs/cluster.md`` and ``docs/protocol.md``."""
+"""The cluster: CLUSTER_METADATA (who leads what), ELECT_PREFERRED_LEADERS (an admin's request),
+REPLICA_FETCH and OFFSET_FOR_EPOCH (the followers' side of replication). See ``docs/cluster.md``
+and ``docs/protocol.md``."""
 
 from __future__ import annotations
 
@@ -51,6 +52,26 @@ class ClusterMetadataRequest(Request):
     topics: list[str] | None
     API_KEY = ApiKey.CLUSTER_METADATA
     RESPONSE = ClusterMetadataResponse
+    SCHEMA = (opt(lst(STR)),)
+
+
+@dataclass(frozen=True, slots=True)
+class ElectPreferredLeadersResponse(Body):
+    """How many queues' leadership moved to their preferred replica."""
+
+    moved: int
+    SCHEMA = (INT,)
+
+
+@dataclass(frozen=True, slots=True)
+class ElectPreferredLeadersRequest(Request):
+    """Move the leadership of each queue of ``topics`` (None: of every topic) back to its
+    preferred replica (the first of its replicas) where that one is alive and in the ISR. Any
+    broker of a cluster answers it; a single broker answers 0 (nothing to move)."""
+
+    topics: list[str] | None
+    API_KEY = ApiKey.ELECT_PREFERRED_LEADERS
+    RESPONSE = ElectPreferredLeadersResponse
     SCHEMA = (opt(lst(STR)),)
 
 

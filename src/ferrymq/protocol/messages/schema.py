@@ -80,6 +80,7 @@ class ApiKey(enum.IntEnum):
     CLUSTER_METADATA = 50
     REPLICA_FETCH = 51
     OFFSET_FOR_EPOCH = 52
+    ELECT_PREFERRED_LEADERS = 53
 
 
 # --- schema ---------------------------------------------------------------------------------
