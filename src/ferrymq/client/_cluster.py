@@ -5,7 +5,7 @@ Theory of operation
 A client is given a bootstrap list (``"h1:9876,h2:9876,h3:9876"``), and its bootstrap
 :class:`~ferrymq.client._session.Session` connects to one of them. :class:`Cluster` asks a
 broker for CLUSTER_METADATA (the live brokers with their addresses and, per queue, the leader and
-its epoch; :mod:`ferrymq.client._leaders` keeps the answers) and hands out the session to use
+its epoch; :mod:`ferrymq.protocol.leaders` keeps the answers) and hands out the session to use
 for a queue: :meth:`Cluster.route`. The producer sends each queue's batches, and the consumer
 each queue's fetches, through the session of the queue's leader.
 
@@ -38,7 +38,6 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
-from ferrymq.client._leaders import Leaders
 from ferrymq.client._session import Session
 from ferrymq.errors import (
     BrokerError,
@@ -52,6 +51,7 @@ from ferrymq.errors import (
 )
 from ferrymq.protocol import messages as m
 from ferrymq.protocol.codes import ErrorCode
+from ferrymq.protocol.leaders import Leaders
 
 log = logging.getLogger("ferrymq.client")
 T = TypeVar("T", bound=tuple[Any, ...])  # (topic, queue, ...)

@@ -1,12 +1,12 @@
-"""The client's routing table (client/_leaders.py) fed with CLUSTER_METADATA answers of
+"""The client's routing table (protocol/leaders.py) fed with CLUSTER_METADATA answers of
 several brokers: leaders, leader moves, stale answers, missing leaders, recreated topics. Pure
 logic: the answers are built by hand as a cluster would send them."""
 
 from __future__ import annotations
 
-from ferrymq.client._leaders import NO_LEADER, Leaders
 from ferrymq.protocol import messages as m
 from ferrymq.protocol.codes import ErrorCode
+from ferrymq.protocol.leaders import NO_LEADER, Leaders
 
 BROKERS = [(1, "10.0.0.1", 9876), (2, "10.0.0.2", 9876), (3, "10.0.0.3", 9876)]
 

@@ -1,5 +1,8 @@
 """Who leads each queue, as a client knows it: the routing table built from CLUSTER_METADATA.
 
+Sans-IO, shared by the asyncio clients (:mod:`ferrymq.client._cluster`) and the Spark
+connector's blocking workers (:mod:`ferrymq.spark._route`).
+
 Theory of operation
 -------------------
 :class:`Leaders` holds, from the CLUSTER_METADATA answers a client got, the live brokers'
@@ -18,7 +21,8 @@ A queue without a live leader (``NO_LEADER``, or a leader whose address the answ
 list) routes to None: the caller waits for a refresh (a failover is under way). A single broker
 answers as a cluster of one, leader of every queue at epoch 0.
 
-No I/O here: :mod:`ferrymq.client._cluster` asks the brokers and feeds the answers in.
+No I/O here: :mod:`ferrymq.client._cluster` (asyncio) and :mod:`ferrymq.spark._route`
+(blocking) ask the brokers and feed the answers in.
 """
 
 from __future__ import annotations
