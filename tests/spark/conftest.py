@@ -17,7 +17,7 @@ from tests.spark.helpers import spark_session
 
 _JVM_MODULES = ["test_read.py", "test_sink.py", "test_exactly_once.py", "test_sink_recovery.py",
                 "test_workers_python.py", "test_example_pipeline.py",
-                "test_security.py"]
+                "test_security.py", "test_cluster.py"]
 _MISSING = ("pyspark, pyarrow or numpy" if not all(
     importlib.util.find_spec(m) for m in ("pyspark", "pyarrow", "numpy"))
     else "java" if shutil.which("java") is None and not os.environ.get("JAVA_HOME") else "")

@@ -51,15 +51,10 @@ from ferrymq.errors import (
 )
 from ferrymq.protocol import messages as m
 from ferrymq.protocol.codes import ErrorCode
-from ferrymq.protocol.leaders import Leaders
+from ferrymq.protocol.leaders import MIN_REFRESH_INTERVAL_S, Leaders, split_by_route
 
 log = logging.getLogger("ferrymq.client")
 T = TypeVar("T", bound=tuple[Any, ...])  # (topic, queue, ...)
-
-MIN_REFRESH_INTERVAL_S = 0.1
-"""Least time between two metadata refreshes asked for by errors (Kafka's
-``retry.backoff.ms``): leaders move rarely, and a burst of NOT_LEADER answers must not become a
-burst of metadata requests."""
 
 STALE_VIEW_ERRORS = (NotLeaderError, FencedLeaderEpochError, LeaderNotAvailableError,
                      ConnectionClosedError)
@@ -138,15 +133,7 @@ class Cluster:
     def split(self, items: Iterable[T]) -> tuple[dict[Session, list[T]], list[T]]:
         """``items`` (each starting with topic and queue) grouped by their leader's session,
         and those whose queue has no live leader known."""
-        groups: dict[Session, list[T]] = {}
-        unrouted: list[T] = []
-        for item in items:
-            s = self.route(item[0], item[1])
-            if s is None:
-                unrouted.append(item)
-            else:
-                groups.setdefault(s, []).append(item)
-        return groups, unrouted
+        return split_by_route(items, self.route)
 
     async def split_routed(self, items: Iterable[T]) -> tuple[dict[Session, list[T]], list[T]]:
         """As :meth:`split`, after one refresh if some had no live leader known (a refresh
@@ -244,8 +231,7 @@ class Cluster:
             moved = self.leaders.update(resp)
             self.refreshes += 1
             if moved:
-                log.info("leaders moved: %s", ", ".join(
-                    f"{t}/{q} -> broker {self.leaders.leader(t, q)}" for t, q in moved[:10]))
+                log.info("leaders moved: %s", self.leaders.describe_moves(moved))
             self._drop_moved_sessions()
             for cb in self._listeners:
                 cb()

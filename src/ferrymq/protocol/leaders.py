@@ -27,7 +27,8 @@ No I/O here: :mod:`ferrymq.client._cluster` (asyncio) and :mod:`ferrymq.spark._r
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Hashable, Iterable
+from typing import Any, TypeVar
 
 from ferrymq.protocol import messages as m
 from ferrymq.protocol.codes import ErrorCode
@@ -36,6 +37,18 @@ NO_LEADER = -1
 """The leader field of a queue that has no live leader (as the model's ``NO_LEADER``)."""
 
 Address = tuple[str, int]
+T = TypeVar("T", bound=tuple[Any, ...])  # (topic, queue, ...)
+C = TypeVar("C", bound=Hashable)  # a connection or session
+
+MIN_REFRESH_INTERVAL_S = 0.1
+"""Least time between two metadata refreshes asked for by errors (Kafka's
+``retry.backoff.ms``): leaders move rarely, and a burst of NOT_LEADER answers must not become a
+burst of metadata requests."""
+
+STALE_VIEW_CODES = frozenset({ErrorCode.NOT_LEADER, ErrorCode.FENCED_LEADER_EPOCH,
+                              ErrorCode.LEADER_NOT_AVAILABLE})
+"""Codes of a per-queue request that say the sender's view of the leaders may be stale: it
+refreshes the table and sends again, to the leader it names then."""
 
 
 class Leaders:
@@ -101,6 +114,11 @@ class Leaders:
                 del self.queues[(name, q)]
         return moved
 
+    def describe_moves(self, moved: list[tuple[str, int]]) -> str:
+        """``moved`` (from :meth:`update`) for a log line: the first ten with their leaders."""
+        more = f" and {len(moved) - 10} more" if len(moved) > 10 else ""
+        return ", ".join(f"{t}/{q} -> broker {self.leader(t, q)}" for t, q in moved[:10]) + more
+
     def forget(self, topics: Iterable[str]) -> None:
         """Drop what is known of ``topics``."""
         gone = set(topics)
@@ -108,3 +126,18 @@ class Leaders:
             self.topic_ids.pop(name, None)
         for key in [k for k in self.queues if k[0] in gone]:
             del self.queues[key]
+
+
+def split_by_route(items: Iterable[T], route: Callable[[str, int], C | None],
+                   ) -> tuple[dict[C, list[T]], list[T]]:
+    """``items`` (each starting with topic and queue) grouped by ``route(topic, queue)`` (the
+    connection to the queue's leader), and those it routes to None (no live leader known)."""
+    groups: dict[C, list[T]] = {}
+    unrouted: list[T] = []
+    for item in items:
+        to = route(item[0], item[1])
+        if to is None:
+            unrouted.append(item)
+        else:
+            groups.setdefault(to, []).append(item)
+    return groups, unrouted

@@ -7,9 +7,13 @@ micro-batch is committed already (then it writes nothing, see :mod:`ferrymq.spar
 and, on a retried attempt of a transactional sink, aborts what earlier attempts left open
 (:func:`abort_open_attempts`). Then a :class:`TaskProducer` takes the task's Arrow batches: it
 groups rows by destination (topic, queue), encodes record batches
-(:mod:`ferrymq.spark._sink_batches`) and sends them in PRODUCE requests over a blocking
-connection (:mod:`ferrymq.spark._wire`), one request in flight while the next is encoded,
-retrying (byte for byte when idempotent or transactional) for up to ``DELIVERY_TIMEOUT_S``.
+(:mod:`ferrymq.spark._sink_batches`) and sends them in PRODUCE requests over blocking
+connections (:mod:`ferrymq.spark._wire`), each queue's batches to its leader
+(:mod:`ferrymq.spark._route`; a single broker leads them all), one request per leader in flight
+while the next are encoded, retrying (byte for byte when idempotent or transactional, to the
+leader named by a fresh look-up after NOT_LEADER or a lost connection) for up to
+``DELIVERY_TIMEOUT_S``. Producer ids and transactions (INIT_PRODUCER, INIT_TXN, END_TXN) go to
+the bootstrap connection.
 A transactional task begins its transaction (INIT_TXN) at its first row and stages it at the
 end; a task that fails aborts it.
 """
@@ -32,13 +36,15 @@ from ferrymq.errors import (
     ConnectionClosedError,
     FerryMQError,
     FerryMQTimeoutError,
+    LeaderNotAvailableError,
     UnknownTopicError,
     error_for_code,
 )
 from ferrymq.protocol import messages as m
 from ferrymq.protocol.codes import ErrorCode
+from ferrymq.protocol.leaders import STALE_VIEW_CODES
 from ferrymq.protocol.records import ATTR_TRANSACTIONAL, NO_PRODUCER_EPOCH, NO_PRODUCER_ID
-from ferrymq.spark import _wire
+from ferrymq.spark import _route, _wire
 from ferrymq.spark._sink_batches import MAX_BATCH_BYTES, encode_batches, route
 from ferrymq.spark._sink_commit import (
     PRODUCE_TIMEOUT_MS,
@@ -54,6 +60,12 @@ log = logging.getLogger("ferrymq.spark")
 MAX_REQUEST_BYTES = 4 * 1024 * 1024
 """Bytes of batches per PRODUCE request (the broker's frame cap is 8 MiB by default)."""
 DELIVERY_TIMEOUT_S = 120.0
+
+Entry = tuple[str, int, bytearray, int]
+"""(topic, queue, an encoded record batch, its record count)."""
+Flight = tuple["_wire.BlockingConnection | None", int, list[Entry]]
+"""A PRODUCE request sent: (the leader's connection, correlation id, its entries); no
+connection or a negative id: not sent (no leader known, or the send failed)."""
 
 
 @dataclass
@@ -76,6 +88,7 @@ class TaskProducer:
         self.opts = opts
         self.partition_id = partition_id
         self.conn = _wire.connection(opts.wire)
+        self.router = _route.router(opts.wire)
         hello = self.conn.hello
         self.max_records = min(opts.batch_max_records, hello.max_batch_records if hello else 16_384)
         self.max_bytes = min(MAX_BATCH_BYTES, (hello.max_message_bytes if hello else MAX_BATCH_BYTES))
@@ -88,9 +101,9 @@ class TaskProducer:
             self.producer_id, self.epoch = r.producer_id, r.producer_epoch
         self.queues: dict[tuple[str, int], _QueueState] = {}
         self.topics: dict[str, int] = {}
-        self.pending: list[tuple[str, int, bytearray, int]] = []
+        self.pending: list[Entry] = []
         self.pending_bytes = 0
-        self.in_flight: tuple[int, list[tuple[str, int, bytearray, int]]] | None = None
+        self.in_flight: list[Flight] = []
         self.rows = 0
         self.sticky = partition_id
 
@@ -203,60 +216,83 @@ class TaskProducer:
                     self._ship()
 
     def _ship(self) -> None:
-        """Send what is pending (after the request in flight is answered)."""
-        if self.in_flight is not None:
+        """Send what is pending (after the requests in flight are answered)."""
+        if self.in_flight:
             self._complete()
         if not self.pending:
             return
         entries, self.pending, self.pending_bytes = self.pending, [], 0
-        self.in_flight = (self._send(entries), entries)
+        self.in_flight = self._send(entries)
 
-    def _send(self, entries: list[tuple[str, int, bytearray, int]]) -> int:
-        return self.conn.send(m.ProduceRequest(PRODUCE_TIMEOUT_MS,
-                                               [(t, q, b) for t, q, b, _ in entries]))
+    def _send(self, entries: list[Entry]) -> list[Flight]:
+        """One PRODUCE per leader of the entries' queues."""
+        try:
+            groups, unrouted = self.router.split(entries)
+        except (ConnectionClosedError, FerryMQTimeoutError) as exc:
+            log.info("leader look-up failed (%s); retrying", exc)
+            return [(None, -1, entries)]
+        flights: list[Flight] = [(None, -1, unrouted)] if unrouted else []
+        for conn, some in groups.items():
+            try:
+                corr = conn.send(m.ProduceRequest(PRODUCE_TIMEOUT_MS,
+                                                  [(t, q, b) for t, q, b, _ in some]))
+            except ConnectionClosedError:
+                corr = -1
+            flights.append((conn, corr, some))
+        return flights
 
     def _complete(self) -> None:
-        assert self.in_flight is not None
-        corr, entries = self.in_flight
-        self.in_flight = None
+        """Wait for the answers in flight; send again what a retriable error refused, to the
+        leaders a fresh look-up names after a stale answer, until ``DELIVERY_TIMEOUT_S``."""
+        flights, self.in_flight = self.in_flight, []
         deadline = time.monotonic() + DELIVERY_TIMEOUT_S
         attempt = 0
         while True:
-            try:
-                if corr < 0:
-                    corr = self._send(entries)
-                resp = self.conn.receive(corr, m.ProduceResponse)
-            except (ConnectionClosedError, FerryMQTimeoutError) as exc:
-                if time.monotonic() >= deadline:
-                    raise
-                attempt += 1
-                log.info("produce failed (%s); retrying", exc)
-                time.sleep(min(0.05 * 2**attempt, 1.0))
-                corr = -1
-                continue
-            retry: list[tuple[str, int, bytearray, int]] = []
-            for entry, result in zip(entries, resp.results, strict=True):
-                t, q, code, msg, base, last = result[:6]
-                if code:
-                    err = error_for_code(code, f"produce to {t}/{q}: {msg}")
-                    if isinstance(err, BrokerError) and err.retriable and time.monotonic() < deadline:
+            retry: list[Entry] = []
+            stale = False
+            last: FerryMQError = LeaderNotAvailableError("no live leader known")
+            for conn, corr, entries in flights:
+                if conn is None or corr < 0:
+                    retry.extend(entries)
+                    stale = True
+                    continue
+                try:
+                    resp = conn.receive(corr, m.ProduceResponse)
+                except (ConnectionClosedError, FerryMQTimeoutError) as exc:
+                    log.info("produce failed (%s); retrying", exc)
+                    retry.extend(entries)
+                    stale, last = True, exc
+                    continue
+                for entry, result in zip(entries, resp.results, strict=True):
+                    t, q, code, msg, base, end = result[:6]
+                    if code:
+                        err = error_for_code(code, f"produce to {t}/{q}: {msg}")
+                        if not (isinstance(err, BrokerError) and err.retriable):
+                            raise err
                         retry.append(entry)
+                        stale, last = stale or code in STALE_VIEW_CODES, err
                         continue
-                    raise err
-                st = self.queues[(t, q)]
-                if base >= 0:
-                    st.first = base if st.first < 0 else st.first
-                    st.last = max(st.last, last)
+                    st = self.queues[(t, q)]
+                    if base >= 0:
+                        st.first = base if st.first < 0 else st.first
+                        st.last = max(st.last, end)
             if not retry:
                 return
+            if time.monotonic() >= deadline:
+                raise last
             attempt += 1
             time.sleep(min(0.05 * 2**attempt, 1.0))
-            entries, corr = retry, -1
+            if stale:
+                try:
+                    self.router.refresh({t for t, *_ in retry})
+                except (ConnectionClosedError, FerryMQTimeoutError) as exc:
+                    log.info("leader refresh failed (%s); retrying", exc)
+            flights = self._send(retry)
 
     def flush(self) -> None:
         """Send everything and wait for the answers."""
         self._ship()
-        if self.in_flight is not None:
+        if self.in_flight:
             self._complete()
 
     def message(self, handle: tuple[str, int, int] | None = None) -> SinkCommitMessage:
@@ -335,7 +371,10 @@ def write_rows(opts: SinkOptions, iterator: Iterator[pa.RecordBatch], *,
                  sink, batch_id)
         return SinkCommitMessage(task.partition_id, 0, True)
     except BaseException:
-        producer.conn.close()  # a request may be in flight: never reuse this socket
+        for conn, corr, _ in producer.in_flight:  # an answer may be coming: never reuse these
+            if conn is not None and corr >= 0:
+                conn.close()
+        producer.conn.close()
         producer.abort_txn()
         raise
 

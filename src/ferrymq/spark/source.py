@@ -9,6 +9,11 @@ copy* of the reader. So the readers keep no connection or cache that ``read`` re
 fact a task needs travels in its :class:`QueueRange`, and sockets come from a per-process cache
 (:func:`ferrymq.spark._wire.connection`).
 
+On a cluster, LIST_OFFSETS and FETCH of a queue go to its leader (:mod:`ferrymq.spark._route`);
+an answer that says the leader moved (NOT_LEADER, LEADER_NOT_AVAILABLE, FENCED_LEADER_EPOCH) or
+a lost connection makes the worker ask who leads now and send again there, for up to
+``READ_RETRY_S``. Metadata and consumer-group requests go to the bootstrap connection.
+
 A micro-batch is a set of ``[start, end)`` ranges per queue. The driver resolves them from
 LIST_OFFSETS answers (no consumer group is joined); Spark writes them to its offset log before
 the batch runs, so a restarted query re-reads exactly the same ranges. Exactly-once reading
@@ -41,13 +46,15 @@ from ferrymq.errors import (
     ConnectionClosedError,
     FerryMQError,
     FerryMQTimeoutError,
+    LeaderNotAvailableError,
     UnknownTopicError,
     error_for_code,
 )
 from ferrymq.protocol import messages as m
 from ferrymq.protocol.codes import ErrorCode
+from ferrymq.protocol.leaders import STALE_VIEW_CODES
 from ferrymq.protocol.markers import ReadCommittedFilter
-from ferrymq.spark import _wire
+from ferrymq.spark import _route, _wire
 from ferrymq.spark.arrow import arrow_schema, scan, source_ddl, to_record_batch
 from ferrymq.spark.offsets import (
     batch_start,
@@ -78,7 +85,8 @@ INTERNAL_TOPIC_PREFIXES = ("%", "__")
 """Topics a ``subscribePattern`` never matches: the broker's and the connector's own (retry and
 dead-letter queues, ``__ferrymq_spark_sinks``); ``subscribe`` can still name them."""
 READ_RETRY_S = 30.0
-"""How long a task keeps retrying a broker that went away before the task fails."""
+"""How long a task (or the driver's offset look-up) keeps retrying a broker that went away, or
+a queue without a live leader, before it fails."""
 
 
 class DataLossError(FerryMQError):
@@ -150,16 +158,50 @@ def list_offsets(wire: _wire.WireConfig, queues: Sequence[tuple[str, int]], spec
     ``committed`` (read_committed) LATEST is the last stable offset."""
     if not queues:
         return {}
-    isolation = m.Isolation.READ_COMMITTED if committed else m.Isolation.READ_UNCOMMITTED
-    resp = _conn(wire).request(
-        m.ListOffsetsRequest(entries=[(t, q, spec) for t, q in queues], isolation=int(isolation)),
-        m.ListOffsetsResponse)
+    isolation = int(m.Isolation.READ_COMMITTED if committed else m.Isolation.READ_UNCOMMITTED)
+    router = _route.router(wire)
     out: QueueOffsets = {}
-    for t, q, code, off in resp.results:
-        if code:
-            raise error_for_code(code, f"list offsets of {t}/{q}")
-        out[(t, q)] = off
-    return out
+    todo = list(queues)
+    deadline = time.monotonic() + READ_RETRY_S
+    while True:
+        retry: list[tuple[str, int]] = []
+        try:
+            groups, retry = router.split(todo)
+        except (ConnectionClosedError, FerryMQTimeoutError) as exc:
+            raise ConnectionClosedError(f"{exc} (option 'servers')") from None
+        for conn, some in groups.items():
+            try:
+                resp = conn.request(m.ListOffsetsRequest(entries=[(t, q, spec) for t, q in some],
+                                                         isolation=isolation),
+                                    m.ListOffsetsResponse)
+            except (ConnectionClosedError, FerryMQTimeoutError):
+                retry.extend(some)  # the leader went away: ask who leads now
+                continue
+            for t, q, code, off in resp.results:
+                if code in STALE_VIEW_CODES:
+                    retry.append((t, q))
+                elif code:
+                    raise error_for_code(code, f"list offsets of {t}/{q}")
+                else:
+                    out[(t, q)] = off
+        if not retry:
+            return out
+        if time.monotonic() >= deadline:
+            what = ", ".join(f"{t}/{q}" for t, q in retry[:10])
+            raise LeaderNotAvailableError(f"list offsets: no leader of {what} answered within "
+                                          f"{READ_RETRY_S:.0f} s")
+        _refresh(router, {t for t, _ in retry})
+        todo = retry
+
+
+def _refresh(router: _route.Router, topics: set[str]) -> None:
+    """A refresh after a stale answer; a failed one is logged and left to the next attempt (a
+    failover may leave no broker answering for a moment)."""
+    try:
+        router.refresh(topics)
+    except (ConnectionClosedError, FerryMQTimeoutError) as exc:
+        log.info("leader refresh failed (%s); retrying", exc)
+        time.sleep(0.2)
 
 
 def committed_offsets(wire: _wire.WireConfig, group: str, topics: Sequence[str]) -> QueueOffsets:
@@ -259,7 +301,8 @@ def read_range(part: QueueRange) -> Iterator[pa.RecordBatch]:
     """Fetch ``[start, end)`` of one queue and yield Arrow batches (one per FETCH answer).
 
     The next FETCH is sent before the current answer is decoded, so the broker and the task work
-    at the same time. A broker that goes away is retried for up to ``READ_RETRY_S``.
+    at the same time. FETCH goes to the queue's leader; a leader that goes away or moves is
+    looked up again and retried for up to ``READ_RETRY_S``.
 
     Raises:
         DataLossError: records of the range are gone and ``failOnDataLoss`` is true.
@@ -267,12 +310,14 @@ def read_range(part: QueueRange) -> Iterator[pa.RecordBatch]:
     schema = arrow_schema(part.include_properties)
     pos, end = part.start, part.end
     max_bytes = part.fetch_max_bytes
-    conn = _wire.connection(part.wire)
+    router = _route.router(part.wire)
+    conn: _wire.BlockingConnection | None = None
 
     isolation = int(m.Isolation.READ_COMMITTED if part.read_committed
                     else m.Isolation.READ_UNCOMMITTED)
 
     def fetch(offset: int, wait_ms: int = 0) -> int:
+        assert conn is not None
         return conn.send(m.FetchRequest(wait_ms, 1, max_bytes,
                                         [(part.topic, part.queue, offset, max_bytes, part.tags)],
                                         isolation))
@@ -286,24 +331,39 @@ def read_range(part: QueueRange) -> Iterator[pa.RecordBatch]:
 
     corr: int | None = None
     retry_until = 0.0
+
+    def reroute(exc: FerryMQError) -> None:
+        """The leader went away or moved: ask who leads now (raise ``exc`` past the limit)."""
+        nonlocal conn, corr, retry_until
+        conn = corr = None
+        now = time.monotonic()
+        retry_until = retry_until or now + READ_RETRY_S
+        if now >= retry_until:
+            raise exc
+        log.info("fetch of %s/%d failed (%s); retrying", part.topic, part.queue, exc)
+        time.sleep(0.2)
+        _refresh(router, {part.topic})
+
     try:
         while pos < end:
             try:
+                if conn is None:
+                    conn = router.connection(part.topic, part.queue)
+                    if conn is None:
+                        raise LeaderNotAvailableError(
+                            f"no live leader of {part.topic}/{part.queue} known")
                 if corr is None:
                     corr = fetch(pos)
                 resp = conn.receive(corr, m.FetchResponse)
-            except (ConnectionClosedError, FerryMQTimeoutError) as exc:
-                corr = None
-                now = time.monotonic()
-                retry_until = retry_until or now + READ_RETRY_S
-                if now >= retry_until:
-                    raise
-                log.info("fetch of %s/%d failed (%s); retrying", part.topic, part.queue, exc)
-                time.sleep(0.2)
+            except (ConnectionClosedError, FerryMQTimeoutError, LeaderNotAvailableError) as exc:
+                reroute(exc)
                 continue
             corr = None
-            retry_until = 0.0
             _t, _q, code, msg, hw, _log_start, topic_id, data = resp.results[0][:8]
+            if code in STALE_VIEW_CODES:
+                reroute(error_for_code(code, f"fetch {part.topic}/{part.queue} at {pos}: {msg}"))
+                continue
+            retry_until = 0.0
             if code:
                 if code == ErrorCode.OFFSET_OUT_OF_RANGE:
                     tq = [(part.topic, part.queue)]
@@ -343,7 +403,7 @@ def read_range(part: QueueRange) -> Iterator[pa.RecordBatch]:
             if batch is not None:
                 yield batch
     finally:
-        if corr is not None:  # stopped early (a limit, a failure): an answer is still coming
+        if corr is not None and conn is not None:  # stopped early: an answer is still coming
             conn.close()
 
 
@@ -468,7 +528,7 @@ class FerryMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             log.warning("commitToGroup %s failed: %s", group, exc)
 
     def stop(self) -> None:
-        _wire.forget(self.opts.wire)
+        _route.forget(self.opts.wire)
 
 
 # --- the data source -----------------------------------------------------------------------

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ferrymq.protocol import messages as m
 from ferrymq.protocol.codes import ErrorCode
-from ferrymq.protocol.leaders import NO_LEADER, Leaders
+from ferrymq.protocol.leaders import NO_LEADER, Leaders, split_by_route
 
 BROKERS = [(1, "10.0.0.1", 9876), (2, "10.0.0.2", 9876), (3, "10.0.0.3", 9876)]
 
@@ -91,3 +91,20 @@ def test_a_single_broker_leads_everything_at_epoch_0() -> None:
     lead.update(m.ClusterMetadataResponse("", 0, [(0, "127.0.0.1", 9876)],
                                           [("t", 0, 3, 1, [(i, 0, 0, [0], [0]) for i in range(4)])]))
     assert {lead.leader("t", i) for i in range(4)} == {0}
+
+
+def test_split_by_route_groups_items_by_leader_and_keeps_the_unrouted() -> None:
+    lead = {("t", 0): "b1", ("t", 1): "b2", ("t", 2): "b1"}
+    items = [("t", 0, "x"), ("t", 1, "y"), ("t", 2, "z"), ("t", 3, "w")]
+    groups, unrouted = split_by_route(items, lambda t, q: lead.get((t, q)))
+    assert groups == {"b1": [("t", 0, "x"), ("t", 2, "z")], "b2": [("t", 1, "y")]}
+    assert unrouted == [("t", 3, "w")]
+
+
+def test_describe_moves_names_the_new_leaders_and_counts_the_rest() -> None:
+    leaders = Leaders()
+    leaders.update(m.ClusterMetadataResponse("c", 1, BROKERS, [
+        ("t", ErrorCode.NONE, 7, 2, [(q, 1 + q % 3, 0, [1, 2, 3], [1, 2, 3]) for q in range(12)])]))
+    text = leaders.describe_moves([("t", q) for q in range(12)])
+    assert text.startswith("t/0 -> broker 1, t/1 -> broker 2, t/2 -> broker 3")
+    assert text.endswith("t/9 -> broker 1 and 2 more")

@@ -1,0 +1,132 @@
+"""Which broker a Spark worker sends a queue's requests to: its leader.
+
+Theory of operation
+-------------------
+On a cluster a queue is read from and written to its leader only (others answer NOT_LEADER).
+A :class:`Router` per :class:`~ferrymq.spark._wire.WireConfig` and process (:func:`router`)
+keeps the leader table the asyncio clients use (:class:`ferrymq.protocol.leaders.Leaders`), fed
+with CLUSTER_METADATA answers asked of the bootstrap connection (any broker answers; the
+connection goes to the first of ``servers`` that is up), and hands out the cached blocking
+connection to a queue's leader (:meth:`Router.connection`): the bootstrap connection itself when
+the leader is the broker it is connected to, so a single broker, which answers as a cluster of
+one, keeps its one connection; otherwise a connection to the leader's advertised address with
+the same security options.
+
+Callers refresh (:meth:`Router.refresh`) when an answer says the view is stale
+(:data:`~ferrymq.protocol.leaders.STALE_VIEW_CODES`) or a leader's connection is lost, and send
+again within their own time limits. Refreshes are at least ``MIN_REFRESH_INTERVAL_S`` apart, so
+the tasks of a worker hitting a failover together cost one metadata request, not one each.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import replace
+from typing import Any, TypeVar
+
+from ferrymq.errors import ConnectionClosedError, FerryMQError, FerryMQTimeoutError
+from ferrymq.protocol import messages as m
+from ferrymq.protocol.leaders import MIN_REFRESH_INTERVAL_S, Leaders, split_by_route
+from ferrymq.spark import _wire
+
+log = logging.getLogger("ferrymq.spark")
+T = TypeVar("T", bound=tuple[Any, ...])  # (topic, queue, ...)
+
+
+def _server(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class Router:
+    """The leaders of the queues a process uses, and connections to them (module docstring)."""
+
+    def __init__(self, wire: _wire.WireConfig) -> None:
+        self.wire = wire
+        self.leaders = Leaders()
+        self._wanted: set[str] = set()
+        self._last_refresh = float("-inf")
+        self.refreshes = 0
+        """Metadata answers received (tests and diagnostics)."""
+
+    def connection(self, topic: str, queue: int) -> _wire.BlockingConnection | None:
+        """The connection to the leader of ``queue`` of ``topic`` (a refresh first if the
+        topic is new here); None: no live leader known now.
+
+        Raises:
+            ConnectionClosedError, FerryMQTimeoutError: no broker answered the refresh.
+            AuthenticationFailedError: a broker refused the user.
+        """
+        if not self.leaders.knows(topic):
+            self.refresh([topic], paced=False)
+        leader = self.leaders.leader(topic, queue)
+        if leader is None:
+            return None
+        boot = _wire.connection(self.wire)
+        if boot.hello is not None and boot.hello.broker_id == leader:
+            return boot
+        host, port = self.leaders.brokers[leader]
+        return _wire.connection(replace(self.wire, servers=_server(host, port)))
+
+    def split(self, items: Iterable[T]) -> tuple[dict[_wire.BlockingConnection, list[T]], list[T]]:
+        """``items`` (each starting with topic and queue) grouped by their leader's connection,
+        and those whose queue has no live leader known."""
+        return split_by_route(items, self.connection)
+
+    def refresh(self, topics: Iterable[str] = (), *, paced: bool = True) -> None:
+        """Ask a broker who leads the queues of ``topics`` and of every topic asked about
+        before (``paced``: not sooner than ``MIN_REFRESH_INTERVAL_S`` after the last refresh).
+
+        Raises:
+            ConnectionClosedError, FerryMQTimeoutError: no broker answered.
+            AuthenticationFailedError: a broker refused the user.
+        """
+        self._wanted.update(topics)
+        wait = self._last_refresh + MIN_REFRESH_INTERVAL_S - time.monotonic()
+        if paced and wait > 0:
+            time.sleep(wait)
+        req = m.ClusterMetadataRequest(sorted(self._wanted))
+        try:
+            resp = self._ask(req)
+        finally:
+            self._last_refresh = time.monotonic()
+        moved = self.leaders.update(resp)
+        self.refreshes += 1
+        if moved:
+            log.info("leaders moved: %s", self.leaders.describe_moves(moved))
+
+    def _ask(self, req: m.ClusterMetadataRequest) -> m.ClusterMetadataResponse:
+        """CLUSTER_METADATA from the bootstrap connection, else from any broker the table
+        knows (the bootstrap list may name only brokers that are down now)."""
+        try:
+            return _wire.connection(self.wire).request(req, m.ClusterMetadataResponse)
+        except (ConnectionClosedError, FerryMQTimeoutError) as exc:
+            first: FerryMQError = exc
+        for host, port in list(self.leaders.brokers.values()):
+            try:
+                conn = _wire.connection(replace(self.wire, servers=_server(host, port)))
+                return conn.request(req, m.ClusterMetadataResponse, attempts=1)
+            except (ConnectionClosedError, FerryMQTimeoutError):
+                continue
+        raise first
+
+
+_ROUTERS: dict[_wire.WireConfig, Router] = {}
+
+
+def router(wire: _wire.WireConfig) -> Router:
+    """The router of this process for ``wire`` (kept across tasks, as connections are)."""
+    r = _ROUTERS.get(wire)
+    if r is None:
+        r = _ROUTERS[wire] = Router(wire)
+    return r
+
+
+def forget(wire: _wire.WireConfig) -> None:
+    """Drop the router for ``wire`` and close its connections (bootstrap and leaders)."""
+    r = _ROUTERS.pop(wire, None)
+    _wire.forget(wire)
+    if r is not None:
+        for host, port in r.leaders.brokers.values():
+            _wire.forget(replace(wire, servers=_server(host, port)))

@@ -1,0 +1,127 @@
+"""The Spark source and sink on a cluster (etcd and three broker processes, real local Spark):
+each queue read from and written to its leader, given one broker's address only, and a streaming
+read that goes on when a leader stops between micro-batches. The same code on a single broker is
+what the other modules of tests/spark run."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ferrymq import AdminClient, Message, Producer, PullConsumer
+from ferrymq.testing import ETCD_INSTALL_HINT, ClusterProcess, etcd_binary
+from tests.spark.helpers import checkpoint
+
+pytestmark = [pytest.mark.integration,
+              pytest.mark.skipif(etcd_binary() is None,
+                                 reason=f"etcd is not installed ({ETCD_INSTALL_HINT})")]
+
+QUEUES = 3
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterProcess]:
+    env = {"FERRYMQ_METADATA_LEASE_MS": "2000", "FERRYMQ_REPLICA_LAG_MS": "2000"}
+    with ClusterProcess(3, tmp_path_factory.mktemp("cluster"), cluster="spark", flush="async",
+                        env=env) as c:
+        yield c
+
+
+def leaders(c: ClusterProcess, topic: str) -> dict[int, int]:
+    """queue -> its leader broker id, as broker 1 sees it (-1: none)."""
+    with AdminClient(c.bootstrap) as admin:
+        return {q.queue: q.leader for q in admin.cluster_describe().queues if q.topic == topic}
+
+
+def replicated_topic(c: ClusterProcess, name: str) -> dict[int, int]:
+    """A topic of QUEUES queues on all three brokers; its leaders (one queue each)."""
+    with AdminClient(c.bootstrap) as admin:
+        admin.create_topic(name, QUEUES, replicas=3, min_insync=2)
+    deadline = time.monotonic() + 20
+    while -1 in (led := leaders(c, name)).values() or len(led) < QUEUES:
+        assert time.monotonic() < deadline, led
+        time.sleep(0.1)
+    assert sorted(led.values()) == [1, 2, 3], led  # every broker leads one queue
+    return led
+
+
+def produce(c: ClusterProcess, topic: str, values: list[str]) -> None:
+    with Producer(c.bootstrap, sticky_queue_bytes=0) as p:
+        p.send_batch([Message(topic, v.encode()) for v in values])
+
+
+def read_all(c: ClusterProcess, topic: str, expect: int) -> list[str]:
+    got: list[str] = []
+    with PullConsumer(c.bootstrap, group=f"check-{topic}", auto_offset_reset="earliest") as cons:
+        cons.subscribe(topic)
+        deadline = time.monotonic() + 60
+        while len(got) < expect and time.monotonic() < deadline:
+            got.extend(m.body.decode() for m in cons.poll(timeout=1.0))
+    return got
+
+
+def test_batch_read_of_queues_led_by_three_brokers_through_one_address(
+        spark: Any, cluster: ClusterProcess) -> None:
+    replicated_topic(cluster, "sread")
+    sent = [f"r{i}" for i in range(300)]
+    produce(cluster, "sread", sent)
+    one = cluster.addresses[1]  # the source learns the other leaders from it
+    rows = (spark.read.format("ferrymq").option("servers", one).option("subscribe", "sread")
+            .load().collect())
+    assert sorted(r.value.decode() for r in rows) == sorted(sent)
+    assert {r.queue for r in rows} == set(range(QUEUES))
+
+
+def test_batch_write_to_queues_led_by_three_brokers_through_one_address(
+        spark: Any, cluster: ClusterProcess) -> None:
+    replicated_topic(cluster, "swrite")
+    df = spark.sql("SELECT CONCAT('w', CAST(id AS STRING)) AS value, "
+                   "CONCAT('k', CAST(id % 30 AS STRING)) AS sharding_key FROM range(0, 600, 1, 3)")
+    (df.write.format("ferrymq").option("servers", cluster.addresses[2])
+     .option("topic", "swrite").option("deliveryMode", "idempotent").mode("append").save())
+    got = read_all(cluster, "swrite", 600)
+    assert sorted(got) == sorted(f"w{i}" for i in range(600))
+    with AdminClient(cluster.bootstrap) as admin:
+        ends = [q.end_offset for q in admin.describe_topic("swrite").queues]
+    assert all(n > 0 for n in ends) and sum(ends) == 600  # all three leaders took rows
+
+
+def test_stream_goes_on_when_a_leader_stops_between_micro_batches(
+        spark: Any, cluster: ClusterProcess, tmp_path: Path) -> None:
+    led = replicated_topic(cluster, "sfail")
+    produce(cluster, "sfail", [f"a{i}" for i in range(150)])
+    df = (spark.readStream.format("ferrymq").option("servers", cluster.bootstrap)
+          .option("subscribe", "sfail").option("startingOffsets", "earliest").load())
+    q = (df.selectExpr("CAST(value AS STRING) AS v").writeStream.format("memory")
+         .queryName("sfail_out").option("checkpointLocation", checkpoint(tmp_path))
+         .trigger(processingTime="300 milliseconds").start())
+
+    def seen() -> int:
+        return int(spark.sql("SELECT count(*) AS n FROM sfail_out").collect()[0].n)
+
+    def wait_for(n: int, what: str) -> None:
+        deadline = time.monotonic() + 120
+        while seen() < n:
+            assert q.exception() is None, q.exception()
+            assert time.monotonic() < deadline, f"{what}: {seen()} of {n} rows"
+            time.sleep(0.3)
+
+    victim = led[0]
+    try:
+        wait_for(150, "before the failover")
+        cluster.stop_broker(victim)  # graceful: the controller moves its queue at once
+        deadline = time.monotonic() + 30
+        while leaders(cluster, "sfail")[0] in (victim, -1):
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        produce(cluster, "sfail", [f"b{i}" for i in range(150)])
+        wait_for(300, "after the failover")
+        got = sorted(r.v for r in spark.sql("SELECT v FROM sfail_out").collect())
+        assert got == sorted([f"a{i}" for i in range(150)] + [f"b{i}" for i in range(150)])
+    finally:
+        q.stop()
+        cluster.restart(victim)
