@@ -31,22 +31,26 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterProcess
         yield c
 
 
-def leaders(c: ClusterProcess, topic: str) -> dict[int, int]:
-    """queue -> its leader broker id, as broker 1 sees it (-1: none)."""
-    with AdminClient(c.bootstrap) as admin:
+def leaders(c: ClusterProcess, topic: str, address: str | None = None) -> dict[int, int]:
+    """queue -> its leader broker id, as the broker at ``address`` sees it (-1: none)."""
+    with AdminClient(address or c.bootstrap) as admin:
         return {q.queue: q.leader for q in admin.cluster_describe().queues if q.topic == topic}
 
 
 def replicated_topic(c: ClusterProcess, name: str) -> dict[int, int]:
-    """A topic of QUEUES queues on all three brokers; its leaders (one queue each)."""
+    """A topic of QUEUES queues on all three brokers, once every broker knows its leaders;
+    its leaders (one queue each)."""
     with AdminClient(c.bootstrap) as admin:
         admin.create_topic(name, QUEUES, replicas=3, min_insync=2)
     deadline = time.monotonic() + 20
-    while -1 in (led := leaders(c, name)).values() or len(led) < QUEUES:
-        assert time.monotonic() < deadline, led
+    while True:
+        views = [leaders(c, name, addr) for addr in c.addresses.values()]
+        if all(v == views[0] and len(v) == QUEUES and -1 not in v.values() for v in views):
+            break
+        assert time.monotonic() < deadline, views
         time.sleep(0.1)
-    assert sorted(led.values()) == [1, 2, 3], led  # every broker leads one queue
-    return led
+    assert sorted(views[0].values()) == [1, 2, 3], views  # every broker leads one queue
+    return views[0]
 
 
 def produce(c: ClusterProcess, topic: str, values: list[str]) -> None:
@@ -125,3 +129,36 @@ def test_stream_goes_on_when_a_leader_stops_between_micro_batches(
     finally:
         q.stop()
         cluster.restart(victim)
+
+
+def test_a_transactional_write_is_refused_at_the_start_with_what_to_use(
+        spark: Any, cluster: ClusterProcess) -> None:
+    replicated_topic(cluster, "stxn")
+    df = spark.sql("SELECT CAST(id AS STRING) AS value FROM range(0, 10)")
+    with pytest.raises(Exception, match="deliveryMode=transactional is not supported on a "
+                       r"cluster yet .*use option deliveryMode=idempotent"):
+        (df.write.format("ferrymq").option("servers", cluster.bootstrap)
+         .option("topic", "stxn").mode("append").save())
+    assert read_all(cluster, "stxn", 1) == []  # nothing written
+
+
+def test_a_streaming_idempotent_sink_records_its_batches_with_the_fence_leader(
+        cluster: ClusterProcess) -> None:
+    import pyarrow as pa
+    from pyspark.sql.types import BinaryType, StructField, StructType
+
+    from ferrymq.spark.sink import SINKS_TOPIC, FerryMQStreamWriter, batch_committed
+
+    replicated_topic(cluster, "sfence")
+    one = cluster.addresses[3]
+    options = {"servers": one, "topic": "sfence", "checkpointlocation": "/chk/fence",
+               "deliverymode": "idempotent"}
+    schema = StructType([StructField("value", BinaryType())])
+    msg = FerryMQStreamWriter(options, schema).write(
+        iter([pa.record_batch([pa.array([b"a", b"b", b"c"])], names=["value"])]))
+    FerryMQStreamWriter(options, schema).commit([msg], 4)
+    assert leaders(cluster, SINKS_TOPIC)[0] in (1, 2, 3)
+    for addr in cluster.addresses.values():  # whichever broker a task reaches first
+        assert batch_committed(addr, "/chk/fence", 4)
+        assert not batch_committed(addr, "/chk/fence", 5)
+    assert sorted(read_all(cluster, "sfence", 3)) == ["a", "b", "c"]

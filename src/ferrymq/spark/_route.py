@@ -22,17 +22,29 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any, TypeVar
 
-from ferrymq.errors import ConnectionClosedError, FerryMQError, FerryMQTimeoutError
+from ferrymq.errors import (
+    ConnectionClosedError,
+    FerryMQError,
+    FerryMQTimeoutError,
+    LeaderNotAvailableError,
+    error_for_code,
+)
 from ferrymq.protocol import messages as m
-from ferrymq.protocol.leaders import MIN_REFRESH_INTERVAL_S, Leaders, split_by_route
+from ferrymq.protocol.leaders import (
+    MIN_REFRESH_INTERVAL_S,
+    STALE_VIEW_CODES,
+    Leaders,
+    split_by_route,
+)
 from ferrymq.spark import _wire
 
 log = logging.getLogger("ferrymq.spark")
 T = TypeVar("T", bound=tuple[Any, ...])  # (topic, queue, ...)
+B = TypeVar("B", bound=m.Body)
 
 
 def _server(host: str, port: int) -> str:
@@ -96,6 +108,45 @@ class Router:
         if moved:
             log.info("leaders moved: %s", self.leaders.describe_moves(moved))
 
+    def refresh_quietly(self, topics: Iterable[str]) -> None:
+        """:meth:`refresh` after a stale answer; a failed one is logged and left to the
+        caller's next attempt (during a failover no broker may answer for a moment)."""
+        try:
+            self.refresh(topics)
+        except (ConnectionClosedError, FerryMQTimeoutError) as exc:
+            log.info("leader refresh failed (%s); retrying", exc)
+            time.sleep(0.2)
+
+    def request(self, topic: str, queue: int, req: m.Request, resp_type: type[B], *,
+                code: Callable[[B], int], timeout_s: float) -> B:
+        """Send ``req`` (safe to repeat) to the leader of ``queue`` of ``topic`` and return the
+        answer, looking the leader up again while ``code(answer)`` says the view is stale or
+        the leader is unreachable, for up to ``timeout_s``.
+
+        Raises:
+            LeaderNotAvailableError, NotLeaderError, ...: still no leader answered in time.
+            ConnectionClosedError, FerryMQTimeoutError: likewise.
+        """
+        deadline = time.monotonic() + timeout_s
+        while True:
+            err: FerryMQError
+            try:
+                conn = self.connection(topic, queue)
+                if conn is None:
+                    err = LeaderNotAvailableError(f"no live leader of {topic}/{queue} known")
+                else:
+                    resp = conn.request(req, resp_type)
+                    c = code(resp)
+                    if c not in STALE_VIEW_CODES:
+                        return resp
+                    err = error_for_code(c, f"{topic}/{queue}")
+            except (ConnectionClosedError, FerryMQTimeoutError) as exc:
+                err = exc
+            if time.monotonic() >= deadline:
+                raise err
+            time.sleep(0.1)
+            self.refresh_quietly([topic])
+
     def _ask(self, req: m.ClusterMetadataRequest) -> m.ClusterMetadataResponse:
         """CLUSTER_METADATA from the bootstrap connection, else from any broker the table
         knows (the bootstrap list may name only brokers that are down now)."""
@@ -115,8 +166,9 @@ class Router:
 _ROUTERS: dict[_wire.WireConfig, Router] = {}
 
 
-def router(wire: _wire.WireConfig) -> Router:
-    """The router of this process for ``wire`` (kept across tasks, as connections are)."""
+def router(target: _wire.WireConfig | str) -> Router:
+    """The router of this process for ``target`` (kept across tasks, as connections are)."""
+    wire = target if isinstance(target, _wire.WireConfig) else _wire.WireConfig(target)
     r = _ROUTERS.get(wire)
     if r is None:
         r = _ROUTERS[wire] = Router(wire)

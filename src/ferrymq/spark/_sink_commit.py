@@ -23,9 +23,14 @@ from dataclasses import dataclass, field
 
 from pyspark.sql.datasource import WriterCommitMessage
 
-from ferrymq.errors import BatchAlreadyCommittedError, TopicAlreadyExistsError, error_for_code
+from ferrymq.errors import (
+    BatchAlreadyCommittedError,
+    ConfigError,
+    TopicAlreadyExistsError,
+    error_for_code,
+)
 from ferrymq.protocol import messages as m
-from ferrymq.spark import _wire
+from ferrymq.spark import _route, _wire
 
 log = logging.getLogger("ferrymq.spark")
 
@@ -111,11 +116,34 @@ def fence_key(sink_id: str, batch_id: int) -> str:
     return f"{sink_id.replace(chr(0), '')}#{batch_id}"
 
 
+FENCE_TIMEOUT_S = 30.0
+"""How long recording or looking up a micro-batch waits for a leader of ``SINKS_TOPIC``."""
+
+
 def batch_committed(wire: _wire.WireConfig, sink_id: str, batch_id: int) -> bool:
-    """Whether the driver recorded ``batch_id`` of ``sink_id`` as committed."""
-    resp = _wire.connection(wire).request(
-        m.FindByKeyRequest(SINKS_TOPIC, fence_key(sink_id, batch_id), 1), m.FindByKeyResponse)
+    """Whether the driver recorded ``batch_id`` of ``sink_id`` as committed (asked of the
+    leader of ``SINKS_TOPIC``: on a cluster only it has the key index)."""
+    resp = _route.router(wire).request(
+        SINKS_TOPIC, 0, m.FindByKeyRequest(SINKS_TOPIC, fence_key(sink_id, batch_id), 1),
+        m.FindByKeyResponse, code=lambda r: 0, timeout_s=FENCE_TIMEOUT_S)
     return bool(resp.messages)
+
+
+def refuse_transactions_on_a_cluster(wire: _wire.WireConfig) -> None:
+    """Fail at the start of a ``deliveryMode=transactional`` write to a cluster, which does
+    not support it yet: a transaction lives on the broker INIT_TXN reached, and the leaders of
+    other queues refuse its batches (docs/cluster.md).
+
+    Raises:
+        ConfigError: the brokers form a cluster.
+        ConnectionClosedError: no broker answered.
+    """
+    resp = _wire.connection(wire).request(m.ClusterMetadataRequest([]), m.ClusterMetadataResponse)
+    if resp.cluster:
+        raise ConfigError(
+            f"deliveryMode=transactional is not supported on a cluster yet ({wire} is cluster "
+            f"{resp.cluster!r}): a transaction lives on one broker, and the leaders of other "
+            "queues refuse its batches; use option deliveryMode=idempotent (docs/cluster.md)")
 
 
 def ensure_sinks_topic(wire: _wire.WireConfig) -> None:
@@ -134,8 +162,9 @@ def record_commit(wire: _wire.WireConfig, sink_id: str, batch_id: int, rows: int
     now = int(time.time() * 1000)
     body = f'{{"sink": {sink_id!r}, "batch": {batch_id}, "rows": {rows}}}'.encode()
     batch = encode_batch([RecordInput(body, now, keys=fence_key(sink_id, batch_id).encode())])
-    resp = _wire.connection(wire).request(
-        m.ProduceRequest(PRODUCE_TIMEOUT_MS, [(SINKS_TOPIC, 0, batch)]), m.ProduceResponse)
+    resp = _route.router(wire).request(
+        SINKS_TOPIC, 0, m.ProduceRequest(PRODUCE_TIMEOUT_MS, [(SINKS_TOPIC, 0, batch)]),
+        m.ProduceResponse, code=lambda r: r.results[0][2], timeout_s=FENCE_TIMEOUT_S)
     code = resp.results[0][2]
     if code:
         raise error_for_code(code, f"recording micro-batch {batch_id} of sink {sink_id}")

@@ -283,10 +283,7 @@ class TaskProducer:
             attempt += 1
             time.sleep(min(0.05 * 2**attempt, 1.0))
             if stale:
-                try:
-                    self.router.refresh({t for t, *_ in retry})
-                except (ConnectionClosedError, FerryMQTimeoutError) as exc:
-                    log.info("leader refresh failed (%s); retrying", exc)
+                self.router.refresh_quietly({t for t, *_ in retry})
             flights = self._send(retry)
 
     def flush(self) -> None:

@@ -78,6 +78,7 @@ from ferrymq.spark._sink_commit import (
     fence_key,
     last_committed_batch,
     record_commit,
+    refuse_transactions_on_a_cluster,
     transactional_id,
 )
 from ferrymq.spark._sink_task import (
@@ -94,6 +95,13 @@ from ferrymq.spark.options import SinkOptions
 log = logging.getLogger("ferrymq.spark")
 
 
+def _refuse_transactions_on_a_cluster(wire: _wire.WireConfig) -> None:
+    try:
+        refuse_transactions_on_a_cluster(wire)
+    except ConnectionClosedError as exc:
+        raise ConnectionClosedError(f"{exc} (option 'servers')") from None
+
+
 class FerryMQBatchWriter(DataSourceArrowWriter):
     """``df.write.format("ferrymq")``. Spark pickles this instance to the tasks and to the
     driver's commit, so a transactional write's sink id (fresh per write: a write is batch 0 of
@@ -104,6 +112,7 @@ class FerryMQBatchWriter(DataSourceArrowWriter):
         check_sink_schema(schema, self.opts)
         self.sink: str | None = None
         if self.opts.delivery_mode == "transactional":
+            _refuse_transactions_on_a_cluster(self.opts.wire)
             self.sink = broker_sink_id(f"{self.opts.sink_id or 'spark-write'}-{uuid.uuid4().hex}")
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommitMessage:
@@ -143,7 +152,8 @@ class FerryMQStreamWriter(DataSourceStreamArrowWriter):
             if mode == "transactional":
                 assert self.opts.sink_id is not None
                 self.sink = broker_sink_id(self.opts.sink_id)
-                _wire.connection(self.opts.wire)  # fail at start: unreachable, refused login
+                refuse_transactions_on_a_cluster(self.opts.wire)  # also fails at start when
+                # the broker is unreachable or refuses the login
             elif mode == "idempotent":
                 self.fence = self.opts.sink_id
                 ensure_sinks_topic(self.opts.wire)

@@ -190,18 +190,8 @@ def list_offsets(wire: _wire.WireConfig, queues: Sequence[tuple[str, int]], spec
             what = ", ".join(f"{t}/{q}" for t, q in retry[:10])
             raise LeaderNotAvailableError(f"list offsets: no leader of {what} answered within "
                                           f"{READ_RETRY_S:.0f} s")
-        _refresh(router, {t for t, _ in retry})
+        router.refresh_quietly({t for t, _ in retry})
         todo = retry
-
-
-def _refresh(router: _route.Router, topics: set[str]) -> None:
-    """A refresh after a stale answer; a failed one is logged and left to the next attempt (a
-    failover may leave no broker answering for a moment)."""
-    try:
-        router.refresh(topics)
-    except (ConnectionClosedError, FerryMQTimeoutError) as exc:
-        log.info("leader refresh failed (%s); retrying", exc)
-        time.sleep(0.2)
 
 
 def committed_offsets(wire: _wire.WireConfig, group: str, topics: Sequence[str]) -> QueueOffsets:
@@ -342,7 +332,7 @@ def read_range(part: QueueRange) -> Iterator[pa.RecordBatch]:
             raise exc
         log.info("fetch of %s/%d failed (%s); retrying", part.topic, part.queue, exc)
         time.sleep(0.2)
-        _refresh(router, {part.topic})
+        router.refresh_quietly({part.topic})
 
     try:
         while pos < end:
