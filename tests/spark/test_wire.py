@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from ferrymq import Broker
-from ferrymq.errors import ConnectionClosedError
+from ferrymq import AdminClient, Broker
+from ferrymq.errors import ConnectionClosedError, LeaderNotAvailableError
 from ferrymq.protocol import messages as m
+from ferrymq.spark import _route, _wire
 from ferrymq.spark._wire import BlockingConnection
 from tests.security_helpers import RawClient
 
@@ -53,3 +54,23 @@ def test_pipelined_answers_reach_their_requests(module_broker: Broker) -> None:
         assert conn.receive(ping, m.Empty) == m.Empty()
     finally:
         conn.close()
+
+
+def test_a_single_broker_routes_every_queue_over_its_one_connection(module_broker: Broker) -> None:
+    """On a single broker (a cluster of one) the router adds one metadata request and no
+    connection: every queue's leader is the broker of the bootstrap connection."""
+    with AdminClient(module_broker.address) as admin:
+        admin.create_topic("routed", 3)
+    router = _route.router(module_broker.address)
+    boot = _wire.connection(module_broker.address)
+    assert all(router.connection("routed", q) is boot for q in range(3))
+    assert router.refreshes == 1
+    groups, unrouted = router.split([("routed", q, q) for q in range(4)])
+    assert groups == {boot: [("routed", 0, 0), ("routed", 1, 1), ("routed", 2, 2)]}
+    assert unrouted == [("routed", 3, 3)]  # the topic has no queue 3
+    with pytest.raises(LeaderNotAvailableError, match="no live leader of missing/0"):
+        router.request("missing", 0, m.ListOffsetsRequest([("missing", 0, -1)], 0),
+                       m.ListOffsetsResponse, code=lambda r: int(r.results[0][2]),
+                       timeout_s=0.3)
+    _route.forget(module_broker.address)
+    assert not boot.is_open
