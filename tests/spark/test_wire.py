@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ferrymq import AdminClient, Broker
-from ferrymq.errors import ConnectionClosedError, LeaderNotAvailableError
+from ferrymq.errors import ConnectionClosedError, LeaderNotAvailableError, UnknownTopicError
 from ferrymq.protocol import messages as m
 from ferrymq.spark import _route, _wire
 from ferrymq.spark._wire import BlockingConnection
@@ -68,9 +68,11 @@ def test_a_single_broker_routes_every_queue_over_its_one_connection(module_broke
     groups, unrouted = router.split([("routed", q, q) for q in range(4)])
     assert groups == {boot: [("routed", 0, 0), ("routed", 1, 1), ("routed", 2, 2)]}
     assert unrouted == [("routed", 3, 3)]  # the topic has no queue 3
-    with pytest.raises(LeaderNotAvailableError, match="no live leader of missing/0"):
-        router.request("missing", 0, m.ListOffsetsRequest([("missing", 0, -1)], 0),
+    with pytest.raises(LeaderNotAvailableError, match="no live leader of routed/3"):
+        router.request("routed", 3, m.ListOffsetsRequest([("routed", 3, -1)], 0),
                        m.ListOffsetsResponse, code=lambda r: int(r.results[0][2]),
                        timeout_s=0.3)
+    with pytest.raises(UnknownTopicError, match="unknown topic 'missing'"):
+        router.connection("missing", 0)
     _route.forget(module_broker.address)
     assert not boot.is_open

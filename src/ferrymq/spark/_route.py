@@ -31,6 +31,7 @@ from ferrymq.errors import (
     FerryMQError,
     FerryMQTimeoutError,
     LeaderNotAvailableError,
+    UnknownTopicError,
     error_for_code,
 )
 from ferrymq.protocol import messages as m
@@ -67,11 +68,14 @@ class Router:
         topic is new here); None: no live leader known now.
 
         Raises:
+            UnknownTopicError: the brokers do not know ``topic`` (deleted, or never created).
             ConnectionClosedError, FerryMQTimeoutError: no broker answered the refresh.
             AuthenticationFailedError: a broker refused the user.
         """
         if not self.leaders.knows(topic):
             self.refresh([topic], paced=False)
+            if not self.leaders.knows(topic):
+                raise UnknownTopicError(f"unknown topic {topic[:249]!r} on {self.wire}")
         leader = self.leaders.leader(topic, queue)
         if leader is None:
             return None
