@@ -61,9 +61,9 @@ MAX_REQUEST_BYTES = 4 * 1024 * 1024
 """Bytes of batches per PRODUCE request (the broker's frame cap is 8 MiB by default)."""
 DELIVERY_TIMEOUT_S = 120.0
 
-Entry = tuple[str, int, bytearray, int]
+_Entry = tuple[str, int, bytearray, int]
 """(topic, queue, an encoded record batch, its record count)."""
-Flight = tuple["_wire.BlockingConnection | None", int, list[Entry]]
+_Flight = tuple["_wire.BlockingConnection | None", int, list[_Entry]]
 """A PRODUCE request sent: (the leader's connection, correlation id, its entries); no
 connection or a negative id: not sent (no leader known, or the send failed)."""
 
@@ -101,9 +101,9 @@ class TaskProducer:
             self.producer_id, self.epoch = r.producer_id, r.producer_epoch
         self.queues: dict[tuple[str, int], _QueueState] = {}
         self.topics: dict[str, int] = {}
-        self.pending: list[Entry] = []
+        self.pending: list[_Entry] = []
         self.pending_bytes = 0
-        self.in_flight: list[Flight] = []
+        self.in_flight: list[_Flight] = []
         self.rows = 0
         self.sticky = partition_id
 
@@ -224,14 +224,14 @@ class TaskProducer:
         entries, self.pending, self.pending_bytes = self.pending, [], 0
         self.in_flight = self._send(entries)
 
-    def _send(self, entries: list[Entry]) -> list[Flight]:
+    def _send(self, entries: list[_Entry]) -> list[_Flight]:
         """One PRODUCE per leader of the entries' queues."""
         try:
             groups, unrouted = self.router.split(entries)
         except (ConnectionClosedError, FerryMQTimeoutError) as exc:
             log.info("leader look-up failed (%s); retrying", exc)
             return [(None, -1, entries)]
-        flights: list[Flight] = [(None, -1, unrouted)] if unrouted else []
+        flights: list[_Flight] = [(None, -1, unrouted)] if unrouted else []
         for conn, some in groups.items():
             try:
                 corr = conn.send(m.ProduceRequest(PRODUCE_TIMEOUT_MS,
@@ -248,7 +248,7 @@ class TaskProducer:
         deadline = time.monotonic() + DELIVERY_TIMEOUT_S
         attempt = 0
         while True:
-            retry: list[Entry] = []
+            retry: list[_Entry] = []
             stale = False
             last: FerryMQError = LeaderNotAvailableError("no live leader known")
             for conn, corr, entries in flights:

@@ -66,6 +66,7 @@ from ferrymq.errors import ConfigError, ConnectionClosedError
 from ferrymq.spark import _wire
 from ferrymq.spark._sink_batches import MAX_BATCH_BYTES, check_sink_schema, encode_batches, route
 from ferrymq.spark._sink_commit import (
+    FENCE_TIMEOUT_S,
     MAX_SINK_CHARS,
     PRODUCE_TIMEOUT_MS,
     SINKS_TOPIC,
@@ -189,6 +190,7 @@ class FerryMQStreamWriter(DataSourceStreamArrowWriter):
 
 __all__ = [
     "DELIVERY_TIMEOUT_S",
+    "FENCE_TIMEOUT_S",
     "MAX_BATCH_BYTES",
     "MAX_REQUEST_BYTES",
     "MAX_SINK_CHARS",
@@ -210,6 +212,7 @@ __all__ = [
     "fence_key",
     "last_committed_batch",
     "record_commit",
+    "refuse_transactions_on_a_cluster",
     "route",
     "task_info",
     "transactional_id",
