@@ -22,7 +22,7 @@ from ferrymq.protocol import messages as m
 from ferrymq.protocol.coordinator import OFFSETS_TOPIC, coordinator_queue
 from ferrymq.testing import ClusterProcess
 from tests.cluster.conftest import needs_etcd
-from tests.cluster.test_cluster_inprocess import Cluster, cluster, leader_of, run
+from tests.cluster.inprocess import Cluster, cluster, leader_of, run
 
 pytestmark = pytest.mark.integration
 
