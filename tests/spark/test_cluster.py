@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 
 from ferrymq import AdminClient, Message, Producer, PullConsumer
+from ferrymq.errors import UnknownGroupError
+from ferrymq.protocol.coordinator import OFFSETS_TOPIC, coordinator_queue
 from ferrymq.testing import ETCD_INSTALL_HINT, ClusterProcess, etcd_binary
 from tests.spark.helpers import checkpoint
 
@@ -162,3 +164,52 @@ def test_a_streaming_idempotent_sink_records_its_batches_with_the_fence_leader(
         assert batch_committed(addr, "/chk/fence", 4)
         assert not batch_committed(addr, "/chk/fence", 5)
     assert sorted(read_all(cluster, "sfence", 3)) == ["a", "b", "c"]
+
+
+def coordinator_of(c: ClusterProcess, group: str) -> int:
+    """The broker coordinating ``group``: the leader of its queue of the offsets topic."""
+    with AdminClient(c.bootstrap) as admin:
+        qs = {q.queue: q.leader for q in admin.cluster_describe().queues
+              if q.topic == OFFSETS_TOPIC}
+    assert qs, "no offsets topic yet"
+    return qs[coordinator_queue(group, len(qs))]
+
+
+def committed(c: ClusterProcess, group: str, topic: str) -> int:
+    """The sum of ``group``'s committed offsets in ``topic`` (0 before its first commit)."""
+    with AdminClient(c.bootstrap) as admin:
+        try:
+            offsets = admin.describe_group(group).offsets
+        except UnknownGroupError:
+            return 0
+    return sum(o.committed for o in offsets if o.topic == topic and o.committed > 0)
+
+
+def test_commit_to_group_and_start_from_committed_reach_the_coordinator(
+        spark: Any, cluster: ClusterProcess, tmp_path: Path) -> None:
+    replicated_topic(cluster, "sgroup")
+    produce(cluster, "sgroup", [f"a{i}" for i in range(90)])
+    df = (spark.readStream.format("ferrymq").option("servers", cluster.bootstrap)
+          .option("subscribe", "sgroup").option("startingOffsets", "earliest")
+          .option("commitToGroup", "spark-g").load())
+    q = (df.selectExpr("CAST(value AS STRING) AS v").writeStream.format("memory")
+         .queryName("sgroup_out").option("checkpointLocation", checkpoint(tmp_path))
+         .trigger(processingTime="300 milliseconds").start())
+    try:  # the source commits a micro-batch's end to the group when the next one starts
+        deadline = time.monotonic() + 120
+        while spark.sql("SELECT count(*) AS n FROM sgroup_out").collect()[0].n < 90:
+            assert q.exception() is None, q.exception()
+            assert time.monotonic() < deadline
+            time.sleep(0.3)
+        produce(cluster, "sgroup", [f"b{i}" for i in range(60)])
+        while committed(cluster, "spark-g", "sgroup") < 90:
+            assert q.exception() is None, q.exception()
+            assert time.monotonic() < deadline, committed(cluster, "spark-g", "sgroup")
+            time.sleep(0.3)
+    finally:
+        q.stop()
+    assert committed(cluster, "spark-g", "sgroup") == 90  # the b batch's end is not committed
+    other = next(a for i, a in cluster.addresses.items() if i != coordinator_of(cluster, "spark-g"))
+    rows = (spark.read.format("ferrymq").option("servers", other).option("subscribe", "sgroup")
+            .option("startingOffsets", "committed").option("group", "spark-g").load().collect())
+    assert sorted(r.value.decode() for r in rows) == sorted(f"b{i}" for i in range(60))

@@ -12,6 +12,11 @@ the leader is the broker it is connected to, so a single broker, which answers a
 one, keeps its one connection; otherwise a connection to the leader's advertised address with
 the same security options.
 
+A consumer group's requests (FETCH_OFFSETS, COMMIT_OFFSETS) go to its coordinator
+(:meth:`Router.group_request`): the bootstrap connection first, as on a single broker; on
+NOT_COORDINATOR or a lost connection, the leader of the group's queue of the offsets topic
+(:mod:`ferrymq.protocol.coordinator`), as the asyncio clients find it.
+
 Callers refresh (:meth:`Router.refresh`) when an answer says the view is stale
 (:data:`~ferrymq.protocol.leaders.STALE_VIEW_CODES`) or a leader's connection is lost, and send
 again within their own time limits. Refreshes are at least ``MIN_REFRESH_INTERVAL_S`` apart, so
@@ -31,10 +36,12 @@ from ferrymq.errors import (
     FerryMQError,
     FerryMQTimeoutError,
     LeaderNotAvailableError,
+    NotCoordinatorError,
     UnknownTopicError,
     error_for_code,
 )
 from ferrymq.protocol import messages as m
+from ferrymq.protocol.coordinator import OFFSETS_TOPIC, coordinator_queue
 from ferrymq.protocol.leaders import (
     MIN_REFRESH_INTERVAL_S,
     STALE_VIEW_CODES,
@@ -150,6 +157,29 @@ class Router:
                 raise err
             time.sleep(0.1)
             self.refresh_quietly([topic])
+
+    def group_request(self, group: str, req: m.Request, resp_type: type[B], *,
+                      timeout_s: float) -> B:
+        """Send ``req`` (safe to repeat) to ``group``'s coordinator and return the answer
+        (see the module docstring), for up to ``timeout_s``.
+
+        Raises:
+            NotCoordinatorError, ConnectionClosedError, FerryMQTimeoutError: still no
+                coordinator answered in time; BrokerError: the coordinator's refusal.
+        """
+        deadline = time.monotonic() + timeout_s
+        conn = _wire.connection(self.wire)
+        while True:
+            try:
+                return conn.request(req, resp_type, attempts=1)
+            except (NotCoordinatorError, ConnectionClosedError, FerryMQTimeoutError):
+                if time.monotonic() >= deadline:
+                    raise
+            time.sleep(0.1)
+            self.refresh_quietly([OFFSETS_TOPIC])
+            n = self.leaders.queue_count(OFFSETS_TOPIC)
+            coordinator = self.connection(OFFSETS_TOPIC, coordinator_queue(group, n)) if n else None
+            conn = coordinator or _wire.connection(self.wire)
 
     def _ask(self, req: m.ClusterMetadataRequest) -> m.ClusterMetadataResponse:
         """CLUSTER_METADATA from the bootstrap connection, else from any broker the table

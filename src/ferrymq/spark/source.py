@@ -12,7 +12,8 @@ fact a task needs travels in its :class:`QueueRange`, and sockets come from a pe
 On a cluster, LIST_OFFSETS and FETCH of a queue go to its leader (:mod:`ferrymq.spark._route`);
 an answer that says the leader moved (NOT_LEADER, LEADER_NOT_AVAILABLE, FENCED_LEADER_EPOCH) or
 a lost connection makes the worker ask who leads now and send again there, for up to
-``READ_RETRY_S``. Metadata and consumer-group requests go to the bootstrap connection.
+``READ_RETRY_S``. Consumer-group requests go to the group's coordinator, metadata to the
+bootstrap connection.
 
 A micro-batch is a set of ``[start, end)`` ranges per queue. The driver resolves them from
 LIST_OFFSETS answers (no consumer group is joined); Spark writes them to its offset log before
@@ -196,8 +197,9 @@ def list_offsets(wire: _wire.WireConfig, queues: Sequence[tuple[str, int]], spec
 
 def committed_offsets(wire: _wire.WireConfig, group: str, topics: Sequence[str]) -> QueueOffsets:
     """A consumer group's committed offsets."""
-    resp = _conn(wire).request(m.FetchOffsetsRequest(group, sorted(set(topics))),
-                                  m.FetchOffsetsResponse)
+    resp = _route.router(wire).group_request(
+        group, m.FetchOffsetsRequest(group, sorted(set(topics))), m.FetchOffsetsResponse,
+        timeout_s=READ_RETRY_S)
     return {(t, q): o for t, q, o in resp.offsets}
 
 
@@ -512,8 +514,9 @@ class FerryMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return
         entries = [(t, q, off) for (t, q), off in sorted(from_json_dict(end).items())]
         try:
-            _conn(self.opts.wire).request(m.CommitOffsetsRequest(group, "", -1, entries),
-                                             m.CommitOffsetsResponse)
+            _route.router(self.opts.wire).group_request(
+                group, m.CommitOffsetsRequest(group, "", -1, entries), m.CommitOffsetsResponse,
+                timeout_s=READ_RETRY_S)
         except FerryMQError as exc:  # monitoring only: never fail the query for it
             log.warning("commitToGroup %s failed: %s", group, exc)
 
