@@ -32,6 +32,14 @@ memory (the memory watermark test drives the broker's RSS through it).
 file (:class:`~ferrymq._time.OffsetFileClock`: tests write it to make the wall clock jump; the
 monotonic clock is untouched).
 
+``fsync_journal`` names a file to which the broker appends ``<path>\t<size>`` each time an
+fsync of a file it writes through :class:`~ferrymq.storage.handles.FileHandle` (a queue's
+segments) completed, ``size`` being the file's size when the fsync began (a lower bound of
+what it made durable). A test simulating power loss kills the broker and truncates each file
+back to its last recorded size (the chaos tests' power loss). :data:`FSYNC_JOURNAL` is the
+one module attribute the handles test before calling :func:`note_fsync_begin` /
+:func:`note_fsynced`.
+
 Never set them outside tests.
 """
 
@@ -40,6 +48,7 @@ from __future__ import annotations
 import errno
 import os
 import signal
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from fnmatch import fnmatchcase
@@ -47,8 +56,8 @@ from typing import ClassVar
 
 from ferrymq._time import SYSTEM_CLOCK, Clock, OffsetFileClock
 
-__all__ = ["ENOSPC_FAULTS", "NO_FAULTS", "Faults", "active", "configure", "crash_point",
-           "enospc_point"]
+__all__ = ["ENOSPC_FAULTS", "FSYNC_JOURNAL", "NO_FAULTS", "Faults", "active", "configure",
+           "crash_point", "enospc_point", "note_fsync_begin", "note_fsynced"]
 
 _DEFAULT_RULES = (("fsync", "*"), ("rewrite", "*"))
 
@@ -65,12 +74,15 @@ class Faults:
     """A file read instead of ``/proc/self/statm`` ("": the real one)."""
     clock_file: str = ""
     """A file holding ms added to the wall clock ("": the system clock)."""
+    fsync_journal: str = ""
+    """A file to which every completed fsync appends ``<path>\t<size>`` ("": none)."""
 
     ENV: ClassVar[Mapping[str, str]] = {
         "crash_at": "FERRYMQ_CRASH_AT",
         "enospc_file": "FERRYMQ_FAULT_ENOSPC_FILE",
         "statm_path": "FERRYMQ_FAULT_STATM",
         "clock_file": "FERRYMQ_TEST_CLOCK_FILE",
+        "fsync_journal": "FERRYMQ_FAULT_FSYNC_JOURNAL",
     }
     """The environment variable that carries each hook to a broker subprocess."""
 
@@ -94,13 +106,19 @@ NO_FAULTS = Faults()
 _active = NO_FAULTS
 ENOSPC_FAULTS = False
 """Whether ENOSPC faults may be injected at all (hot paths test this before calling)."""
+FSYNC_JOURNAL = False
+"""Whether fsyncs are journaled (``fsync_journal``; the handles test this before calling)."""
+_journal_lock = threading.Lock()
+_fsync_sizes: dict[tuple[str, int], int] = {}
+"""``(path, write count)`` pinned for an fsync → the file's size then."""
 
 
 def configure(faults: Faults) -> None:
     """Install ``faults`` for this process (the broker's start does, before opening anything)."""
-    global _active, ENOSPC_FAULTS
+    global _active, ENOSPC_FAULTS, FSYNC_JOURNAL
     _active = faults
     ENOSPC_FAULTS = bool(faults.enospc_file)
+    FSYNC_JOURNAL = bool(faults.fsync_journal)
 
 
 def active() -> Faults:
@@ -145,3 +163,22 @@ def enospc_point(what: str, target: str = "") -> None:
                      for op, where in rules):
         raise OSError(errno.ENOSPC,
                       f"No space left on device (injected fault at {what} {target})".rstrip())
+
+
+def note_fsync_begin(path: str, fd: int, writes: int) -> None:
+    """An fsync of ``fd`` (``path``, after ``writes`` writes) is about to begin: remember the
+    file's size now (what the fsync will at least make durable)."""
+    size = os.fstat(fd).st_size
+    with _journal_lock:
+        _fsync_sizes[(path, writes)] = size
+
+
+def note_fsynced(path: str, writes: int) -> None:
+    """The fsync begun after ``writes`` writes of ``path`` completed: journal the size noted
+    when it began."""
+    with _journal_lock:
+        size = _fsync_sizes.pop((path, writes), None)
+        if size is None:
+            return
+        with open(_active.fsync_journal, "a", encoding="utf-8") as journal:
+            journal.write(f"{path}\t{size}\n")

@@ -4,6 +4,7 @@ broker subprocess by the launcher, never read from the environment at import."""
 from __future__ import annotations
 
 import errno
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -17,7 +18,8 @@ from ferrymq.broker.watermarks import PROC_STATM, Watermarks
 from ferrymq.testing import NO_FAULTS, BrokerProcess, Faults
 
 EVERY_HOOK = Faults(crash_at="txn.markers_durable", enospc_file="/tmp/flag",
-                    statm_path="/tmp/statm", clock_file="/tmp/clock")
+                    statm_path="/tmp/statm", clock_file="/tmp/clock",
+                    fsync_journal="/tmp/fsyncs")
 
 
 @pytest.fixture
@@ -90,3 +92,27 @@ def test_launcher_hands_faults_to_the_broker_environment(tmp_path: Path) -> None
     bp.faults = NO_FAULTS  # as a crash test does before restarting
     bp.env = None
     assert bp._environment() is None
+
+
+def test_the_fsync_journal_records_what_each_fsync_made_durable(tmp_path: Path,
+                                                                installed: None) -> None:
+    from ferrymq.storage.handles import FileHandles
+
+    journal = tmp_path / "fsyncs"
+    path = tmp_path / "segment.log"
+    handle = FileHandles().register(path, os.O_RDWR, create_flags=os.O_RDWR | os.O_CREAT)
+    os.write(handle.get(), b"x" * 10)
+    handle.wrote()
+    handle.fsync()  # nothing installed: nothing journaled
+    assert not journal.exists()
+    _faults.configure(Faults(fsync_journal=str(journal)))
+    assert _faults.FSYNC_JOURNAL
+    os.write(handle.get(), b"y" * 5)
+    handle.wrote()
+    handle.fsync()
+    pinned = handle.pin()  # a pin whose fsync failed (unpinned without a count): not journaled
+    assert pinned is not None
+    os.write(handle.get(), b"z" * 3)
+    handle.unpin(None)
+    assert journal.read_text() == f"{path}\t15\n"
+    handle.close()

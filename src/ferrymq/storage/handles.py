@@ -52,6 +52,7 @@ from collections import OrderedDict
 from itertools import islice
 from pathlib import Path
 
+from ferrymq import _faults
 from ferrymq.errors import LogClosedError
 
 __all__ = ["DEFAULT_CAPACITY", "EMFILE_SHED", "EVICTION_SCAN", "FileHandle", "FileHandles"]
@@ -137,7 +138,10 @@ class FileHandle:
             if fd is None:
                 return None
             self._pins += 1
-            return fd, self.writes
+            writes = self.writes
+        if _faults.FSYNC_JOURNAL:
+            _faults.note_fsync_begin(str(self.path), fd, writes)
+        return fd, writes
 
     def unpin(self, synced_writes: int | None = None) -> None:
         """End a :meth:`pin`; ``synced_writes``: the write count it returned, when an fsync
@@ -146,6 +150,8 @@ class FileHandle:
             self._pins -= 1
             if synced_writes is not None and synced_writes > self._synced:
                 self._synced = synced_writes
+            if synced_writes is not None and _faults.FSYNC_JOURNAL:
+                _faults.note_fsynced(str(self.path), synced_writes)
             if self._released and not self._pins:
                 self._cache.close_locked(self)
 
