@@ -196,6 +196,7 @@ def test_seek_and_positions_with_assign(broker: Broker) -> None:
         c.assign([("a", 1)])
         assert [m.offset for m in drain(c, 10)] == list(range(10))
         assert c.position() == {("a", 1): 10}
+        assert c.high_watermarks() == {("a", 1): 10}  # the leader's answer: lag 0
         c.seek("a", 1, 7)
         assert [m.offset for m in drain(c, 3)] == [7, 8, 9]
         c.seek_to_beginning()

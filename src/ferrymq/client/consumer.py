@@ -382,6 +382,14 @@ class AsyncPullConsumer:
         """Next offset to be returned, per assigned queue (resolved ones)."""
         return {tq: st.position for tq, st in self._queues.items() if st.position is not None}
 
+    def high_watermarks(self) -> dict[TopicQueue, int]:
+        """The high watermark each assigned queue's leader reported in its last fetch answer
+        (queues not fetched yet are left out): the end of what is committed there, so
+        ``high_watermarks()[tq] - position()[tq]`` is this consumer's lag (Kafka's
+        ``currentLag``)."""
+        return {tq: st.high_watermark for tq, st in self._queues.items()
+                if st.high_watermark >= 0}
+
     async def committed(self) -> dict[TopicQueue, int]:
         """The group's committed offsets for the assigned queues."""
         topics = sorted({t for t, _ in self._queues}) or None

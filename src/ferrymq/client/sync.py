@@ -240,6 +240,10 @@ class PullConsumer:
         """Next offsets to be returned."""
         return self._async.position()
 
+    def high_watermarks(self) -> dict[TopicQueue, int]:
+        """Each assigned queue's high watermark as its leader last reported it."""
+        return self._async.high_watermarks()
+
     def seek(self, topic: str, queue: int, offset: int) -> None:
         """Continue a queue from ``offset``."""
         _run(self._async.seek(topic, queue, offset))
