@@ -10,7 +10,8 @@ Start: raise the soft descriptor limit and plan its use (refusing a limit too sm
 :mod:`ferrymq.broker.descriptors`), take an exclusive lock on the data directory (two brokers on
 one directory would corrupt it), note whether the previous run left the clean-shutdown marker
 (then recovery can trust the files) and remove it, open every log, rebuild the dedup windows
-from the logs' tails, start the flusher, listen.
+from the logs' tails, start the flusher, join the cluster (with ``metadata``), listen: a
+broker accepts no connection before it has its view of the cluster.
 
 Stop (SIGTERM/SIGINT, or :meth:`stop`): stop accepting connections, refuse new produces with
 BROKER_SHUTTING_DOWN, let requests in flight finish (bounded by ``shutdown_timeout_ms``), answer
@@ -160,9 +161,19 @@ class BrokerServer:
             if self._lock_file is not None:
                 self._lock_file.close()
             raise
+        sock = self._server.sockets[0].getsockname()
+        self.address = (sock[0], sock[1])
+        if cfg.metadata:
+            # before accepting a connection: a broker that served before it joined (it may
+            # wait for its former self's lease) would answer with an empty view (UNKNOWN_TOPIC,
+            # which clients do not retry); refused connections make them try another broker
+            await self._join_cluster()
         try:
             await self._server.start_serving()
         except OSError as exc:  # another process listened on it since the bind
+            if self.cluster is not None:
+                await self.stop()
+                raise self._listen_error(exc) from exc
             self._server.close()
             self.flusher.stop()
             self.scheduler.close()
@@ -172,10 +183,6 @@ class BrokerServer:
             raise self._listen_error(exc) from exc
         for listener in self._server.sockets:
             _sockets.tune_listener(listener)
-        sock = self._server.sockets[0].getsockname()
-        self.address = (sock[0], sock[1])
-        if cfg.metadata:
-            await self._join_cluster()
         self._tasks.append(loop.create_task(self._housekeeping()))
         self._tasks.append(loop.create_task(self._delivery_ticks()))
         self.scheduler.start()
