@@ -86,6 +86,22 @@ class ClusterProcess:
         """The broker with this id."""
         return self.brokers[broker_id]
 
+    def route(self, broker_id: int, *, advertised_address: str | None = None,
+              metadata_url: str | None = None) -> None:
+        """From broker ``broker_id``'s next start on, have it advertise ``advertised_address``
+        (``--advertised-address``: where clients and the other brokers reach it) and reach
+        etcd at ``metadata_url`` instead of :attr:`metadata_url`: tests put a fault proxy on
+        each link this way (None: leave that one as it is)."""
+        b = self.brokers[broker_id]
+        flags = b.extra
+        if metadata_url is not None:
+            flags[flags.index("--metadata") + 1] = metadata_url
+        if advertised_address is not None:
+            if "--advertised-address" in flags:
+                flags[flags.index("--advertised-address") + 1] = advertised_address
+            else:
+                flags += ["--advertised-address", advertised_address]
+
     def start(self, timeout: float = 30.0) -> ClusterProcess:
         """Start etcd, then every broker, each waited for (healthy, listening).
 
