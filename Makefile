@@ -71,8 +71,19 @@ pytest: install-test etcd
 
 test: lint typecheck pytest
 
+# the soaks, the cluster's chaos among them: faults injected (the issue's targets by default),
+# figures written to CHAOS_FIGURES (bench/README.md quotes them)
+CHAOS_KILLS ?= 50
+CHAOS_PARTITIONS ?= 20
+CHAOS_POWER_LOSSES ?= 20
+CHAOS_PAUSES ?= 10
+CHAOS_CLOCK_JUMPS ?= 5
+CHAOS_FIGURES ?= bench/results/cluster-chaos.json
 soak: install-test etcd
-	$(BIN)/pytest -m soak $(PYTEST_ARGS)
+	FERRYMQ_CHAOS_KILLS=$(CHAOS_KILLS) FERRYMQ_CHAOS_PARTITIONS=$(CHAOS_PARTITIONS) \
+	FERRYMQ_CHAOS_POWER_LOSSES=$(CHAOS_POWER_LOSSES) FERRYMQ_CHAOS_PAUSES=$(CHAOS_PAUSES) \
+	FERRYMQ_CHAOS_CLOCK_JUMPS=$(CHAOS_CLOCK_JUMPS) FERRYMQ_CHAOS_FIGURES=$(abspath $(CHAOS_FIGURES)) \
+		$(BIN)/pytest -m soak $(PYTEST_ARGS)
 
 $(VENV)/.installed-spark: pyproject.toml setup.py | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[spark]'
