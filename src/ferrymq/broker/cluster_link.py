@@ -218,6 +218,12 @@ class ClusterLink:
                                        f"{TOPIC_APPLY_TIMEOUT_S:.0f} s")
         return t
 
+    async def wait_for_topic(self, name: str) -> bool:
+        """Wait until this broker applied topic ``name``, created in the cluster (perhaps
+        through another broker, whose watch was faster); False after
+        ``TOPIC_APPLY_TIMEOUT_S``."""
+        return await self.node.wait_for_topic(name, None, TOPIC_APPLY_TIMEOUT_S)
+
     async def delete_topic(self, name: str) -> None:
         """Delete a topic from the cluster (every broker drops it when it sees the delete)."""
         if name not in self.node.view.topics:

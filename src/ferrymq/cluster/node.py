@@ -359,14 +359,14 @@ class ClusterNode:
         raise NotLeaderError(f"broker {self.broker_id} does not lead {topic}/{queue}: broker "
                              f"{rec.leader} does (epoch {rec.leader_epoch})")
 
-    async def wait_for_topic(self, name: str, topic_id: int, timeout_s: float) -> bool:
-        """Wait until this broker applied topic ``name`` with ``topic_id`` (after a create
-        through the store, the watch brings it); False on timeout."""
+    async def wait_for_topic(self, name: str, topic_id: int | None, timeout_s: float) -> bool:
+        """Wait until this broker applied topic ``name`` with ``topic_id`` (None: any id; after
+        a create through the store, the watch brings it); False on timeout."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while True:
             t = self.view.topics.get(name)
-            if t is not None and t.topic_id == topic_id:
+            if t is not None and (topic_id is None or t.topic_id == topic_id):
                 return True
             left = deadline - loop.time()
             if left <= 0:

@@ -84,8 +84,8 @@ async def _cluster_metadata_creating(conn: ClientConnection,
             continue
         try:
             await srv.cluster.create_topic(name, srv.config.default_queues, {}, -1, -1)
-        except TopicAlreadyExistsError:
-            pass  # created by another client meanwhile
+        except TopicAlreadyExistsError:  # created through another broker: its record is on
+            await srv.cluster.wait_for_topic(name)  # its way here (else: UNKNOWN_TOPIC below)
     answer = metadata(conn, m.MetadataRequest(req.topics, False))
     assert isinstance(answer, m.MetadataResponse)
     return answer
