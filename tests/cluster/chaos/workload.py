@@ -70,7 +70,9 @@ class Workload:
     async def _producer(self, keys: list[str]) -> None:
         async with AsyncProducer(self.bootstrap, acks="all", idempotent=True, linger_ms=0,
                                  delivery_timeout_s=self.delivery_timeout_s,
-                                 request_timeout_s=5, connect_timeout_s=3) as producer:
+                                 # longer than a pause: a producer still waits for the
+                                 # paused leader's answer when it wakes up a zombie
+                                 request_timeout_s=10, connect_timeout_s=3) as producer:
             await asyncio.gather(*(self._worker(producer, key) for key in keys))
 
     async def _worker(self, producer: AsyncProducer, key: str) -> None:
