@@ -25,6 +25,15 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from ferrymq.admin.bench_cluster import (
+    SETUPS,
+    WORKLOADS,
+    bench_cluster,
+    medians,
+    run_catchup,
+    run_failover,
+    run_matrix,
+)
 from ferrymq.admin.bench_measure import (
     TIMER_RESOLUTION_S,
     BenchedBroker,
@@ -205,6 +214,116 @@ def delayed(server: str | None, flush: str, broker_pid: int | None, size: int, q
                            measure=measure, window=window, lead=lead, far_hours=far_hours,
                            size=size, queues=queues, batch=batch, shuffle=shuffle,
                            show_progress=not as_json)
+    _emit(res, as_json)
+
+
+# -- the cluster -------------------------------------------------------------------------------
+
+
+@bench.group("cluster")
+def cluster_group() -> None:
+    """Benchmarks of a local cluster (etcd and three brokers the bench starts) against a
+    standalone broker of the same run (``ferrymq.admin.bench_cluster``)."""
+
+
+def _lease_option(f: Any) -> Any:
+    return click.option("--lease-ms", type=click.IntRange(min=500), default=None,
+                        help="The brokers' metadata_lease_ms (default: theirs, 6000): how long "
+                             "a killed broker's lease outlives it.")(f)
+
+
+@cluster_group.command("matrix")
+@click.option("--flush", type=click.Choice(["sync", "async"]), default="sync", show_default=True)
+@click.option("--setups", default=",".join(SETUPS), show_default=True,
+              help=f"Comma-separated, of: {', '.join(SETUPS)}.")
+@click.option("--workloads", default=",".join(WORKLOADS), show_default=True)
+@click.option("--rounds", type=int, default=3, show_default=True,
+              help="Each setup runs each workload once per round, setups alternating.")
+@click.option("--messages", type=int, default=500_000, show_default=True)
+@click.option("--size", type=int, default=100, show_default=True)
+@click.option("--batch", type=int, default=1000, show_default=True)
+@click.option("--inflight", type=int, default=8, show_default=True)
+@click.option("--queues", type=int, default=4, show_default=True)
+@click.option("--rate", type=float, default=2000.0, show_default=True)
+@click.option("--duration", type=float, default=10.0, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per run, then none.")
+def cluster_matrix(flush: str, setups: str, workloads: str, rounds: int, messages: int,
+                   size: int, batch: int, inflight: int, queues: int, rate: float,
+                   duration: float, as_json: bool) -> None:
+    """Produce, consume and e2e latency of a standalone broker, RF1 and RF3 (acks leader and
+    all) on a cluster, in alternating rounds; medians and ratios to RF1."""
+    names = _names(setups, SETUPS, "--setups")
+    works = _names(workloads, dict.fromkeys(WORKLOADS), "--workloads")
+    with bench_cluster(flush, single="single" in names) as b:
+        results = run_matrix(b, names, works, rounds=rounds, messages=messages, size=size,
+                             batch=batch, inflight=inflight, queues=queues, rate=rate,
+                             duration=duration,
+                             on_result=(lambda r: click.echo(json.dumps(r))) if as_json
+                             else None)
+    if not as_json:
+        _emit_matrix(results)
+
+
+def _names(value: str, known: Any, option: str) -> list[str]:
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        raise click.BadParameter(f"{', '.join(unknown) or 'nothing'}: choose from "
+                                 f"{', '.join(known)}", param_hint=option)
+    return names
+
+
+def _emit_matrix(results: list[dict[str, Any]]) -> None:
+    med = medians(results)
+    table = Table(title="ferrymq bench cluster matrix (medians)", show_header=True)
+    for col in ("flush", "setup", "workload", "metric", "median", "/ rf1"):
+        table.add_column(col, justify="right" if col in ("median", "/ rf1") else "left")
+    for (flush, setup, workload, metric), v in sorted(med.items()):
+        base = med.get((flush, "rf1", workload, metric))
+        table.add_row(flush, setup, workload, metric, _fmt(v),
+                      _fmt(v / base) if base else "-")
+    Console().print(table)
+    for r in results:
+        if "error" in r:
+            click.echo(f"{r['setup']} {r['workload']} round {r['round']}: {r['error']}", err=True)
+
+
+@cluster_group.command("failover")
+@click.option("--flush", type=click.Choice(["sync", "async"]), default="sync", show_default=True)
+@click.option("--kills", type=click.IntRange(min=1), default=20, show_default=True)
+@click.option("--rate", type=float, default=500.0, show_default=True,
+              help="Messages per second sent (acks=all) throughout.")
+@_lease_option
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def cluster_failover(flush: str, kills: int, rate: float, lease_ms: int | None,
+                     as_json: bool) -> None:
+    """Unavailability after SIGKILL of a queue's leader: time from the kill until a message
+    sent after it is acknowledged (p50/p99/max over --kills kills; the killed broker restarts
+    and rejoins the ISR between kills)."""
+    with bench_cluster(flush, lease_ms=lease_ms, single=False) as b:
+        res = run_failover(
+            b, kills=kills, rate=rate,
+            on_kill=None if as_json else lambda k: click.echo(
+                f"kill {k['kill']}: broker {k['victim']} -> {k['new_leader']}, unavailable "
+                f"{k['unavailable_s']:.2f} s, rejoined in {k['rejoin_isr_s']:.2f} s", err=True))
+    res.update(flush=flush, lease_ms=lease_ms)
+    if not as_json:
+        res.pop("kills_detail")
+    _emit(res, as_json)
+
+
+@cluster_group.command("catchup")
+@click.option("--flush", type=click.Choice(["sync", "async"]), default="sync", show_default=True)
+@click.option("--megabytes", type=click.IntRange(min=1), default=256, show_default=True,
+              help="MB written while the follower is down.")
+@click.option("--size", type=int, default=10_240, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def cluster_catchup(flush: str, megabytes: int, size: int, as_json: bool) -> None:
+    """Follower catch-up: stop a follower, write --megabytes, restart it, time until it is
+    back in the ISR (MB/s)."""
+    with bench_cluster(flush, single=False) as b:
+        res = run_catchup(b, megabytes=megabytes, size=size)
+    res["flush"] = flush
     _emit(res, as_json)
 
 

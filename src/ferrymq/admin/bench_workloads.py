@@ -33,6 +33,7 @@ import contextlib
 import os
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from rich.console import Console
@@ -56,11 +57,54 @@ def _progress(total: float, label: str, enabled: bool) -> Progress:
     )
 
 
-async def _create_topic(address: str, queues: int, prefix: str = "bench") -> str:
+@dataclass(frozen=True)
+class Replication:
+    """How a bench topic is replicated and what its producers wait for (on a cluster)."""
+
+    replicas: int | None = None
+    """Copies of each queue (None: the brokers' ``default_replicas``)."""
+    min_insync: int | None = None
+    """In-sync replicas an ``acks="all"`` send needs (None: the brokers' default)."""
+    acks: str = "all"
+    """The producers' ``acks``: ``"all"`` or ``"leader"``."""
+
+
+DEFAULT_REPLICATION = Replication()
+"""The brokers' defaults and ``acks="all"`` (on a single broker: one copy)."""
+
+
+async def _create_topic(address: str, queues: int, prefix: str = "bench",
+                        replication: Replication = DEFAULT_REPLICATION) -> str:
     topic = f"{prefix}-{uuid.uuid4().hex[:8]}"
     async with AsyncAdminClient(address) as admin:
-        await admin.create_topic(topic, queues)
+        await admin.create_topic(topic, queues, replicas=replication.replicas,
+                                 min_insync=replication.min_insync)
+        brokers = (await admin.cluster_describe()).brokers
+    if len(brokers) > 1:
+        await _wait_known(topic, queues, [b.address for b in brokers if b.alive])
     return topic
+
+
+TOPIC_PROPAGATION_TIMEOUT_S = 30.0
+"""How long a cluster bench waits for every broker to learn a topic it created."""
+
+
+async def _wait_known(topic: str, queues: int, addresses: list[str]) -> None:
+    """Wait until every broker at ``addresses`` knows ``topic`` with a leader for each queue.
+    A create is answered once the metadata store holds the topic; the other brokers learn it
+    by their watch a moment later, and a send reaching one of them first would be refused."""
+    deadline = time.monotonic() + TOPIC_PROPAGATION_TIMEOUT_S
+    for address in addresses:
+        async with AsyncAdminClient(address) as admin:
+            while True:
+                desc = await admin.cluster_describe()
+                led = [q for q in desc.queues if q.topic == topic and not q.offline]
+                if len(led) == queues:
+                    break
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"broker {address} did not learn topic {topic!r} within "
+                                       f"{TOPIC_PROPAGATION_TIMEOUT_S:.0f} s")
+                await asyncio.sleep(0.02)
 
 
 def _body(size: int) -> bytes:
@@ -71,13 +115,13 @@ def _body(size: int) -> bytes:
 
 
 async def _produce(address: str, topic: str, messages: int, size: int, batch: int,
-                   inflight: int, label: str, show: bool) -> float:
+                   inflight: int, label: str, show: bool, acks: str = "all") -> float:
     """Send ``messages`` in ``send_batch`` calls, ``inflight`` at a time; return seconds."""
     body = _body(size)
     full = [Message(topic, body) for _ in range(batch)]
     n_batches, rest = divmod(messages, batch)
     sizes = [batch] * n_batches + ([rest] if rest else [])
-    async with AsyncProducer(address, client_id="ferrymq-bench") as producer:
+    async with AsyncProducer(address, client_id="ferrymq-bench", acks=acks) as producer:
         await producer.send(Message(topic, body))  # connection and metadata, untimed
         it = iter(sizes)
         with _progress(messages, label, show) as prog:
@@ -96,16 +140,17 @@ async def _produce(address: str, topic: str, messages: int, size: int, batch: in
 
 def run_produce(address: str, *, messages: int = 1_000_000, size: int = 100, batch: int = 1000,
                 queues: int = 4, inflight: int = 8, broker_pid: int | None = None,
-                show_progress: bool = True) -> dict[str, Any]:
+                show_progress: bool = True,
+                replication: Replication = DEFAULT_REPLICATION) -> dict[str, Any]:
     """Time ``messages`` batched sends; results as a dict."""
     install_uvloop()
 
     async def main() -> dict[str, Any]:
-        topic = await _create_topic(address, queues)
+        topic = await _create_topic(address, queues, replication=replication)
         cpu = CpuTime(broker_pid)
         cpu.begin()
         elapsed = await _produce(address, topic, messages, size, batch, inflight, "produce",
-                                 show_progress)
+                                 show_progress, replication.acks)
         cpu.end()
         res = _throughput("produce", messages, size, elapsed, cpu, broker_pid,
                           batch=batch, queues=queues, inflight=inflight)
@@ -132,23 +177,26 @@ def _throughput(workload: str, messages: int, size: int, elapsed: float, cpu: Cp
 
 
 async def _filled_topic(address: str, queues: int, messages: int, size: int, batch: int,
-                        inflight: int, show: bool) -> tuple[str, int]:
+                        inflight: int, show: bool,
+                        replication: Replication = DEFAULT_REPLICATION) -> tuple[str, int]:
     """A new topic holding ``messages`` (produced untimed); its name and how many messages it
     holds (one more: :func:`_produce`'s warm-up message)."""
-    topic = await _create_topic(address, queues)
-    await _produce(address, topic, messages, size, batch, inflight, "pre-produce", show)
+    topic = await _create_topic(address, queues, replication=replication)
+    await _produce(address, topic, messages, size, batch, inflight, "pre-produce", show,
+                   replication.acks)
     return topic, messages + 1
 
 
 def run_consume(address: str, *, messages: int = 1_000_000, size: int = 100, batch: int = 1000,
                 queues: int = 4, inflight: int = 8, broker_pid: int | None = None,
-                show_progress: bool = True, max_poll: int = 10_000) -> dict[str, Any]:
+                show_progress: bool = True, max_poll: int = 10_000,
+                replication: Replication = DEFAULT_REPLICATION) -> dict[str, Any]:
     """Produce ``messages`` (untimed), then time one consumer reading them all."""
     install_uvloop()
 
     async def main() -> dict[str, Any]:
         topic, total = await _filled_topic(address, queues, messages, size, batch, inflight,
-                                           show_progress)
+                                           show_progress, replication)
         cpu = CpuTime(broker_pid)
         elapsed, nbytes = await _pull_all(address, topic, queues, total, "consume",
                                           show_progress, max_poll, cpu)
@@ -261,13 +309,14 @@ def run_push(address: str, *, messages: int = 1_000_000, size: int = 100, batch:
 
 def run_e2e(address: str, *, rate: float = 2000.0, duration: float = 10.0, size: int = 100,
             queues: int = 4, warmup: float = 1.0, broker_pid: int | None = None,
-            show_progress: bool = True, pacing: str = "sleep") -> dict[str, Any]:
+            show_progress: bool = True, pacing: str = "sleep",
+            replication: Replication = DEFAULT_REPLICATION) -> dict[str, Any]:
     """Send at ``rate`` msg/s for ``duration`` s while consuming; latency percentiles."""
     install_uvloop()
     size = max(size, 8)
 
     async def main() -> dict[str, Any]:
-        topic = await _create_topic(address, queues)
+        topic = await _create_topic(address, queues, replication=replication)
         pad = _body(size - 8)
         latencies_ns: list[int] = []
         split_ms: list[tuple[float, float]] = []  # (born -> stored, stored -> received)
@@ -278,7 +327,8 @@ def run_e2e(address: str, *, rate: float = 2000.0, duration: float = 10.0, size:
         stop = asyncio.Event()
         consumer = AsyncPullConsumer(address, group=f"bench-{uuid.uuid4().hex[:6]}",
                                      auto_commit=False, auto_offset_reset="latest")
-        producer = AsyncProducer(address, client_id="ferrymq-bench-e2e", linger_ms=0)
+        producer = AsyncProducer(address, client_id="ferrymq-bench-e2e", linger_ms=0,
+                                 acks=replication.acks)
         async with consumer, producer:
             await consumer.assign([(topic, q) for q in range(queues)])
             await consumer.poll(timeout=0.2)  # resolve positions to the (empty) end
