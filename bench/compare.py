@@ -302,6 +302,8 @@ class NatsJetStream(System):
     durability = ("file store; ack after write to the store (page cache); fsync on the "
                   "store's sync interval (2 min default)")
 
+    replicas = 1
+
     def __init__(self) -> None:
         self.proc: subprocess.Popen[bytes] | None = None
         self.dir: str | None = None
@@ -338,7 +340,7 @@ class NatsJetStream(System):
 
     async def _stream(self, js: Any) -> str:
         name = f"S{uuid.uuid4().hex[:8]}"
-        await js.add_stream(name=name, subjects=[f"{name}.x"])
+        await js.add_stream(name=name, subjects=[f"{name}.x"], num_replicas=self.replicas)
         return name
 
     async def _produce(self, js: Any, subject: str, n: int, size: int, window: int) -> float:
@@ -423,6 +425,90 @@ class NatsJetStream(System):
                 await nc.close()
 
         return asyncio.run(main())
+
+
+class NatsJetStreamCluster(NatsJetStream):
+    """Three nats-server processes on loopback with cluster routes and JetStream, streams of
+    ``replicas`` (R3: a publish is acknowledged once a quorum of the stream's Raft group
+    stored it). The client connects to every server and publishes wherever it is connected; the
+    stream leader may be another server."""
+
+    durability = ("file store, R3 (ack after a Raft quorum stored it, page cache); fsync on "
+                  "the store's sync interval (2 min default)")
+
+    def __init__(self, replicas: int = 3, servers: int = 3) -> None:
+        super().__init__()
+        self.replicas = replicas
+        self.servers = servers
+        self.name = f"NATS JetStream R{replicas} ({servers} servers)"
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.ports: list[int] = []
+        self.pids: list[int] = []
+
+    def start(self) -> None:
+        try:
+            import nats  # noqa: F401
+        except ImportError as exc:
+            raise Skip(f"nats-py not installed: {exc}") from None
+        exe = shutil.which("nats-server")
+        if exe is None:
+            raise Skip("nats-server not found (apt-get install nats-server)")
+        self.dir = tempfile.mkdtemp(prefix="bench-nats-cluster-")
+        self.ports = [free_port() for _ in range(self.servers)]
+        routes = [free_port() for _ in range(self.servers)]
+        for i in range(self.servers):
+            d = os.path.join(self.dir, f"n{i}")
+            os.makedirs(d)
+            others = ",".join(f"nats://127.0.0.1:{p}" for j, p in enumerate(routes) if j != i)
+            self.procs.append(subprocess.Popen(
+                [exe, "-a", "127.0.0.1", "-p", str(self.ports[i]), "-js", "-sd", d,
+                 "--server_name", f"n{i}", "--cluster_name", "bench",
+                 "--cluster", f"nats://127.0.0.1:{routes[i]}", "--routes", others],
+                stdout=subprocess.DEVNULL,
+                stderr=open(os.path.join(d, "nats.log"), "wb"),  # noqa: SIM115
+                start_new_session=True))
+        for port, proc in zip(self.ports, self.procs, strict=True):
+            if not wait_port(port, proc, 15):
+                self.stop()
+                raise Skip("nats-server did not start")
+        self.pids = [p.pid for p in self.procs]
+        self.pid = self.pids[0]
+        self.port = self.ports[0]
+        asyncio.run(self._wait_meta_leader())
+
+    async def _wait_meta_leader(self, timeout_s: float = 30.0) -> None:
+        """JetStream in a cluster answers once its meta group has a leader: try a stream."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                nc, js = await self._connect()
+                try:
+                    name = await self._stream(js)
+                    await js.delete_stream(name)
+                    return
+                finally:
+                    await nc.close()
+            except Exception as exc:
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise Skip(f"JetStream cluster did not form: {exc!r}") from None
+                await asyncio.sleep(0.5)
+
+    async def _connect(self) -> tuple[Any, Any]:
+        import nats
+
+        nc = await nats.connect([f"nats://127.0.0.1:{p}" for p in self.ports])
+        return nc, nc.jetstream(publish_async_max_pending=100_000)
+
+    def cpu_seconds(self) -> float:
+        """CPU seconds of every server so far."""
+        return sum(fb.cpu_seconds(pid) or 0.0 for pid in self.pids)
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            stop_proc(proc)
+        if self.dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
 
 
 # -- RabbitMQ streams --------------------------------------------------------------------------
@@ -693,6 +779,7 @@ SYSTEMS: dict[str, Callable[[argparse.Namespace], System]] = {
     "ferrymq-async": lambda a: FerryMQ("async", a.queues),
     "rabbitmq": lambda a: RabbitStreams(),
     "nats": lambda a: NatsJetStream(),
+    "nats-r3": lambda a: NatsJetStreamCluster(),
     "redis": lambda a: RedisStreams(),
 }
 
