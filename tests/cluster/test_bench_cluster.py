@@ -26,7 +26,7 @@ def _bench(*args: str) -> list[dict[str, Any]]:
 def test_matrix_runs_every_setup_and_workload() -> None:
     rows = _bench("matrix", "--flush", "async", "--setups", "single,rf1,rf3-all", "--rounds",
                   "1", "--messages", "2000", "--batch", "100", "--rate", "200", "--duration",
-                  "0.5")
+                  "2")
     assert not [r for r in rows if "error" in r]
     seen = {(r["setup"], r["workload"]) for r in rows}
     assert seen == {(s, w) for s in ("single", "rf1", "rf3-all")
@@ -42,7 +42,7 @@ def test_matrix_runs_every_setup_and_workload() -> None:
 
 
 def test_failover_measures_each_kill() -> None:
-    (res,) = _bench("failover", "--kills", "1", "--rate", "100", "--lease-ms", "1000")
+    (res,) = _bench("failover", "--kills", "1", "--rate", "100", "--lease-ms", "2000")
     assert res["kills"] == 1 and res["failed_sends"] == 0
     (kill,) = res["kills_detail"]
     assert kill["new_leader"] != kill["victim"]
