@@ -165,20 +165,20 @@ def test_the_controllers_kill_moves_the_seat_and_failover_goes_on(cluster: Clust
 def test_etcd_gone_for_a_few_seconds(cluster: ClusterProcess) -> None:
     with AdminClient(cluster.bootstrap) as admin:
         admin.create_topic("e", 1, replicas=3, min_insync=2)
-    with Producer(cluster.bootstrap, delivery_timeout_s=60) as p:
+    with Producer(cluster.bootstrap, delivery_timeout_s=60) as p, \
+            PullConsumer(cluster.bootstrap, group="r", auto_offset_reset="earliest") as c:
+        c.subscribe("e")  # the group (and its offsets topic) exists before etcd goes
         assert p.send(Message("e", b"before")).durability == Durability.REPLICATED
+        got: list[bytes] = []
+        deadline = time.monotonic() + 20
+        while not got and time.monotonic() < deadline:
+            got += [m.body for m in c.poll(timeout=1.0)]
         cluster.etcd.pause()  # unreachable: leaders fence acks=all within half a lease
         time.sleep(3)
-        with PullConsumer(cluster.bootstrap, group="r", auto_offset_reset="earliest") as c:
-            c.subscribe("e")  # committed data stays readable
-            got: list[bytes] = []
-            deadline = time.monotonic() + 20
-            while not got and time.monotonic() < deadline:
-                got += [m.body for m in c.poll(timeout=1.0)]
-        assert got == [b"before"]
         fut = p.send_async(Message("e", b"during"))
         time.sleep(1)
         assert not fut.done(), "an acks=all send was acknowledged while etcd was unreachable"
+        assert got == [b"before"]
         cluster.etcd.resume()
         assert fut.result(60).durability == Durability.REPLICATED  # acknowledged once back
     logs = [cluster.broker(b).log_text() for b in (1, 2, 3)]
