@@ -5,6 +5,7 @@ controller and replication run as they do under etcd; only the store is the in-p
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from ferrymq.broker.config import BrokerConfig
 from ferrymq.broker.server import BrokerServer
 from ferrymq.client import AsyncAdminClient, AsyncProducer, AsyncPullConsumer, Message
 from ferrymq.client.message import Durability
+from ferrymq.cluster.model import QueueRecord
 from ferrymq.errors import ClusterStartError, InvalidReplicationFactorError
 from tests.cluster.inprocess import cluster, leader_of, run
 
@@ -75,3 +77,35 @@ def test_a_second_broker_with_the_same_id_refuses_to_start(tmp_path: Path) -> No
 
     run(body)
 
+
+
+def test_an_isr_expansion_whose_answer_was_lost_is_settled_from_the_store(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    async def body() -> None:
+        async with cluster(tmp_path, metadata_lease_ms=2000, replica_lag_ms=500) as c:
+            async with AsyncAdminClient(c.bootstrap) as admin:
+                await admin.create_topic("orders", 1, replicas=3, min_insync=2)
+            leader = leader_of(c, "orders", 0)
+            follower = next(b for b in c.brokers if b != leader)
+
+            def isr() -> list[int]:
+                srv = c.brokers[leader]
+                assert srv.replicas is not None
+                return srv.replicas.leaders[("orders", 0)].isr.isr
+
+            await c.stop(follower)
+            await c.wait(lambda: follower not in isr(), "the stopped follower out of the ISR")
+            node = c.brokers[leader].cluster.node  # type: ignore[union-attr]
+            key = node.keys.queue("orders", 0)
+            c.store.lose_answer_of.add(key)  # the expansion is applied; the leader hears a timeout
+            await c.start(follower)
+            async with AsyncProducer(c.bootstrap, delivery_timeout_s=30) as p:
+                await p.send(Message("orders", b"x"))
+            await c.wait(lambda: follower in isr(), "the follower back in the ISR")
+            assert not c.store.lose_answer_of  # the fault did happen
+            kv = await c.store.get(key)
+            assert kv is not None and follower in QueueRecord.decode(kv).isr
+
+    with caplog.at_level(logging.WARNING, logger="ferrymq.broker.cluster_link"):
+        run(body)
+    assert "was lost" in caplog.text

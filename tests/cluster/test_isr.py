@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from ferrymq.cluster.isr import IsrState, change_isr
+from ferrymq.cluster.isr import IsrState, change_isr, settle_isr
 from ferrymq.cluster.metadata.memory import MemoryMetadataStore
 from ferrymq.cluster.metadata.store import Check, Put
 from ferrymq.cluster.model import Keys, QueueRecord
+from ferrymq.errors import MetadataUnavailableError
 from ferrymq.testing import FakeClock
 from tests.cluster.support import memory_store, register, sync
 
@@ -157,3 +158,37 @@ async def test_change_isr_refuses_an_isr_without_its_leader_or_with_strangers() 
         await change_isr(store, KEYS, "t", 0, rec, [2])
     with pytest.raises(ValueError, match="not replicas"):
         await change_isr(store, KEYS, "t", 0, rec, [1, 7])
+
+
+@sync
+async def test_settle_isr_finds_a_write_whose_answer_was_lost() -> None:
+    store = memory_store(FakeClock())
+    for b in (1, 2, 3):
+        await register(store, KEYS, b)
+    rec = await _queue(store, [1, 2])
+    store.lose_answer_of.add(KEYS.queue("t", 0))  # applied, and the leader hears a timeout
+    with pytest.raises(MetadataUnavailableError):
+        await change_isr(store, KEYS, "t", 0, rec, [1, 2, 3])
+    settled = await settle_isr(store, KEYS, "t", 0, rec, [1, 2, 3])
+    assert settled is not None and settled.isr == [1, 2, 3] and settled.version > rec.version
+    # a CAS that failed because another writer got there first with the same ISR: committed
+    assert await settle_isr(store, KEYS, "t", 0, rec, [1, 2, 3]) == settled
+    # ... and one that another writer beat with something else: refused
+    assert await settle_isr(store, KEYS, "t", 0, rec, [1, 3]) is None
+
+
+@sync
+async def test_settle_isr_fences_a_write_that_did_not_apply() -> None:
+    store = memory_store(FakeClock())
+    for b in (1, 2, 3):
+        await register(store, KEYS, b)
+    rec = await _queue(store, [1, 2])
+    store.available = False
+    with pytest.raises(MetadataUnavailableError):  # still unknown: the leader asks again
+        await settle_isr(store, KEYS, "t", 0, rec, [1, 2, 3])
+    store.available = True
+    assert await settle_isr(store, KEYS, "t", 0, rec, [1, 2, 3]) is None
+    kv = await store.get(KEYS.queue("t", 0))
+    assert kv is not None and QueueRecord.decode(kv).isr == [1, 2]
+    # the version moved: the write, were it still in flight, can no longer apply
+    assert await change_isr(store, KEYS, "t", 0, rec, [1, 2, 3]) is None

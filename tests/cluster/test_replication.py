@@ -25,7 +25,7 @@ from ferrymq.client import AsyncProducer, Message
 from ferrymq.client._transport import Transport
 from ferrymq.cluster.model import QueueRecord
 from ferrymq.cluster.replication import ReplicaManager
-from ferrymq.errors import NotEnoughReplicasError
+from ferrymq.errors import MetadataUnavailableError, NotEnoughReplicasError
 from ferrymq.protocol import messages as m
 from ferrymq.protocol.codes import ErrorCode
 from ferrymq.protocol.messages import Acks, Durability
@@ -327,6 +327,35 @@ def test_a_refused_isr_change_keeps_the_old_isr(tmp_path: Path) -> None:
             await until(lambda: len(leader.isr_calls) >= 2)  # proposed again later
             assert leader.mgr.leaders[(TOPIC, 0)].isr.isr == [1, 2]
             assert all(c == (1, [1]) for c in leader.isr_calls)
+    run(main)
+
+
+def test_an_isr_write_of_unknown_outcome_keeps_counting_its_added_member(tmp_path: Path) -> None:
+    # the store applied the expansion and the answer was lost: the controller may elect broker
+    # 3 from now on, so until the outcome is known the leader must wait for 3 as for a member
+    async def main() -> None:
+        async with cluster(tmp_path, 3, replica_lag_ms=400) as nodes:
+            leader = nodes[0]
+            outcomes: list[bool | Exception] = [MetadataUnavailableError("answer lost"), True]
+            seen: list[list[int]] = []
+            calls = 0
+
+            async def on_isr_change(topic: str, queue: int, isr: list[int]) -> bool:
+                nonlocal calls
+                calls += 1
+                lq = leader.mgr.leaders[(TOPIC, 0)]
+                # what the leader counts once this answer is taken in
+                asyncio.get_running_loop().call_soon(lambda: seen.append(lq.isr.maximal()))
+                out = outcomes.pop(0) if outcomes else True
+                if isinstance(out, Exception):
+                    raise out
+                return out
+
+            leader.mgr._on_isr_change = on_isr_change
+            assign(nodes, record(1, 1, [1, 2, 3], isr=[1, 2]), min_insync=1)
+            await until(lambda: leader.mgr.leaders[(TOPIC, 0)].isr.isr == [1, 2, 3])
+            assert calls == 2
+            assert seen[0] == [1, 2, 3], seen  # not [1, 2] while the outcome is unknown
     run(main)
 
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from ferrymq.broker.cluster_groups import ClusterGroups
 from ferrymq.broker.topics import CLUSTER_TOPIC_ID_BASE, INTERNAL_PREFIX
 from ferrymq.cluster.controller import Controller, elect_preferred_leaders
-from ferrymq.cluster.isr import change_isr
+from ferrymq.cluster.isr import change_isr, settle_isr
 from ferrymq.cluster.metadata.store import MetadataStore
 from ferrymq.cluster.model import NO_LEADER, QueueRecord, TopicRecord
 from ferrymq.cluster.node import ClusterNode, QueueRole
@@ -31,6 +31,7 @@ from ferrymq.cluster.replication import ReplicaManager
 from ferrymq.cluster.topics import create_topic, delete_topic
 from ferrymq.errors import (
     MetadataError,
+    MetadataUnavailableError,
     RequestTimedOutError,
     UnknownTopicError,
 )
@@ -165,14 +166,26 @@ class ClusterLink:
                 self.replicas.unfence()
 
     async def _persist_isr(self, topic: str, queue: int, isr: list[int]) -> bool:
+        """The ISR compare-and-swap (the replica manager's ``on_isr_change``): whether ``isr``
+        is committed. A lost answer is settled from the store (:func:`settle_isr`); when even
+        that cannot reach the store, MetadataUnavailableError: the outcome is still unknown."""
         node = self.node
         rec = node.view.queues.get((topic, queue))
         if rec is None or rec.leader != node.broker_id:
             return False
-        new = await change_isr(node.store, node.keys, topic, queue, rec, isr)
+        try:
+            new = await change_isr(node.store, node.keys, topic, queue, rec, isr)
+        except (MetadataUnavailableError, TimeoutError, OSError) as exc:
+            log.warning("%s/%d: the answer to writing ISR %s was lost (%s): settling it",
+                        topic, queue, isr, exc)
+            new = None
+        if new is None:  # refused, or unknown: what the store holds settles it
+            new = await settle_isr(node.store, node.keys, topic, queue, rec, isr)
         if new is None:
             return False
-        node.view.queues[(topic, queue)] = new
+        seen = node.view.queues.get((topic, queue))
+        if seen is None or seen.version < new.version:
+            node.view.queues[(topic, queue)] = new
         return True
 
     def _refill_producer_ids(self) -> None:

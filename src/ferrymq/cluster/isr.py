@@ -165,3 +165,36 @@ async def change_isr(store: MetadataStore, keys: Keys, topic: str, queue: int,
     if rev is None:
         return None
     return replace(record, version=rev)
+
+
+async def settle_isr(store: MetadataStore, keys: Keys, topic: str, queue: int,
+                     expected: QueueRecord, new_isr: list[int]) -> QueueRecord | None:
+    """Whether an ISR write of ``new_isr`` over ``expected`` holds, when :func:`change_isr`
+    failed its CAS or lost its answer (a timeout: the transaction may still apply later).
+
+    Reads the record: at ``expected``'s version still, the write did not apply yet, and a CAS
+    rewriting ``expected`` as it is moves the version so that it never can (None: refused);
+    at another version, the record if it is this leader's at this epoch with the ISR that
+    :func:`change_isr` writes for ``new_isr`` (committed: all of ``new_isr`` that was in
+    ``expected``, and only members of ``new_isr``), else None. A leader keeps counting its proposal
+    in the high watermark until this answers.
+
+    Raises:
+        MetadataUnavailableError: the store cannot be reached (the outcome is still unknown).
+    """
+    key = keys.queue(topic, queue)
+    while True:
+        kv = await store.get(key)
+        if kv is None:
+            return None
+        current = QueueRecord.decode(kv)
+        if current.version == expected.version:
+            if await store.commit([Check(key, expected.version)],
+                                  [Put(key, expected.encode())]) is not None:
+                return None
+            continue
+        same = (current.leader, current.leader_epoch) == (expected.leader, expected.leader_epoch)
+        kept = [b for b in new_isr if b in expected.isr]
+        written = (current.isr != expected.isr and set(current.isr) <= set(new_isr)
+                   and all(b in current.isr for b in kept))
+        return current if same and written else None

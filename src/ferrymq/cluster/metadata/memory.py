@@ -30,11 +30,15 @@ class MemoryMetadataStore:
 
     ``clock`` is a monotonic time in seconds (``time.monotonic`` unless given). ``available``
     set to False makes every call raise ``MetadataUnavailableError`` (an unreachable store).
+    A key added to ``lose_answer_of`` makes the next commit that puts it apply and then raise
+    ``MetadataUnavailableError`` (the answer lost on the way back, as a timed-out etcd request
+    whose transaction went through); the key is then taken out.
     """
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
         self.available = True
+        self.lose_answer_of: set[str] = set()
         self.revision = 1
         self._kvs: dict[str, KeyValue] = {}
         self._keys: list[str] = []  # sorted
@@ -93,6 +97,10 @@ class MemoryMetadataStore:
                 self._leases[p.lease].keys.add(p.key)
             events.append(WatchEvent(False, kv))
         self._publish(events)
+        lost = self.lose_answer_of.intersection(p.key for p in puts)
+        if lost:
+            self.lose_answer_of -= lost
+            raise MetadataUnavailableError("the commit's answer was lost (it was applied)")
         return self.revision
 
     async def grant_lease(self, ttl_s: int) -> int:

@@ -23,7 +23,9 @@ and :meth:`ReplicaManager.offset_for_epoch` (:mod:`ferrymq.cluster.replication.s
 ISR changes are proposed by the leader (:mod:`ferrymq.cluster.replication.isr`: a follower
 lagging for ``replica_lag_ms`` goes, one caught up with the high watermark comes back) and
 written by the node through ``on_isr_change`` (a compare-and-swap on the queue's record: False
-means this broker's view was stale, and the node brings the current record). A periodic check
+means this broker's view was stale, and the node brings the current record). Until the outcome
+is known the proposal stays pending, so a member being added counts in the high watermark: a
+write whose answer was lost may have been applied, and the controller may elect that member. A periodic check
 (a quarter of ``replica_lag_ms``, at most a second) notices followers that stopped fetching.
 
 :meth:`ReplicaManager.fence`: the node could not renew its metadata lease for a while, so the
@@ -59,7 +61,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("ferrymq.cluster")
 
 IsrChange = Callable[[str, int, list[int]], Awaitable[bool]]
-"""``(topic, queue, new ISR)`` -> whether the compare-and-swap committed it."""
+"""``(topic, queue, new ISR)`` -> whether the compare-and-swap committed it; raises when the
+outcome is unknown (the store unreachable after a lost answer)."""
+ISR_OUTCOME_RETRY_S = 0.5
+"""How long a leader waits before asking again about an ISR write of unknown outcome."""
 
 
 class OfflineQueue:
@@ -284,12 +289,20 @@ class ReplicaManager:
 
     async def _write_isr(self, lq: LeaderQueue, isr: list[int]) -> None:
         qs = lq.qs
-        try:
-            committed = await self._on_isr_change(qs.topic, qs.queue, isr)
-        except (MetadataError, OSError, TimeoutError) as exc:  # the store: propose again later
-            log.warning("%s: writing ISR %s failed: %s", lq, isr, exc)
-            committed = False
-        if self.leaders.get((qs.topic, qs.queue)) is lq:
+        key = (qs.topic, qs.queue)
+        while True:
+            try:
+                committed = await self._on_isr_change(qs.topic, qs.queue, isr)
+                break
+            except (MetadataError, OSError, TimeoutError) as exc:
+                # the write may have been applied: the proposal stays pending (its added
+                # members count in the high watermark) until the outcome is known
+                log.warning("%s: the outcome of writing ISR %s is unknown (%s); asking again",
+                            lq, isr, exc)
+                await asyncio.sleep(ISR_OUTCOME_RETRY_S)
+                if self.leaders.get(key) is not lq:
+                    return
+        if self.leaders.get(key) is lq:
             lq.on_isr_result(isr, committed)
 
     def _start_ticker(self) -> None:
