@@ -86,6 +86,8 @@ def client_tls_context(tls: TLSOption = True, *, cert_file: str | None = None,
 
 TIMED_OUT = "timed out"
 """What :func:`connect_failure` says of an attempt that ran out of time."""
+REFUSED = "connection refused"
+"""What :func:`connect_failure` says of a port nobody listens on (a broker that is down)."""
 
 
 def connect_failure(exc: BaseException) -> str:
@@ -96,7 +98,7 @@ def connect_failure(exc: BaseException) -> str:
     if isinstance(exc, TimeoutError):  # asyncio's timeout and a socket's ETIMEDOUT alike
         return TIMED_OUT
     if isinstance(exc, ConnectionRefusedError):
-        return "connection refused"
+        return REFUSED
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror[:1].lower() + exc.strerror[1:]
     return str(exc) or type(exc).__name__

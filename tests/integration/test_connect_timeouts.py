@@ -3,6 +3,7 @@ successful connection is retried within ``reconnect_timeout_s`` and logged once.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import subprocess
@@ -25,6 +26,7 @@ from ferrymq import (
     PullConsumer,
     ReceivedMessage,
 )
+from ferrymq.client._session import Session
 from ferrymq.errors import ConnectionClosedError
 from tests.helpers import free_port
 
@@ -170,3 +172,25 @@ def test_the_cli_names_its_flag_for_the_budget() -> None:
     assert res.returncode == 1
     assert res.stderr == (f"error: cannot connect to 127.0.0.1:{port} (connection refused) "
                           "within 0.5 s (--connect-timeout)\n")
+
+
+def test_a_cluster_clients_session_to_one_broker_gives_up_at_once_when_refused() -> None:
+    # a leader that is down refuses its port: the cluster client asks the others who leads now
+    # (a refresh) instead of retrying it for connect_timeout_s; the bootstrap session retries
+    async def main() -> None:
+        port = free_port()
+        boot = Session(f"127.0.0.1:{port}", connect_timeout_s=1.0)
+        leader = boot.for_broker("127.0.0.1", port)
+        t0 = time.monotonic()
+        with pytest.raises(ConnectionClosedError, match=r"\(connection refused\): that broker "
+                                                         r"is down"):
+            await leader.connection()
+        assert time.monotonic() - t0 < 0.5
+        t0 = time.monotonic()
+        with pytest.raises(ConnectionClosedError, match="within 1 s"):
+            await boot.connection()
+        assert time.monotonic() - t0 >= 0.9
+        await leader.close()
+        await boot.close()
+
+    asyncio.run(main())

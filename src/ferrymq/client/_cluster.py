@@ -14,7 +14,8 @@ connected to (the broker id its HELLO answer gave), so a client of a single brok
 answers as a cluster of one, keeps its one connection and routing costs two dict look-ups per
 batch. Other brokers get a session of their own (:meth:`Session.for_broker`), made when a queue
 is first routed to them; such a session gives up a lost connection after ``connect_timeout_s``,
-since a leader that is gone is replaced by a refresh, not waited for.
+and at once when the broker's port refuses it, since a leader that is gone is replaced by a
+refresh, not waited for.
 
 Refreshes happen on demand: when a topic is first used (:meth:`Cluster.ensure`, at once), and
 when a request failed in a way that says the view is stale (NOT_LEADER, FENCED_LEADER_EPOCH,

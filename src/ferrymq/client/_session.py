@@ -45,7 +45,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from ferrymq._connect import TIMED_OUT, client_tls_context, connect_failure
+from ferrymq._connect import REFUSED, TIMED_OUT, client_tls_context, connect_failure
 from ferrymq._connect import TLSOption as TLSOption
 from ferrymq._connect import parse_servers as parse_servers
 from ferrymq._hints import CONNECT_TIMEOUT, RECONNECT_TIMEOUT, TLS_NEEDED
@@ -127,6 +127,10 @@ class Session:
         reconnect_timeout_s: after a connection was lost, how long to keep trying to reconnect
             before the request waiting for it fails.
         request_timeout_s: a request's deadline (:meth:`request`).
+        give_up_when_refused: fail at the first refused attempt instead of retrying for
+            ``connect_timeout_s`` / ``reconnect_timeout_s`` (a cluster client's session to one
+            leader: a refused port means that broker is down, and the others know who leads
+            now).
     """
 
     def __init__(
@@ -141,6 +145,7 @@ class Session:
         backoff: Backoff | None = None,
         auth: Auth | None = None,
         tls: TLSOption = None,
+        give_up_when_refused: bool = False,
     ) -> None:
         if connect_timeout_s <= 0 or reconnect_timeout_s <= 0:
             raise ConfigError("connect_timeout_s and reconnect_timeout_s must be > 0")
@@ -153,6 +158,7 @@ class Session:
         self.connect_timeout_s = connect_timeout_s
         self.request_timeout_s = request_timeout_s
         self.reconnect_timeout_s = reconnect_timeout_s
+        self.give_up_when_refused = give_up_when_refused
         self.keepalive_s = keepalive_s
         self.backoff = backoff or Backoff()
         self.hello: m.HelloResponse | None = None
@@ -168,14 +174,15 @@ class Session:
     def for_broker(self, host: str, port: int) -> Session:
         """A new session to the one broker at ``host:port`` with this session's options
         (credentials, TLS, timeouts, backoff), except that a lost connection is given up
-        after ``connect_timeout_s`` instead of ``reconnect_timeout_s``: a cluster client
-        whose leader is gone asks the others who leads now rather than wait for it
-        (:mod:`ferrymq.client._cluster`)."""
+        after ``connect_timeout_s`` instead of ``reconnect_timeout_s``, and at once when the
+        port refuses it: a cluster client whose leader is gone asks the others who leads now
+        rather than wait for it (:mod:`ferrymq.client._cluster`)."""
         return Session([f"{host}:{port}"], client_id=self.client_id,
                        connect_timeout_s=self.connect_timeout_s,
                        request_timeout_s=self.request_timeout_s,
                        reconnect_timeout_s=self.connect_timeout_s, keepalive_s=self.keepalive_s,
-                       backoff=self.backoff, auth=self._auth, tls=self._tls)
+                       backoff=self.backoff, auth=self._auth, tls=self._tls,
+                       give_up_when_refused=True)
 
     @property
     def closed(self) -> bool:
@@ -232,6 +239,10 @@ class Session:
                 log.debug("connecting to %s:%d failed: %s", host, port, result)
                 self._next_addr += 1
                 attempt += 1
+                if result == REFUSED and self.give_up_when_refused:
+                    raise ConnectionClosedError(
+                        f"cannot {'connect' if first else 'reconnect'} to {host}:{port} "
+                        f"({result}): that broker is down")
                 if loop.time() >= deadline:
                     break
                 await asyncio.sleep(min(self.backoff.delay(attempt), max(0.0, deadline - loop.time())))
