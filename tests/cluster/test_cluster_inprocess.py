@@ -5,6 +5,7 @@ controller and replication run as they do under etcd; only the store is the in-p
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from pathlib import Path
@@ -15,6 +16,7 @@ from ferrymq.broker.config import BrokerConfig
 from ferrymq.broker.server import BrokerServer
 from ferrymq.client import AsyncAdminClient, AsyncProducer, AsyncPullConsumer, Message
 from ferrymq.client.message import Durability
+from ferrymq.client.retry import Backoff
 from ferrymq.cluster.model import QueueRecord
 from ferrymq.errors import ClusterStartError, InvalidReplicationFactorError
 from tests.cluster.inprocess import cluster, leader_of, run
@@ -109,3 +111,25 @@ def test_an_isr_expansion_whose_answer_was_lost_is_settled_from_the_store(
     with caplog.at_level(logging.WARNING, logger="ferrymq.broker.cluster_link"):
         run(body)
     assert "was lost" in caplog.text
+
+
+def test_a_retry_goes_to_the_new_leader_without_waiting_out_its_backoff(tmp_path: Path) -> None:
+    # KIP-951: once a refresh names the queue's new leader, the retry goes at once
+    async def body() -> None:
+        async with cluster(tmp_path, metadata_lease_ms=2000, replica_lag_ms=2000) as c:
+            async with AsyncAdminClient(c.bootstrap) as admin:
+                await admin.create_topic("orders", 1, replicas=3, min_insync=2)
+            async with AsyncProducer(c.bootstrap, linger_ms=0, delivery_timeout_s=30) as p:
+                await p.send(Message("orders", b"before"))
+                p._session.backoff = Backoff(base_s=6, cap_s=6, floor_s=6)  # every retry: 6 s
+                victim = leader_of(c, "orders", 0)
+                t0 = time.monotonic()
+                sending = asyncio.ensure_future(p.send(Message("orders", b"after")))
+                await c.stop(victim)  # graceful: its lease is revoked, a leader is elected
+                res = await sending
+                took = time.monotonic() - t0
+                assert res.durability == Durability.REPLICATED
+                assert leader_of(c, "orders", 0) != victim
+                assert took < 4, took  # not the 6 s backoff
+
+    run(body)

@@ -42,6 +42,7 @@ from typing import Any, TypeVar
 from ferrymq.client._session import Session
 from ferrymq.errors import (
     BrokerError,
+    BrokerShuttingDownError,
     ConnectionClosedError,
     FencedLeaderEpochError,
     FerryMQError,
@@ -58,8 +59,9 @@ log = logging.getLogger("ferrymq.client")
 T = TypeVar("T", bound=tuple[Any, ...])  # (topic, queue, ...)
 
 STALE_VIEW_ERRORS = (NotLeaderError, FencedLeaderEpochError, LeaderNotAvailableError,
-                     ConnectionClosedError)
-"""Errors of a per-queue request that say the client's view of the leaders may be stale."""
+                     ConnectionClosedError, BrokerShuttingDownError)
+"""Errors of a per-queue request that say the client's view of the leaders may be stale (a
+broker shutting down hands its queues over as it leaves)."""
 
 
 def means_stale_view(exc: BaseException) -> bool:
@@ -252,6 +254,10 @@ class Cluster:
                 return await s.request(req, m.ClusterMetadataResponse, retry=False,
                                        timeout_s=s.connect_timeout_s)
             except (ConnectionClosedError, FerryMQTimeoutError) as exc:
+                last = exc
+            except BrokerError as exc:  # shutting down, busy: another broker may answer
+                if not exc.retriable:
+                    raise
                 last = exc
         try:
             return await boot.request(req, m.ClusterMetadataResponse)

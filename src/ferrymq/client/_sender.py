@@ -12,7 +12,9 @@ Each batch goes to the leader of its queue (:meth:`ferrymq.client._cluster.Clust
 one request per leader is filled at a time. A batch whose queue has no live leader known, or
 that a broker refused with NOT_LEADER, FENCED_LEADER_EPOCH or LEADER_NOT_AVAILABLE, or whose
 leader's connection was lost, asks for a metadata refresh and is retried like any retriable
-failure (so after the refresh it goes to the new leader). ``acks`` is sent with every request:
+failure (so after the refresh it goes to the new leader), without waiting out its backoff once
+a refresh shows its queue at a new leader epoch (Kafka's KIP-951). ``acks`` is sent with every
+request:
 ``Acks.ALL`` (answered once every in-sync replica has the batch and the ISR has at least
 ``min_insync`` members; else the retriable NOT_ENOUGH_REPLICAS) or ``Acks.LEADER``.
 
@@ -103,6 +105,9 @@ class Batch:
     attempts: int = 0
     last_error: BaseException | None = None
     not_before: float = 0.0
+    stale_epoch: int | None = None
+    """The leader epoch known when it failed for a stale view (None: another failure): a
+    refresh that shows another epoch ends its backoff (:meth:`Sender.on_refresh`)."""
 
 
 @dataclass(eq=False, slots=True)
@@ -369,6 +374,8 @@ class Sender:
         delay = self._session.backoff.delay_after(exc, bt.attempts)  # >= the broker's retry-after
         if retriable and not closed and loop.time() + delay < bt.deadline:
             bt.not_before = loop.time() + delay
+            bt.stale_epoch = (self._cluster.leaders.epoch(b.topic.name, b.queue)
+                              if means_stale_view(exc) else None)
             bt.buf.retrying += 1
             self._retry.append(bt)
             loop.call_later(delay, self._wake.set)
@@ -433,6 +440,28 @@ class Sender:
             bt.not_before = now
             b.retrying += 1
             self._retry.append(bt)
+        self._wake.set()
+
+    def on_refresh(self) -> None:
+        """The leaders were refreshed: a retry that failed for a stale view goes at once if
+        its queue's leader epoch changed (KIP-951: no backoff once the new leader is known),
+        else the leaders are asked again; then the sender looks for work."""
+        if self._retry:
+            leaders = self._cluster.leaders
+            now = asyncio.get_running_loop().time()
+            waiting: set[str] = set()
+            for bt in self._retry:
+                if bt.stale_epoch is None or bt.not_before <= now:
+                    continue
+                name, queue = bt.buf.topic.name, bt.buf.queue
+                epoch = leaders.epoch(name, queue)
+                if epoch != bt.stale_epoch and leaders.leader(name, queue) is not None:
+                    bt.not_before = now
+                    bt.stale_epoch = None
+                else:
+                    waiting.add(name)
+            if waiting:  # not moved yet: ask again (paced by min_refresh_interval_s, as
+                self._cluster.refresh_soon(waiting)  # Kafka polls metadata by retry.backoff.ms)
         self._wake.set()
 
     def fail_everything(self, exc: BaseException) -> None:

@@ -187,7 +187,6 @@ class AsyncProducer:
         self._request_bytes = max_request_bytes
         self._cluster = Cluster(self._session)
         wake = asyncio.Event()  # the sender's: a buffer is ready, a retry is due, an answer came
-        self._cluster.on_refresh(wake.set)
         self._accumulator = Accumulator(
             self._session, self._cluster, wake, linger_s=linger_ms / 1000, batch_max_bytes=batch_max_bytes,
             batch_max_records=batch_max_records, max_buffer_bytes=max_buffer_bytes,
@@ -200,6 +199,7 @@ class AsyncProducer:
             max_in_flight=max_in_flight_per_queue if self._idempotent else 1,
             max_request_bytes=min(max_request_bytes, 8 * 1024 * 1024 - REQUEST_OVERHEAD_BYTES),
             acks=wire_acks)
+        self._cluster.on_refresh(self._sender.on_refresh)
         self._txn: TxnManager | None = None
         if transactional_id is not None:
             self._txn = TxnManager(self._session, self._accumulator, self._sender,
