@@ -1,30 +1,29 @@
-"""Model test of the leader's ISR bookkeeping (:class:`~ferrymq.cluster.isr.IsrState`), pure.
+"""Model test of the leader's ISR bookkeeping
+(:class:`~ferrymq.cluster.replication.isr.IsrTracker`), pure.
 
 Rules: the leader appends and flushes, followers fetch (their log end and durable offset only
-grow, up to the leader's), time passes, the leader drops the followers ``shrink_candidates``
-names and takes back those ``expand_candidates`` names (as it would write them with
-``change_isr``). Both flush modes. Invariants after every step:
+grow, up to the leader's), time passes, the leader proposes what :meth:`IsrTracker.proposal`
+says, and the store commits or refuses the proposal (as the node's compare-and-swap would).
+Both flush modes. Invariants after every step:
 
-* the high watermark never goes back and never passes the leader's end or durable offset;
-* it is exactly the lowest position over the ISR (durable offsets with ``flush sync``, log ends
-  with ``flush async``): taking a follower back at the high watermark never holds it back, so
-  every record under it is on every ISR member;
-* a follower named for shrinking has not been caught up for longer than ``replica_lag_ms``, one
-  whose last fetch reached the leader's end within the lag is never named, and one that has not
-  fetched for longer than the lag always is;
-* ``acks_all_ok`` is exactly "the ISR has ``min_insync`` members".
+* the high watermark never goes back and never passes the leader's own position (durable
+  offset with ``flush sync``, log end with ``flush async``);
+* every member of the maximal ISR (committed and proposed: KIP-497) holds everything under the
+  high watermark, so a member the store committed, or may have committed, can be elected
+  without losing an acknowledged record;
+* a proposal takes a follower back only once its position reached the high watermark and the
+  start of the leader's epoch, and drops only followers not caught up for ``replica_lag_ms``:
+  one whose fetch reached the leader's end within the lag is never dropped, and one behind the
+  leader's end that has not fetched for longer than the lag always is.
 """
 
 from __future__ import annotations
-
-from dataclasses import replace
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from ferrymq.cluster.isr import IsrState
-from ferrymq.cluster.model import QueueRecord
+from ferrymq.cluster.replication.isr import IsrTracker
 
 LEADER = 1
 FOLLOWERS = (2, 3, 4)
@@ -37,12 +36,20 @@ class IsrModel(RuleBasedStateMachine):
         self.sync = sync_mode
         self.now = 10_000
         self.end = self.durable = start
-        self.record = QueueRecord([LEADER, *FOLLOWERS], LEADER, 3, [LEADER], version=1)
-        self.state = IsrState(LEADER, self.record, start, self.now)
+        self.epoch_start = start
+        self.tracker = IsrTracker(LEADER, [LEADER, *FOLLOWERS], [LEADER], sync=sync_mode,
+                                  lag_ms=LAG_MS, now_ms=self.now)
         self.pos = {b: (0, 0) for b in FOLLOWERS}  # (log end, durable)
         self.reached_end_ms = {b: self.now for b in FOLLOWERS}
         self.fetched_ms = {b: self.now for b in FOLLOWERS}
-        self.hw = self.state.high_watermark(self.end, self.durable, sync_mode=self.sync)
+        self.hw = self.tracker.high_watermark(self.own(), 0)
+
+    def own(self) -> int:
+        return self.durable if self.sync else self.end
+
+    def position(self, b: int) -> int:
+        end, durable = self.pos[b]
+        return durable if self.sync else end
 
     @rule(n=st.integers(1, 20), flush=st.booleans())
     def leader_appends(self, n: int, flush: bool) -> None:
@@ -60,7 +67,7 @@ class IsrModel(RuleBasedStateMachine):
         new_end = data.draw(st.integers(end, self.end))
         new_durable = data.draw(st.integers(durable, new_end))
         self.pos[b] = (new_end, new_durable)
-        self.state.update_follower(b, new_end, new_durable, self.end, self.now)
+        self.tracker.on_fetch(b, new_end, new_durable, self.end, self.now)
         if new_end >= self.end:
             self.reached_end_ms[b] = self.now
         self.fetched_ms[b] = self.now
@@ -70,51 +77,48 @@ class IsrModel(RuleBasedStateMachine):
         self.now += ms
 
     @rule()
-    def leader_shrinks(self) -> None:
-        out = self.state.shrink_candidates(self.now, LAG_MS)
-        for b in out:
+    def leader_proposes(self) -> None:
+        t = self.tracker
+        self.hw = t.high_watermark(self.own(), self.hw)
+        proposal = t.proposal(self.now, self.end, self.hw, self.epoch_start)
+        if proposal is None:
+            return
+        assert LEADER in proposal
+        for b in set(t.isr) - set(proposal):  # dropped: not caught up for the lag
             assert self.now - self.reached_end_ms[b] > LAG_MS, (b, self.now, self.reached_end_ms)
-        if out:
-            self.write([r for r in self.record.isr if r not in out])
+        for b in set(proposal) - set(t.isr):  # taken back: at the HW and past the epoch start
+            assert self.position(b) >= self.hw and self.pos[b][0] >= self.epoch_start
+        t.pending = proposal
 
-    @rule()
-    def leader_expands(self) -> None:
-        self.hw = self.state.high_watermark(self.end, self.durable, sync_mode=self.sync)
-        inn = self.state.expand_candidates(sync_mode=self.sync)
-        for b in inn:
-            end, durable = self.pos[b]
-            assert (durable if self.sync else end) >= max(self.hw, self.state.epoch_start)
-        if inn:
-            self.write([*self.record.isr, *inn])
-
-    def write(self, isr: list[int]) -> None:
-        self.record = replace(self.record, isr=isr, version=self.record.version + 1)
-        self.state.apply(self.record)
+    @rule(commit=st.booleans())
+    def store_answers(self, commit: bool) -> None:
+        t = self.tracker
+        if t.pending is None:
+            return
+        if commit:
+            t.isr = list(t.pending)
+        t.pending = None
 
     @invariant()
-    def high_watermark_is_the_lowest_isr_position(self) -> None:
-        hw = self.state.high_watermark(self.end, self.durable, sync_mode=self.sync)
-        assert hw >= self.hw
+    def every_maximal_member_holds_what_the_hw_covers(self) -> None:
+        hw = self.tracker.high_watermark(self.own(), self.hw)
+        assert hw >= self.hw and hw <= max(self.own(), self.hw)
         self.hw = hw
-        own = self.durable if self.sync else self.end
-        lowest = min([own, *(self.pos[b][1] if self.sync else self.pos[b][0]
-                             for b in self.record.isr if b != LEADER)])
-        assert hw == lowest, (hw, lowest, self.record.isr, self.pos)
-        assert hw <= self.end and (not self.sync or hw <= self.durable)
+        for b in self.tracker.maximal():
+            if b != LEADER:
+                assert self.position(b) >= hw, (b, self.pos, hw, self.tracker.maximal())
 
     @invariant()
     def a_follower_caught_up_within_the_lag_stays(self) -> None:
-        out = self.state.shrink_candidates(self.now, LAG_MS)
-        for b in self.record.isr:
-            if b != LEADER and self.now - self.reached_end_ms[b] <= LAG_MS:
-                assert b not in out
-            if b != LEADER and self.now - self.fetched_ms[b] > LAG_MS:
-                assert b in out  # silent for longer than the lag
-
-    @invariant()
-    def acks_all_needs_min_insync_members(self) -> None:
-        for n in range(1, 5):
-            assert self.state.acks_all_ok(n) == (len(self.record.isr) >= n)
+        t = self.tracker
+        for b in t.isr:
+            if b == LEADER:
+                continue
+            lagging = t.lagging(b, self.now, self.end)
+            if self.now - self.reached_end_ms[b] <= LAG_MS:
+                assert not lagging
+            if self.now - self.fetched_ms[b] > LAG_MS and self.pos[b][0] < self.end:
+                assert lagging  # silent for longer than the lag, and behind
 
 
 IsrModel.TestCase.settings = settings(
