@@ -133,3 +133,20 @@ def test_a_retry_goes_to_the_new_leader_without_waiting_out_its_backoff(tmp_path
                 assert took < 4, took  # not the 6 s backoff
 
     run(body)
+
+
+@pytest.mark.parametrize("flush", ["sync", "async"])
+def test_a_dedup_duplicate_on_a_replicated_queue_says_replicated(tmp_path: Path,
+                                                                 flush: str) -> None:
+    async def body() -> None:
+        async with cluster(tmp_path, metadata_lease_ms=2000, flush=flush) as c:
+            async with AsyncAdminClient(c.bootstrap) as admin:
+                await admin.create_topic("orders", 1, {"dedup_window_ms": "60000"},
+                                         replicas=3, min_insync=2)
+            async with AsyncProducer(c.bootstrap, linger_ms=0) as p:
+                first = await p.send(Message("orders", b"x", dedup_key="k1"))
+                again = await p.send(Message("orders", b"x", dedup_key="k1"))
+            assert first.durability == again.durability == Durability.REPLICATED
+            assert (again.queue, again.offset) == (first.queue, first.offset)
+
+    run(body)

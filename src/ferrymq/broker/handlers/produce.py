@@ -89,9 +89,10 @@ def produce(
             plan = srv.dedup.check(qs, batch, h, now_ms) if h.attributes & ATTR_DEDUP else None
             if plan is not None:
                 if plan.batch is None or plan.header is None:  # all duplicates: nothing to store
-                    results.append((topic, queue, 0, "", -1, -1, -1, durability, qs.topic_id,
-                                    plan.duplicates))
-                    if sync:
+                    results.append((topic, queue, 0, "", -1, -1, -1,
+                                    durability if rep is None or req.acks != Acks.ALL
+                                    else Durability.REPLICATED, qs.topic_id, plan.duplicates))
+                    if sync or (rep is not None and req.acks == Acks.ALL):
                         _wait_for_originals(srv, qs, plan.duplicates, results, waits)
                     continue
                 batch, h = plan.batch, plan.header
@@ -116,7 +117,7 @@ def produce(
                 srv.txn.on_append(qs, h.producer_id, res.base_offset)
             if sync and txn_end >= 0:  # the queue's registration must be durable too
                 waits.append((srv.txn.state_queue, txn_end, len(results) - 1))
-        if dups and sync:
+        if dups and (sync or (rep is not None and req.acks == Acks.ALL)):
             _wait_for_originals(srv, qs, dups, results, waits)
         if not res.duplicate:
             if dues is not None:
@@ -155,8 +156,9 @@ def produce(
 def _wait_for_originals(srv: BrokerContext, qs: QueueState, dups: list[m.Duplicate],
                         results: list[m.ProduceResult],
                         waits: list[tuple[QueueState, int, int]]) -> None:
-    """Sync flush mode: answer the last result only once the messages its duplicates point at
-    are fsynced too (an original may still wait for its fsync, sent by another request)."""
+    """Sync flush mode or ``acks="all"`` on a replicated queue: answer the last result only once
+    the messages its duplicates point at are fsynced (replicated) too (an original may still
+    wait for it, sent by another request)."""
     topic = srv.topics.by_id.get(qs.topic_id)
     if topic is None:
         return
