@@ -122,7 +122,8 @@ FENCE_TIMEOUT_S = 30.0
 
 def batch_committed(wire: _wire.WireConfig, sink_id: str, batch_id: int) -> bool:
     """Whether the driver recorded ``batch_id`` of ``sink_id`` as committed (asked of the
-    leader of ``SINKS_TOPIC``: on a cluster only it has the key index)."""
+    leader of ``SINKS_TOPIC``: every replica indexes its copy, but only up to the high
+    watermark it knows, and the leader's is the current one)."""
     resp = _route.router(wire).request(
         SINKS_TOPIC, 0, m.FindByKeyRequest(SINKS_TOPIC, fence_key(sink_id, batch_id), 1),
         m.FindByKeyResponse, code=lambda r: 0, timeout_s=FENCE_TIMEOUT_S)
