@@ -149,4 +149,41 @@ def test_a_dedup_duplicate_on_a_replicated_queue_says_replicated(tmp_path: Path,
             assert first.durability == again.durability == Durability.REPLICATED
             assert (again.queue, again.offset) == (first.queue, first.offset)
 
+
+def test_requests_to_a_leader_keep_their_order_while_its_session_connects(
+        tmp_path: Path) -> None:
+    # issue 20's stalled bench: the first batch to a leader not connected yet waited for the
+    # connection while a later batch of the same queue, shipped once the connection was open,
+    # was written before it; the broker took the later one first (a producer it did not know
+    # yet may start at any sequence) and refused the first as out of order
+    async def body() -> None:
+        async with cluster(tmp_path) as c:
+            async with AsyncAdminClient(c.bootstrap) as admin:
+                await admin.create_topic("orders", 3, replicas=3, min_insync=2)
+            home = next(q for q in range(3) if leader_of(c, "orders", q) == 1)
+            q = next(q for q in range(3) if leader_of(c, "orders", q) != 1)
+            leader = leader_of(c, "orders", q)
+            one = c.brokers[1].address
+            async with AsyncProducer(f"{one[0]}:{one[1]}", acks="leader", linger_ms=0,
+                                     delivery_timeout_s=20,
+                                     queue_selector=lambda msg, n: int(msg.body[:1])) as p:
+                await p.send(Message("orders", b"%d" % home))  # metadata; broker 1 only
+                assert leader not in p._cluster.sessions
+                futs = [p.send_nowait(Message("orders", b"%d-0" % q))]  # starts the connect
+                while (s := p._cluster.sessions.get(leader)) is None or s.open_connection is None:
+                    await asyncio.sleep(0)
+                for i in range(1, 4):  # shipped at once on the open connection
+                    futs.append(p.send_nowait(Message("orders", b"%d-%d" % (q, i))))
+                    await asyncio.sleep(0)
+                results = await asyncio.wait_for(asyncio.gather(*futs), 30)
+            assert [r.offset for r in results] == [0, 1, 2, 3]
+            async with AsyncPullConsumer(c.bootstrap, group="", auto_offset_reset="earliest",
+                                         auto_commit=False) as cons:
+                await cons.assign([("orders", q)])
+                got: list[bytes] = []
+                deadline = time.monotonic() + 10
+                while len(got) < 4 and time.monotonic() < deadline:
+                    got += [msg.body for msg in await cons.poll(0.5)]
+            assert got == [b"%d-%d" % (q, i) for i in range(4)]
+
     run(body)

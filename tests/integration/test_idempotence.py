@@ -122,3 +122,28 @@ def test_a_batch_refused_out_of_order_goes_again_under_a_new_epoch(broker: Broke
     assert zombie[0][2] == ErrorCode.PRODUCER_FENCED
     got = [m.body for m in read_topic(broker.address, "idem", quiet=0.3) if m.queue == q]
     assert got == [b"first", b"second", b"s2", b"s3", b"third", b"fourth"]
+
+
+def test_batches_refused_out_of_order_together_go_again_under_one_new_epoch(
+        broker: Broker) -> None:
+    """Two batches of a queue on the wire, both refused out of order (the broker's sequence
+    moved on): the later one waits behind the first for the new epoch instead of being retried
+    into the same refusal until delivery_timeout_s (issue 20's stalled bench), and both go
+    again in their order."""
+    async def main() -> int:
+        async with ferrymq.AsyncProducer(broker.address, linger_ms=0,
+                                         delivery_timeout_s=60) as p:
+            q = (await p.send(ferrymq.Message("idem", b"first", sharding_key="k"))).queue
+            other = await _produce(broker.address, [("idem", q, _batch(p.producer_id, 1, 2))])
+            assert other[0][2] == 0
+            a = p.send_nowait(ferrymq.Message("idem", b"a", sharding_key="k"))  # seq 1: refused
+            await asyncio.sleep(0)  # shipped before the answer to "a"
+            b = p.send_nowait(ferrymq.Message("idem", b"b", sharding_key="k"))  # seq 2: refused
+            assert a is not None and b is not None
+            ra, rb = await asyncio.wait_for(asyncio.gather(a, b), 15)  # not delivery_timeout_s
+            assert (ra.queue, rb.queue, rb.offset) == (q, q, ra.offset + 1)
+            return q
+
+    q = asyncio.run(main())
+    got = [m.body for m in read_topic(broker.address, "idem", quiet=0.3) if m.queue == q]
+    assert got == [b"first", b"s1", b"s2", b"a", b"b"]

@@ -9,7 +9,11 @@ is encoded, so the broker stores one while the next is encoded. A task per reque
 answer and settles the messages' futures.
 
 Each batch goes to the leader of its queue (:meth:`ferrymq.client._cluster.Cluster.route`):
-one request per leader is filled at a time. A batch whose queue has no live leader known, or
+one request per leader is filled at a time. Requests reach a leader in the order they were
+shipped: while one waits for the leader's connection, later ones queue behind it and the first
+task to get the connection writes them all, oldest first (written at once on the open
+connection, a later batch of a queue would reach the broker before an earlier one, and the
+broker would refuse the earlier one as out of order). A batch whose queue has no live leader known, or
 that a broker refused with NOT_LEADER, FENCED_LEADER_EPOCH or LEADER_NOT_AVAILABLE, or whose
 leader's connection was lost, asks for a metadata refresh and is retried like any retriable
 failure (so after the refresh it goes to the new leader), without waiting out its backoff once
@@ -24,9 +28,9 @@ retriable error, a timeout or a dropped connection is sent again byte for byte a
 so the broker stores it once (it answers a duplicate with the first result). Up to
 ``max_in_flight_per_queue`` batches of a queue are on the wire at once; a retry goes out only
 when nothing else of its queue is, lowest sequence first, and a batch refused as out of order
-behind a failed one is retried after it, so retries never reorder a queue and messages of one
-sharding key keep their send order. Retries stop at ``delivery_timeout_s``; then the messages
-fail with the last error.
+behind a failed one is retried after it (or, when that one waits for a new epoch, waits with
+it), so retries never reorder a queue and messages of one sharding key keep their send order.
+Retries stop at ``delivery_timeout_s``; then the messages fail with the last error.
 
 Giving up on a batch leaves its queue's sequence in doubt (the broker may or may not have
 stored it), so the queue starts a new epoch (Kafka's KIP-360): once none of its batches is on
@@ -46,6 +50,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -123,6 +128,14 @@ class _Request:
         return out
 
 
+@dataclass(eq=False, slots=True)
+class _Unwritten:
+    """A PRODUCE request waiting for its leader's connection, then how it was written."""
+
+    req: m.ProduceRequest
+    sent: tuple[Transport, asyncio.Future[bytes | memoryview]] | None = None
+
+
 class Sender:
     """Ships the accumulator's ready buffers and retries what failed.
 
@@ -158,6 +171,7 @@ class Sender:
         self.txn: TxnManager | None = None  # set by a transactional producer
         self._retry: list[Batch] = []
         self._in_flight_requests = 0
+        self._unwritten: dict[Session, deque[_Unwritten]] = {}  # waiting for a connection
         self._idle = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()  # requests in flight (strong references)
 
@@ -276,8 +290,9 @@ class Sender:
 
     def _ship(self, session: Session, batches: list[Batch]) -> None:
         """Write a PRODUCE request of ``batches`` to ``session`` (their leader's) now if its
-        connection is open (so the broker works on it while the next is encoded); a task
-        awaits the answer (or connects)."""
+        connection is open and no earlier request waits for it (so the broker works on it
+        while the next is encoded); a task awaits the answer (or connects, see
+        :meth:`_write_in_order`)."""
         req = m.ProduceRequest(
             int(self._request_timeout_s * 1000),
             [(bt.buf.topic.name, bt.buf.queue, bt.data) for bt in batches],
@@ -285,24 +300,56 @@ class Sender:
         )
         sent: tuple[Transport, asyncio.Future[bytes | memoryview]] | None = None
         conn = session.open_connection
-        if conn is not None:
+        if conn is not None and session not in self._unwritten:
             with contextlib.suppress(ConnectionClosedError):  # the task reconnects
                 sent = (conn, conn.send(req))
+        if sent is None:
+            unwritten = _Unwritten(req)
+            self._unwritten.setdefault(session, deque()).append(unwritten)
         self._in_flight_requests += 1
         task = asyncio.get_running_loop().create_task(
-            self._send_request(session, batches, req, sent))
+            self._send_request(session, batches, req, unwritten if sent is None else sent))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    async def _write_in_order(
+        self, session: Session, mine: _Unwritten,
+    ) -> tuple[Transport, asyncio.Future[bytes | memoryview]]:
+        """Connect, then write the requests waiting for ``session``'s connection, oldest
+        first, up to ``mine``. A request shipped later must not overtake them: the broker
+        stores a queue's batches in the order they arrive, and would refuse the earlier ones
+        as out of order (a producer it does not know yet may start at any sequence).
+
+        Raises:
+            ConnectionClosedError: no connection (``mine`` is not written).
+        """
+        waiting = self._unwritten[session]
+        try:
+            while (sent := mine.sent) is None:
+                try:
+                    conn = await session.connection()
+                except FerryMQError:
+                    if mine.sent is None:
+                        raise
+                    continue  # an earlier request's task wrote it
+                while waiting and mine.sent is None:  # raises if it closed: mine waits on
+                    waiting[0].sent = (conn, conn.send(waiting[0].req))
+                    waiting.popleft()
+            return sent
+        finally:
+            if mine.sent is None:
+                waiting.remove(mine)
+            if not waiting and self._unwritten.get(session) is waiting:
+                del self._unwritten[session]
+
     async def _send_request(
         self, session: Session, batches: list[Batch], req: m.ProduceRequest,
-        sent: tuple[Transport, asyncio.Future[bytes | memoryview]] | None,
+        sent: tuple[Transport, asyncio.Future[bytes | memoryview]] | _Unwritten,
     ) -> None:
         try:
             try:
-                if sent is None:  # not written yet: (re)connect first
-                    conn = await session.connection()
-                    sent = (conn, conn.send(req))
+                if isinstance(sent, _Unwritten):  # not written yet: (re)connect first
+                    sent = await self._write_in_order(session, sent)
                 conn, fut = sent
                 resp = await conn.response(fut, req, m.ProduceResponse, self._request_timeout_s)
             except (ConnectionClosedError, FerryMQTimeoutError, BrokerError) as exc:
@@ -351,8 +398,9 @@ class Sender:
         loop = asyncio.get_running_loop()
         retriable = isinstance(exc, (ConnectionClosedError, FerryMQTimeoutError)) or (
             isinstance(exc, BrokerError) and exc.retriable
-        ) or (isinstance(exc, OutOfOrderSequenceError)
-              and any(o.seq < bt.seq for o in bt.buf.outstanding)  # an earlier one failed
+        ) or (isinstance(exc, OutOfOrderSequenceError)  # an earlier one failed and goes
+              and any(o.seq < bt.seq and o not in bt.buf.held  # again in this epoch (one
+                      for o in bt.buf.outstanding)  # held for the next: this one waits too)
               ) or (isinstance(exc, UnknownTopicError) and bool(self._cluster.sessions)
                     and bt.attempts < UNKNOWN_TOPIC_RETRIES)  # a leader not told of it yet
 
