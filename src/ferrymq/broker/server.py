@@ -50,6 +50,7 @@ from ferrymq.broker.half_messages import HalfMessageManager
 from ferrymq.broker.handlers import HANDLERS, Handler
 from ferrymq.broker.keyindexer import KeyIndexer
 from ferrymq.broker.limits import ByteRateQuota, ConnectionLimits, CreationRate
+from ferrymq.broker.logs import configure_logging
 from ferrymq.broker.producer_ids import ProducerIdManager
 from ferrymq.broker.scheduler import Scheduler
 from ferrymq.broker.tls import server_context
@@ -187,8 +188,7 @@ class BrokerServer:
         self._tasks.append(loop.create_task(self._delivery_ticks()))
         self.scheduler.start()
         self.half_messages.start()
-        log.info("FerryMQ %s broker listening on %s:%d (data %s, flush %s)", __version__,
-                 self.address[0], self.address[1], self.data_dir.resolve(), self.config.flush)
+        self._log_started()
         log.info("%s", self.descriptors.describe(cfg.max_total_queues, cfg.max_delivery_groups))
         if cfg.max_connections > self.descriptors.connections:
             log.warning("max_connections=%d is above the %d connections the descriptor limit "
@@ -198,6 +198,22 @@ class BrokerServer:
         log.info("security: %s, %s", "TLS" if self.ssl_context else "plain TCP (no TLS)",
                  f"authentication on ({len(self.auth.store.users)} users)" if self.auth
                  else "authentication OFF (every client may do everything)")
+
+    def _log_started(self) -> None:
+        """The start lines an operator looks for: version, addresses, data, flush mode, console."""
+        cfg = self.config
+        host, port = self.address
+        data = str(self.data_dir.resolve())
+        log.info("FerryMQ %s broker listening on %s:%d (data %s, flush %s)", __version__, host,
+                 port, data, cfg.flush, extra={"version": __version__, "address": f"{host}:{port}",
+                                               "data_dir": data, "flush": cfg.flush})
+        if cfg.advertised_address:
+            log.info("advertised to clients and brokers as %s", cfg.advertised_address,
+                     extra={"advertised_address": cfg.advertised_address})
+        http_port = getattr(cfg, "http_port", 0)  # the HTTP listener's setting, where it exists
+        if http_port:
+            url = f"http://{host}:{http_port}/"
+            log.info("console and metrics on %s", url, extra={"console_url": url})
 
     async def _join_cluster(self) -> None:
         """Join the cluster of ``metadata``; on failure stop everything started and raise."""
@@ -438,20 +454,12 @@ class BrokerServer:
                             wall, keep_from=floors.get((qs.topic_id, qs.queue)))
                         if n:
                             log.info("retention deleted %d segments of %s/%d", n, qs.topic,
-                                     qs.queue)
+                                     qs.queue, extra={"topic": qs.topic, "queue": qs.queue})
                 self.dedup.expire(self.clock.wall_ms())
                 self.txn.tick()
                 await self.key_index.tick()
             except Exception:
                 log.exception("housekeeping failed")
-
-
-def configure_logging(level: str) -> None:
-    """Log to stderr, one line per event."""
-    logging.basicConfig(
-        level=level.upper(), stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
 
 
 def install_event_loop_policy() -> None:
@@ -500,7 +508,7 @@ keeps it waiting for Python's default 5 ms switch interval and sync-mode acks st
 
 def run(config: BrokerConfig, faults: Faults = NO_FAULTS) -> None:
     """Blocking entry point of ``ferrymq broker`` (``faults``: a test's fault hooks)."""
-    configure_logging(config.log_level)
+    configure_logging(config.log_level, config.log_format)
     install_event_loop_policy()
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     asyncio.run(serve(config, faults=faults))
