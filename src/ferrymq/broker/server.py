@@ -53,6 +53,7 @@ from ferrymq.broker.limits import ByteRateQuota, ConnectionLimits, CreationRate
 from ferrymq.broker.logs import configure_logging
 from ferrymq.broker.producer_ids import ProducerIdManager
 from ferrymq.broker.scheduler import Scheduler
+from ferrymq.broker.sdnotify import READY, STOPPING, sd_notify
 from ferrymq.broker.tls import server_context
 from ferrymq.broker.topics import TopicRegistry
 from ferrymq.broker.txn import TxnCoordinator
@@ -471,13 +472,15 @@ def install_event_loop_policy() -> None:
 
 
 async def serve(config: BrokerConfig, on_started: Callable[[BrokerServer], Any] | None = None,
-                *, faults: Faults = NO_FAULTS) -> None:
+                *, faults: Faults = NO_FAULTS, notify_socket: str | None = None) -> None:
     """Run a broker until SIGTERM or SIGINT, then stop gracefully.
 
     Args:
         config: the broker's configuration.
         on_started: called with the server once it listens.
         faults: fault hooks for tests (installed for this process first; its clock too).
+        notify_socket: systemd's ``$NOTIFY_SOCKET``: told READY=1 once the broker serves
+            (after recovery), STOPPING=1 when it begins to stop (:mod:`~ferrymq.broker.sdnotify`).
 
     Raises:
         BaseException: whatever made the shutdown fail (so the process exits non-zero).
@@ -487,11 +490,14 @@ async def serve(config: BrokerConfig, on_started: Callable[[BrokerServer], Any] 
     await server.start()
     if on_started is not None:
         on_started(server)
+    host, port = server.address
+    sd_notify(notify_socket, READY, f"STATUS=serving on {host}:{port}")
     loop = asyncio.get_running_loop()
     stop_task: list[asyncio.Task[None]] = []
 
     def _signal() -> None:
         if not stop_task:
+            sd_notify(notify_socket, STOPPING, "STATUS=shutting down")
             stop_task.append(loop.create_task(server.stop()))
 
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -511,4 +517,4 @@ def run(config: BrokerConfig, faults: Faults = NO_FAULTS) -> None:
     configure_logging(config.log_level, config.log_format)
     install_event_loop_policy()
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
-    asyncio.run(serve(config, faults=faults))
+    asyncio.run(serve(config, faults=faults, notify_socket=os.environ.get("NOTIFY_SOCKET")))
