@@ -206,7 +206,8 @@ def broker(host: str | None, port: int | None, data_dir: str | None, config_file
                  "metadata": metadata, "cluster": cluster_name, "broker_id": broker_id,
                  "advertised_address": advertised_address}
     config = load(config_file, os.environ, overrides)
-    run(config, Faults.from_env(os.environ))  # tests' fault hooks; none in production
+    run(config, Faults.from_env(os.environ),  # tests' fault hooks; none in production
+        notify_socket=os.environ.get("NOTIFY_SOCKET"))  # systemd Type=notify
 
 
 for command in (topic, cluster, produce, consume, group, user, whoami, message, dlq, bench,

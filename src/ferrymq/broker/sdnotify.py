@@ -8,7 +8,8 @@ so FerryMQ writes it itself: no libsystemd, no Python dependency. Without ``$NOT
 (not under systemd, or another ``Type=``) nothing is sent; a send that fails is logged and
 never stops the broker: readiness reporting must not take the service down.
 
-The broker reads ``$NOTIFY_SOCKET`` once at start (:func:`ferrymq.broker.server.run`) and says
+``ferrymq broker`` reads ``$NOTIFY_SOCKET`` once at start (the command line is the edge that
+reads the environment); the broker says
 ``READY=1`` after recovery, once it accepts connections (and has joined its cluster), and
 ``STOPPING=1`` when a graceful shutdown begins.
 """

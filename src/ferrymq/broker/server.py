@@ -512,9 +512,10 @@ GIL_SWITCH_INTERVAL_S = 0.0005
 keeps it waiting for Python's default 5 ms switch interval and sync-mode acks stall."""
 
 
-def run(config: BrokerConfig, faults: Faults = NO_FAULTS) -> None:
-    """Blocking entry point of ``ferrymq broker`` (``faults``: a test's fault hooks)."""
+def run(config: BrokerConfig, faults: Faults = NO_FAULTS, notify_socket: str | None = None) -> None:
+    """Blocking entry point of ``ferrymq broker`` (``faults``: a test's fault hooks;
+    ``notify_socket``: systemd's ``$NOTIFY_SOCKET``, see :func:`serve`)."""
     configure_logging(config.log_level, config.log_format)
     install_event_loop_policy()
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
-    asyncio.run(serve(config, faults=faults, notify_socket=os.environ.get("NOTIFY_SOCKET")))
+    asyncio.run(serve(config, faults=faults, notify_socket=notify_socket))
