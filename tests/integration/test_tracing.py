@@ -189,3 +189,32 @@ print(json.dumps([m.properties for m in got]))
                          check=False)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout.splitlines()[-1]) == [{"k": "v"}, {}]
+
+
+def test_without_an_sdk_only_an_upstream_context_is_passed_on(tmp_path: Path) -> None:
+    # a fresh interpreter: this one has a tracer provider installed
+    code = f"""
+import json
+from opentelemetry import trace
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+from ferrymq import Broker, Message, Producer, PullConsumer
+upstream = NonRecordingSpan(SpanContext(0x1234, 0x5678, is_remote=True,
+                                        trace_flags=TraceFlags(TraceFlags.SAMPLED)))
+with Broker({str(tmp_path / "data")!r}) as b:
+    with Producer(b.address) as p:
+        p.send(Message("t", b"plain"))
+        with trace.use_span(upstream):
+            p.send(Message("t", b"from-upstream"))
+    got = []
+    with PullConsumer(b.address, "g", auto_offset_reset="earliest") as c:
+        c.subscribe("t")
+        while len(got) < 2:
+            got += c.poll(timeout=1)
+print(json.dumps({{m.body.decode(): m.properties for m in got}}))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         check=False)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.splitlines()[-1]) == {
+        "plain": {},
+        "from-upstream": {"traceparent": f"00-{0x1234:032x}-{0x5678:016x}-01"}}
