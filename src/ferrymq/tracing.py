@@ -22,11 +22,12 @@ Span attributes: ``messaging.system = "ferrymq"``, ``messaging.destination.name`
 ``messaging.consumer.group.name``, ``messaging.message.body.size``,
 ``messaging.batch.message_count`` for batches.
 
-Without OpenTelemetry installed nothing of it runs: the import is tried once, here, and
-:data:`ENABLED` is False; the clients test that one flag and add nothing to a message. With the
-API installed but no tracer provider set by the application, producers make no spans (they
-would be no-ops) and pass on only a context that some other instrumentation started (a few
-microseconds per send).
+Spans go to OpenTelemetry's global tracer provider, or to the one given to
+:func:`use_tracer_provider`. Without OpenTelemetry installed nothing of it runs: the import is
+tried once, here, and :data:`ENABLED` is False; the clients test that one flag and add nothing
+to a message. With the API installed but no tracer provider set by the application, producers
+make no spans (they would be no-ops) and pass on only a context that some other instrumentation
+started (a few microseconds per send).
 """
 
 from __future__ import annotations
@@ -51,11 +52,11 @@ except ImportError:  # pragma: no cover - the CI installs the extra; a subproces
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
-    from opentelemetry.trace import Link, Span
+    from opentelemetry.trace import Link, Span, TracerProvider
 
     from ferrymq.client.message import Message, ReceivedMessage, SendResult
 
-__all__ = ["ENABLED", "MESSAGING_SYSTEM", "context_of", "process_span"]
+__all__ = ["ENABLED", "MESSAGING_SYSTEM", "context_of", "process_span", "use_tracer_provider"]
 
 MESSAGING_SYSTEM = "ferrymq"
 TRACE_PROPERTIES = ("traceparent", "tracestate")
@@ -64,11 +65,24 @@ TRACE_PROPERTIES = ("traceparent", "tracestate")
 _SCOPE = "ferrymq"
 
 
+_provider: list[TracerProvider] = []  # use_tracer_provider's, if any
+
+
+def use_tracer_provider(provider: TracerProvider | None) -> None:
+    """Send FerryMQ's spans to ``provider`` instead of OpenTelemetry's global one (None: back to
+    the global one), like the ``tracer_provider=`` of OpenTelemetry's instrumentations."""
+    _provider[:] = [provider] if provider is not None else []
+    _tracer.cache_clear()
+
+
 @functools.cache
 def _tracer() -> _trace.Tracer:
-    """FerryMQ's tracer (a proxy: it follows a provider the application installs later)."""
+    """FerryMQ's tracer (from the global provider: a proxy that follows a provider the
+    application installs later)."""
     from ferrymq._version import __version__
 
+    if _provider:
+        return _provider[0].get_tracer(_SCOPE, __version__)
     return _trace.get_tracer(_SCOPE, __version__)
 
 
@@ -80,8 +94,8 @@ def _attributes(operation: str, topic: str) -> dict[str, Any]:
 def _recording() -> bool:
     """Whether the application installed a tracer provider (an SDK). Without one, spans would be
     no-ops: the clients skip them and only pass on a context some other instrumentation made."""
-    return not isinstance(_trace.get_tracer_provider(),
-                          (_trace.ProxyTracerProvider, _trace.NoOpTracerProvider))
+    provider = _provider[0] if _provider else _trace.get_tracer_provider()
+    return not isinstance(provider, (_trace.ProxyTracerProvider, _trace.NoOpTracerProvider))
 
 
 def context_of(properties: Mapping[str, str]) -> Context:

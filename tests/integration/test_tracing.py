@@ -35,20 +35,24 @@ from tests.helpers import wait_for
 
 pytestmark = pytest.mark.integration
 
-_EXPORTER = InMemorySpanExporter()
-_PROVIDER: list[TracerProvider] = []
+@pytest.fixture
+def provider() -> Iterator[TracerProvider]:
+    """An SDK provider for FerryMQ's spans during one test (not the process's global provider:
+    the other tests of this process must not see trace properties in their messages)."""
+    provider = TracerProvider()
+    tracing.use_tracer_provider(provider)
+    try:
+        yield provider
+    finally:
+        tracing.use_tracer_provider(None)
+        provider.shutdown()
 
 
 @pytest.fixture
-def spans() -> Iterator[InMemorySpanExporter]:
-    if not _PROVIDER:  # the global provider can be set once per process
-        provider = TracerProvider()
-        provider.add_span_processor(SimpleSpanProcessor(_EXPORTER))
-        trace.set_tracer_provider(provider)
-        _PROVIDER.append(provider)
-    _EXPORTER.clear()
-    yield _EXPORTER
-    _EXPORTER.clear()
+def spans(provider: TracerProvider) -> InMemorySpanExporter:
+    exporter = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return exporter
 
 
 def _one(exporter: InMemorySpanExporter, name: str) -> ReadableSpan:
@@ -64,8 +68,8 @@ def _traceparent(span: ReadableSpan) -> str:
 
 
 def test_send_span_is_a_child_of_the_callers_span_and_its_context_travels(
-        broker: Broker, spans: InMemorySpanExporter) -> None:
-    tracer = trace.get_tracer("app")
+        broker: Broker, provider: TracerProvider, spans: InMemorySpanExporter) -> None:
+    tracer = provider.get_tracer("app")
     with tracer.start_as_current_span("checkout") as app, Producer(broker.address) as p:
         msg = Message("orders", b"o-1", properties={"k": "v"})
         result = p.send(msg)
