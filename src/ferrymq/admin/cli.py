@@ -160,6 +160,8 @@ def cli(ctx: click.Context, server: str, json_mode: bool, debug: bool,
 @click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
                                                case_sensitive=False),
               help="Broker log level (default INFO).")
+@click.option("--log-format", type=click.Choice(["text", "json"]),
+              help="Log lines as text (default) or one JSON object per line.")
 @click.option("--users-file", type=click.Path(dir_okay=False), metavar="FILE",
               help="Turn authentication on with this users file (see `ferrymq user add`).")
 @click.option("--insecure", is_flag=True, default=None,
@@ -181,7 +183,8 @@ def cli(ctx: click.Context, server: str, json_mode: bool, debug: bool,
 @click.option("--advertised-address", metavar="HOST:PORT",
               help="Address clients and brokers reach this broker at (default: --host:--port).")
 def broker(host: str | None, port: int | None, data_dir: str | None, config_file: str | None,
-           flush: str | None, log_level: str | None, users_file: str | None,
+           flush: str | None, log_level: str | None, log_format: str | None,
+           users_file: str | None,
            insecure: bool | None, tls_cert_file: str | None, tls_key_file: str | None,
            tls_ca_file: str | None, tls_client_auth: str | None, metadata: str | None,
            cluster_name: str | None, broker_id: int | None,
@@ -196,14 +199,15 @@ def broker(host: str | None, port: int | None, data_dir: str | None, config_file
     from ferrymq.broker.server import run
 
     overrides = {"host": host, "port": port, "data_dir": data_dir, "flush": flush,
-                 "log_level": log_level.upper() if log_level else None,
+                 "log_level": log_level.upper() if log_level else None, "log_format": log_format,
                  "users_file": users_file, "insecure": insecure or None,
                  "tls_cert_file": tls_cert_file, "tls_key_file": tls_key_file,
                  "tls_ca_file": tls_ca_file, "tls_client_auth": tls_client_auth,
                  "metadata": metadata, "cluster": cluster_name, "broker_id": broker_id,
                  "advertised_address": advertised_address}
     config = load(config_file, os.environ, overrides)
-    run(config, Faults.from_env(os.environ))  # tests' fault hooks; none in production
+    run(config, Faults.from_env(os.environ),  # tests' fault hooks; none in production
+        notify_socket=os.environ.get("NOTIFY_SOCKET"))  # systemd Type=notify
 
 
 for command in (topic, cluster, produce, consume, group, user, whoami, message, dlq, bench,

@@ -17,6 +17,7 @@ from typing import Any
 
 from ferrymq._deprecated import renamed_setting
 from ferrymq.broker.dedup import DEFAULT_DEDUP_MAX_KEYS
+from ferrymq.broker.logs import LOG_FORMATS
 from ferrymq.errors import ConfigError, InvalidRequestError
 from ferrymq.protocol.dedup import MAX_DEDUP_WINDOW_MS
 
@@ -322,6 +323,10 @@ class BrokerConfig:
         "none", "TLS: client certificates: none, optional (verified if sent) or required."
     )
     log_level: str = _f("INFO", "Logging level (DEBUG, INFO, WARNING, ERROR).")
+    log_format: str = _f(
+        "text", "text: one line per event; json: one JSON object per line (time in ISO 8601 "
+                "UTC, level, logger, message, and fields such as topic, group, peer), for log "
+                "shippers. See docs/operations.md.")
     metadata: str = _f(
         "",
         "Cluster: the metadata store, etcd://host:port[,host:port...]. Empty: a single broker "
@@ -413,6 +418,8 @@ class BrokerConfig:
         self._validate_cluster()
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
             raise ConfigError(f"unknown log_level {self.log_level!r}")
+        if self.log_format not in LOG_FORMATS:
+            raise ConfigError(f"log_format must be one of {LOG_FORMATS}, not {self.log_format!r}")
         return self
 
     def _validate_cluster(self) -> None:

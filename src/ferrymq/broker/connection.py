@@ -126,7 +126,7 @@ class BrokerConnection(asyncio.BufferedProtocol):
         self.ip = str(peer[0]) if isinstance(peer, tuple) else self.peer
         refused = self.server.register(self)
         if refused is not None:
-            log.warning("refusing connection from %s: %s", self.peer, refused)
+            log.warning("refusing connection from %s: %s", self.peer, refused, extra={"peer": self.peer})
             transport.write(encode_response(0, 0, 0, ErrorCode.BUSY, refused.encode()[:1024]))
             transport.close()
             self.closed = True
@@ -237,7 +237,7 @@ class BrokerConnection(asyncio.BufferedProtocol):
         """Close at once, dropping unsent responses (a client too slow to read them)."""
         if self.closed:
             return
-        log.warning("cutting off %s: %s", self.peer, reason)
+        log.warning("cutting off %s: %s", self.peer, reason, extra={"peer": self.peer})
         self.closed = True
         self.close_reason = f"cut off: {reason}"
         if self.transport is not None:
@@ -269,7 +269,7 @@ class BrokerConnection(asyncio.BufferedProtocol):
 
     def fail(self, code: ErrorCode, message: str) -> None:
         """Send a connection-level error (correlation id 0) and close."""
-        log.info("closing connection %s: %s", self.peer, message)
+        log.info("closing connection %s: %s", self.peer, message, extra={"peer": self.peer})
         if not self.closed:
             self.close_reason = message
         if self.transport is not None and not self.closed:
@@ -375,7 +375,7 @@ class BrokerConnection(asyncio.BufferedProtocol):
         """Close after what was written (no connection-level error frame)."""
         if self.closed:
             return
-        log.info("closing connection %s: %s", self.peer, reason)
+        log.info("closing connection %s: %s", self.peer, reason, extra={"peer": self.peer})
         self.closed = True
         self.close_reason = reason
         if self.transport is not None:

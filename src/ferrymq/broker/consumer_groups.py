@@ -256,7 +256,7 @@ class ConsumerGroupCoordinator:
                        session_timeout_ms, now_ms)
             g.members[member_id] = m
             changed = True
-            log.info("group %s: %s joined", name, member_id)
+            log.info("group %s: %s joined", name, member_id, extra={"group": name, "member": member_id})
         else:
             m.last_seen_ms = now_ms
             m.session_timeout_ms = session_timeout_ms
@@ -318,7 +318,7 @@ class ConsumerGroupCoordinator:
         if g is None or member_id not in g.members:
             return
         del g.members[member_id]
-        log.info("group %s: %s left", name, member_id)
+        log.info("group %s: %s left", name, member_id, extra={"group": name, "member": member_id})
         self._rebalance(g, queue_counts)
 
     def expire(self, now_ms: int, queue_counts: dict[str, int]) -> list[tuple[str, str]]:
@@ -332,7 +332,7 @@ class ConsumerGroupCoordinator:
             for mid in dead:
                 del g.members[mid]
                 gone.append((g.name, mid))
-                log.info("group %s: %s expired", g.name, mid)
+                log.info("group %s: %s expired", g.name, mid, extra={"group": g.name, "member": mid})
             if dead:
                 self._rebalance(g, queue_counts)
         return gone

@@ -50,8 +50,10 @@ from ferrymq.broker.half_messages import HalfMessageManager
 from ferrymq.broker.handlers import HANDLERS, Handler
 from ferrymq.broker.keyindexer import KeyIndexer
 from ferrymq.broker.limits import ByteRateQuota, ConnectionLimits, CreationRate
+from ferrymq.broker.logs import configure_logging
 from ferrymq.broker.producer_ids import ProducerIdManager
 from ferrymq.broker.scheduler import Scheduler
+from ferrymq.broker.sdnotify import READY, STOPPING, sd_notify
 from ferrymq.broker.tls import server_context
 from ferrymq.broker.topics import TopicRegistry
 from ferrymq.broker.txn import TxnCoordinator
@@ -187,8 +189,7 @@ class BrokerServer:
         self._tasks.append(loop.create_task(self._delivery_ticks()))
         self.scheduler.start()
         self.half_messages.start()
-        log.info("FerryMQ %s broker listening on %s:%d (data %s, flush %s)", __version__,
-                 self.address[0], self.address[1], self.data_dir.resolve(), self.config.flush)
+        self._log_started()
         log.info("%s", self.descriptors.describe(cfg.max_total_queues, cfg.max_delivery_groups))
         if cfg.max_connections > self.descriptors.connections:
             log.warning("max_connections=%d is above the %d connections the descriptor limit "
@@ -198,6 +199,22 @@ class BrokerServer:
         log.info("security: %s, %s", "TLS" if self.ssl_context else "plain TCP (no TLS)",
                  f"authentication on ({len(self.auth.store.users)} users)" if self.auth
                  else "authentication OFF (every client may do everything)")
+
+    def _log_started(self) -> None:
+        """The start lines an operator looks for: version, addresses, data, flush mode, console."""
+        cfg = self.config
+        host, port = self.address
+        data = str(self.data_dir.resolve())
+        log.info("FerryMQ %s broker listening on %s:%d (data %s, flush %s)", __version__, host,
+                 port, data, cfg.flush, extra={"version": __version__, "address": f"{host}:{port}",
+                                               "data_dir": data, "flush": cfg.flush})
+        if cfg.advertised_address:
+            log.info("advertised to clients and brokers as %s", cfg.advertised_address,
+                     extra={"advertised_address": cfg.advertised_address})
+        http_port = getattr(cfg, "http_port", 0)  # the HTTP listener's setting, where it exists
+        if http_port:
+            url = f"http://{host}:{http_port}/"
+            log.info("console and metrics on %s", url, extra={"console_url": url})
 
     async def _join_cluster(self) -> None:
         """Join the cluster of ``metadata``; on failure stop everything started and raise."""
@@ -438,20 +455,12 @@ class BrokerServer:
                             wall, keep_from=floors.get((qs.topic_id, qs.queue)))
                         if n:
                             log.info("retention deleted %d segments of %s/%d", n, qs.topic,
-                                     qs.queue)
+                                     qs.queue, extra={"topic": qs.topic, "queue": qs.queue})
                 self.dedup.expire(self.clock.wall_ms())
                 self.txn.tick()
                 await self.key_index.tick()
             except Exception:
                 log.exception("housekeeping failed")
-
-
-def configure_logging(level: str) -> None:
-    """Log to stderr, one line per event."""
-    logging.basicConfig(
-        level=level.upper(), stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
 
 
 def install_event_loop_policy() -> None:
@@ -463,13 +472,15 @@ def install_event_loop_policy() -> None:
 
 
 async def serve(config: BrokerConfig, on_started: Callable[[BrokerServer], Any] | None = None,
-                *, faults: Faults = NO_FAULTS) -> None:
+                *, faults: Faults = NO_FAULTS, notify_socket: str | None = None) -> None:
     """Run a broker until SIGTERM or SIGINT, then stop gracefully.
 
     Args:
         config: the broker's configuration.
         on_started: called with the server once it listens.
         faults: fault hooks for tests (installed for this process first; its clock too).
+        notify_socket: systemd's ``$NOTIFY_SOCKET``: told READY=1 once the broker serves
+            (after recovery), STOPPING=1 when it begins to stop (:mod:`~ferrymq.broker.sdnotify`).
 
     Raises:
         BaseException: whatever made the shutdown fail (so the process exits non-zero).
@@ -479,11 +490,14 @@ async def serve(config: BrokerConfig, on_started: Callable[[BrokerServer], Any] 
     await server.start()
     if on_started is not None:
         on_started(server)
+    host, port = server.address
+    sd_notify(notify_socket, READY, f"STATUS=serving on {host}:{port}")
     loop = asyncio.get_running_loop()
     stop_task: list[asyncio.Task[None]] = []
 
     def _signal() -> None:
         if not stop_task:
+            sd_notify(notify_socket, STOPPING, "STATUS=shutting down")
             stop_task.append(loop.create_task(server.stop()))
 
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -498,9 +512,10 @@ GIL_SWITCH_INTERVAL_S = 0.0005
 keeps it waiting for Python's default 5 ms switch interval and sync-mode acks stall."""
 
 
-def run(config: BrokerConfig, faults: Faults = NO_FAULTS) -> None:
-    """Blocking entry point of ``ferrymq broker`` (``faults``: a test's fault hooks)."""
-    configure_logging(config.log_level)
+def run(config: BrokerConfig, faults: Faults = NO_FAULTS, notify_socket: str | None = None) -> None:
+    """Blocking entry point of ``ferrymq broker`` (``faults``: a test's fault hooks;
+    ``notify_socket``: systemd's ``$NOTIFY_SOCKET``, see :func:`serve`)."""
+    configure_logging(config.log_level, config.log_format)
     install_event_loop_policy()
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
-    asyncio.run(serve(config, faults=faults))
+    asyncio.run(serve(config, faults=faults, notify_socket=notify_socket))

@@ -58,6 +58,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 
+from ferrymq import tracing
 from ferrymq.client._cluster import SAME_BROKER_RETRY_CODES, Cluster, means_stale_view
 from ferrymq.client._coordinator import CoordinatorRoute
 from ferrymq.client._missing_topics import MissingTopics
@@ -489,6 +490,8 @@ class AsyncPullConsumer:
                 await self._join()
             if self._buffer:
                 out = self._take(max_messages)
+                if tracing.ENABLED:
+                    tracing.record_receive(out, self.group or None)
                 await self._maybe_auto_commit()
                 return out
             if self._buffer.corrupt:

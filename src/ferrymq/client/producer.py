@@ -35,6 +35,7 @@ import contextlib
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from ferrymq import tracing
 from ferrymq._time import SYSTEM_CLOCK, Clock
 from ferrymq.client._accumulator import Accumulator, Unit
 from ferrymq.client._cluster import Cluster
@@ -341,6 +342,15 @@ class AsyncProducer:
             BrokerError subclass: refused (too large, unknown topic, fenced, ...).
             FerryMQTimeoutError: not stored within ``delivery_timeout_s``.
         """
+        if tracing.ENABLED:
+            with tracing.send_span([msg]) as span:
+                result = await self._send(msg)
+                tracing.record_result(span, result)
+                return result
+        return await self._send(msg)
+
+    async def _send(self, msg: Message) -> SendResult:
+        """:meth:`send`, untraced (the sync facade traces in its caller's thread)."""
         acc = self._accumulator
         await acc.wait_for_space()
         fut: asyncio.Future[SendResult] = asyncio.get_running_loop().create_future()
@@ -350,6 +360,22 @@ class AsyncProducer:
     def send_nowait(self, msg: Message, *, oneway: bool = False) -> asyncio.Future[SendResult] | None:
         """Buffer one message (sent after ``linger_ms``); returns its result future (None when
         ``oneway``). Must be called on the producer's event loop."""
+        if not tracing.ENABLED:
+            return self._send_nowait(msg, oneway=oneway)
+        span = tracing.start_send(msg)
+        try:
+            fut = self._send_nowait(msg, oneway=oneway)
+        except BaseException as exc:
+            tracing.end_send(span, None, exc)
+            raise
+        if fut is None:
+            tracing.end_send(span, None, None)
+        else:
+            tracing.end_when_done(span, fut)
+        return fut
+
+    def _send_nowait(self, msg: Message, *, oneway: bool = False) -> asyncio.Future[SendResult] | None:
+        """:meth:`send_nowait`, untraced."""
         fut: asyncio.Future[SendResult] | None = (
             None if oneway else asyncio.get_running_loop().create_future()
         )
@@ -373,6 +399,13 @@ class AsyncProducer:
         """
         if not msgs:
             return []
+        if tracing.ENABLED:
+            with tracing.send_span(msgs):
+                return await self._send_batch(msgs)
+        return await self._send_batch(msgs)
+
+    async def _send_batch(self, msgs: Sequence[Message]) -> Sequence[SendResult]:
+        """:meth:`send_batch` of at least one message, untraced."""
         if self._txn is not None:
             for msg in msgs:
                 self._txn.check_send(msg)

@@ -73,6 +73,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
 from typing import Any, TypeVar, overload
 
+from ferrymq import tracing
 from ferrymq.client._delivery import DeliveryCore
 from ferrymq.client._push_results import ConsumeResult, HandlerResult, Later, is_async
 from ferrymq.client._push_runner import PushRunner, Subscription
@@ -402,6 +403,8 @@ class AsyncPushConsumer:
 
     def _add_subscription(self, topic: str, tags: str, handler: Callable[[Any], Any]) -> None:
         self._core.subscribe(topic, tags)  # checks the tag expression
+        if tracing.ENABLED:  # wrapped once here: the workers' hot path stays as it is
+            handler = tracing.traced_handler(handler, self.group)
         self._subs[topic] = Subscription(topic, tags, handler)
         if self._started and not self._runner.stopping and self._loop is not None:
             self._loop.call_soon_threadsafe(self._subscribed)

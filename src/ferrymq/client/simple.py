@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ferrymq import tracing
 from ferrymq.client._delivery import DeliveryCore, LeasedMessage, raise_first
 from ferrymq.client._renamed import renamed
 from ferrymq.client._session import Auth, Session, TLSOption
@@ -165,11 +166,14 @@ class AsyncSimpleConsumer:
         if not self._core.subscriptions:
             raise ConfigError("subscribe to a topic before receive()")
         await self.start()
-        return await self._core.receive(
+        msgs = await self._core.receive(
             max_messages,
             self.invisible_duration if invisible_duration is None else invisible_duration,
             self.await_duration if wait is None else wait,
         )
+        if tracing.ENABLED and msgs:
+            tracing.record_receive(msgs, self.group)
+        return msgs
 
     async def ack(self, msg: LeasedMessage) -> None:
         """Acknowledge one message: it is never delivered to this group again.

@@ -16,6 +16,7 @@ from collections.abc import Coroutine, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
+from ferrymq import tracing
 from ferrymq.client._delivery import LeasedMessage
 from ferrymq.client._renamed import rename_options
 from ferrymq.client.admin import (
@@ -96,11 +97,21 @@ class Producer:
     def send(self, msg: Message) -> SendResult:
         """Send and wait until stored (or acknowledged as a duplicate of a stored message:
         ``SendResult.duplicate``, see ``Message(dedup_key=...)``)."""
-        return _run(self._async.send(msg))
+        if tracing.ENABLED:  # here, in the caller's thread: its trace is the parent
+            with tracing.send_span([msg]) as span:
+                result = _run(self._async._send(msg))
+                tracing.record_result(span, result)
+                return result
+        return _run(self._async._send(msg))
 
     def send_batch(self, msgs: Sequence[Message]) -> Sequence[SendResult]:
         """Send many, wait for all; results in input order (duplicates marked)."""
-        return _run(self._async.send_batch(msgs))
+        if not msgs:
+            return []
+        if tracing.ENABLED:
+            with tracing.send_span(msgs):
+                return _run(self._async._send_batch(msgs))
+        return _run(self._async._send_batch(msgs))
 
     # transactions (transactional_id=...): see AsyncProducer
 
@@ -136,11 +147,16 @@ class Producer:
     def send_async(self, msg: Message) -> concurrent.futures.Future[SendResult]:
         """Buffer a message (sent after ``linger_ms``); the future gets its result."""
         fut: concurrent.futures.Future[SendResult] = concurrent.futures.Future()
+        if tracing.ENABLED:
+            span = tracing.start_send(msg)
+            tracing.end_when_done(span, fut)
         self._submit(msg, fut)
         return fut
 
     def send_oneway(self, msg: Message) -> None:
         """Send without waiting for the result."""
+        if tracing.ENABLED:
+            tracing.end_send(tracing.start_send(msg), None, None)
         self._submit(msg, None)
 
     def _submit(self, msg: Message, fut: concurrent.futures.Future[SendResult] | None) -> None:
@@ -157,7 +173,7 @@ class Producer:
             self._pending.clear()
             self._drain_scheduled = False
         for msg, cfut in items:
-            afut = self._async.send_nowait(msg, oneway=cfut is None)
+            afut = self._async._send_nowait(msg, oneway=cfut is None)  # traced by the caller
             if cfut is not None and afut is not None:
                 afut.add_done_callback(functools.partial(_chain, dst=cfut))
 

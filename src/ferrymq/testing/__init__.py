@@ -3,13 +3,19 @@ subprocess (:class:`BrokerProcess`, to kill -9 and restart, with :class:`Faults`
 etcd members for cluster tests (:class:`EtcdProcess`, :class:`EtcdCluster`), etcd with N brokers
 (:class:`ClusterProcess`), free ports, a fake clock.
 
-In your ``conftest.py``::
+It is a pytest plugin, registered through the ``pytest11`` entry point: with FerryMQ installed,
+its fixtures are there in every test, with no ``pytest_plugins`` line (an old
+``pytest_plugins = ["ferrymq.testing"]`` still works; ``-p no:ferrymq`` turns it off)::
 
-    pytest_plugins = ["ferrymq.testing"]
-
-    def test_orders(ferrymq_broker):
+    def test_orders(ferrymq_broker):            # a new broker for this test
         with Producer(ferrymq_broker.address) as p:
             ...
+
+    def test_reports(ferrymq_session_broker):   # one broker shared by the whole session
+        ...
+
+A session-scoped broker is faster when many tests need one; they then share its topics and
+groups, so such tests should use names of their own (``f"orders-{uuid4()}"``).
 
 The broker is real (real files in ``tmp_path``, a real socket on a free port); nothing is mocked.
 Importing this module does not load the broker (a test that only needs :class:`FakeClock` stays
@@ -34,8 +40,8 @@ if TYPE_CHECKING:
     from ferrymq.broker.embedded import Broker
 
 __all__ = ["ETCD_INSTALL_HINT", "NO_FAULTS", "BrokerProcess", "ClusterProcess", "EtcdCluster",
-           "EtcdProcess", "FakeClock", "Faults", "etcd_binary", "ferrymq_broker", "free_port",
-           "start_broker"]
+           "EtcdProcess", "FakeClock", "Faults", "etcd_binary", "ferrymq_broker",
+           "ferrymq_session_broker", "free_port", "start_broker"]
 
 
 @dataclass
@@ -69,6 +75,17 @@ def start_broker(data_dir: Path, **config: Any) -> Broker:
 def ferrymq_broker(tmp_path: Path) -> Iterator[Broker]:
     """A real broker in this process on a free port, data in ``tmp_path``."""
     broker = start_broker(tmp_path / "ferrymq-data")
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+@pytest.fixture(scope="session")
+def ferrymq_session_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
+    """One real broker for the whole test session (started on first use), data in a session
+    temporary directory: tests using it share its topics and groups."""
+    broker = start_broker(tmp_path_factory.mktemp("ferrymq-session") / "ferrymq-data")
     try:
         yield broker
     finally:
