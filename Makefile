@@ -1,5 +1,6 @@
 # FerryMQ: two commands to start.
-#   make run    create .venv, install FerryMQ, start a broker on 127.0.0.1:9876 (data: ./ferrymq-data)
+#   make run    create .venv, install FerryMQ, start a broker on 127.0.0.1:9876 (data: ./ferrymq-data;
+#               /metrics, /healthz, /readyz on http://127.0.0.1:9877/)
 #   make test   install the test dependencies (and etcd, as root) and run the whole suite (lint, types, tests)
 #   make cluster   etcd and three brokers on loopback for trying a cluster (data: ./ferrymq-cluster); Ctrl-C stops all
 #   make pipeline  the PySpark example pipeline (examples/pipeline) on an embedded broker
@@ -8,6 +9,7 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 HOST   ?= 127.0.0.1
 PORT   ?= 9876
+HTTP_PORT ?= 9877
 DATA   ?= ./ferrymq-data
 FLUSH  ?= sync
 
@@ -50,7 +52,7 @@ etcd:
 run: $(VENV)/.installed
 	@echo "In another shell, the CLI and Python with FerryMQ: '. $(VENV)/bin/activate' (then 'ferrymq topic list',"
 	@echo "'python app.py'), or without activating: '$(BIN)/ferrymq topic list', '$(BIN)/python app.py'."
-	$(BIN)/ferrymq broker --host $(HOST) --port $(PORT) --data-dir $(DATA) --flush $(FLUSH)
+	$(BIN)/ferrymq broker --host $(HOST) --port $(PORT) --http-port $(HTTP_PORT) --data-dir $(DATA) --flush $(FLUSH)
 
 # a local cluster: etcd on 127.0.0.1:ETCD_PORT and BROKERS brokers on PORT, PORT+1, ... (ferrymq dev-cluster)
 BROKERS ?= 3

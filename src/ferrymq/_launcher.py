@@ -60,7 +60,8 @@ class BrokerProcess:
         data_dir: the broker's data; None: a temporary directory, removed when stopped.
         port: its port (0: a free one, kept across restarts).
         flush: ``sync`` or ``async``.
-        extra: more ``ferrymq broker`` flags.
+        extra: more ``ferrymq broker`` flags (without ``--http-port``: the HTTP listener is
+            off).
         env: environment variables added to this process's for the broker.
         faults: fault hooks for the broker (crash points, injected ENOSPC, a fake ``statm``,
             a shifted wall clock); may be changed between restarts.
@@ -115,6 +116,8 @@ class BrokerProcess:
                 str(self.port), "--data-dir", str(self.data_dir), "--flush", self.flush]
         if self.log_level is not None:
             argv += ["--log-level", self.log_level]
+        if "--http-port" not in self.extra and "FERRYMQ_HTTP_PORT" not in (self.env or {}):
+            argv += ["--http-port", "0"]  # test brokers must not all take 9877
         return argv + self.extra
 
     def start(self, timeout: float = 30.0) -> BrokerProcess:

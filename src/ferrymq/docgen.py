@@ -1,7 +1,8 @@
 """The generated reference tables of ``docs/``: ``python -m ferrymq.docgen errors`` prints the
 error-code table of docs/errors.md, ``python -m ferrymq.docgen configuration`` the settings
 table of docs/configuration.md, ``python -m ferrymq.docgen architecture`` the package map of
-docs/architecture.md (tests/unit/test_docs_in_sync.py checks that all are current).
+docs/architecture.md, ``python -m ferrymq.docgen metrics`` the metrics table of docs/metrics.md
+(tests/unit/test_docs_in_sync.py checks that all are current).
 
 The tables are rendered next to what they describe (:func:`ferrymq.errors._render_table`,
 :func:`ferrymq.broker.config.render_docs`); only the entry point lives here, in a module the
@@ -19,6 +20,7 @@ from pathlib import Path
 
 from ferrymq.broker.config import render_docs
 from ferrymq.errors import _render_table
+from ferrymq.ops.metrics import render_docs as render_metrics
 
 
 def render_module_map() -> str:
@@ -37,6 +39,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "errors": _render_table,
     "configuration": render_docs,
     "architecture": render_module_map,
+    "metrics": render_metrics,
 }
 """Table name (the docs file without ``.md``) -> its renderer."""
 

@@ -29,9 +29,10 @@ class Cluster:
         self.brokers: dict[int, BrokerServer] = {}
 
     async def start(self, broker_id: int) -> BrokerServer:
+        cfg = {"http_port": 0, **self.cfg}  # HTTP off unless a test asks for it
         config = BrokerConfig(data_dir=str(self.tmp / f"b{broker_id}"), port=0,
                               broker_id=broker_id, metadata="memory://", cluster="t",
-                              **self.cfg).validate()
+                              **cfg).validate()
         srv = BrokerServer(config, metadata_store=self.store)
         await srv.start()
         self.brokers[broker_id] = srv

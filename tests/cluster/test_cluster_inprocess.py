@@ -71,7 +71,7 @@ def test_replicated_topic_survives_its_leaders_loss(tmp_path: Path) -> None:
 def test_a_second_broker_with_the_same_id_refuses_to_start(tmp_path: Path) -> None:
     async def body() -> None:
         async with cluster(tmp_path, n=1) as c:
-            config = BrokerConfig(data_dir=str(tmp_path / "again"), port=0, broker_id=1,
+            config = BrokerConfig(data_dir=str(tmp_path / "again"), port=0, http_port=0, broker_id=1,
                                   metadata="memory://", cluster="t").validate()
             srv = BrokerServer(config, metadata_store=c.store)
             with pytest.raises(ClusterStartError, match="broker id 1 is held by a live broker"):

@@ -76,7 +76,7 @@ async def cluster(tmp_path: Path, n: int, topic_config: dict[str, str] | None = 
     nodes: list[Node] = []
     try:
         for i in range(1, n + 1):
-            config = BrokerConfig(data_dir=str(tmp_path / f"b{i}"), port=0, broker_id=i,
+            config = BrokerConfig(data_dir=str(tmp_path / f"b{i}"), port=0, http_port=0, broker_id=i,
                                   **cfg)  # type: ignore[arg-type]
             srv = BrokerServer(config)
             await srv.start()

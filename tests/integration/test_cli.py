@@ -277,7 +277,7 @@ def test_broker_command_serves_and_stops_on_sigterm(tmp_path: Path) -> None:
     data = tmp_path / "data"
     env = {k: v for k, v in os.environ.items() if not k.startswith("FERRYMQ_")}
     proc = subprocess.Popen([*CLI, "broker", "--port", str(port), "--data-dir", str(data),
-                             "--flush", "async", "--log-level", "info"],
+                             "--flush", "async", "--log-level", "info", "--http-port", "0"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         res = ferrymq(addr, "--connect-timeout", "10", "topic", "list")
@@ -310,7 +310,8 @@ def test_broker_command_serves_and_stops_on_sigterm(tmp_path: Path) -> None:
 def test_broker_start_log_names_the_version_and_the_absolute_data_dir(tmp_path: Path) -> None:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("FERRYMQ_")}
-    proc = subprocess.Popen([*CLI, "broker", "--port", str(port), "--data-dir", "rel-data"],
+    proc = subprocess.Popen([*CLI, "broker", "--port", str(port), "--data-dir", "rel-data",
+                             "--http-port", "0"],
                             cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True, env=env)
     try:

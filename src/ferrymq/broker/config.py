@@ -322,6 +322,19 @@ class BrokerConfig:
     tls_client_auth: str = _f(
         "none", "TLS: client certificates: none, optional (verified if sent) or required."
     )
+    http_port: int = _f(
+        9877, "HTTP: port of the operations listener (/metrics, /healthz, /readyz) on host; "
+              "0: no HTTP listener. Served by the broker's event loop.")
+    http_max_connections: int = _f(
+        64, "HTTP: open connections to the operations listener beyond this are closed at once.")
+    http_max_header_bytes: int = _f(
+        8190, "HTTP: longest request line and longest header field accepted (431 or 400 "
+              "beyond); at most 128 header fields.")
+    http_max_body_bytes: int = _f(
+        65_536, "HTTP: largest request body accepted (413 beyond, refused by its "
+                "Content-Length before it is read).")
+    http_idle_timeout_ms: int = _f(
+        30_000, "HTTP: a keep-alive connection idle this long is closed.")
     log_level: str = _f("INFO", "Logging level (DEBUG, INFO, WARNING, ERROR).")
     log_format: str = _f(
         "text", "text: one line per event; json: one JSON object per line (time in ISO 8601 "
@@ -368,6 +381,10 @@ class BrokerConfig:
             raise ConfigError(f"flush must be one of {FLUSH_MODES}, not {self.flush!r}")
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"port must be 0..65535, not {self.port}")
+        if not 0 <= self.http_port <= 65535:
+            raise ConfigError(f"http_port must be 0..65535 (0: off), not {self.http_port}")
+        if self.http_port and self.http_port == self.port:
+            raise ConfigError(f"http_port and port must differ (both {self.port})")
         positive = (
             "flush_interval_ms", "flush_threads", "max_frame_bytes", "max_message_bytes", "max_batch_records",
             "max_fetch_bytes", "max_connections", "max_in_flight_per_connection",
@@ -387,6 +404,8 @@ class BrokerConfig:
             "busy_retry_after_ms", "max_topics", "max_total_queues",
             "auto_create_topics_per_minute", "max_delivery_groups", "max_consumer_groups",
             "replica_lag_ms", "replica_fetch_wait_ms", "replica_fetch_bytes", "metadata_lease_ms",
+            "http_max_connections", "http_max_header_bytes", "http_max_body_bytes",
+            "http_idle_timeout_ms",
         )
         for name in positive:
             if getattr(self, name) <= 0:

@@ -48,6 +48,7 @@ from ferrymq._buffers import thread_scratch
 from ferrymq._hints import AUTH_NEEDED
 from ferrymq.broker.acl import authorize
 from ferrymq.broker.context import BrokerContext, Handler
+from ferrymq.broker.stats import RequestStats
 from ferrymq.errors import BrokerError, FrameSizeError, RemoteProtocolError
 from ferrymq.protocol.codes import ErrorCode
 from ferrymq.protocol.frames import Frame, FrameDecoder, encode_response, encode_response_parts
@@ -304,6 +305,8 @@ class BrokerConnection(asyncio.BufferedProtocol):
             self._reply(frame, ErrorCode.INVALID_REQUEST, b"undecodable request body")
             return
         handler = self.server.handlers[frame.api_key]
+        stats = self.server.request_stats.get(frame.api_key)  # PRODUCE and FETCH: /metrics
+        t0 = time.perf_counter() if stats is not None else 0.0
         try:
             if self.principal is not None:
                 authorize(self.server, self.principal, self.peer, frame.api_key, req)
@@ -313,17 +316,22 @@ class BrokerConnection(asyncio.BufferedProtocol):
             result = handler(self, req)
         except Exception as exc:  # noqa: BLE001 - every failure is answered
             self._reply_error(frame, exc)
+            if stats is not None:
+                stats.record(time.perf_counter() - t0, len(frame.payload), 0)
             return
         if isinstance(result, Body):
-            self._reply_body(frame, result)
+            sent = self._reply_body(frame, result)
+            if stats is not None:
+                stats.record(time.perf_counter() - t0, len(frame.payload), sent)
             return
         fut: asyncio.Future[Body] = asyncio.ensure_future(result)
         self.in_flight += 1
         self.pending.add(fut)
         self._update_reading()
-        fut.add_done_callback(functools.partial(self._complete, frame))
+        fut.add_done_callback(functools.partial(self._complete, frame, stats, t0))
 
-    def _complete(self, frame: Frame, fut: asyncio.Future[Body]) -> None:
+    def _complete(self, frame: Frame, stats: RequestStats | None, t0: float,
+                  fut: asyncio.Future[Body]) -> None:
         self.in_flight -= 1
         self.pending.discard(fut)
         if self._backlog:
@@ -332,10 +340,13 @@ class BrokerConnection(asyncio.BufferedProtocol):
         if fut.cancelled():
             return
         exc = fut.exception()
+        sent = 0
         if exc is None:
-            self._reply_body(frame, fut.result())
+            sent = self._reply_body(frame, fut.result())
         else:
             self._reply_error(frame, exc)
+        if stats is not None:
+            stats.record(time.perf_counter() - t0, len(frame.payload), sent)
 
     def _reply_error(self, frame: Frame, exc: BaseException) -> None:
         """Answer a request that failed: its BrokerError; BUSY or STORAGE_FULL with a
@@ -352,14 +363,18 @@ class BrokerConnection(asyncio.BufferedProtocol):
             exc = shortage
         self._reply(frame, exc.code, str(exc).encode()[:4096])
 
-    def _reply_body(self, frame: Frame, body: Body) -> None:
+    def _reply_body(self, frame: Frame, body: Body) -> int:
+        """Answer ``body``; the bytes written (0: one-way, closed, or no room)."""
         if frame.oneway or self.closed or self.transport is None:
-            return
+            return 0
         parts = encode_response_parts(
             frame.api_key, frame.api_version, frame.correlation_id, ErrorCode.NONE,
             body.encode_parts())
-        if self._room_for(sum(len(p) for p in parts)):
+        size = sum(len(p) for p in parts)
+        if self._room_for(size):
             self.transport.writelines(parts)
+            return size
+        return 0
 
     def _reply(self, frame: Frame, code: int, body: bytes) -> None:
         if self.closed or self.transport is None:

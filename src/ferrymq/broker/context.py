@@ -16,7 +16,7 @@ A cluster-aware broker, or a unit test of one handler, supplies any object with 
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ferrymq.broker.auth import AuthConnection, Authenticator
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from ferrymq.broker.keyindexer import KeyIndexer
     from ferrymq.broker.producer_ids import ProducerIdManager
     from ferrymq.broker.scheduler import Scheduler
+    from ferrymq.broker.stats import RequestStats
     from ferrymq.broker.topics import TopicRegistry
     from ferrymq.broker.txn import TxnCoordinator
     from ferrymq.broker.watermarks import Watermarks
@@ -92,6 +93,10 @@ class BrokerContext(Protocol):
     @property
     def watermarks(self) -> Watermarks:
         """Memory and free-disk watermarks."""
+
+    @property
+    def request_stats(self) -> Mapping[int, RequestStats]:
+        """Per api key (PRODUCE and FETCH only) the requests' counts, bytes and latency."""
 
     @property
     def dedup(self) -> Deduplicator:

@@ -20,7 +20,8 @@ class Broker:
         data_dir: where the broker keeps its data.
         host: address to listen on.
         port: port; 0 picks a free one (see :attr:`address`).
-        **config: any :class:`~ferrymq.broker.config.BrokerConfig` field.
+        **config: any :class:`~ferrymq.broker.config.BrokerConfig` field. ``http_port`` is 0
+            (no HTTP listener) unless given: brokers of tests must not all take 9877.
 
     Example::
 
@@ -35,7 +36,7 @@ class Broker:
     ) -> None:
         self.clock = clock
         self.config = load(overrides={"data_dir": str(data_dir), "host": host, "port": port,
-                                      **config})
+                                      "http_port": 0, **config})
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._server: BrokerServer | None = None

@@ -67,6 +67,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol, TypeGuard, runtime_checkable
 
 from ferrymq.broker.descriptors import is_out_of_descriptors, out_of_descriptors_error
+from ferrymq.broker.stats import FlushStats
 from ferrymq.broker.watermarks import is_disk_full
 from ferrymq.errors import BrokerError, BusyError, StorageFailureError, StorageFullError
 from ferrymq.storage.aio import AioFsync
@@ -152,6 +153,8 @@ class Flusher:
         of work stalled by a full disk, such as the transaction coordinator, retry then)."""
         self._aio = AioFsync.open(threads) if threads > 1 and aio else None
         self.rounds = 0
+        self.stats = FlushStats()
+        """Round durations and sizes (for ``/metrics``; written by the flusher thread only)."""
         self.parallel_rounds = 0
         """Rounds whose fsyncs ran on the pool."""
         self.aio_rounds = 0
@@ -261,6 +264,7 @@ class Flusher:
             first = _flush_one(items[0])
             results = [first, *(f.result() for f in futures)]
         self._last_round_s = time.perf_counter() - start
+        self.stats.record(self._last_round_s, len(batch))
         return results
 
     def _flush_together(self, aio: AioFsync, batch: set[Flushable]

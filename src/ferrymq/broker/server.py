@@ -54,12 +54,14 @@ from ferrymq.broker.logs import configure_logging
 from ferrymq.broker.producer_ids import ProducerIdManager
 from ferrymq.broker.scheduler import Scheduler
 from ferrymq.broker.sdnotify import READY, STOPPING, sd_notify
+from ferrymq.broker.stats import RequestStats
 from ferrymq.broker.tls import server_context
 from ferrymq.broker.topics import TopicRegistry
 from ferrymq.broker.txn import TxnCoordinator
 from ferrymq.broker.watermarks import Watermarks
 from ferrymq.errors import ConfigError
 from ferrymq.protocol.codes import ErrorCode
+from ferrymq.protocol.messages import ApiKey
 from ferrymq.storage import LogConfig
 from ferrymq.storage.files import fsync_directory
 from ferrymq.storage.handles import FileHandles
@@ -67,6 +69,7 @@ from ferrymq.storage.handles import FileHandles
 if TYPE_CHECKING:
     from ferrymq.broker.cluster_link import ClusterLink
     from ferrymq.cluster.metadata import MetadataStore
+    from ferrymq.ops.http import HttpListener
 
 log = logging.getLogger("ferrymq.broker")
 
@@ -104,6 +107,15 @@ class BrokerServer:
             retry_after_ms=config.busy_retry_after_ms, clock=clock.monotonic)
         """Memory and free-disk watermarks: whether produce is refused (sampled by housekeeping)."""
         self.shutting_down = False
+        self.recovered = False
+        """Whether the data directory was recovered and every manager loaded (``/readyz``)."""
+        self.serving = False
+        """Whether the wire listener accepts connections (``/readyz``)."""
+        self.request_stats: dict[int, RequestStats] = {
+            ApiKey.PRODUCE: RequestStats(), ApiKey.FETCH: RequestStats()}
+        """PRODUCE and FETCH counts, bytes and latency (``/metrics``)."""
+        self.http: HttpListener | None = None
+        """The operations listener (None: ``http_port = 0``)."""
         self.address: tuple[str, int] = (config.host, config.port)
         self.topics: TopicRegistry
         self.descriptors: DescriptorBudget
@@ -156,15 +168,25 @@ class BrokerServer:
             self._lock_data_dir()
         try:
             self._server = await self._bind(loop)
+            if cfg.http_port:
+                from ferrymq.ops.http import HttpListener  # aiohttp: only when it is used
+
+                self.http = HttpListener(self)
+                await self.http.bind()
             await self._open(loop)
         except BaseException:
             if self._server is not None:
                 self._server.close()
+            if self.http is not None:
+                await self.http.close()
             if self._lock_file is not None:
                 self._lock_file.close()
             raise
         sock = self._server.sockets[0].getsockname()
         self.address = (sock[0], sock[1])
+        self.recovered = True
+        if self.http is not None:  # /readyz says "starting" while the cluster is joined
+            await self.http.start()
         if cfg.metadata:
             # before accepting a connection: a broker that served before it joined (it may
             # wait for its former self's lease) would answer with an empty view (UNKNOWN_TOPIC,
@@ -177,6 +199,8 @@ class BrokerServer:
                 await self.stop()
                 raise self._listen_error(exc) from exc
             self._server.close()
+            if self.http is not None:
+                await self.http.close()
             self.flusher.stop()
             self.scheduler.close()
             self.topics.close()
@@ -185,6 +209,7 @@ class BrokerServer:
             raise self._listen_error(exc) from exc
         for listener in self._server.sockets:
             _sockets.tune_listener(listener)
+        self.serving = True
         self._tasks.append(loop.create_task(self._housekeeping()))
         self._tasks.append(loop.create_task(self._delivery_ticks()))
         self.scheduler.start()
@@ -354,6 +379,8 @@ class BrokerServer:
             await asyncio.sleep(0.01)
         for t in self._tasks:
             t.cancel()
+        if self.http is not None:  # answered 503 "shutting down" during the drain
+            await self.http.close()
         for c in list(self.connections):
             if c.transport is not None:
                 c.transport.close()

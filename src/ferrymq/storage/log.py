@@ -350,6 +350,11 @@ class Log:
         if self._closed:
             raise LogClosedError(f"log {self.directory} is closed")
 
+    @property
+    def segment_count(self) -> int:
+        """Number of segments (without building :meth:`segments`' list)."""
+        return len(self._segments)
+
     def segments(self) -> list[SegmentInfo]:
         """Base offset, size and newest append time of each segment, oldest first."""
         return [SegmentInfo(s.base_offset, s.size_bytes, s.max_append_time_ms) for s in self._segments]

@@ -92,11 +92,11 @@ class Inspection:
                 blocked.append((cur.topic, cur.queue, k, encode_msg_id(t.topic_id, cur.queue, off),
                                 f.reconsume, f.since_wall, nxt, f.reason))
         return m.DescribeDeliveryResponse(
-            g.name, members, queues, self._retry_waiting(g), g.retry.in_flight, dlq_size,
+            g.name, members, queues, self.retry_waiting(g), g.retry.in_flight, dlq_size,
             list(g.retry_delays_ms), g.max_reconsume, g.orderly, blocked, lags,
         )
 
-    def _retry_waiting(self, g: DeliveryGroup) -> int:
+    def retry_waiting(self, g: DeliveryGroup) -> int:
         """Retry letters waiting: pending in the scheduler, read by the cursor and not leased,
         and visible ones the cursor has not read yet (counted incrementally, see
         RETRY_COUNT_BYTES)."""
