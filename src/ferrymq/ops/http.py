@@ -54,6 +54,10 @@ MAX_HEADER_FIELDS = 128
 """Most header fields of one request."""
 SHUTDOWN_GRACE_S = 1.0
 """How long closing the listener waits for requests being answered."""
+REFUSED_LINGER_S = 1.0
+"""Longest a refused connection stays open (for the client to read its 503)."""
+_QUIET = logging.getLogger("ferrymq.http.requests")
+_QUIET.setLevel(logging.CRITICAL)  # malformed requests are answered 400, not logged
 _BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nConnection: close\r\n"
          b"Content-Length: 33\r\n\r\ntoo many connections (try again)\n")
 
@@ -61,12 +65,21 @@ Route = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
 
 
 class _Refused(asyncio.Protocol):
-    """A connection beyond ``http_max_connections``: a 503, then closed."""
+    """A connection beyond ``http_max_connections``: a 503, closed once the request arrived
+    (closing over unread bytes would reset the connection before the client reads the 503)
+    or after ``REFUSED_LINGER_S``."""
+
+    transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.WriteTransport)
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
         transport.write(_BUSY)
-        transport.close()
+        asyncio.get_running_loop().call_later(REFUSED_LINGER_S, transport.abort)
+
+    def data_received(self, data: bytes) -> None:
+        if self.transport is not None:
+            self.transport.close()
 
 
 class HttpListener:
@@ -78,7 +91,7 @@ class HttpListener:
         self._web = web.Server(
             self._handle, keepalive_timeout=cfg.http_idle_timeout_ms / 1000,
             max_line_size=cfg.http_max_header_bytes, max_field_size=cfg.http_max_header_bytes,
-            max_headers=MAX_HEADER_FIELDS, access_log=None)
+            max_headers=MAX_HEADER_FIELDS, access_log=None, logger=_QUIET)
         self._server: asyncio.Server | None = None
         self._render = ThreadPoolExecutor(1, "ferrymq-metrics")
         """One scrape renders at a time; others queue (their snapshots are taken already)."""
@@ -155,7 +168,11 @@ class HttpListener:
             resp = _text(411, "a request body needs a Content-Length\n")
             resp.force_close()
             return resp
-        return await route(request)
+        try:
+            return await route(request)
+        except Exception:  # a bug here must not be a client's traceback, nor stop the broker
+            log.exception("HTTP %s %s failed", request.method, request.path)
+            return _text(500, "internal error (see the broker log)\n")
 
     async def _healthz(self, request: web.BaseRequest) -> web.StreamResponse:
         return _text(200, "ok\n")

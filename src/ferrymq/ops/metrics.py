@@ -300,7 +300,7 @@ def _delivery_groups(srv: BrokerServer, s: Snapshot, times: AppendTimes, wall: i
     for g in dm.groups.values():
         lb = (g.name,)
         s.add("ferrymq_delivery_group_members", lb, len(g.members))
-        s.add("ferrymq_delivery_group_in_flight", lb, len(g.leases))
+        s.add("ferrymq_delivery_group_in_flight", lb, sum(g.in_flight.values()))
         owed = 0
         oldest: float | None = 0.0
         for (topic, queue), cur in g.sources.items():
