@@ -177,6 +177,10 @@ class Snapshot:
         """One sample of ``name``."""
         self.values.setdefault(name, []).append((labels, value))
 
+    def series(self, name: str) -> list[tuple[Labels, float]]:
+        """The samples of ``name``, to append to (the fast way to add many)."""
+        return self.values.setdefault(name, [])
+
     def add_histogram(self, name: str, labels: Labels, h: Histogram) -> None:
         """One histogram of ``name`` (its buckets copied now)."""
         self.histograms.setdefault(name, []).append((labels, h.cumulative(), h.sum))
@@ -233,14 +237,18 @@ def take_snapshot(srv: BrokerServer, times: AppendTimes, *, ready: bool) -> Snap
     s = Snapshot()
     s.add("ferrymq_build_info", (__version__,), 1)
     s.add("ferrymq_ready", (), 1 if ready else 0)
+    starts = s.series("ferrymq_queue_start_offset").append
+    ends = s.series("ferrymq_queue_end_offset").append
+    sizes = s.series("ferrymq_queue_size_bytes").append
+    segments = s.series("ferrymq_queue_segments").append
     for t in srv.topics.topics.values():
         for qs in t.queues:
             lb = (t.name, str(qs.queue))
             lg = qs.log
-            s.add("ferrymq_queue_start_offset", lb, lg.start_offset)
-            s.add("ferrymq_queue_end_offset", lb, lg.end_offset)
-            s.add("ferrymq_queue_size_bytes", lb, lg.size_bytes)
-            s.add("ferrymq_queue_segments", lb, lg.segment_count)
+            starts((lb, lg.start_offset))
+            ends((lb, lg.end_offset))
+            sizes((lb, lg.size_bytes))
+            segments((lb, lg.segment_count))
     _consumer_groups(srv, s, times, wall)
     _delivery_groups(srv, s, times, wall)
     s.add("ferrymq_delayed_messages_pending", (), srv.scheduler.pending)
@@ -282,8 +290,12 @@ def _consumer_groups(srv: BrokerServer, s: Snapshot, times: AppendTimes, wall: i
     """Committed offset and lag of every group on every queue it commits to or subscribes to
     (the queues ``ferrymq group describe`` lists)."""
     topics = srv.topics.topics
+    members = s.series("ferrymq_consumer_group_members").append
+    committed_at = s.series("ferrymq_consumer_group_committed_offset").append
+    lags = s.series("ferrymq_consumer_group_lag_messages").append
+    ages = s.series("ferrymq_consumer_group_lag_seconds").append
     for g in srv.consumer_groups.groups.values():
-        s.add("ferrymq_consumer_group_members", (g.name,), len(g.members))
+        members(((g.name,), len(g.members)))
         names = {t for t, _ in g.offsets} | {t for mm in g.members.values() for t in mm.topics}
         for name in names:
             t = topics.get(name)
@@ -292,12 +304,18 @@ def _consumer_groups(srv: BrokerServer, s: Snapshot, times: AppendTimes, wall: i
             for qs in t.queues:
                 lb = (g.name, name, str(qs.queue))
                 committed = g.offsets.get((name, qs.queue), -1)
-                start = committed if committed >= 0 else qs.log.start_offset
-                s.add("ferrymq_consumer_group_committed_offset", lb, committed)
-                s.add("ferrymq_consumer_group_lag_messages", lb, max(0, qs.visible_end - start))
-                age = _age_s(times, qs, start, wall)
-                if age is not None:
-                    s.add("ferrymq_consumer_group_lag_seconds", lb, age)
+                first = qs.log.start_offset
+                base = committed if committed >= 0 else first  # as `group describe` counts
+                end = qs.visible_end
+                committed_at((lb, committed))
+                lags((lb, end - base if end > base else 0))
+                start = base if base > first else first  # the oldest message still there
+                if end <= start:
+                    ages((lb, 0))
+                    continue
+                t_ms = times.get(qs, start)
+                if t_ms is not None:
+                    ages((lb, max(0, wall - t_ms) / 1000))
 
 
 def _delivery_groups(srv: BrokerServer, s: Snapshot, times: AppendTimes, wall: int) -> None:
@@ -420,9 +438,14 @@ def _label_writer(names: tuple[str, ...]) -> Callable[[Labels], str]:
     if not order:
         return lambda values: ""
     parts = [(f'{names[i]}="', i) for i in order]
+    written: dict[Labels, str] = {}  # a queue's labels serve several families
 
     def write(values: Labels) -> str:
-        return "{" + ",".join(f'{p}{_escape(values[i])}"' for p, i in parts) + "}"
+        text = written.get(values)
+        if text is None:
+            text = written[values] = (
+                "{" + ",".join(f'{p}{_escape(values[i])}"' for p, i in parts) + "}")
+        return text
 
     return write
 
@@ -434,6 +457,7 @@ def render(snapshot: Snapshot) -> bytes:
     is some 60,000 samples)."""
     out: list[str] = []
     add = out.append
+    writers: dict[tuple[str, ...], Callable[[Labels], str]] = {}
     for spec in METRICS:
         name = spec.name
         values = snapshot.values.get(name)
@@ -443,7 +467,9 @@ def render(snapshot: Snapshot) -> bytes:
         helptext = spec.help.replace("\\", r"\\").replace("\n", r"\n")
         add(f"# HELP {name} {helptext}\n# TYPE {name} {spec.kind}\n")
         if spec.kind != "histogram":
-            labels = _label_writer(spec.labels)
+            labels = writers.get(spec.labels)
+            if labels is None:
+                labels = writers[spec.labels] = _label_writer(spec.labels)
             for lv, v in values or ():
                 add(f"{name}{labels(lv)} {_number(v)}\n")
             continue
