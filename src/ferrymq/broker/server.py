@@ -236,10 +236,9 @@ class BrokerServer:
         if cfg.advertised_address:
             log.info("advertised to clients and brokers as %s", cfg.advertised_address,
                      extra={"advertised_address": cfg.advertised_address})
-        http_port = getattr(cfg, "http_port", 0)  # the HTTP listener's setting, where it exists
-        if http_port:
-            url = f"http://{host}:{http_port}/"
-            log.info("console and metrics on %s", url, extra={"console_url": url})
+        if self.http is not None:
+            url = "http://{}:{}/".format(*self.http.address)
+            log.info("HTTP on %s (/metrics, /healthz, /readyz)", url, extra={"console_url": url})
 
     async def _join_cluster(self) -> None:
         """Join the cluster of ``metadata``; on failure stop everything started and raise."""

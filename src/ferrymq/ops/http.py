@@ -127,9 +127,7 @@ class HttpListener:
     async def start(self) -> None:
         """Start answering (after :meth:`bind`)."""
         assert self._server is not None
-        await self._server.start_serving()
-        log.info("HTTP listening on http://%s:%d/ (/metrics, /healthz, /readyz)",
-                 *self.address)
+        await self._server.start_serving()  # the server logs the URL with its start lines
 
     async def close(self) -> None:
         """Stop listening, close the connections, stop the render thread."""
