@@ -326,3 +326,19 @@ def test_a_subprocess_broker_serves_http_and_flips_readiness(tmp_path: Path) -> 
         bp.stop()
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", port), timeout=2)
+
+
+def test_silent_and_slow_clients_are_closed_after_the_idle_timeout(tmp_path: Path) -> None:
+    """A connection that sends nothing, or a request's headers never finished (slowloris),
+    holds a slot of http_max_connections only until http_idle_timeout_ms."""
+    port = free_port()
+    with Broker(tmp_path / "data", http_port=port, http_idle_timeout_ms=1000):
+        silent = socket.create_connection(("127.0.0.1", port), timeout=5)
+        slow = socket.create_connection(("127.0.0.1", port), timeout=5)
+        slow.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Half: ")
+        t0 = time.monotonic()
+        with silent, slow:
+            assert silent.recv(100) == b""
+            assert slow.recv(100) == b""
+        assert time.monotonic() - t0 < 4
+        assert get(port, "/healthz")[0] == 200
