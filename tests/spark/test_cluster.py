@@ -133,6 +133,43 @@ def test_stream_goes_on_when_a_leader_stops_between_micro_batches(
         cluster.restart(victim)
 
 
+def test_the_driver_s_offset_look_up_waits_while_the_brokers_still_name_a_killed_leader(
+        cluster: ClusterProcess) -> None:
+    """latestOffset right after a leader is SIGKILLed: until its lease runs out every broker
+    still names it, and connecting to it is refused. The look-up retries until the new leader
+    answers (the streaming query used to die with 'broker unreachable ... (option servers)')."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    from ferrymq.spark import _route
+    from ferrymq.spark.source import FerryMQStreamReader, read_range
+
+    led = replicated_topic(cluster, "skill")
+    produce(cluster, "skill", [f"a{i}" for i in range(30)])
+    reader = FerryMQStreamReader({"servers": cluster.bootstrap, "subscribe": "skill",
+                                  "startingoffsets": "earliest"})
+    router = _route.router(reader.opts.wire)
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, ReadAllAvailable())  # every leader known and connected
+    victim = led[0]
+    cluster.kill9(victim)
+    try:
+        t0 = time.monotonic()
+        assert reader.latestOffset(end, ReadAllAvailable()) == end  # nothing new, no error
+        waited = time.monotonic() - t0
+        new_leader = router.leaders.leader("skill", 0)
+        assert new_leader not in (victim, None), (new_leader, waited)
+        produce(cluster, "skill", [f"b{i}" for i in range(30)])
+        after = reader.latestOffset(end, ReadAllAvailable())
+        parts = [*reader.partitions(start, end), *reader.partitions(end, after)]
+        rows = [v for part in parts for batch in read_range(part)  # from the new leader
+                for v in batch.column("value").to_pylist()]
+        assert sorted(v.decode() for v in rows) == sorted(
+            [f"a{i}" for i in range(30)] + [f"b{i}" for i in range(30)])
+    finally:
+        reader.stop()
+        cluster.restart(victim)
+
+
 def test_a_transactional_write_is_refused_at_the_start_with_what_to_use(
         spark: Any, cluster: ClusterProcess) -> None:
     replicated_topic(cluster, "stxn")

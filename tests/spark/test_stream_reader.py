@@ -5,6 +5,7 @@ minOffsetsPerTrigger."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from ferrymq import AdminClient, Broker, Message, Producer, PullConsumer
+from ferrymq.errors import ConnectionClosedError
 from ferrymq.spark.source import (
     DataLossError,
     FerryMQBatchReader,
@@ -115,6 +117,46 @@ def test_data_loss_is_named_or_skipped(tmp_path: Path) -> None:
             _rows([stale])
         skipping = QueueRange(b.address, "lossy", 0, 0, 100, "*", False, False, 1 << 20)
         assert [r[1] for r in _rows([skipping])] == list(range(first, 100))
+
+
+def test_latest_offset_waits_out_a_broker_restart_up_to_retry_timeout(tmp_path: Path) -> None:
+    """Between micro-batches the driver's look-up retries brokers that do not answer (here the
+    only one restarts) for up to option retryTimeout, then fails naming it, as Kafka's source
+    waits out a broker restart; it used to fail the query at once."""
+    b = Broker(tmp_path / "d").start()
+    port = int(b.address.rsplit(":", 1)[1])
+    create_topic(b.address, "restarts", 2)
+    produce(b.address, "restarts", [b"a"] * 10)
+    opts = {"servers": b.address, "subscribe": "restarts", "startingoffsets": "earliest"}
+    patient = FerryMQStreamReader(opts)  # the default retryTimeout, 30 s
+    quick = FerryMQStreamReader({**opts, "retrytimeout": "1s"})
+    end = patient.latestOffset(patient.initialOffset(), ReadAllAvailable())
+    b.stop()
+    restarted: list[Broker] = []
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(ConnectionClosedError, match=r"still failing after 1 s of retries "
+                           r"\(option 'retryTimeout'\): .*unreachable"):
+            quick.latestOffset(end, ReadAllAvailable())
+        assert 1 <= time.monotonic() - t0 < 10
+
+        def restart() -> None:
+            time.sleep(1)
+            restarted.append(Broker(tmp_path / "d", port=port).start())
+
+        t0 = time.monotonic()
+        thread = threading.Thread(target=restart)
+        thread.start()
+        assert patient.latestOffset(end, ReadAllAvailable()) == end  # nothing new, no error
+        thread.join()
+        assert time.monotonic() - t0 >= 1 and restarted
+        produce(restarted[0].address, "restarts", [b"b"] * 5)
+        after = patient.latestOffset(end, ReadAllAvailable())
+        assert [v for _, _, v in _rows(list(patient.partitions(end, after)))] == [b"b"] * 5
+    finally:
+        patient.stop()
+        for r in restarted:
+            r.stop()
 
 
 def test_pattern_picks_up_new_topics_from_their_start(module_broker: Broker) -> None:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import random
+import time
 from typing import Any
 
 import pyarrow as pa
 import pytest
 
-from ferrymq.errors import ConfigError
+from ferrymq.errors import ConfigError, ConnectionClosedError, LeaderNotAvailableError, NotLeaderError
 from ferrymq.protocol.markers import encode_marker
 from ferrymq.protocol.records import (
     ATTR_SCHEDULED,
@@ -18,10 +19,12 @@ from ferrymq.protocol.records import (
     encode_properties,
     stamp_batch,
 )
+from ferrymq.spark._route import RetryWindow
 from ferrymq.spark.arrow import arrow_schema, scan, to_record_batch
 from ferrymq.spark.offsets import batch_start, cap_offsets, from_json_dict, split_range, to_json_dict
 from ferrymq.spark.options import SinkOptions, SourceOptions
 from ferrymq.spark.sink import encode_batches
+from ferrymq.spark.source import plan_ranges
 
 
 @pytest.mark.parametrize(("options", "message"), [
@@ -35,6 +38,7 @@ from ferrymq.spark.sink import encode_batches
     ({"subscribe": "a", "maxoffsetspertrigger": "0"}, "option 'maxOffsetsPerTrigger'"),
     ({"subscribe": "a", "failondataloss": "maybe"}, "option 'failOnDataLoss': expected true or false"),
     ({"subscribe": "a", "maxtriggerdelay": "soon"}, "option 'maxTriggerDelay'"),
+    ({"subscribe": "a", "retrytimeout": "-1s"}, "option 'retryTimeout'"),
     ({"subscribe": "a", "tags": "a ||"}, "option 'tags'"),
     ({"subscribe": "a", "endingoffsets": "latest"}, "batch reads only"),
 ])
@@ -49,6 +53,11 @@ def test_source_option_defaults_and_values() -> None:
     assert o.subscription.topics == ("a", "b")
     assert o.starting == {("a", 0): 5, ("a", 1): -2}
     assert o.max_trigger_delay_ms == 30_000 and o.fail_on_data_loss and o.tags == "*"
+    assert o.retry_timeout_s == 30.0  # retryTimeout, Kafka-like patience through a failover
+    quick = SourceOptions.parse({"subscribe": "a", "retrytimeout": "1500ms"}, streaming=True)
+    assert quick.retry_timeout_s == 1.5
+    ranges = plan_ranges(quick, {("a", 0): 0}, {("a", 0): 10})
+    assert [r.retry_timeout_s for r in ranges] == [1.5]  # a task carries it to the executor
     assert SourceOptions.parse({"subscribe": "a"}, streaming=False).starting == "earliest"
     with pytest.raises(ConfigError, match="latest would read nothing"):
         SourceOptions.parse({"subscribe": "a", "startingoffsets": "latest"}, streaming=False)
@@ -316,3 +325,16 @@ def test_sink_parts_stay_importable_from_sink() -> None:
         for name in public:
             assert getattr(sink, name) is getattr(part, name), name
             assert name in sink.__all__, name
+
+
+def test_a_retry_window_runs_from_the_first_failure_and_ends_with_the_last_error_named() -> None:
+    window = RetryWindow("fetch of t/0", 0.2)
+    window.failed(ConnectionClosedError("refused"))  # opens the window
+    time.sleep(0.25)
+    with pytest.raises(ConnectionClosedError, match=r"^fetch of t/0: still failing after 0.2 s "
+                       r"of retries \(option 'retryTimeout'\): refused$"):
+        window.failed(ConnectionClosedError("refused"))
+    window.succeeded()
+    window.failed(NotLeaderError("moved"))  # a success closed the run: a new window
+    with pytest.raises(LeaderNotAvailableError, match=r"after 0 s .*: no leader"):
+        RetryWindow("list offsets", 0).failed(LeaderNotAvailableError("no leader"))

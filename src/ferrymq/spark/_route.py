@@ -21,6 +21,15 @@ Callers refresh (:meth:`Router.refresh`) when an answer says the view is stale
 (:data:`~ferrymq.protocol.leaders.STALE_VIEW_CODES`) or a leader's connection is lost, and send
 again within their own time limits. Refreshes are at least ``MIN_REFRESH_INTERVAL_S`` apart, so
 the tasks of a worker hitting a failover together cost one metadata request, not one each.
+
+A leader that died is still named by every broker until its lease runs out and another replica
+takes over (seconds): meanwhile connecting to it is refused. :meth:`Router.split` therefore
+counts such a queue with those that have no leader (the caller refreshes and tries it again),
+as a refused connection is just what a failover looks like from outside; only the caller's
+time limit, a :class:`RetryWindow` (the source's option ``retryTimeout``), turns a failover
+that does not end into an error. The bootstrap brokers may be among the dead: a leader is
+reached at its advertised address when none of them answers, and metadata is asked of any
+broker the table knows (:meth:`Router.ask`).
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ from dataclasses import replace
 from typing import Any, TypeVar
 
 from ferrymq.errors import (
+    BrokerError,
     ConnectionClosedError,
     FerryMQError,
     FerryMQTimeoutError,
@@ -69,6 +79,8 @@ class Router:
         self._last_refresh = float("-inf")
         self.refreshes = 0
         """Metadata answers received (tests and diagnostics)."""
+        self.unreachable: dict[int, FerryMQError] = {}
+        """Brokers whose connection failed at the last attempt, with the error (for messages)."""
 
     def connection(self, topic: str, queue: int) -> _wire.BlockingConnection | None:
         """The connection to the leader of ``queue`` of ``topic`` (a refresh first if the
@@ -76,7 +88,8 @@ class Router:
 
         Raises:
             UnknownTopicError: the brokers do not know ``topic`` (deleted, or never created).
-            ConnectionClosedError, FerryMQTimeoutError: no broker answered the refresh.
+            ConnectionClosedError, FerryMQTimeoutError: no broker answered the refresh, or the
+                leader did not answer (it may have died: refresh, then try again).
             AuthenticationFailedError: a broker refused the user.
         """
         if not self.leaders.knows(topic):
@@ -84,18 +97,68 @@ class Router:
             if not self.leaders.knows(topic):
                 raise UnknownTopicError(f"unknown topic {topic[:249]!r} on {self.wire}")
         leader = self.leaders.leader(topic, queue)
-        if leader is None:
-            return None
-        boot = _wire.connection(self.wire)
-        if boot.hello is not None and boot.hello.broker_id == leader:
-            return boot
-        host, port = self.leaders.brokers[leader]
-        return _wire.connection(replace(self.wire, servers=_server(host, port)))
+        return None if leader is None else self.broker(leader)
+
+    def broker(self, broker_id: int) -> _wire.BlockingConnection:
+        """The connection to live broker ``broker_id``: the bootstrap connection when that is
+        the broker it reached, else one to the broker's advertised address.
+
+        Raises:
+            ConnectionClosedError, FerryMQTimeoutError: the broker did not answer.
+            AuthenticationFailedError: it refused the user.
+        """
+        try:
+            boot: _wire.BlockingConnection | None = _wire.connection(self.wire)
+        except (ConnectionClosedError, FerryMQTimeoutError):
+            boot = None  # every bootstrap broker is down; the leader need not be
+        try:
+            if boot is not None and boot.hello is not None and boot.hello.broker_id == broker_id:
+                conn = boot
+            else:
+                host, port = self.leaders.brokers[broker_id]
+                conn = _wire.connection(replace(self.wire, servers=_server(host, port)))
+        except (ConnectionClosedError, FerryMQTimeoutError) as exc:
+            self.unreachable[broker_id] = exc
+            raise
+        self.unreachable.pop(broker_id, None)
+        return conn
 
     def split(self, items: Iterable[T]) -> tuple[dict[_wire.BlockingConnection, list[T]], list[T]]:
         """``items`` (each starting with topic and queue) grouped by their leader's connection,
-        and those whose queue has no live leader known."""
-        return split_by_route(items, self.connection)
+        and those whose queue has no leader reachable now: none known, or its broker (or, for
+        a topic new here, every broker) did not answer; the caller refreshes and tries those
+        again (:meth:`no_route` says why). A dead broker is tried once per call.
+
+        Raises:
+            UnknownTopicError: the brokers do not know a topic of ``items``.
+            AuthenticationFailedError: a broker refused the user.
+        """
+        down: set[int] = set()
+
+        def route(topic: str, queue: int) -> _wire.BlockingConnection | None:
+            leader = self.leaders.leader(topic, queue)
+            if leader in down:
+                return None
+            try:
+                return self.connection(topic, queue)
+            except (ConnectionClosedError, FerryMQTimeoutError) as exc:
+                if leader is not None:
+                    down.add(leader)
+                log.info("no route to %s/%d (%s); will retry", topic, queue, exc)
+                return None
+
+        return split_by_route(items, route)
+
+    def no_route(self, topic: str, queue: int) -> LeaderNotAvailableError:
+        """The error of a request to ``queue`` of ``topic`` that found no leader to go to:
+        none known, or the one known does not answer."""
+        leader = self.leaders.leader(topic, queue)
+        if leader is None:
+            return LeaderNotAvailableError(f"no live leader of {topic}/{queue} known")
+        host, port = self.leaders.brokers[leader]
+        why = self.unreachable.get(leader, "no answer")
+        return LeaderNotAvailableError(f"the leader of {topic}/{queue}, broker {leader} at "
+                                       f"{_server(host, port)}, is unreachable: {why}")
 
     def refresh(self, topics: Iterable[str] = (), *, paced: bool = True) -> None:
         """Ask a broker who leads the queues of ``topics`` and of every topic asked about
@@ -111,7 +174,7 @@ class Router:
             time.sleep(wait)
         req = m.ClusterMetadataRequest(sorted(self._wanted))
         try:
-            resp = self._ask(req)
+            resp = self.ask(req, m.ClusterMetadataResponse)
         finally:
             self._last_refresh = time.monotonic()
         moved = self.leaders.update(resp)
@@ -144,7 +207,7 @@ class Router:
             try:
                 conn = self.connection(topic, queue)
                 if conn is None:
-                    err = LeaderNotAvailableError(f"no live leader of {topic}/{queue} known")
+                    err = self.no_route(topic, queue)
                 else:
                     resp = conn.request(req, resp_type)
                     c = code(resp)
@@ -178,23 +241,69 @@ class Router:
             time.sleep(0.1)
             self.refresh_quietly([OFFSETS_TOPIC])
             n = self.leaders.queue_count(OFFSETS_TOPIC)
-            coordinator = self.connection(OFFSETS_TOPIC, coordinator_queue(group, n)) if n else None
+            try:
+                coordinator = (self.connection(OFFSETS_TOPIC, coordinator_queue(group, n))
+                               if n else None)
+            except (ConnectionClosedError, FerryMQTimeoutError):
+                coordinator = None  # gone: the bootstrap broker, then look again
             conn = coordinator or _wire.connection(self.wire)
 
-    def _ask(self, req: m.ClusterMetadataRequest) -> m.ClusterMetadataResponse:
-        """CLUSTER_METADATA from the bootstrap connection, else from any broker the table
-        knows (the bootstrap list may name only brokers that are down now)."""
+    def ask(self, req: m.Request, resp_type: type[B]) -> B:
+        """Send ``req`` (metadata: any broker answers) to the bootstrap connection, else to any
+        broker the table knows (the bootstrap list may name only brokers that are down now).
+
+        Raises:
+            ConnectionClosedError, FerryMQTimeoutError: no broker answered (the bootstrap
+                connection's error).
+            BrokerError: the broker's refusal.
+        """
         try:
-            return _wire.connection(self.wire).request(req, m.ClusterMetadataResponse)
+            return _wire.connection(self.wire).request(req, resp_type)
         except (ConnectionClosedError, FerryMQTimeoutError) as exc:
             first: FerryMQError = exc
         for host, port in list(self.leaders.brokers.values()):
             try:
                 conn = _wire.connection(replace(self.wire, servers=_server(host, port)))
-                return conn.request(req, m.ClusterMetadataResponse, attempts=1)
+                return conn.request(req, resp_type, attempts=1)
             except (ConnectionClosedError, FerryMQTimeoutError):
                 continue
         raise first
+
+
+class RetryWindow:
+    """How long a worker keeps retrying one piece of work through a failover: from the first
+    failure of a run of failures, ``timeout_s`` (the source's option ``retryTimeout``); a
+    success closes the run. Past it, :meth:`failed` raises the last failure, saying so."""
+
+    def __init__(self, what: str, timeout_s: float) -> None:
+        self.what = what
+        self.timeout_s = timeout_s
+        self._until = 0.0
+
+    def failed(self, exc: FerryMQError) -> None:
+        """Note a failed attempt (``exc``: a lost connection, a timeout or a retriable broker
+        error); the caller refreshes and tries again.
+
+        Raises:
+            the kind of ``exc``: the window is over (the message names ``what``, the time and
+                the option, then ``exc``'s).
+        """
+        now = time.monotonic()
+        self._until = self._until or now + self.timeout_s
+        if now < self._until:
+            log.info("%s failed (%s); retrying", self.what, exc)
+            return
+        msg = (f"{self.what}: still failing after {self.timeout_s:g} s of retries "
+               f"(option 'retryTimeout'): {exc}")
+        if isinstance(exc, BrokerError):
+            raise error_for_code(exc.code, msg) from exc
+        if isinstance(exc, FerryMQTimeoutError):
+            raise FerryMQTimeoutError(msg) from exc
+        raise ConnectionClosedError(msg) from exc
+
+    def succeeded(self) -> None:
+        """An attempt worked: a later failure starts a new window."""
+        self._until = 0.0
 
 
 _ROUTERS: dict[_wire.WireConfig, Router] = {}

@@ -24,6 +24,10 @@ DEFAULT_SERVERS = "127.0.0.1:9876"
 DEFAULT_FETCH_MAX_BYTES = 4 * 1024 * 1024
 """Bytes asked for per FETCH by a task (the broker's default frame cap is 8 MiB)."""
 DEFAULT_MAX_TRIGGER_DELAY_MS = 15 * 60 * 1000  # Kafka's default maxTriggerDelay (15m)
+DEFAULT_RETRY_TIMEOUT_MS = 30_000
+"""``retryTimeout``: how long the driver's offset look-ups and a task's reads retry through a
+failover (a leader that died or moved, brokers that do not answer) before they fail. A dead
+leader is replaced once its lease runs out (the broker's ``metadata_lease_ms``, 6 s)."""
 
 QueueOffsets = dict[tuple[str, int], int]
 """Offsets per (topic, queue)."""
@@ -198,6 +202,8 @@ class SourceOptions:
     read_committed: bool = True
     """isolationLevel=read_committed (the default, like FerryMQ's consumers): skip aborted
     transactional data, read up to the last stable offset."""
+    retry_timeout_s: float = DEFAULT_RETRY_TIMEOUT_MS / 1000
+    """``retryTimeout``: how long a failover is retried (:data:`DEFAULT_RETRY_TIMEOUT_MS`)."""
 
     @classmethod
     def parse(cls, options: Mapping[str, str], *, streaming: bool) -> SourceOptions:
@@ -300,6 +306,7 @@ class SourceOptions:
             commit_to_group=_get(options, "commitToGroup") or None,
             fetch_max_bytes=_int(options, "fetchMaxBytes", minimum=1024) or DEFAULT_FETCH_MAX_BYTES,
             read_committed=isolation == "read_committed",
+            retry_timeout_s=_duration_ms(options, "retryTimeout", DEFAULT_RETRY_TIMEOUT_MS) / 1000,
         )
 
 

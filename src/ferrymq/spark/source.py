@@ -10,10 +10,11 @@ fact a task needs travels in its :class:`QueueRange`, and sockets come from a pe
 (:func:`ferrymq.spark._wire.connection`).
 
 On a cluster, LIST_OFFSETS and FETCH of a queue go to its leader (:mod:`ferrymq.spark._route`);
-an answer that says the leader moved (NOT_LEADER, LEADER_NOT_AVAILABLE, FENCED_LEADER_EPOCH) or
-a lost connection makes the worker ask who leads now and send again there, for up to
-``READ_RETRY_S``. Consumer-group requests go to the group's coordinator, metadata to the
-bootstrap connection.
+an answer that says the leader moved (NOT_LEADER, ...), a lost or refused connection (a dead
+leader is named until its lease runs out) makes a task or the driver's look-ups between
+micro-batches ask who leads now and send again there, as Kafka's source does, for up to option
+``retryTimeout``, then fail naming it; only a query's start fails at once on brokers that do not
+answer. Group requests go to the coordinator, metadata to any broker (bootstrap first).
 
 A micro-batch is a set of ``[start, end)`` ranges per queue. The driver resolves them from
 LIST_OFFSETS answers (no consumer group is joined); Spark writes them to its offset log before
@@ -42,7 +43,6 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from ferrymq.errors import (
-    BrokerError,
     ConfigError,
     ConnectionClosedError,
     FerryMQError,
@@ -64,7 +64,14 @@ from ferrymq.spark.offsets import (
     split_range,
     to_json_dict,
 )
-from ferrymq.spark.options import EARLIEST, LATEST, QueueOffsets, SourceOptions, options_dict
+from ferrymq.spark.options import (
+    DEFAULT_RETRY_TIMEOUT_MS,
+    EARLIEST,
+    LATEST,
+    QueueOffsets,
+    SourceOptions,
+    options_dict,
+)
 
 try:  # admission control and AvailableNow: Spark 4.2+
     from pyspark.sql.streaming.datasource import (
@@ -85,9 +92,9 @@ DATA_SOURCE_NAME = "ferrymq"
 INTERNAL_TOPIC_PREFIXES = ("%", "__")
 """Topics a ``subscribePattern`` never matches: the broker's and the connector's own (retry and
 dead-letter queues, ``__ferrymq_spark_sinks``); ``subscribe`` can still name them."""
-READ_RETRY_S = 30.0
-"""How long a task (or the driver's offset look-up) keeps retrying a broker that went away, or
-a queue without a live leader, before it fails."""
+READ_RETRY_S = DEFAULT_RETRY_TIMEOUT_MS / 1000
+"""The default of option ``retryTimeout``: how long a task (or the driver's offset look-up)
+keeps retrying a broker that went away, or a queue without a live leader, before it fails."""
 
 
 class DataLossError(FerryMQError):
@@ -95,13 +102,6 @@ class DataLossError(FerryMQError):
 
 
 # --- driver-side helpers -------------------------------------------------------------------
-
-
-def _conn(wire: _wire.WireConfig) -> _wire.BlockingConnection:
-    try:
-        return _wire.connection(wire)
-    except ConnectionClosedError as exc:
-        raise ConnectionClosedError(f"{exc} (option 'servers')") from None
 
 
 @dataclass(frozen=True)
@@ -113,16 +113,16 @@ class QueueMeta:
     topic_id: int
 
 
-def resolve_queues(opts: SourceOptions) -> dict[tuple[str, int], QueueMeta]:
-    """The queues the subscription covers now.
+def resolve_queues(opts: SourceOptions, *, retry: bool = False) -> dict[tuple[str, int], QueueMeta]:
+    """The queues the subscription covers now (asked of any broker; with ``retry``, of the
+    first that answers within ``retryTimeout``).
 
     Raises:
         UnknownTopicError: a subscribed or assigned topic does not exist.
         ConfigError: an assigned queue the topic does not have.
-        ConnectionClosedError: the broker is unreachable.
+        ConnectionClosedError, FerryMQTimeoutError: no broker answered (in time).
     """
     sub = opts.subscription
-    conn = _conn(opts.wire)
     names: list[str] | None
     if sub.pattern is not None:
         names = None
@@ -130,7 +130,7 @@ def resolve_queues(opts: SourceOptions) -> dict[tuple[str, int], QueueMeta]:
         names = [t for t, _ in sub.assign]
     else:
         names = list(sub.topics)
-    resp = conn.request(m.MetadataRequest(names, False), m.MetadataResponse)
+    resp = _metadata(opts, m.MetadataRequest(names, False), retry)
     out: dict[tuple[str, int], QueueMeta] = {}
     wanted = dict(sub.assign)
     pattern = re.compile(sub.pattern) if sub.pattern is not None else None
@@ -153,71 +153,92 @@ def resolve_queues(opts: SourceOptions) -> dict[tuple[str, int], QueueMeta]:
     return out
 
 
+def _metadata(opts: SourceOptions, req: m.MetadataRequest, retry: bool) -> m.MetadataResponse:
+    router = _route.router(opts.wire)
+    window = _route.RetryWindow(f"metadata of {opts.subscription.describe()}",
+                                opts.retry_timeout_s)
+    while True:
+        try:
+            return router.ask(req, m.MetadataResponse)
+        except (ConnectionClosedError, FerryMQTimeoutError) as exc:
+            if not retry:
+                raise type(exc)(f"{exc} (option 'servers')") from None
+            window.failed(exc)
+        time.sleep(0.2)
+
+
 def list_offsets(wire: _wire.WireConfig, queues: Sequence[tuple[str, int]], spec: int, *,
-                 committed: bool = False) -> QueueOffsets:
+                 committed: bool = False, retry_s: float = READ_RETRY_S) -> QueueOffsets:
     """LIST_OFFSETS for ``queues``: LATEST (-1), EARLIEST (-2) or a time in ms; with
-    ``committed`` (read_committed) LATEST is the last stable offset."""
+    ``committed`` (read_committed) LATEST is the last stable offset. Each queue is asked of
+    its leader; a leader that moved, died or does not answer is looked up again, and retriable
+    errors retried, for up to ``retry_s`` (``retryTimeout``).
+
+    Raises:
+        LeaderNotAvailableError, ConnectionClosedError, ...: the last failure, after
+            ``retry_s`` of retries (the message names the option).
+        BrokerError: a refusal that retrying cannot change.
+    """
     if not queues:
         return {}
     isolation = int(m.Isolation.READ_COMMITTED if committed else m.Isolation.READ_UNCOMMITTED)
     router = _route.router(wire)
     out: QueueOffsets = {}
     todo = list(queues)
-    deadline = time.monotonic() + READ_RETRY_S
+    window = _route.RetryWindow("list offsets", retry_s)
     while True:
-        retry: list[tuple[str, int]] = []
-        try:
-            groups, retry = router.split(todo)
-        except (ConnectionClosedError, FerryMQTimeoutError) as exc:
-            raise ConnectionClosedError(f"{exc} (option 'servers')") from None
+        groups, retry = router.split(todo)
+        last: FerryMQError | None = router.no_route(*retry[0]) if retry else None
         for conn, some in groups.items():
             try:
                 resp = conn.request(m.ListOffsetsRequest(entries=[(t, q, spec) for t, q in some],
                                                          isolation=isolation),
                                     m.ListOffsetsResponse)
-            except (ConnectionClosedError, FerryMQTimeoutError):
+            except (ConnectionClosedError, FerryMQTimeoutError) as exc:
                 retry.extend(some)  # the leader went away: ask who leads now
+                last = exc
                 continue
             for t, q, code, off in resp.results:
-                if code in STALE_VIEW_CODES:
-                    retry.append((t, q))
-                elif code:
-                    raise error_for_code(code, f"list offsets of {t}/{q}")
-                else:
+                if not code:
                     out[(t, q)] = off
+                    continue
+                err = error_for_code(code, f"list offsets of {t}/{q}")
+                if not err.retriable:
+                    raise err
+                retry.append((t, q))
+                last = err
         if not retry:
             return out
-        if time.monotonic() >= deadline:
-            what = ", ".join(f"{t}/{q}" for t, q in retry[:10])
-            raise LeaderNotAvailableError(f"list offsets: no leader of {what} answered within "
-                                          f"{READ_RETRY_S:.0f} s")
+        assert last is not None
+        window.failed(last)
         router.refresh_quietly({t for t, _ in retry})
         todo = retry
 
 
-def committed_offsets(wire: _wire.WireConfig, group: str, topics: Sequence[str]) -> QueueOffsets:
+def committed_offsets(wire: _wire.WireConfig, group: str, topics: Sequence[str], *,
+                      retry_s: float = READ_RETRY_S) -> QueueOffsets:
     """A consumer group's committed offsets."""
     resp = _route.router(wire).group_request(
         group, m.FetchOffsetsRequest(group, sorted(set(topics))), m.FetchOffsetsResponse,
-        timeout_s=READ_RETRY_S)
+        timeout_s=retry_s)
     return {(t, q): o for t, q, o in resp.offsets}
 
 
 def resolve_start(opts: SourceOptions, queues: Sequence[tuple[str, int]]) -> QueueOffsets:
     """Where a new query starts, per queue (startingTimestamp wins over startingOffsets)."""
     qs = sorted(queues)
-    rc = opts.read_committed
+    rc, wait = opts.read_committed, opts.retry_timeout_s
     if opts.starting_timestamp_ms is not None:
-        return list_offsets(opts.wire, qs, opts.starting_timestamp_ms, committed=rc)
+        return list_offsets(opts.wire, qs, opts.starting_timestamp_ms, committed=rc, retry_s=wait)
     start = opts.starting
     if start == "earliest":
-        return list_offsets(opts.wire, qs, EARLIEST)
+        return list_offsets(opts.wire, qs, EARLIEST, retry_s=wait)
     if start == "latest":
-        return list_offsets(opts.wire, qs, LATEST, committed=rc)
+        return list_offsets(opts.wire, qs, LATEST, committed=rc, retry_s=wait)
     fallback = EARLIEST if opts.starting_fallback == "earliest" else LATEST
     if start == "committed":
         assert opts.group is not None
-        got = committed_offsets(opts.wire, opts.group, [t for t, _ in qs])
+        got = committed_offsets(opts.wire, opts.group, [t for t, _ in qs], retry_s=wait)
     else:
         assert isinstance(start, dict)
         got = {tq: off for tq, off in start.items() if tq in set(qs)}
@@ -230,14 +251,14 @@ def resolve_start(opts: SourceOptions, queues: Sequence[tuple[str, int]]) -> Que
         else:
             out[tq] = off
     for spec, group in by_spec.items():
-        out.update(list_offsets(opts.wire, group, spec, committed=rc))
+        out.update(list_offsets(opts.wire, group, spec, committed=rc, retry_s=wait))
     return out
 
 
 def check_data_loss(opts: SourceOptions, start: QueueOffsets) -> QueueOffsets:
     """Move starts that retention already deleted to the first offset still stored: an error
     naming the lost ranges with failOnDataLoss=true, a warning otherwise."""
-    earliest = list_offsets(opts.wire, sorted(start), EARLIEST)
+    earliest = list_offsets(opts.wire, sorted(start), EARLIEST, retry_s=opts.retry_timeout_s)
     lost = {tq: (off, earliest[tq]) for tq, off in start.items() if off < earliest[tq]}
     if not lost:
         return start
@@ -264,6 +285,7 @@ class QueueRange(InputPartition):
     include_properties: bool
     fetch_max_bytes: int
     read_committed: bool = True
+    retry_timeout_s: float = READ_RETRY_S
 
 
 def plan_ranges(opts: SourceOptions, start: QueueOffsets, end: QueueOffsets) -> list[QueueRange]:
@@ -282,7 +304,8 @@ def plan_ranges(opts: SourceOptions, start: QueueOffsets, end: QueueOffsets) -> 
         for a, b in split_range(start[tq], end[tq], pieces, opts.max_records_per_partition):
             out.append(QueueRange(opts.wire, tq[0], tq[1], a, b, opts.tags,
                                   opts.fail_on_data_loss, opts.include_properties,
-                                  opts.fetch_max_bytes, opts.read_committed))
+                                  opts.fetch_max_bytes, opts.read_committed,
+                                  opts.retry_timeout_s))
     return out
 
 
@@ -294,10 +317,12 @@ def read_range(part: QueueRange) -> Iterator[pa.RecordBatch]:
 
     The next FETCH is sent before the current answer is decoded, so the broker and the task work
     at the same time. FETCH goes to the queue's leader; a leader that goes away or moves is
-    looked up again and retried for up to ``READ_RETRY_S``.
+    looked up again and retried for up to ``retryTimeout`` (``part.retry_timeout_s``).
 
     Raises:
         DataLossError: records of the range are gone and ``failOnDataLoss`` is true.
+        LeaderNotAvailableError, ConnectionClosedError, ...: the last failure, after
+            ``retryTimeout`` of retries (the message names the option).
     """
     schema = arrow_schema(part.include_properties)
     pos, end = part.start, part.end
@@ -322,17 +347,13 @@ def read_range(part: QueueRange) -> Iterator[pa.RecordBatch]:
         log.warning("skipping lost data: %s", what)
 
     corr: int | None = None
-    retry_until = 0.0
+    window = _route.RetryWindow(f"fetch of {part.topic}/{part.queue}", part.retry_timeout_s)
 
     def reroute(exc: FerryMQError) -> None:
-        """The leader went away or moved: ask who leads now (raise ``exc`` past the limit)."""
-        nonlocal conn, corr, retry_until
+        """The leader went away or moved: ask who leads now (raise past ``retryTimeout``)."""
+        nonlocal conn, corr
         conn = corr = None
-        now = time.monotonic()
-        retry_until = retry_until or now + READ_RETRY_S
-        if now >= retry_until:
-            raise exc
-        log.info("fetch of %s/%d failed (%s); retrying", part.topic, part.queue, exc)
+        window.failed(exc)
         time.sleep(0.2)
         router.refresh_quietly({part.topic})
 
@@ -342,8 +363,7 @@ def read_range(part: QueueRange) -> Iterator[pa.RecordBatch]:
                 if conn is None:
                     conn = router.connection(part.topic, part.queue)
                     if conn is None:
-                        raise LeaderNotAvailableError(
-                            f"no live leader of {part.topic}/{part.queue} known")
+                        raise router.no_route(part.topic, part.queue)
                 if corr is None:
                     corr = fetch(pos)
                 resp = conn.receive(corr, m.FetchResponse)
@@ -355,23 +375,26 @@ def read_range(part: QueueRange) -> Iterator[pa.RecordBatch]:
             if code in STALE_VIEW_CODES:
                 reroute(error_for_code(code, f"fetch {part.topic}/{part.queue} at {pos}: {msg}"))
                 continue
-            retry_until = 0.0
             if code:
                 if code == ErrorCode.OFFSET_OUT_OF_RANGE:
                     tq = [(part.topic, part.queue)]
-                    first = list_offsets(part.wire, tq, EARLIEST)[tq[0]]
+                    first = list_offsets(part.wire, tq, EARLIEST,
+                                         retry_s=part.retry_timeout_s)[tq[0]]
                     if pos < first:
                         lost(pos, min(first, end), "removed by retention")
                         pos = min(first, end)
                         continue
-                    last = list_offsets(part.wire, tq, LATEST)[tq[0]]
+                    last = list_offsets(part.wire, tq, LATEST,
+                                        retry_s=part.retry_timeout_s)[tq[0]]
                     lost(pos, end, f"the queue now ends at {last}")
                     return
                 err = error_for_code(code, f"fetch {part.topic}/{part.queue} at {pos}: {msg}")
-                if isinstance(err, BrokerError) and err.retriable:
-                    time.sleep(0.1)
-                    continue
-                raise err
+                if not err.retriable:
+                    raise err
+                window.failed(err)  # the leader is busy: the same one, a moment later
+                time.sleep(0.1)
+                continue
+            window.succeeded()
             raw = data if isinstance(data, bytes) else bytes(data)
             committed = None
             if part.read_committed:
@@ -412,7 +435,8 @@ class FerryMQBatchReader(DataSourceReader):
         opts = self.opts
         queues = sorted(resolve_queues(opts))
         start = check_data_loss(opts, resolve_start(opts, queues))
-        latest = list_offsets(opts.wire, queues, LATEST, committed=opts.read_committed)
+        latest = list_offsets(opts.wire, queues, LATEST, committed=opts.read_committed,
+                              retry_s=opts.retry_timeout_s)
         if opts.ending == "latest":
             end = latest
         else:
@@ -455,14 +479,15 @@ class FerryMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def prepareForTriggerAvailableNow(self) -> None:
         queues = resolve_queues(self.opts)
         self._target = list_offsets(self.opts.wire, sorted(queues), LATEST,
-                                    committed=self.opts.read_committed)
+                                    committed=self.opts.read_committed,
+                                    retry_s=self.opts.retry_timeout_s)
 
     def _available(self) -> QueueOffsets:
         if self._target is not None:
             return dict(self._target)
-        queues = resolve_queues(self.opts)
+        queues = resolve_queues(self.opts, retry=True)  # between micro-batches
         return list_offsets(self.opts.wire, sorted(queues), LATEST,
-                            committed=self.opts.read_committed)
+                            committed=self.opts.read_committed, retry_s=self.opts.retry_timeout_s)
 
     def latestOffset(self, start: dict[str, Any] | None = None, limit: Any = None) -> dict[str, Any]:
         if start is None:  # Spark < 4.2: no admission control
@@ -472,7 +497,8 @@ class FerryMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._latest = latest
         new = sorted(tq for tq in latest if tq not in begin)
         if new:  # queues (or topics) that appeared since: from their first offset
-            begin.update(list_offsets(self.opts.wire, new, EARLIEST))
+            begin.update(list_offsets(self.opts.wire, new, EARLIEST,
+                                      retry_s=self.opts.retry_timeout_s))
         if ReadMaxRows is not None and isinstance(limit, ReadMaxRows):
             end = cap_offsets(begin, latest, limit.max_rows)
         else:
@@ -501,7 +527,8 @@ class FerryMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         stop = from_json_dict(end)
         missing = sorted(tq for tq in stop if tq not in begin)
         if missing:
-            begin.update(list_offsets(self.opts.wire, missing, EARLIEST))
+            begin.update(list_offsets(self.opts.wire, missing, EARLIEST,
+                                      retry_s=self.opts.retry_timeout_s))
         return plan_ranges(self.opts, begin, stop)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -516,7 +543,7 @@ class FerryMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         try:
             _route.router(self.opts.wire).group_request(
                 group, m.CommitOffsetsRequest(group, "", -1, entries), m.CommitOffsetsResponse,
-                timeout_s=READ_RETRY_S)
+                timeout_s=self.opts.retry_timeout_s)
         except FerryMQError as exc:  # monitoring only: never fail the query for it
             log.warning("commitToGroup %s failed: %s", group, exc)
 
