@@ -273,9 +273,15 @@ def test_a_paused_etcd_fails_calls_and_ends_watches_in_time(etcd: EtcdProcess) -
             etcd.resume()
         # the same store works again. The commit that timed out was sent: etcd may apply it
         # once it runs again, so a caller must re-read (its check makes a retry safe)
-        kv = await store.get(p + "a")
-        assert kv is not None and kv.value in (b"1", b"2")
-        assert await replace(store, p + "a", b"3", mod_revision=kv.mod_revision) is not None
+        # (re-read, as a caller does: the late commit may also land between a read and a CAS)
+        for _attempt in range(5):
+            kv = await store.get(p + "a")
+            assert kv is not None and kv.value in (b"1", b"2")
+            if await replace(store, p + "a", b"3", mod_revision=kv.mod_revision) is not None:
+                break
+            await asyncio.sleep(0.2)
+        else:
+            raise AssertionError("a CAS on a freshly read revision kept failing")
     run(backend, body)
 
 
