@@ -115,3 +115,25 @@ def test_a_batch_larger_than_the_cap_goes_alone(broker: Broker) -> None:
 def test_max_request_bytes_is_checked() -> None:
     with pytest.raises(ConfigError, match="max_request_bytes must be > 0"):
         AsyncProducer("127.0.0.1:1", max_request_bytes=0)
+
+
+async def _flush_before_the_topic_is_known(broker: Broker) -> tuple[list[int], int]:
+    """Eight sends to a topic the producer has no metadata for yet, then a flush (the answers
+    must come long before ``linger_ms``); the PRODUCE sizes and how many sends succeeded."""
+    proxy = FrameCountingProxy(broker.address)
+    address = await proxy.start()
+    try:
+        async with AsyncProducer(address, linger_ms=3_600_000, delivery_timeout_s=10) as p:
+            futs = [p.send_nowait(Message("fresh", f"m{i}")) for i in range(8)]
+            await asyncio.wait_for(p.flush(), 10)
+            ok = sum(f is not None and f.done() and f.exception() is None for f in futs)
+            sizes = proxy.produce_sizes()
+    finally:
+        await proxy.close()
+    return sizes, ok
+
+
+def test_a_flush_sends_what_waited_for_the_topics_metadata(broker: Broker) -> None:
+    # the metadata comes back while the flush waits: those messages must not linger either
+    sizes, ok = asyncio.run(_flush_before_the_topic_is_known(broker))
+    assert (len(sizes), ok) == (1, 8), sizes

@@ -11,8 +11,9 @@ appends it to that queue's :class:`QueueBuffer`. A message for a topic the clien
 metadata for yet waits in ``unresolved`` while one task asks for it.
 
 A buffer is *ready* when it is full (``batch_max_bytes``, ``batch_max_records``), when
-``linger_ms`` passed since its first message, or at once for a plain ``send`` (which awaits
-its result anyway); then the shared ``wake`` event tells the sender
+``linger_ms`` passed since its first message, at once for a plain ``send`` (which awaits its
+result anyway), and at once while a ``flush`` runs (also for messages that waited for their
+topic's metadata until then, as Kafka's ``flush`` does); then the shared ``wake`` event tells the sender
 (:mod:`ferrymq.client._sender`), which takes whole units out of it with :meth:`Accumulator.drain`.
 
 Scheduled messages (``ATTR_SCHEDULED``) and dedup-keyed messages for a topic with a dedup
@@ -132,6 +133,9 @@ class Accumulator:
         self.buffers: dict[tuple[str, int], QueueBuffer] = {}
         self.unresolved: dict[str, list[tuple[Message, Unit]]] = {}
         self.buffered_bytes = 0
+        self.flushing = 0
+        """Flushes in progress: while one runs, a buffer is ready as soon as it holds messages
+        (also those that waited for their topic's metadata, see :meth:`mark_ready`)."""
         self.closed = False
         self._space = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()  # metadata look-ups (strong references)
@@ -321,7 +325,7 @@ class Accumulator:
         n = unit.nbytes = sum(len(r.body) for r in recs) + RECORD_PREFIX_SIZE * len(recs)
         b.nbytes += n
         self.buffered_bytes += n
-        if immediate or kind_changed or self._linger_s == 0 or (
+        if immediate or kind_changed or self.flushing or self._linger_s == 0 or (
             b.nbytes >= self.batch_max_bytes) or len(b.records) >= self._batch_max_records:
             b.ready = True
             self._wake.set()
@@ -362,7 +366,9 @@ class Accumulator:
         return records, units, nbytes, attrs
 
     def mark_ready(self) -> None:
-        """Make every buffer that holds messages ready (a flush)."""
+        """Make every buffer that holds messages ready (a flush, which also raises
+        :attr:`flushing` while it waits: messages buffered meanwhile, such as those whose
+        topic's metadata arrives then, do not wait out ``linger_ms`` either, as in Kafka)."""
         for b in self.buffers.values():
             if b.records:
                 b.ready = True

@@ -185,13 +185,18 @@ class Sender:
     # -- flushing ------------------------------------------------------------------------------
 
     async def flush(self) -> None:
-        """Send everything buffered now and wait until all of it is answered."""
-        self._acc.mark_ready()
-        self._wake.set()
-        while self._pending_work():
-            self._idle.clear()
+        """Send everything buffered now, and what is buffered until it is done, and wait until
+        all of it is answered."""
+        self._acc.flushing += 1
+        try:
+            self._acc.mark_ready()
             self._wake.set()
-            await self._idle.wait()
+            while self._pending_work():
+                self._idle.clear()
+                self._wake.set()
+                await self._idle.wait()
+        finally:
+            self._acc.flushing -= 1
 
     def _pending_work(self) -> bool:
         return bool(
