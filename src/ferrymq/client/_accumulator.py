@@ -8,7 +8,9 @@ stable hash of the sharding key, or a sticky round robin: keyless messages stay 
 until ``sticky_queue_bytes`` went to it, like Kafka's uniform sticky partitioner, see
 :mod:`ferrymq.client.partitioner`), checks its size and delay against the broker's limits and
 appends it to that queue's :class:`QueueBuffer`. A message for a topic the client has no
-metadata for yet waits in ``unresolved`` while one task asks for it.
+metadata for yet waits in ``unresolved`` while one task asks for it and for its queues'
+leaders; later messages for that topic wait behind it until both came back, so none overtakes
+an earlier one.
 
 A buffer is *ready* when it is full (``batch_max_bytes``, ``batch_max_records``), when
 ``linger_ms`` passed since its first message, at once for a plain ``send`` (which awaits its
@@ -166,7 +168,7 @@ class Accumulator:
             except (ClientError, ValueError) as exc:
                 settle(unit, exc=exc)
                 return
-        info = self._session.topics.get(msg.topic)
+        info = self._known(msg.topic)
         if info is None:
             pending = self.unresolved.get(msg.topic)
             if pending is None:
@@ -201,7 +203,7 @@ class Accumulator:
         shared_bytes: dict[str, int] = {}  # and count toward its sticky share once, together
         now = self._clock.wall_ms()
         for i, msg in enumerate(msgs):
-            info = self._session.topics.get(msg.topic)
+            info = self._known(msg.topic)
             key: tuple[str, int, int] | str
             if info is None:
                 key = msg.topic
@@ -243,6 +245,12 @@ class Accumulator:
             self.add(buf, recs, unit, immediate=True)
             futs.append((idxs, f))
         return futs
+
+    def _known(self, topic: str) -> TopicInfo | None:
+        """``topic``'s metadata, or None while a message for it must wait in ``unresolved``:
+        none yet, or earlier messages still wait there (for its leaders, once the metadata
+        came back), which a later one must not overtake."""
+        return None if topic in self.unresolved else self._session.topics.get(topic)
 
     async def _resolve(self, topic: str, immediate: bool) -> None:
         try:

@@ -34,8 +34,9 @@ from ferrymq.protocol.records import (
 from ferrymq.testing import FakeClock
 
 
-def _parts(**options: Any) -> tuple[Session, Accumulator, asyncio.Event]:
-    session = Session("127.0.0.1:1")
+def _parts(session: Session | None = None, cluster: Cluster | None = None,
+           **options: Any) -> tuple[Session, Accumulator, asyncio.Event]:
+    session = session or Session("127.0.0.1:1")
     session.topics["t"] = TopicInfo("t", 1, 4)
     session.topics["d"] = TopicInfo("d", 2, 2, dedup_window_ms=60_000)
     wake = asyncio.Event()
@@ -45,7 +46,7 @@ def _parts(**options: Any) -> tuple[Session, Accumulator, asyncio.Event]:
         "auto_create": False, "clock": FakeClock(),
     }
     settings.update(options)
-    return session, Accumulator(session, Cluster(session), wake, **settings), wake
+    return session, Accumulator(session, cluster or Cluster(session), wake, **settings), wake
 
 
 def _run(coro: Any) -> Any:
@@ -199,6 +200,51 @@ def test_send_batch_keyless_messages_share_one_queue_per_call() -> None:
         assert [r.body for r in acc.buffers["t", rr_queue].records] == [b"x"] * 5
         assert len(acc.buffers["t", rr_queue].units) == 1  # one unit: one record batch
         assert [r.body for r in acc.buffers["t", queue_for_key(key, 4)].records] == [b"y"]
+
+    _run(main())
+
+
+class _InstantMetadata(Session):
+    """Answers a topic's metadata look-up at once from ``metadata`` (no socket)."""
+
+    metadata: dict[str, TopicInfo]
+
+    async def topic(self, name: str, *, auto_create: bool = True,
+                    refresh: bool = False) -> TopicInfo:
+        info = self.topics[name] = self.metadata[name]
+        return info
+
+
+class _SlowLeaders(Cluster):
+    """Learns a topic's leaders only once the test sets ``answered`` (a refresh in flight)."""
+
+    def __init__(self, session: Session) -> None:
+        super().__init__(session)
+        self.answered = asyncio.Event()
+
+    async def ensure(self, topic: str) -> None:
+        await self.answered.wait()
+
+
+def test_a_send_while_its_topics_leaders_are_looked_up_waits_behind_earlier_ones() -> None:
+    async def main() -> None:
+        session = _InstantMetadata("127.0.0.1:1")
+        session.metadata = {"new": TopicInfo("new", 3, 4)}
+        cluster = _SlowLeaders(session)
+        _, acc, wake = _parts(session, cluster)
+        acc.enqueue(Message("new", b"first", sharding_key="k"), Unit(1, None, False),
+                    immediate=False)
+        for _ in range(10):  # the look-up: the metadata comes back, the leaders do not yet
+            await asyncio.sleep(0)
+        assert "new" in session.topics and "new" in acc.unresolved
+        acc.enqueue(Message("new", b"second", sharding_key="k"), Unit(1, None, False),
+                    immediate=False)
+        acc.enqueue_batch([Message("new", b"third", sharding_key="k")])
+        assert not acc.buffers  # nothing can be sent before its leader is known
+        cluster.answered.set()
+        await asyncio.wait_for(wake.wait(), 1.0)
+        b = acc.buffers["new", queue_for_key("k", 4)]
+        assert [r.body for r in b.records] == [b"first", b"second", b"third"]  # send order
 
     _run(main())
 
