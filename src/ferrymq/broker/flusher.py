@@ -6,7 +6,10 @@ The event loop appends with ``write(2)`` and marks the queue dirty. The flusher 
 whole dirty set at once, fsyncs each log (``Log.flush`` returns the end offset now durable) and
 posts the results back to the loop with ``call_soon_threadsafe``. While one round of fsyncs
 runs, further appends pile up and share the next round: that is the group commit, and it needs
-no tuning.
+no tuning. A PRODUCE request marks the queues it wrote to together, after its last append
+(:meth:`Flusher.mark_all_dirty`), so they share a round: the flusher thread runs whenever the
+loop lets go of the GIL (every ``write(2)``), and marked one by one they could each get a round
+of their own, one after the other, when fsyncs are fast or the machine is crowded.
 
 A round with several dirty queues fsyncs them at once, so it lasts as long as its slowest fsync
 rather than their sum; how depends on the last round. After a fast one (under
@@ -62,7 +65,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol, TypeGuard, runtime_checkable
 
@@ -159,6 +162,9 @@ class Flusher:
         """Rounds whose fsyncs ran on the pool."""
         self.aio_rounds = 0
         """Rounds whose fsyncs were submitted together (native AIO)."""
+        self.aio_fsyncs = 0
+        """Descriptors fsynced by those submissions (``aio_fsyncs / aio_rounds``: queues per
+        group commit)."""
         self._last_round_s = 0.0
 
     def start(self) -> None:
@@ -206,13 +212,21 @@ class Flusher:
 
     def mark_dirty(self, qs: Flushable) -> None:
         """Note that ``qs`` has unflushed writes (wakes the thread in sync mode)."""
-        if qs in self.full:  # no fsync is believed until retry_full rewrote its tail
+        self.mark_all_dirty((qs,))
+
+    def mark_all_dirty(self, flushables: Iterable[Flushable]) -> None:
+        """Note that every one of ``flushables`` has unflushed writes, all at once, so that the
+        next round fsyncs them together (a PRODUCE request's queues, whose answer waits for
+        all of them; wakes the thread in sync mode)."""
+        # one waiting in ``full``: no fsync is believed until retry_full rewrote its tail
+        new = [qs for qs in flushables if qs not in self.full]
+        if not new:
             return
         with self._cond:
-            if qs not in self._dirty:
-                self._dirty.add(qs)
-                if self._sync:
-                    self._cond.notify()
+            before = len(self._dirty)
+            self._dirty.update(new)
+            if self._sync and len(self._dirty) > before:
+                self._cond.notify()
 
     def stop(self) -> None:
         """Flush what is dirty one last time and stop the thread."""
@@ -290,6 +304,7 @@ class Flusher:
                 begun.append((qs, *target))
         if begun:
             self.aio_rounds += 1
+            self.aio_fsyncs += len(begun)
             errs: list[int] | None = None
             failure: BaseException | None = None
             try:

@@ -46,9 +46,7 @@ async def _round(flusher: Flusher, files: list[_File]) -> set[str]:
     for f in files:
         f.flushed.clear()
         f.threads.clear()
-    with flusher._cond:  # all of them in one round
-        for f in files:
-            flusher.mark_dirty(f)
+    flusher.mark_all_dirty(files)
     await asyncio.wait_for(asyncio.gather(*(f.flushed.wait() for f in files)), 10)
     return {t for f in files for t in f.threads}
 
@@ -179,6 +177,7 @@ def test_single_fsync_flushes_are_submitted_together(tmp_path: Path, patient: No
                     f.write()
                 assert await _round(flusher, [*files, other]) == {"ferrymq-flusher"}
             assert flusher.aio_rounds == 3 and flusher.parallel_rounds == 0
+            assert flusher.aio_fsyncs == 3 * len(files)  # one submission per round
             assert all(f.ended == [True] * 3 and f.durable == f.written for f in files)
             assert other.threads == ["ferrymq-flusher"]
 

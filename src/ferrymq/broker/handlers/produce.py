@@ -56,7 +56,22 @@ if TYPE_CHECKING:
 def produce(
     conn: ClientConnection, req: m.ProduceRequest
 ) -> m.ProduceResponse | asyncio.Future[m.ProduceResponse]:
-    """Append every entry; answer now (async mode) or once all are durable (sync mode)."""
+    """Append every entry; answer now (async mode) or once all are durable (sync mode).
+
+    The queues written to are marked dirty together at the end (also when a later entry
+    raised), so one flush round fsyncs them all: the answer waits for every one of them.
+    """
+    dirty: list[QueueState] = []
+    try:
+        return _produce(conn, req, dirty)
+    finally:
+        conn.server.flusher.mark_all_dirty(dirty)
+
+
+def _produce(
+    conn: ClientConnection, req: m.ProduceRequest, dirty: list[QueueState]
+) -> m.ProduceResponse | asyncio.Future[m.ProduceResponse]:
+    """:func:`produce`, noting in ``dirty`` the queues it wrote to."""
     srv = conn.server
     cfg = srv.config
     sync = srv.sync_flush
@@ -122,7 +137,7 @@ def produce(
         if not res.duplicate:
             if dues is not None:
                 srv.scheduler.on_append(qs, batch, res.base_offset, res.append_time_ms, dues)
-            srv.flusher.mark_dirty(qs)
+            dirty.append(qs)
             if not sync or rep is not None:  # a replica role wakes its followers at once
                 qs.advance(qs.log.end_offset)
         if ((sync or (rep is not None and req.acks == Acks.ALL))
