@@ -121,7 +121,7 @@ def test_a_retry_goes_to_the_new_leader_without_waiting_out_its_backoff(tmp_path
                 await admin.create_topic("orders", 1, replicas=3, min_insync=2)
             async with AsyncProducer(c.bootstrap, linger_ms=0, delivery_timeout_s=30) as p:
                 await p.send(Message("orders", b"before"))
-                p._session.backoff = Backoff(base_s=6, cap_s=6, floor_s=6)  # every retry: 6 s
+                p._sender.backoff = Backoff(base_s=6, cap_s=6, floor_s=6)  # a batch's retry: 6 s
                 victim = leader_of(c, "orders", 0)
                 t0 = time.monotonic()
                 sending = asyncio.ensure_future(p.send(Message("orders", b"after")))

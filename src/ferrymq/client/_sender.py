@@ -110,6 +110,8 @@ class Batch:
     attempts: int = 0
     last_error: BaseException | None = None
     not_before: float = 0.0
+    sent_epoch: int | None = None
+    """The leader epoch its queue had in the client's view when it was last routed."""
     stale_epoch: int | None = None
     """The leader epoch known when it failed for a stale view (None: another failure): a
     refresh that shows another epoch ends its backoff (:meth:`Sender.on_refresh`)."""
@@ -161,6 +163,8 @@ class Sender:
         self._acks = acks
         self._acc = acc
         self._wake = wake
+        self.backoff = session.backoff
+        """The batches' retry backoff (the session's: tests may give the sender its own)."""
         self._request_timeout_s = request_timeout_s
         self._delivery_timeout_s = delivery_timeout_s
         self._idempotent = idempotent
@@ -280,6 +284,7 @@ class Sender:
             self._retry_or_fail(bt, LeaderNotAvailableError(
                 f"{topic}/{bt.buf.queue}: no live leader known"))
             return
+        bt.sent_epoch = self._cluster.leaders.epoch(topic, bt.buf.queue)
         req = reqs.get(session)
         if req is None:
             req = reqs[session] = _Request()
@@ -424,11 +429,12 @@ class Sender:
             b.held.append(bt)
             self._new_epoch_if_settled(b)
             return
-        delay = self._session.backoff.delay_after(exc, bt.attempts)  # >= the broker's retry-after
+        delay = self.backoff.delay_after(exc, bt.attempts)  # >= the broker's retry-after
         if retriable and not closed and loop.time() + delay < bt.deadline:
             bt.not_before = loop.time() + delay
-            bt.stale_epoch = (self._cluster.leaders.epoch(b.topic.name, b.queue)
-                              if means_stale_view(exc) else None)
+            bt.stale_epoch = bt.sent_epoch if means_stale_view(exc) else None
+            if bt.stale_epoch is not None and self._end_backoff_if_moved(bt, loop.time()):
+                self._wake.set()  # the view moved while it was on the wire: go again now
             bt.buf.retrying += 1
             self._retry.append(bt)
             loop.call_later(delay, self._wake.set)
@@ -500,22 +506,27 @@ class Sender:
         its queue's leader epoch changed (KIP-951: no backoff once the new leader is known),
         else the leaders are asked again; then the sender looks for work."""
         if self._retry:
-            leaders = self._cluster.leaders
             now = asyncio.get_running_loop().time()
             waiting: set[str] = set()
             for bt in self._retry:
                 if bt.stale_epoch is None or bt.not_before <= now:
                     continue
-                name, queue = bt.buf.topic.name, bt.buf.queue
-                epoch = leaders.epoch(name, queue)
-                if epoch != bt.stale_epoch and leaders.leader(name, queue) is not None:
-                    bt.not_before = now
-                    bt.stale_epoch = None
-                else:
-                    waiting.add(name)
+                if not self._end_backoff_if_moved(bt, now):
+                    waiting.add(bt.buf.topic.name)
             if waiting:  # not moved yet: ask again (paced by min_refresh_interval_s, as
                 self._cluster.refresh_soon(waiting)  # Kafka polls metadata by retry.backoff.ms)
         self._wake.set()
+
+    def _end_backoff_if_moved(self, bt: Batch, now: float) -> bool:
+        """End ``bt``'s backoff if its queue's leader epoch moved past the one it failed
+        under and a live leader is known; whether it did."""
+        leaders = self._cluster.leaders
+        name, queue = bt.buf.topic.name, bt.buf.queue
+        if leaders.epoch(name, queue) == bt.stale_epoch or leaders.leader(name, queue) is None:
+            return False
+        bt.not_before = now
+        bt.stale_epoch = None
+        return True
 
     def fail_everything(self, exc: BaseException) -> None:
         """Fail every message not answered yet: buffered, waiting for a retry or held (the
