@@ -21,7 +21,7 @@ from tests.cluster.conftest import needs_etcd
 pytestmark = [pytest.mark.integration, needs_etcd]
 
 FAST = {"FERRYMQ_METADATA_LEASE_MS": "2000", "FERRYMQ_REPLICA_LAG_MS": "2000"}
-"""Short leases and lags so failovers take a couple of seconds, not the defaults' six."""
+"""Short leases and lags so failovers take a couple of seconds, not the default's three."""
 
 
 @pytest.fixture
@@ -185,6 +185,21 @@ def test_etcd_gone_for_a_few_seconds(cluster: ClusterProcess) -> None:
     fenced = [t.count("not acknowledging acks=all") for t in logs]
     assert all(n <= 1 for n in fenced), fenced  # logged once, not per request
     assert sum(fenced) >= 1
+
+
+def test_sigterm_stops_a_broker_while_etcd_is_unreachable(cluster: ClusterProcess) -> None:
+    """Shutting down gives the lease up and leaves the cluster through etcd: every such call is
+    bounded, so a broker cut off from etcd still stops on SIGTERM, well before a supervisor's
+    SIGKILL (systemd's 90 s, Kubernetes' 30 s)."""
+    cluster.etcd.pause()
+    try:
+        time.sleep(4)  # past half a lease: fenced, its controller and renewals retrying
+        started = time.monotonic()
+        assert cluster.broker(1).terminate(20) == 0
+        assert time.monotonic() - started < 15
+        assert "stopped cleanly" in cluster.broker(1).log_text()
+    finally:
+        cluster.etcd.resume()
 
 
 def test_etcd_unreachable_at_start_exits_nonzero_with_a_message(tmp_path: Path) -> None:

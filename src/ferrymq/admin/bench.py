@@ -228,7 +228,7 @@ def cluster_group() -> None:
 
 def _lease_option(f: Any) -> Any:
     return click.option("--lease-ms", type=click.IntRange(min=2000), default=None,
-                        help="The brokers' metadata_lease_ms (default: theirs, 6000): how long "
+                        help="The brokers' metadata_lease_ms (default: theirs, 3000): how long "
                              "a killed broker's lease outlives it.")(f)
 
 

@@ -367,7 +367,8 @@ class BrokerConfig:
     replica_fetch_bytes: int = _f(
         4 * 1024 * 1024, "Cluster: most bytes one follower fetch asks for per queue.")
     metadata_lease_ms: int = _f(
-        6_000, "Cluster: TTL of this broker's lease in the metadata store. A broker that cannot "
+        3_000, "Cluster: TTL of this broker's lease in the metadata store (whole seconds; at least "
+               "2000). A broker that cannot "
                "renew it stops acknowledging acks=all writes before it could have expired; "
                "the controller moves leadership away once it has.")
 

@@ -27,7 +27,7 @@ DEFAULT_MAX_TRIGGER_DELAY_MS = 15 * 60 * 1000  # Kafka's default maxTriggerDelay
 DEFAULT_RETRY_TIMEOUT_MS = 30_000
 """``retryTimeout``: how long the driver's offset look-ups and a task's reads retry through a
 failover (a leader that died or moved, brokers that do not answer) before they fail. A dead
-leader is replaced once its lease runs out (the broker's ``metadata_lease_ms``, 6 s)."""
+leader is replaced once its lease runs out (the broker's ``metadata_lease_ms``, 3 s)."""
 
 QueueOffsets = dict[tuple[str, int], int]
 """Offsets per (topic, queue)."""
