@@ -88,7 +88,9 @@ def read_until(master: int, marker: str, timeout: float) -> str:
 
 
 @needs_etcd
-def test_dev_cluster_runs_until_ctrl_c_and_then_stops_everything(tmp_path: Path) -> None:
+@pytest.mark.parametrize("stop", ["ctrl-c", "sigterm"])
+def test_dev_cluster_runs_until_ctrl_c_and_then_stops_everything(tmp_path: Path,
+                                                                  stop: str) -> None:
     pid, master = on_a_terminal([
         sys.executable, "-m", "ferrymq.admin.cli", "dev-cluster", "--brokers", "2", "--dir",
         str(tmp_path / "dev"), "--port", "0", "--etcd-port", "0", "--flush", "async"])
@@ -99,7 +101,10 @@ def test_dev_cluster_runs_until_ctrl_c_and_then_stops_everything(tmp_path: Path)
         assert etcd is not None and bootstrap is not None, shown
         brokers = bootstrap.group(1).split(",")
         assert accepts(etcd.group(1)) and len(brokers) == 2 and all(map(accepts, brokers))
-        os.write(master, b"\x03")  # Ctrl-C: SIGINT to the terminal's foreground group
+        if stop == "ctrl-c":
+            os.write(master, b"\x03")  # SIGINT to the terminal's foreground group
+        else:  # a `kill`: the brokers and etcd (sessions of their own) do not get it
+            os.kill(pid, signal.SIGTERM)
         shown = read_until(master, "stopped\r\n", 60)
         _, status = os.waitpid(pid, 0)
     finally:

@@ -42,6 +42,7 @@ from typing import Any
 
 from ferrymq._cluster_launcher import ClusterProcess
 from ferrymq._launcher import BrokerProcess
+from ferrymq._stop_signals import stop_signals_interrupt
 from ferrymq.admin.bench_measure import cpu_seconds, install_uvloop, percentile, rss_mb
 from ferrymq.admin.bench_workloads import (
     Replication,
@@ -106,16 +107,17 @@ def bench_cluster(flush: str, *, lease_ms: int | None = None,
     env = {"FERRYMQ_METADATA_LEASE_MS": str(lease_ms)} if lease_ms else None
     cluster = ClusterProcess(BROKERS, flush=flush, env=env, new_session=True)
     alone = BrokerProcess(flush=flush, new_session=True)
-    try:
-        cluster.start()
-        if single:
-            alone.start()
-        yield BenchCluster(cluster, alone, flush)
-    finally:
+    with stop_signals_interrupt():  # a `kill` of the bench stops them too (SIGKILL cannot)
         try:
-            alone.stop()
+            cluster.start()
+            if single:
+                alone.start()
+            yield BenchCluster(cluster, alone, flush)
         finally:
-            cluster.kill()
+            try:
+                alone.stop()
+            finally:
+                cluster.kill()
 
 
 # -- throughput and latency ---------------------------------------------------------------------

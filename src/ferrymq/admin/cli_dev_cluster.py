@@ -10,15 +10,14 @@ command fails, naming it.
 
 from __future__ import annotations
 
-import signal
 import time
 from pathlib import Path
-from types import FrameType
 
 import click
 
 from ferrymq._cluster_launcher import ClusterProcess
 from ferrymq._etcd_launcher import ETCD_INSTALL_HINT, etcd_binary
+from ferrymq._stop_signals import stop_signals_interrupt
 from ferrymq.admin.cli_state import CommandError
 
 MAX_DEV_BROKERS = 9
@@ -61,7 +60,12 @@ def dev_cluster(brokers: int, base_dir: str, cluster_name: str, broker_port: int
                                  param_hint="--port")
     cluster = ClusterProcess(brokers, Path(base_dir), cluster=cluster_name, flush=flush,
                              broker_port=broker_port, etcd_port=etcd_port, new_session=True)
-    previous = {sig: signal.signal(sig, _interrupt) for sig in _STOP_SIGNALS}
+    with stop_signals_interrupt():
+        _run(cluster, brokers, cluster_name, base_dir)
+    click.echo("stopped", err=True)
+
+
+def _run(cluster: ClusterProcess, brokers: int, cluster_name: str, base_dir: str) -> None:
     try:
         click.echo(f"starting etcd and {brokers} broker(s) of cluster {cluster_name!r} "
                    f"(data under {base_dir}) ...", err=True)
@@ -88,16 +92,3 @@ def dev_cluster(brokers: int, base_dir: str, cluster_name: str, broker_port: int
             cluster.stop()
         except KeyboardInterrupt:  # impatient: a second Ctrl-C kills what is left
             cluster.kill()
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-    click.echo("stopped", err=True)
-
-
-_STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
-"""Signals that stop the dev cluster as Ctrl-C does (its processes sit in sessions of their
-own, so a closed terminal or a ``kill`` reaches only this command)."""
-
-
-def _interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt
