@@ -21,6 +21,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from ferrymq.broker.cluster_groups import ClusterGroups
+from ferrymq.broker.tls import peer_context
 from ferrymq.broker.topics import CLUSTER_TOPIC_ID_BASE, INTERNAL_PREFIX
 from ferrymq.cluster.controller import Controller, elect_preferred_leaders
 from ferrymq.cluster.isr import change_isr, settle_isr
@@ -28,8 +29,10 @@ from ferrymq.cluster.metadata.store import MetadataStore
 from ferrymq.cluster.model import NO_LEADER, QueueRecord, TopicRecord
 from ferrymq.cluster.node import ClusterNode, QueueRole
 from ferrymq.cluster.replication import ReplicaManager
+from ferrymq.cluster.replication.follower import PeerLogin
 from ferrymq.cluster.topics import create_topic, delete_topic
 from ferrymq.errors import (
+    ConfigError,
     MetadataError,
     MetadataUnavailableError,
     RequestTimedOutError,
@@ -40,6 +43,7 @@ from ferrymq.protocol.codes import ErrorCode
 from ferrymq.protocol.coordinator import OFFSETS_TOPIC
 
 if TYPE_CHECKING:
+    from ferrymq.broker.config import BrokerConfig
     from ferrymq.broker.server import BrokerServer
     from ferrymq.broker.topics import QueueState
 
@@ -84,12 +88,15 @@ class ClusterLink:
 
         Raises:
             MetadataUnavailableError, ClusterStartError: see :meth:`ClusterNode.start`.
+            ConfigError: ``inter_broker_user`` is not an admin of this broker's users file, or
+                the TLS files cannot be loaded.
         """
         srv, node = self.server, self.node
+        _check_inter_broker_user(srv)
         self.replicas = ReplicaManager(
             srv.config.broker_id, 0, srv.topics, srv.config, srv.clock, srv.flusher,
             address_of=lambda bid: node.view.address_of(bid),
-            on_isr_change=self._persist_isr)
+            on_isr_change=self._persist_isr, peer_login=peer_login(srv.config))
         srv.replicas = self.replicas
         node.on_fence = self._on_fence
         await node.start()
@@ -273,3 +280,24 @@ class ClusterLink:
         brokers = [(b.broker_id, b.host, b.port) for b in sorted(view.brokers.values(),
                                                                   key=lambda b: b.broker_id)]
         return m.ClusterMetadataResponse(self.node.cluster, view.controller, brokers, topics)
+
+
+def peer_login(cfg: BrokerConfig) -> PeerLogin:
+    """How this broker's followers connect to their leaders: as ``inter_broker_user`` (when
+    set) over the TLS of the brokers' listeners (when ``tls_cert_file`` is set)."""
+    auth = (cfg.inter_broker_user, cfg.inter_broker_password) if cfg.inter_broker_user else None
+    return PeerLogin(auth, peer_context(cfg))
+
+
+def _check_inter_broker_user(srv: BrokerServer) -> None:
+    """With authentication on, ``inter_broker_user`` must be an admin of this broker's users
+    file (replication requests need admin rights): say so at start, not at every fetch."""
+    name = srv.config.inter_broker_user
+    if srv.auth is None or not name:
+        return
+    user = srv.auth.store.get(name)
+    if user is None or not user.admin:
+        raise ConfigError(
+            f"inter_broker_user {name!r} is {'not in' if user is None else 'not an admin of'} "
+            f"the users file {srv.config.users_file}: followers log in to their leaders as "
+            "that user, and replication needs admin rights (ferrymq user add NAME --admin)")

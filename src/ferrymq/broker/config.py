@@ -318,7 +318,8 @@ class BrokerConfig:
     )
     tls_cert_file: str = _f("", "TLS: certificate chain (PEM) of the listener; empty: plain TCP.")
     tls_key_file: str = _f("", "TLS: private key (PEM) of tls_cert_file.")
-    tls_ca_file: str = _f("", "TLS: CA bundle (PEM) to verify client certificates with.")
+    tls_ca_file: str = _f("", "TLS: CA bundle (PEM) to verify client certificates with, and in a "
+                              "cluster the other brokers' (empty: the system's CAs).")
     tls_client_auth: str = _f(
         "none", "TLS: client certificates: none, optional (verified if sent) or required."
     )
@@ -371,6 +372,14 @@ class BrokerConfig:
                "2000). A broker that cannot "
                "renew it stops acknowledging acks=all writes before it could have expired; "
                "the controller moves leadership away once it has.")
+    inter_broker_user: str = _f(
+        "", "Cluster: the user this broker logs in as to fetch from other brokers "
+            "(replication); needed when the brokers have users_file, and it needs admin rights. "
+            "Empty: followers do not log in. With tls_cert_file set, followers also connect "
+            "with TLS (see docs/cluster.md).")
+    inter_broker_password: str = field(default="", repr=False, metadata={
+        "doc": "Cluster: inter_broker_user's secret. Set it in the TOML file or "
+               "FERRYMQ_INTER_BROKER_PASSWORD: a command line is visible to other local users."})
 
     def validate(self) -> BrokerConfig:
         """Check every field; return self.
@@ -461,6 +470,13 @@ class BrokerConfig:
         if not 1 <= self.offsets_topic_queues <= MAX_OFFSETS_TOPIC_QUEUES:
             raise ConfigError(f"offsets_topic_queues must be 1..{MAX_OFFSETS_TOPIC_QUEUES}, not "
                               f"{self.offsets_topic_queues}")
+        if bool(self.inter_broker_user) != bool(self.inter_broker_password):
+            raise ConfigError("inter_broker_user and inter_broker_password go together")
+        if self.metadata and self.users_file and not self.inter_broker_user:
+            raise ConfigError(
+                "a cluster broker with users_file needs inter_broker_user and "
+                "inter_broker_password: followers log in to their leaders as that user (an "
+                "admin of the users file)")
         if self.metadata_lease_ms < 2000:
             raise ConfigError(f"metadata_lease_ms must be >= 2000 (etcd leases count whole "
                               f"seconds), not {self.metadata_lease_ms}")

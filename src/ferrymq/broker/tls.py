@@ -10,8 +10,28 @@ from __future__ import annotations
 
 import ssl
 
+from ferrymq._connect import client_tls_context
 from ferrymq.broker.config import BrokerConfig
 from ferrymq.errors import ConfigError
+
+
+def peer_context(cfg: BrokerConfig) -> ssl.SSLContext | None:
+    """The TLS context of this broker's connections to other brokers (a follower fetching from
+    its leader), or None when ``tls_cert_file`` is not set (the listeners are plain TCP).
+
+    The peer's certificate is checked against ``tls_ca_file`` (the system's CAs when unset) and
+    its advertised host name; with ``tls_client_auth`` on, this broker presents its own
+    certificate, which then needs both the serverAuth and clientAuth key usages.
+
+    Raises:
+        ConfigError: a certificate, key or CA file cannot be loaded.
+    """
+    if not cfg.tls_cert_file:
+        return None
+    return client_tls_context(
+        cfg.tls_ca_file or True,
+        cert_file=cfg.tls_cert_file if cfg.tls_client_auth != "none" else None,
+        key_file=cfg.tls_key_file if cfg.tls_client_auth != "none" else None)
 
 
 def server_context(cfg: BrokerConfig) -> ssl.SSLContext | None:

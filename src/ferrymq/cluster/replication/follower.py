@@ -42,11 +42,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
+import ssl
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from ferrymq._version import __version__
 from ferrymq.client._transport import Transport
 from ferrymq.errors import (
+    AccessDeniedError,
+    AuthenticationFailedError,
+    AuthenticationRequiredError,
     BrokerError,
     ConnectionClosedError,
     FerryMQTimeoutError,
@@ -54,6 +60,7 @@ from ferrymq.errors import (
     StorageError,
 )
 from ferrymq.protocol import messages as m
+from ferrymq.protocol.auth import NONCE_BYTES
 from ferrymq.protocol.client import ClientHandshake
 from ferrymq.protocol.codes import ErrorCode
 from ferrymq.protocol.records import iter_batches
@@ -79,6 +86,17 @@ _METADATA_CODES = (ErrorCode.NOT_LEADER, ErrorCode.FENCED_LEADER_EPOCH,
                    ErrorCode.LEADER_NOT_AVAILABLE, ErrorCode.UNKNOWN_TOPIC)
 
 
+@dataclass(frozen=True, slots=True)
+class PeerLogin:
+    """How a follower connects to its leaders: as a client of theirs (``inter_broker_user``,
+    the TLS of the brokers' listeners), resolved once from the broker's config."""
+
+    auth: tuple[str, str] | None = None
+    """(user, secret) to log in with; None: no login (brokers without ``users_file``)."""
+    tls: ssl.SSLContext | None = None
+    """The TLS context of the connections; None: plain TCP."""
+
+
 class FollowerHost(Protocol):
     """What a :class:`Fetcher` needs of the replica manager."""
 
@@ -89,6 +107,7 @@ class FollowerHost(Protocol):
     fetch_wait_ms: int
     fetch_bytes: int
     connect_timeout_s: float
+    peer_login: PeerLogin
 
     def address_of(self, broker_id: int) -> tuple[str, int] | None:
         """Where a live broker listens (None: not known now)."""
@@ -155,6 +174,8 @@ class Fetcher:
         self._report = False
         self._task: asyncio.Task[None] | None = None
         self._closed = False
+        self._login_refused = False
+        """The last login failed (logged as an error once, then quietly until one works)."""
         self.transport: Transport | None = None
         self.rounds = 0
         """REPLICA_FETCH answers applied (for tests and logs)."""
@@ -221,12 +242,21 @@ class Fetcher:
                     await asyncio.sleep(backoff)
                     continue
                 backoff = 0.05
+                self._login_refused = False
                 self.transport = t
                 try:
                     await self._session(t)
                 finally:
                     t.close("the follower reconnects")
                     self.transport = None
+            except (AuthenticationFailedError, AuthenticationRequiredError,
+                    AccessDeniedError) as exc:  # a setting to fix: say so once, keep trying
+                log.log(logging.INFO if self._login_refused else logging.ERROR,
+                        "replication from broker %d refused this broker's login (check "
+                        "inter_broker_user and inter_broker_password: an admin of the "
+                        "brokers' users file): %s", self.leader, exc)
+                self._login_refused = True
+                await asyncio.sleep(MAX_BACKOFF_S)
             except (ConnectionClosedError, FerryMQTimeoutError, BrokerError) as exc:
                 log.info("replication from broker %d: %s; reconnecting", self.leader, exc)
                 await asyncio.sleep(backoff)
@@ -237,9 +267,11 @@ class Fetcher:
         if addr is None:
             return None
         timeout = self.host.connect_timeout_s
-        t = await Transport.connect(addr[0], addr[1], timeout)
+        login = self.host.peer_login
+        t = await Transport.connect(addr[0], addr[1], timeout, login.tls)
         try:
-            hs = ClientHandshake(f"ferrymq-replica-{self.host.broker_id}", __version__)
+            hs = ClientHandshake(f"ferrymq-replica-{self.host.broker_id}", __version__,
+                                 login.auth, login.auth and secrets.token_bytes(NONCE_BYTES))
             while (req := hs.next_request()) is not None:
                 hs.receive(await t.request(req, req.RESPONSE, timeout))
         except BaseException:

@@ -44,7 +44,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from ferrymq.cluster.model import NO_LEADER
-from ferrymq.cluster.replication.follower import Fetcher, FollowerQueue
+from ferrymq.cluster.replication.follower import Fetcher, FollowerQueue, PeerLogin
 from ferrymq.cluster.replication.leader import LeaderQueue
 from ferrymq.cluster.replication.serving import ReplicaServer
 from ferrymq.errors import MetadataError, NotLeaderError
@@ -93,7 +93,7 @@ class ReplicaManager:
     def __init__(self, broker_id: int, incarnation: int, topics: TopicRegistry,
                  config: BrokerConfig, clock: Clock, flusher: Flusher,
                  address_of: Callable[[int], tuple[str, int] | None],
-                 on_isr_change: IsrChange) -> None:
+                 on_isr_change: IsrChange, peer_login: PeerLogin | None = None) -> None:
         """Args:
             broker_id: this broker's id.
             incarnation: this start's incarnation (sent with every REPLICA_FETCH).
@@ -105,6 +105,8 @@ class ReplicaManager:
             flusher: the broker's group commit (followers' copies are flushed by it).
             address_of: a live broker's (host, port), or None.
             on_isr_change: writes a new ISR by compare-and-swap (the node's).
+            peer_login: how followers connect to leaders (login, TLS); default: plain TCP, no
+                login.
         """
         self.broker_id = broker_id
         self.incarnation = incarnation
@@ -116,6 +118,7 @@ class ReplicaManager:
         self.fetch_bytes = config.replica_fetch_bytes
         self.connect_timeout_s = max(1.0, min(10.0, config.replica_lag_ms / 2000))
         self.fenced = False
+        self.peer_login = peer_login or PeerLogin()
         self._clock = clock
         self._address_of = address_of
         self._on_isr_change = on_isr_change
