@@ -17,6 +17,7 @@ it was made from. Answers that had named fields only (``create_topic``, ``delete
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -160,6 +161,23 @@ class ClusterDescription:
 
 
 # -- consumer (pull) groups ----------------------------------------------------------------------
+
+
+def merge_group_listings(rows: Iterable[GroupListing]) -> list[GroupListing]:
+    """Several brokers' LIST_GROUPS rows as one list: one row per (group, kind), members
+    summed for a delivery group (members on several brokers), the fullest row of a consumer
+    group (listed twice only while its coordinator moves)."""
+    merged: dict[tuple[str, bool], GroupListing] = {}
+    for row in rows:
+        key = (row.group, row.state == m.DELIVERY_GROUP_STATE)
+        seen = merged.get(key)
+        if seen is None:
+            merged[key] = row
+        elif key[1]:
+            merged[key] = seen._replace(members=seen.members + row.members)
+        elif row.members > seen.members:
+            merged[key] = row
+    return sorted(merged.values())
 
 
 class GroupListing(NamedTuple):

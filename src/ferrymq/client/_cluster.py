@@ -152,6 +152,22 @@ class Cluster:
                 groups.setdefault(s, []).extend(some)
         return groups, unrouted
 
+    async def every_broker(self) -> list[Session]:
+        """A session to every live broker (the bootstrap one for its own broker), after a
+        refresh; a single broker is a cluster of one.
+
+        Raises:
+            FerryMQError: no broker answered the refresh.
+        """
+        await self.refresh(paced=False)
+        boot = self.bootstrap
+        own = boot.hello.broker_id if boot.hello is not None else None
+        out = [boot]
+        for bid in sorted(self.leaders.brokers):
+            if bid != own:
+                out.append(self.sessions.get(bid) or self._session_for(bid))
+        return out
+
     def _session_for(self, broker_id: int) -> Session:
         host, port = self.leaders.brokers[broker_id]
         s = self.bootstrap.for_broker(host, port)

@@ -7,6 +7,7 @@ re-exported here), made from the broker's wire answers.
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 from collections.abc import AsyncIterator, Sequence
 
@@ -36,6 +37,7 @@ from ferrymq.client._admin_results import (
     TxnDescription,
     TxnsDescription,
     UserInfo,
+    merge_group_listings,
 )
 from ferrymq.client._cluster import Cluster
 from ferrymq.client._coordinator import CoordinatorRoute
@@ -219,9 +221,21 @@ class AsyncAdminClient:
             await self._session.request(m.DescribeTopicRequest(name), m.DescribeTopicResponse))
 
     async def list_groups(self) -> list[GroupListing]:
-        """(group, state, members) of every group."""
-        resp = await self._session.request(m.ListGroupsRequest(), m.ListGroupsResponse)
-        return [GroupListing._make(g) for g in resp.groups]
+        """(group, state, members) of every group, sorted: consumer groups with their
+        rebalance state, delivery groups with state ``DELIVERY`` (a name used by both is
+        listed twice).
+
+        On a cluster every live broker is asked and the answers merged, as Kafka's admin
+        client does: a consumer group is listed by its coordinator, a delivery group by each
+        broker it has members on (its members counted together).
+
+        Raises:
+            FerryMQError: a broker did not answer (the list would be partial).
+        """
+        sessions = await self._cluster.every_broker()
+        answers = await asyncio.gather(*(
+            s.request(m.ListGroupsRequest(), m.ListGroupsResponse) for s in sessions))
+        return merge_group_listings([GroupListing._make(g) for a in answers for g in a.groups])
 
     async def describe_group(self, group: str) -> GroupDescription:
         """Members, assignment, committed offsets and lag."""

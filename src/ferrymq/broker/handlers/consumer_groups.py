@@ -70,17 +70,12 @@ def leave_group(conn: ClientConnection, req: m.LeaveGroupRequest) -> m.Empty:
     return m.Empty()
 
 
-DELIVERY_GROUP_STATE = "DELIVERY"
-"""The state LIST_GROUPS shows for a delivery group (push and simple consumers, per-message
-acks); consumer groups show their rebalance state (STABLE, ...)."""
-
-
 def list_groups(conn: ClientConnection, req: m.ListGroupsRequest) -> m.ListGroupsResponse:
     """Every known group: consumer groups and delivery groups (state ``DELIVERY``); a name used
     by both is listed twice."""
     srv = conn.server
     rows = [(g.name, g.state, len(g.members)) for g in srv.consumer_groups.groups.values()]
-    rows += [(g.name, DELIVERY_GROUP_STATE, len(g.members)) for g in srv.delivery.groups.values()]
+    rows += [(g.name, m.DELIVERY_GROUP_STATE, len(g.members)) for g in srv.delivery.groups.values()]
     return m.ListGroupsResponse(sorted(rows))
 
 

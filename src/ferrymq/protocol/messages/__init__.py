@@ -51,6 +51,7 @@ from ferrymq.protocol.messages.connection import (
     WhoAmIResponse,
 )
 from ferrymq.protocol.messages.consumer_groups import (
+    DELIVERY_GROUP_STATE,
     CommitOffsetsRequest,
     CommitOffsetsResponse,
     DeleteGroupRequest,
@@ -194,6 +195,7 @@ from ferrymq.protocol.messages.users import (
 )
 
 __all__ = [
+    "DELIVERY_GROUP_STATE",
     "REQUESTS",
     # schema
     "ApiKey", "BOOL", "BYTES", "Body", "Empty", "FLOAT", "INT", "MAX_LIST_ITEMS", "Request", "STR",

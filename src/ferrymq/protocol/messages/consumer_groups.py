@@ -111,9 +111,15 @@ class LeaveGroupRequest(Request):
     SCHEMA = (STR, STR)
 
 
+DELIVERY_GROUP_STATE = "DELIVERY"
+"""The state LIST_GROUPS shows for a delivery group (push and simple consumers, per-message
+acks); consumer groups show their rebalance state (STABLE, ...)."""
+
+
 @dataclass(frozen=True, slots=True)
 class ListGroupsResponse(Body):
-    """(group, state, live members) for every known group."""
+    """(group, state, live members) for every known group; a delivery group's state is
+    :data:`DELIVERY_GROUP_STATE`."""
 
     groups: list[tuple[str, str, int]]
     SCHEMA = (lst(tup(STR, STR, INT)),)
