@@ -28,8 +28,9 @@ class Cluster:
         self.cfg = cfg
         self.brokers: dict[int, BrokerServer] = {}
 
-    async def start(self, broker_id: int) -> BrokerServer:
-        cfg = {"http_port": 0, **self.cfg}  # HTTP off unless a test asks for it
+    async def start(self, broker_id: int, **own: Any) -> BrokerServer:
+        """Start broker ``broker_id`` with the cluster's settings and its ``own``."""
+        cfg = {"http_port": 0, **self.cfg, **own}  # HTTP off unless a test asks for it
         config = BrokerConfig(data_dir=str(self.tmp / f"b{broker_id}"), port=0,
                               broker_id=broker_id, metadata="memory://", cluster="t",
                               **cfg).validate()

@@ -21,6 +21,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from ferrymq.broker.cluster_groups import ClusterGroups
+from ferrymq.broker.cluster_users import ClusterUsers
 from ferrymq.broker.tls import peer_context
 from ferrymq.broker.topics import CLUSTER_TOPIC_ID_BASE, INTERNAL_PREFIX
 from ferrymq.cluster.controller import Controller, elect_preferred_leaders
@@ -79,6 +80,9 @@ class ClusterLink:
         self.replicas: ReplicaManager | None = None
         self.controller: Controller | None = None
         self.groups = ClusterGroups(self)
+        self.users = ClusterUsers(server, self.node)
+        """The cluster's users, mirrored into this broker's users file
+        (:mod:`ferrymq.broker.cluster_users`)."""
         """The consumer groups this broker coordinates (:mod:`ferrymq.broker.cluster_groups`)."""
 
     # --- lifecycle ---------------------------------------------------------------------------
@@ -92,7 +96,6 @@ class ClusterLink:
                 the TLS files cannot be loaded.
         """
         srv, node = self.server, self.node
-        _check_inter_broker_user(srv)
         self.replicas = ReplicaManager(
             srv.config.broker_id, 0, srv.topics, srv.config, srv.clock, srv.flusher,
             address_of=lambda bid: node.view.address_of(bid),
@@ -100,6 +103,8 @@ class ClusterLink:
         srv.replicas = self.replicas
         node.on_fence = self._on_fence
         await node.start()
+        await self.users.start()
+        _check_inter_broker_user(srv)  # among the cluster's users, now in the file
         self.replicas.incarnation = node.incarnation
         first = await node.reserve_producer_ids()
         srv.producer_ids.use_cluster_blocks(first, self._refill_producer_ids)
@@ -299,5 +304,6 @@ def _check_inter_broker_user(srv: BrokerServer) -> None:
     if user is None or not user.admin:
         raise ConfigError(
             f"inter_broker_user {name!r} is {'not in' if user is None else 'not an admin of'} "
-            f"the users file {srv.config.users_file}: followers log in to their leaders as "
+            f"the users of {srv.config.users_file} (on a cluster: the cluster's users, "
+            "docs/cluster.md): followers log in to their leaders as "
             "that user, and replication needs admin rights (ferrymq user add NAME --admin)")

@@ -439,7 +439,7 @@ class BrokerServer:
             except Exception:
                 log.exception("delivery tick failed")
 
-    def _close_removed_users(self) -> None:
+    def close_removed_users(self) -> None:
         """After the users file was edited offline: close the connections of users it no longer
         has, as DELETE_USER does (their reconnects then fail the handshake)."""
         assert self.auth is not None
@@ -469,7 +469,9 @@ class BrokerServer:
                         c.cut_off(f"stalled reader: no response bytes taken for "
                                   f"write_stall_timeout_ms={cfg.write_stall_timeout_ms}")
                 if self.auth is not None and self.auth.store.reload_if_changed():
-                    self._close_removed_users()
+                    self.close_removed_users()
+                    if self.cluster is not None:  # the cluster's users, not this file's
+                        self.cluster.users.file_changed()
                 if now - self._last_retention >= cfg.retention_check_interval_ms / 1000:
                     self._last_retention = now
                     wall = self.clock.wall_ms()

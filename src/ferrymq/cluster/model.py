@@ -10,6 +10,8 @@ Keys, under ``/ferrymq/<cluster>/``::
     producer_ids            ProducerIdBlock   the next free producer id (blocks taken by CAS)
     counters/controller_epoch  Counter        the last controller epoch (bumped by each new controller)
     counters/topic_id          Counter        the next free topic id (taken by a topic's create)
+    users/<name>            users-file entry  a user of the cluster (TOML, as in a users file)
+    counters/users_version     Counter        bumped by every change of users/ (their CAS)
 
 A record's ``version`` is the key's mod revision when it was read (not stored): a writer passes
 it back as the check of its compare-and-swap, so a writer with a stale view (a deposed leader or
@@ -135,13 +137,21 @@ class Keys:
         self.topics = self.root + "topics/"
         self.queues = self.root + "queues/"
         self.producer_ids = self.root + "producer_ids"
+        self.users = self.root + "users/"
+        """One key per user of the cluster (a users-file entry); written only with a check of
+        :attr:`users_version`, which every change bumps."""
         # not under "controller": a watch of the controller key is a watch of its prefix
         self.controller_epoch = self.root + "counters/controller_epoch"
         self.topic_ids = self.root + "counters/topic_id"
+        self.users_version = self.root + "counters/users_version"
 
     def broker(self, broker_id: int) -> str:
         """The key of broker ``broker_id``."""
         return f"{self.brokers}{broker_id}"
+
+    def user(self, name: str) -> str:
+        """The key of user ``name``."""
+        return self.users + name
 
     def topic(self, name: str) -> str:
         """The key of topic ``name``."""

@@ -88,6 +88,8 @@ class ClusterView:
         self.controller: int = NO_LEADER
         self.topics: dict[str, TopicRecord] = {}
         self.queues: dict[tuple[str, int], QueueRecord] = {}
+        self.users: dict[str, bytes] = {}
+        """The cluster's users by name, each a users-file entry (the broker parses them)."""
 
     def address_of(self, broker_id: int) -> tuple[str, int] | None:
         """The address of a live broker, or None."""
@@ -127,6 +129,8 @@ class ClusterNode:
                                None] = lambda *a: None
         """Called on a role change: (topic, queue, old role, new role, record, min_insync)."""
         self.on_fence: Callable[[bool], None] = lambda fenced: None
+        self.on_users_changed: Callable[[], None] = lambda: None
+        """Called after a read or a watch batch changed :attr:`ClusterView.users`."""
         """Called when the node fences (True) or unfences (False) acks=all writes."""
         self.ensure_topic: Callable[[TopicRecord], None] = lambda t: None
         """Creates a cluster topic locally if missing (set by the broker)."""
@@ -265,6 +269,7 @@ class ClusterNode:
         self._reconcile_topics()
         self._apply_roles()
         self._revision = revision
+        self.on_users_changed()
         return revision
 
     def _apply_kv(self, view: ClusterView, key: str, kv: KeyValue, *, deleted: bool) -> None:
@@ -290,17 +295,27 @@ class ClusterNode:
                 view.queues.pop(tq, None)
             else:
                 view.queues[tq] = QueueRecord.decode(kv)
+        elif key.startswith(k.users):
+            name = key[len(k.users):]
+            if deleted:
+                view.users.pop(name, None)
+            else:
+                view.users[name] = kv.value
 
     def _apply_events(self, events: list[WatchEvent]) -> None:
-        topics_changed = False
+        topics_changed = users_changed = False
         for e in events:
             if e.kv.key.startswith(self.keys.topics):
                 topics_changed = True
+            elif e.kv.key.startswith(self.keys.users):
+                users_changed = True
             self._apply_kv(self.view, e.kv.key, e.kv, deleted=e.deleted)
             self._revision = max(self._revision, e.kv.mod_revision)
         if topics_changed:
             self._reconcile_topics()
         self._apply_roles()
+        if users_changed:
+            self.on_users_changed()
 
     def _reconcile_topics(self) -> None:
         local = self.local_topics()

@@ -21,6 +21,10 @@ connections stay authenticated. A deleted user's open connections are closed (Ra
 the same) with a connection-level AUTHENTICATION_FAILED frame naming the reason; the
 requesting connection, if it is one of them, gets its answer first.
 
+On a cluster the users live in the metadata store and every broker's file mirrors them: a
+change is written there by compare-and-swap, with the same checks, and reaches the other
+brokers through their watch (:mod:`ferrymq.broker.cluster_users`).
+
 The request carries the SCRAM stored credential (salt, iterations, stored key, server key),
 which the client derived from the secret: the secret never reaches the broker, and neither the
 keys nor the salt are logged or listed.
@@ -88,9 +92,15 @@ def _retrieve(task: asyncio.Future[Any]) -> None:
         task.exception()  # nobody may be left to read a refusal: not "never retrieved"
 
 
-async def _write(auth: Authenticator, change: dict[str, User | None],
+async def _write(conn: ClientConnection, auth: Authenticator, change: dict[str, User | None],
                  check: Callable[[dict[str, User]], None]) -> None:
-    """Change the users file off the event loop, then reload the store at once."""
+    """Change the users file off the event loop, then reload the store at once; on a cluster,
+    the cluster's users (:mod:`ferrymq.broker.cluster_users`), which this broker's file
+    mirrors."""
+    cluster = conn.server.cluster
+    if cluster is not None:
+        await cluster.users.write(change, check)
+        return
     try:
         await asyncio.to_thread(update_users_file, auth.store.path, change, check)
     except (ConfigError, OSError) as exc:
@@ -124,7 +134,7 @@ def upsert_user(conn: ClientConnection, req: m.UpsertUserRequest
             _no_admin_left({**users, user.name: user}, user.name, "take the admin right from")
 
     async def run() -> m.UpsertUserResponse:
-        await _write(auth, {user.name: user}, check)
+        await _write(conn, auth, {user.name: user}, check)
         log.info("user %r %s by %s: admin=%s produce=%s consume=%s groups=%s "
                  "produce_bytes_per_s=%d", user.name, "replaced" if existed else "created",
                  _by(conn), user.admin, list(user.produce), list(user.consume),
@@ -147,7 +157,7 @@ def delete_user(conn: ClientConnection, req: m.DeleteUserRequest
             _no_admin_left({n: u for n, u in users.items() if n != name}, name, "delete")
 
     async def run() -> m.DeleteUserResponse:
-        await _write(auth, {name: None}, check)
+        await _write(conn, auth, {name: None}, check)
         victims = [c for c in conn.server.connections if c.principal == name and not c.closed]
         reason = f"user {name!r} was deleted by {conn.principal!r}: connection closed"
         for c in victims:
