@@ -44,3 +44,16 @@ def cluster_preferred_leaders(state: CliState, topics: tuple[str, ...], json_fla
     with state.admin() as admin:
         moved = admin.elect_preferred_leaders(list(topics) if topics else None)
     state.printer_with(json_flag).preferred_leaders(moved)
+
+
+@cluster.command("drain")
+@click.argument("broker_id", type=click.IntRange(0, 2**31 - 1))
+@json_option
+@pass_state
+def cluster_drain(state: CliState, broker_id: int, json_flag: bool) -> None:
+    """Move the leadership of every queue BROKER_ID leads to another replica alive and in sync,
+    before maintenance of that broker; it stays a follower. Queues no other replica can take
+    are named by count. `cluster preferred-leaders` moves leadership back afterwards."""
+    with state.admin() as admin:
+        result = admin.drain_broker(broker_id)
+    state.printer_with(json_flag).drained(broker_id, result)

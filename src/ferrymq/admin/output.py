@@ -44,6 +44,7 @@ from ferrymq.client.admin import (
     ClusterDescription,
     DeadLetter,
     DeliveryGroupDescription,
+    DrainResult,
     GroupDescription,
     GroupListing,
     KeySearch,
@@ -177,6 +178,18 @@ class Printer:
             self.json({"moved": moved})
         else:
             self.line(f"{moved} queue{'' if moved == 1 else 's'} moved to the preferred leader")
+
+    def drained(self, broker_id: int, result: DrainResult) -> None:
+        """``cluster drain``: leaderships moved away, and those the broker keeps."""
+        if self.json_mode:
+            self.json({"broker": broker_id, "moved": result.moved, "left": result.left})
+            return
+        self.line(f"{result.moved} queue{'' if result.moved == 1 else 's'} moved away from "
+                  f"broker {broker_id}")
+        if result.left:
+            self.line(f"{result.left} queue{'' if result.left == 1 else 's'} still led by broker "
+                      f"{broker_id}: no other replica is alive and in sync (stopping it makes "
+                      "them unavailable until it is back)")
 
     def cluster(self, desc: ClusterDescription) -> None:
         """``cluster describe``: brokers, then queues (offline and under-replicated first)."""

@@ -24,7 +24,7 @@ from ferrymq.broker.cluster_groups import ClusterGroups
 from ferrymq.broker.cluster_users import ClusterUsers
 from ferrymq.broker.tls import peer_context
 from ferrymq.broker.topics import CLUSTER_TOPIC_ID_BASE, INTERNAL_PREFIX
-from ferrymq.cluster.controller import Controller, elect_preferred_leaders
+from ferrymq.cluster.controller import Controller, drain_leaders, elect_preferred_leaders
 from ferrymq.cluster.isr import change_isr, settle_isr
 from ferrymq.cluster.metadata.store import MetadataStore
 from ferrymq.cluster.model import NO_LEADER, QueueRecord, TopicRecord
@@ -262,6 +262,12 @@ class ClusterLink:
         node = self.node
         return m.ElectPreferredLeadersResponse(
             await elect_preferred_leaders(node.store, node.keys, topics))
+
+    async def drain_broker(self, broker_id: int) -> m.DrainBrokerResponse:
+        """Move broker ``broker_id``'s leaderships to other in-sync replicas (from this broker,
+        whichever holds the controller's seat: the writes are checked against it)."""
+        node = self.node
+        return m.DrainBrokerResponse(*await drain_leaders(node.store, node.keys, broker_id))
 
     def cluster_metadata(self, req: m.ClusterMetadataRequest) -> m.ClusterMetadataResponse:
         """The CLUSTER_METADATA answer from this broker's view."""

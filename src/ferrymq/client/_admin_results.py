@@ -180,6 +180,15 @@ def merge_group_listings(rows: Iterable[GroupListing]) -> list[GroupListing]:
     return sorted(merged.values())
 
 
+class DrainResult(NamedTuple):
+    """What :meth:`~ferrymq.client.admin.AsyncAdminClient.drain_broker` did."""
+
+    moved: int
+    """Queues whose leadership moved to another replica."""
+    left: int
+    """Queues the broker still leads: no other replica alive and in sync."""
+
+
 class GroupListing(NamedTuple):
     """A group in :meth:`~ferrymq.client.admin.AsyncAdminClient.list_groups` (a delivery
     group's state is ``DELIVERY``)."""

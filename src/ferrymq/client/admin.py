@@ -21,6 +21,7 @@ from ferrymq.client._admin_results import (
     DeliveryMember,
     DeliveryQueue,
     DeliveryStatus,
+    DrainResult,
     GroupDescription,
     GroupListing,
     GroupMember,
@@ -75,6 +76,7 @@ __all__ = [
     "DeliveryMember",
     "DeliveryQueue",
     "DeliveryStatus",
+    "DrainResult",
     "GroupDescription",
     "GroupListing",
     "GroupMember",
@@ -205,6 +207,23 @@ class AsyncAdminClient:
         resp = await self._session.request(m.ElectPreferredLeadersRequest(topics),
                                            m.ElectPreferredLeadersResponse)
         return resp.moved
+
+    async def drain_broker(self, broker_id: int) -> DrainResult:
+        """Move the leadership of every queue broker ``broker_id`` leads to another replica
+        alive and in its ISR, before maintenance of that broker (it stays a follower, and the
+        leaderships stay moved until it restarts or :meth:`elect_preferred_leaders` runs). Any
+        broker of a cluster does it.
+
+        Returns:
+            How many queues moved, and how many it still leads (no other replica alive and in
+            sync: stopping it makes them unavailable until it is back).
+
+        Raises:
+            InvalidRequestError: ``broker_id`` is not a live broker, or this is a single broker.
+        """
+        resp = await self._session.request(m.DrainBrokerRequest(broker_id),
+                                           m.DrainBrokerResponse)
+        return DrainResult(resp.moved, resp.left)
 
     async def delete_topic(self, name: str) -> None:
         """Delete a topic and its data."""

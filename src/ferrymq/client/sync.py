@@ -24,6 +24,7 @@ from ferrymq.client.admin import (
     ClusterDescription,
     DeadLetter,
     DeliveryGroupDescription,
+    DrainResult,
     KeySearch,
     MessageStatus,
     UserInfo,
@@ -375,6 +376,10 @@ class AdminClient:
     def elect_preferred_leaders(self, topics: list[str] | None = None) -> int:
         """See :meth:`ferrymq.client.admin.AsyncAdminClient.elect_preferred_leaders`."""
         return _run(self._async.elect_preferred_leaders(topics))
+
+    def drain_broker(self, broker_id: int) -> DrainResult:
+        """See :meth:`ferrymq.client.admin.AsyncAdminClient.drain_broker`."""
+        return _run(self._async.drain_broker(broker_id))
 
     def delete_group(self, group: str, *, delete_dlq: bool = False) -> m.DeleteGroupResponse:
         """See :meth:`ferrymq.client.admin.AsyncAdminClient.delete_group`."""

@@ -71,6 +71,7 @@ from ferrymq.cluster.model import (
     TopicRecord,
 )
 from ferrymq.errors import (
+    InvalidRequestError,
     MetadataLeaseExpiredError,
     MetadataUnavailableError,
     NotControllerError,
@@ -118,6 +119,18 @@ def decide_preferred(record: QueueRecord, live: set[int]) -> QueueRecord | None:
     preferred = record.replicas[0] if record.replicas else NO_LEADER
     if record.leader != preferred and preferred in live and preferred in record.isr:
         return record.with_leader(preferred)
+    return None
+
+
+def decide_drained(record: QueueRecord, broker_id: int, live: set[int]) -> QueueRecord | None:
+    """The record with leadership moved from ``broker_id`` to the first other replica alive and
+    in the ISR (``broker_id`` stays in the ISR, as a follower); None when ``broker_id`` does not
+    lead it or no other replica can take it."""
+    if record.leader != broker_id:
+        return None
+    for b in record.replicas:
+        if b != broker_id and b in record.isr and b in live:
+            return record.with_leader(b)
     return None
 
 
@@ -203,6 +216,52 @@ async def elect_preferred_leaders(store: MetadataStore, keys: Keys,
         # else: the queue, its preferred broker or the seat changed meanwhile: whoever changed
         # it decided on fresher facts; the next run decides again
     return moved
+
+
+async def drain_leaders(store: MetadataStore, keys: Keys, broker_id: int) -> tuple[int, int]:
+    """Move the leadership of every queue ``broker_id`` leads to another replica alive and in
+    its ISR (:func:`decide_drained`), before maintenance of that broker: (queues moved, queues
+    it still leads because no other replica could take them). Safe from any broker, as
+    :func:`elect_preferred_leaders`: each write checks the queue's record, the seat as read and
+    the new leader's registration. The controller leaves a live leader where it is, so the
+    leaderships stay moved until the broker restarts or preferred leaders are elected.
+
+    Raises:
+        InvalidRequestError: ``broker_id`` is not a live broker of the cluster.
+        MetadataUnavailableError: the store cannot be reached.
+    """
+    snap = await read_cluster(store, keys)
+    if broker_id not in snap.brokers:
+        raise InvalidRequestError(f"broker {broker_id} is not a live broker of this cluster "
+                                  f"(live: {sorted(snap.brokers)})")
+    live = set(snap.brokers)
+    moved = left = 0
+    for (name, q), record in sorted(snap.queues.items()):
+        topic = snap.topics.get(name)
+        if topic is None or q >= topic.queues or record.leader != broker_id:
+            continue
+        key = keys.queue(name, q)
+        for _ in range(MAX_QUEUE_WRITE_ATTEMPTS):
+            new = decide_drained(record, broker_id, live)
+            if new is None:  # no other replica can lead it, or it moved meanwhile
+                left += record.leader == broker_id
+                break
+            rev = await store.commit(
+                [Check(key, record.version), Check(keys.controller, snap.seat),
+                 Check(keys.broker(new.leader), snap.brokers[new.leader].mod_revision)],
+                [Put(key, new.encode())])
+            if rev is not None:
+                log.info("%s/%d: leader %d -> %d to drain broker %d (epoch %d)", name, q,
+                         record.leader, new.leader, broker_id, new.leader_epoch)
+                moved += 1
+                break
+            kv = await store.get(key)  # changed meanwhile (an ISR write): decide again
+            if kv is None:
+                break
+            record = QueueRecord.decode(kv)
+        else:
+            left += 1
+    return moved, left
 
 
 class Controller:

@@ -138,6 +138,8 @@ SAMPLES: list[m.Body] = [
     m.ElectPreferredLeadersRequest(["orders"]),
     m.ElectPreferredLeadersRequest(None),
     m.ElectPreferredLeadersResponse(3),
+    m.DrainBrokerRequest(2),
+    m.DrainBrokerResponse(5, 1),
     m.ReplicaFetchRequest(2, 5, 500, 1 << 20, [("orders", 0, 3, 120, 118)]),
     m.ReplicaFetchResponse([("orders", 0, 0, "", 118, 130, 0, b"batches")],
                            [("orders", 0, [(2, 100), (3, 125)])]),

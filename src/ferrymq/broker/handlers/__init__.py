@@ -80,5 +80,6 @@ HANDLERS: dict[int, Handler] = {
     ApiKey.REPLICA_FETCH: cluster.replica_fetch,
     ApiKey.OFFSET_FOR_EPOCH: cluster.offset_for_epoch,
     ApiKey.ELECT_PREFERRED_LEADERS: cluster.elect_preferred_leaders,
+    ApiKey.DRAIN_BROKER: cluster.drain_broker,
 }
 assert set(HANDLERS) == set(ApiKey)

@@ -1,4 +1,4 @@
-"""CLUSTER_METADATA, ELECT_PREFERRED_LEADERS, REPLICA_FETCH and OFFSET_FOR_EPOCH.
+"""CLUSTER_METADATA, ELECT_PREFERRED_LEADERS, DRAIN_BROKER, REPLICA_FETCH and OFFSET_FOR_EPOCH.
 
 A single broker (no ``--metadata``) answers CLUSTER_METADATA with itself as the only broker and
 the leader of every queue at epoch 0, so that clients take one path whether they talk to a
@@ -55,6 +55,17 @@ def elect_preferred_leaders(conn: ClientConnection, req: m.ElectPreferredLeaders
         if name not in srv.topics.topics:
             raise UnknownTopicError(f"unknown topic {name[:249]!r}")
     return m.ElectPreferredLeadersResponse(0)
+
+
+def drain_broker(conn: ClientConnection, req: m.DrainBrokerRequest
+                 ) -> m.DrainBrokerResponse | Awaitable[Body]:
+    """Move every leadership of a broker to other in-sync replicas (any broker of a cluster
+    runs it: :func:`ferrymq.cluster.controller.drain_leaders`); a single broker refuses."""
+    srv = conn.server
+    if srv.cluster is None:
+        raise InvalidRequestError("this broker is not part of a cluster: there is no other "
+                                  "broker to move its queues' leadership to")
+    return srv.cluster.drain_broker(req.broker_id)
 
 
 def replica_fetch(conn: ClientConnection,

@@ -26,6 +26,8 @@ from ferrymq.protocol.messages.cluster import (
     BrokerAddress,
     ClusterMetadataRequest,
     ClusterMetadataResponse,
+    DrainBrokerRequest,
+    DrainBrokerResponse,
     ElectPreferredLeadersRequest,
     ElectPreferredLeadersResponse,
     EpochEndResult,
@@ -202,7 +204,8 @@ __all__ = [
     "STRMAP", "astuple_shallow", "lst", "opt", "tup",
     # cluster
     "BrokerAddress", "ClusterMetadataRequest", "ClusterMetadataResponse",
-    "ElectPreferredLeadersRequest", "ElectPreferredLeadersResponse", "EpochEndResult",
+    "DrainBrokerRequest", "DrainBrokerResponse", "ElectPreferredLeadersRequest",
+    "ElectPreferredLeadersResponse", "EpochEndResult",
     "EpochEntries", "OffsetForEpochRequest", "OffsetForEpochResponse", "QueueLeadership",
     "ReplicaFetchEntry", "ReplicaFetchRequest", "ReplicaFetchResponse", "ReplicaFetchResult",
     "TopicLeadership",
@@ -261,7 +264,7 @@ REQUESTS: dict[int, type[Request]] = {
         CommitStagedRequest, AbortStagedRequest, DescribeTxnsRequest,
         AuthStartRequest, AuthFinishRequest, WhoAmIRequest,
         ClusterMetadataRequest, ReplicaFetchRequest, OffsetForEpochRequest,
-        ElectPreferredLeadersRequest,
+        ElectPreferredLeadersRequest, DrainBrokerRequest,
         UpsertUserRequest, DeleteUserRequest, ListUsersRequest, DeleteGroupRequest,
     )
 }

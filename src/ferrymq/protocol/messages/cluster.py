@@ -1,6 +1,6 @@
-"""The cluster: CLUSTER_METADATA (who leads what), ELECT_PREFERRED_LEADERS (an admin's request),
-REPLICA_FETCH and OFFSET_FOR_EPOCH (the followers' side of replication). See ``docs/cluster.md``
-and ``docs/protocol.md``."""
+"""The cluster: CLUSTER_METADATA (who leads what), ELECT_PREFERRED_LEADERS and DRAIN_BROKER (an
+admin's requests), REPLICA_FETCH and OFFSET_FOR_EPOCH (the followers' side of replication). See
+``docs/cluster.md`` and ``docs/protocol.md``."""
 
 from __future__ import annotations
 
@@ -73,6 +73,28 @@ class ElectPreferredLeadersRequest(Request):
     API_KEY = ApiKey.ELECT_PREFERRED_LEADERS
     RESPONSE = ElectPreferredLeadersResponse
     SCHEMA = (opt(lst(STR)),)
+
+
+@dataclass(frozen=True, slots=True)
+class DrainBrokerResponse(Body):
+    """How many queues' leadership moved away from the broker, and how many it still leads
+    (no other replica alive and in sync)."""
+
+    moved: int
+    left: int
+    SCHEMA = (INT, INT)
+
+
+@dataclass(frozen=True, slots=True)
+class DrainBrokerRequest(Request):
+    """Move the leadership of every queue ``broker_id`` leads to another replica alive and in
+    its ISR (before maintenance); the broker stays a follower. Any broker of a cluster answers
+    it; a single broker refuses it."""
+
+    broker_id: int
+    API_KEY = ApiKey.DRAIN_BROKER
+    RESPONSE = DrainBrokerResponse
+    SCHEMA = (INT,)
 
 
 ReplicaFetchEntry = tuple[str, int, int, int, int]

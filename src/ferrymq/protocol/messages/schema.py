@@ -81,6 +81,7 @@ class ApiKey(enum.IntEnum):
     REPLICA_FETCH = 51
     OFFSET_FOR_EPOCH = 52
     ELECT_PREFERRED_LEADERS = 53
+    DRAIN_BROKER = 54
 
 
 # --- schema ---------------------------------------------------------------------------------
