@@ -7,15 +7,17 @@ Like every command (see :mod:`ferrymq.admin.cli`), it makes one call on the sync
 
 from __future__ import annotations
 
+import time
+
 import click
 
-from ferrymq.admin.cli_state import CliState, json_option, pass_state
+from ferrymq.admin.cli_state import CliState, CommandError, json_option, pass_state
 from ferrymq.client.admin import ClusterDescription
 
 
 @click.group()
 def cluster() -> None:
-    """Look at the cluster (brokers, leaders, in-sync replicas); move leaders back."""
+    """Look at the cluster (brokers, leaders, in-sync replicas); move leaders and replicas."""
 
 
 @cluster.command("describe")
@@ -57,3 +59,54 @@ def cluster_drain(state: CliState, broker_id: int, json_flag: bool) -> None:
     with state.admin() as admin:
         result = admin.drain_broker(broker_id)
     state.printer_with(json_flag).drained(broker_id, result)
+
+
+def _broker_ids(ctx: click.Context, param: click.Parameter, value: str) -> list[int]:
+    try:
+        ids = [int(p) for p in value.split(",") if p.strip()]
+    except ValueError:
+        raise click.BadParameter(f"broker ids separated by commas (e.g. 2,3,4), not {value!r}"
+                                 ) from None
+    if not ids or any(not 0 <= i < 2**31 for i in ids):
+        raise click.BadParameter(f"broker ids 0..2**31-1 separated by commas, not {value!r}")
+    return ids
+
+
+REASSIGN_POLL_S = 0.5
+"""How often ``cluster reassign --wait`` looks at the queue's replicas."""
+
+
+@cluster.command("reassign")
+@click.argument("topic")
+@click.argument("queue", type=click.IntRange(0))
+@click.option("--replicas", "replicas", required=True, callback=_broker_ids, metavar="IDS",
+              help="The new replicas, broker ids separated by commas; the first is the "
+                   "preferred leader.")
+@click.option("--wait", "wait_s", type=click.FloatRange(0), default=0.0, show_default=True,
+              help="Wait up to this many seconds for the new replicas to catch up and the old "
+                   "ones to leave (0: return once it started).")
+@json_option
+@pass_state
+def cluster_reassign(state: CliState, topic: str, queue: int, replicas: list[int],
+                     wait_s: float, json_flag: bool) -> None:
+    """Move QUEUE of TOPIC to other brokers (to replace a machine, or spread load): the new
+    replicas copy it as followers, then, once every one is in sync, they become the queue's
+    replicas and the others leave it (leadership moves if the leader leaves). `cluster
+    describe` shows old and new replicas until then."""
+    with state.admin() as admin:
+        started = admin.reassign_queue(topic, queue, replicas)
+        done = False
+        deadline = time.monotonic() + wait_s
+        while wait_s:
+            q = next((q for q in admin.cluster_describe().queues
+                      if q.topic == topic and q.queue == queue), None)
+            if q is not None and list(q.replicas) == replicas:
+                done = True
+                break
+            if time.monotonic() >= deadline:
+                isr = list(q.isr) if q is not None else []
+                raise CommandError(f"{topic}/{queue} is still being reassigned after {wait_s:g} s "
+                                   f"(in sync: {isr}, wanted: {replicas}); it goes on: see "
+                                   "`ferrymq cluster describe`")
+            time.sleep(REASSIGN_POLL_S)
+    state.printer_with(json_flag).reassigned(topic, queue, replicas, started, done)

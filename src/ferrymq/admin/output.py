@@ -50,6 +50,7 @@ from ferrymq.client.admin import (
     KeySearch,
     MessageStatus,
     QueueOffset,
+    Reassignment,
     TopicDescription,
     TopicListing,
     UserInfo,
@@ -178,6 +179,17 @@ class Printer:
             self.json({"moved": moved})
         else:
             self.line(f"{moved} queue{'' if moved == 1 else 's'} moved to the preferred leader")
+
+    def reassigned(self, topic: str, queue: int, replicas: list[int], started: Reassignment,
+                   done: bool) -> None:
+        """``cluster reassign``: who joins, who leaves, and whether it finished."""
+        if self.json_mode:
+            self.json({"topic": topic, "queue": queue, "replicas": replicas,
+                       "adding": started.adding, "removing": started.removing, "done": done})
+            return
+        self.line(f"{topic}/{queue}: replicas {replicas} "
+                  + ("(done)" if done else "(started)")
+                  + f"; adding {started.adding or 'none'}, removing {started.removing or 'none'}")
 
     def drained(self, broker_id: int, result: DrainResult) -> None:
         """``cluster drain``: leaderships moved away, and those the broker keeps."""

@@ -107,6 +107,7 @@ NEEDS: dict[int, _Rule] = {
     m.ApiKey.OFFSET_FOR_EPOCH: lambda r, s: [ADMIN],
     m.ApiKey.ELECT_PREFERRED_LEADERS: lambda r, s: [ADMIN],
     m.ApiKey.DRAIN_BROKER: lambda r, s: [ADMIN],
+    m.ApiKey.REASSIGN_QUEUE: lambda r, s: [ADMIN],
     m.ApiKey.CREATE_TOPIC: lambda r, s: [ADMIN],
     m.ApiKey.DELETE_TOPIC: lambda r, s: [ADMIN],
     m.ApiKey.DESCRIBE_TOPIC: lambda r, s: [("describe", r.name)],

@@ -24,7 +24,12 @@ from ferrymq.broker.cluster_groups import ClusterGroups
 from ferrymq.broker.cluster_users import ClusterUsers
 from ferrymq.broker.tls import peer_context
 from ferrymq.broker.topics import CLUSTER_TOPIC_ID_BASE, INTERNAL_PREFIX
-from ferrymq.cluster.controller import Controller, drain_leaders, elect_preferred_leaders
+from ferrymq.cluster.controller import (
+    Controller,
+    drain_leaders,
+    elect_preferred_leaders,
+    reassign_queue,
+)
 from ferrymq.cluster.isr import change_isr, settle_isr
 from ferrymq.cluster.metadata.store import MetadataStore
 from ferrymq.cluster.model import NO_LEADER, QueueRecord, TopicRecord
@@ -268,6 +273,14 @@ class ClusterLink:
         whichever holds the controller's seat: the writes are checked against it)."""
         node = self.node
         return m.DrainBrokerResponse(*await drain_leaders(node.store, node.keys, broker_id))
+
+    async def reassign_queue(self, topic: str, queue: int, target: list[int]
+                             ) -> m.ReassignQueueResponse:
+        """Start moving a queue to the replicas ``target`` (the controller finishes it)."""
+        node = self.node
+        before, after = await reassign_queue(node.store, node.keys, topic, queue, target)
+        return m.ReassignQueueResponse([b for b in target if b not in before.replicas],
+                                       [b for b in after.replicas if b not in target])
 
     def cluster_metadata(self, req: m.ClusterMetadataRequest) -> m.ClusterMetadataResponse:
         """The CLUSTER_METADATA answer from this broker's view."""

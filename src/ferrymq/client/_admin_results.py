@@ -189,6 +189,15 @@ class DrainResult(NamedTuple):
     """Queues the broker still leads: no other replica alive and in sync."""
 
 
+class Reassignment(NamedTuple):
+    """What :meth:`~ferrymq.client.admin.AsyncAdminClient.reassign_queue` started."""
+
+    adding: list[int]
+    """Brokers that copy the queue and join its replicas."""
+    removing: list[int]
+    """Brokers that leave its replicas once the new ones are in sync."""
+
+
 class GroupListing(NamedTuple):
     """A group in :meth:`~ferrymq.client.admin.AsyncAdminClient.list_groups` (a delivery
     group's state is ``DELIVERY``)."""

@@ -32,6 +32,7 @@ from ferrymq.client._admin_results import (
     QueueDescription,
     QueueOffset,
     QueueReplication,
+    Reassignment,
     SinkFence,
     TopicDescription,
     TopicListing,
@@ -87,6 +88,7 @@ __all__ = [
     "QueueDescription",
     "QueueOffset",
     "QueueReplication",
+    "Reassignment",
     "SinkFence",
     "TopicDescription",
     "TopicListing",
@@ -224,6 +226,25 @@ class AsyncAdminClient:
         resp = await self._session.request(m.DrainBrokerRequest(broker_id),
                                            m.DrainBrokerResponse)
         return DrainResult(resp.moved, resp.left)
+
+    async def reassign_queue(self, topic: str, queue: int, replicas: Sequence[int]
+                             ) -> Reassignment:
+        """Start moving ``queue`` of ``topic`` to the brokers ``replicas`` (the first is the
+        preferred leader), e.g. to replace a machine: the new brokers copy the queue as
+        followers, and once every one is in sync the controller makes ``replicas`` the queue's
+        replicas (leadership moves if the leader is not among them). Returns at once; the
+        queue's replicas in :meth:`cluster_describe` show the old and new brokers until it is
+        done. Any broker of a cluster does it.
+
+        Raises:
+            UnknownTopicError, UnknownQueueError: no such topic or queue.
+            InvalidReplicationFactorError: ``replicas`` empty, repeating a broker, naming one
+                that is not live, or fewer than the topic's ``min_insync``.
+            InvalidRequestError: a single broker (no replicas to move).
+        """
+        resp = await self._session.request(
+            m.ReassignQueueRequest(topic, queue, list(replicas)), m.ReassignQueueResponse)
+        return Reassignment(resp.adding, resp.removing)
 
     async def delete_topic(self, name: str) -> None:
         """Delete a topic and its data."""

@@ -27,6 +27,7 @@ from ferrymq.client.admin import (
     DrainResult,
     KeySearch,
     MessageStatus,
+    Reassignment,
     UserInfo,
 )
 from ferrymq.client.consumer import AsyncPullConsumer, TopicQueue
@@ -376,6 +377,10 @@ class AdminClient:
     def elect_preferred_leaders(self, topics: list[str] | None = None) -> int:
         """See :meth:`ferrymq.client.admin.AsyncAdminClient.elect_preferred_leaders`."""
         return _run(self._async.elect_preferred_leaders(topics))
+
+    def reassign_queue(self, topic: str, queue: int, replicas: Sequence[int]) -> Reassignment:
+        """See :meth:`ferrymq.client.admin.AsyncAdminClient.reassign_queue`."""
+        return _run(self._async.reassign_queue(topic, queue, replicas))
 
     def drain_broker(self, broker_id: int) -> DrainResult:
         """See :meth:`ferrymq.client.admin.AsyncAdminClient.drain_broker`."""

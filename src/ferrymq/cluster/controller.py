@@ -71,10 +71,12 @@ from ferrymq.cluster.model import (
     TopicRecord,
 )
 from ferrymq.errors import (
+    InvalidReplicationFactorError,
     InvalidRequestError,
     MetadataLeaseExpiredError,
     MetadataUnavailableError,
     NotControllerError,
+    UnknownQueueError,
     UnknownTopicError,
 )
 
@@ -132,6 +134,32 @@ def decide_drained(record: QueueRecord, broker_id: int, live: set[int]) -> Queue
         if b != broker_id and b in record.isr and b in live:
             return record.with_leader(b)
     return None
+
+
+def decide_reassigned(record: QueueRecord, live: set[int]) -> QueueRecord | None:
+    """The record after its reassignment finished: every broker of ``target`` in the ISR, so
+    ``replicas`` becomes ``target``, the ISR keeps only its members, and leadership moves to the
+    first of them alive in the ISR if the leader is not one (epoch + 1); None while a new replica
+    is still catching up (or nothing is being reassigned)."""
+    target = record.target
+    if not target or not set(target) <= set(record.isr):
+        return None
+    isr = [b for b in record.isr if b in target]
+    done = replace(record, replicas=list(target), isr=isr, target=None)
+    if record.leader in target:
+        return done
+    leaders = [b for b in target if b in isr and b in live]
+    if not leaders:
+        return None  # wait for one of them to be alive: the old leader still serves
+    return done.with_leader(leaders[0])
+
+
+def start_reassignment(record: QueueRecord, target: list[int]) -> QueueRecord:
+    """The record as a reassignment to ``target`` starts: the new replicas join ``replicas``
+    (after the old ones: leadership does not move yet) and begin copying as followers."""
+    return replace(record, replicas=[*record.replicas,
+                                     *(b for b in target if b not in record.replicas)],
+                   target=list(target))
 
 
 def is_unclean(topic: TopicRecord) -> bool:
@@ -264,6 +292,53 @@ async def drain_leaders(store: MetadataStore, keys: Keys, broker_id: int) -> tup
     return moved, left
 
 
+async def reassign_queue(store: MetadataStore, keys: Keys, topic: str, queue: int,
+                         target: list[int]) -> tuple[QueueRecord, QueueRecord]:
+    """Start moving ``queue`` of ``topic`` to the replicas ``target`` (the first is the
+    preferred leader): the new ones join and copy the queue as followers; once all of them are
+    in the ISR the controller makes ``target`` the replicas (:func:`decide_reassigned`). Safe
+    from any broker: the write checks the queue's record and the new replicas' registrations.
+    Returns the record before and the record written.
+
+    Raises:
+        UnknownTopicError, UnknownQueueError: no such topic or queue.
+        InvalidReplicationFactorError: ``target`` is empty, repeats a broker, names a broker
+            that is not live, or has fewer brokers than the topic's ``min_insync``.
+        InvalidRequestError: the queue kept changing (try again).
+        MetadataUnavailableError: the store cannot be reached.
+    """
+    if not target or len(set(target)) != len(target):
+        raise InvalidReplicationFactorError(
+            f"replicas must be distinct broker ids, at least one, not {target}")
+    key = keys.queue(topic, queue)
+    for _ in range(MAX_QUEUE_WRITE_ATTEMPTS):
+        snap = await read_cluster(store, keys)
+        t = snap.topics.get(topic)
+        if t is None:
+            raise UnknownTopicError(f"unknown topic {topic[:249]!r}")
+        record = snap.queues.get((topic, queue))
+        if record is None or not 0 <= queue < t.queues:
+            raise UnknownQueueError(f"topic {topic!r} has queues 0..{t.queues - 1}, not {queue}")
+        dead = [b for b in target if b not in snap.brokers]
+        if dead:
+            raise InvalidReplicationFactorError(
+                f"broker(s) {dead} are not live brokers of this cluster (live: "
+                f"{sorted(snap.brokers)})")
+        if len(target) < t.min_insync:
+            raise InvalidReplicationFactorError(
+                f"{len(target)} replica(s) are fewer than topic {topic!r}'s min_insync "
+                f"{t.min_insync}: acks=all sends could never be acknowledged")
+        new = start_reassignment(record, target)
+        checks = [Check(key, record.version),
+                  *(Check(keys.broker(b), snap.brokers[b].mod_revision) for b in target)]
+        if (rev := await store.commit(checks, [Put(key, new.encode())])) is not None:
+            log.info("%s/%d: reassigning from %s to %s", topic, queue, record.replicas, target)
+            return record, replace(new, version=rev)
+        # the queue (an ISR change) or a new replica's registration changed: check again
+    raise InvalidRequestError(f"{topic}/{queue} kept changing while its reassignment was "
+                              "written: try again")
+
+
 class Controller:
     """The controller's logic for broker ``broker_id`` (see the module docstring).
 
@@ -387,8 +462,11 @@ class Controller:
                     name, q, record, partial(decide_leadership, live=gone, unclean=unclean))
                 written += n
             if current is not None:
-                _, n = await self._update(
+                current, n = await self._update(
                     name, q, current, partial(decide_leadership, live=live, unclean=unclean))
+                written += n
+            if current is not None and current.target is not None:
+                _, n = await self._update(name, q, current, partial(decide_reassigned, live=live))
                 written += n
         return written
 
@@ -516,6 +594,9 @@ class Controller:
                                         + ("deleted" if e.deleted else "taken"))
             elif key.startswith(k.brokers) or key.startswith(k.topics):
                 need = True
+            elif key.startswith(k.queues) and not e.deleted:
+                rec = QueueRecord.decode(e.kv)  # a reassignment whose new replicas caught up
+                need = need or (rec.target is not None and set(rec.target) <= set(rec.isr))
         return need
 
     async def _wait_for_vacancy(self) -> None:

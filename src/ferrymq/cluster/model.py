@@ -96,7 +96,9 @@ class TopicRecord(_Record):
 class QueueRecord(_Record):
     """A queue's replication state: the replicas (the first is the preferred leader), the
     leader (``NO_LEADER`` when offline), the leader epoch (bumped at every leader change) and the
-    in-sync replicas (the leader always among them while it leads). ``version``: the key's mod
+    in-sync replicas (the leader always among them while it leads). ``target``: while a
+    reassignment runs, the replicas asked for (``replicas`` holds the old and the new ones until
+    every new one is in sync; the controller then finishes it). ``version``: the key's mod
     revision when read."""
 
     replicas: list[int]
@@ -104,6 +106,7 @@ class QueueRecord(_Record):
     leader_epoch: int
     isr: list[int]
     version: int = 0
+    target: list[int] | None = None
 
     def with_leader(self, leader: int, isr: list[int] | None = None) -> QueueRecord:
         """The record after a leader change (the epoch bumped)."""

@@ -140,6 +140,8 @@ SAMPLES: list[m.Body] = [
     m.ElectPreferredLeadersResponse(3),
     m.DrainBrokerRequest(2),
     m.DrainBrokerResponse(5, 1),
+    m.ReassignQueueRequest("orders", 3, [4, 2, 3]),
+    m.ReassignQueueResponse([4], [1]),
     m.ReplicaFetchRequest(2, 5, 500, 1 << 20, [("orders", 0, 3, 120, 118)]),
     m.ReplicaFetchResponse([("orders", 0, 0, "", 118, 130, 0, b"batches")],
                            [("orders", 0, [(2, 100), (3, 125)])]),

@@ -81,5 +81,6 @@ HANDLERS: dict[int, Handler] = {
     ApiKey.OFFSET_FOR_EPOCH: cluster.offset_for_epoch,
     ApiKey.ELECT_PREFERRED_LEADERS: cluster.elect_preferred_leaders,
     ApiKey.DRAIN_BROKER: cluster.drain_broker,
+    ApiKey.REASSIGN_QUEUE: cluster.reassign_queue,
 }
 assert set(HANDLERS) == set(ApiKey)

@@ -1,4 +1,5 @@
-"""CLUSTER_METADATA, ELECT_PREFERRED_LEADERS, DRAIN_BROKER, REPLICA_FETCH and OFFSET_FOR_EPOCH.
+"""CLUSTER_METADATA, ELECT_PREFERRED_LEADERS, DRAIN_BROKER, REASSIGN_QUEUE, REPLICA_FETCH and
+OFFSET_FOR_EPOCH.
 
 A single broker (no ``--metadata``) answers CLUSTER_METADATA with itself as the only broker and
 the leader of every queue at epoch 0, so that clients take one path whether they talk to a
@@ -66,6 +67,17 @@ def drain_broker(conn: ClientConnection, req: m.DrainBrokerRequest
         raise InvalidRequestError("this broker is not part of a cluster: there is no other "
                                   "broker to move its queues' leadership to")
     return srv.cluster.drain_broker(req.broker_id)
+
+
+def reassign_queue(conn: ClientConnection, req: m.ReassignQueueRequest
+                   ) -> m.ReassignQueueResponse | Awaitable[Body]:
+    """Start moving a queue to other replicas (any broker of a cluster:
+    :func:`ferrymq.cluster.controller.reassign_queue`); a single broker refuses."""
+    srv = conn.server
+    if srv.cluster is None:
+        raise InvalidRequestError("this broker is not part of a cluster: its queues have no "
+                                  "replicas to move")
+    return srv.cluster.reassign_queue(req.topic, req.queue, req.replicas)
 
 
 def replica_fetch(conn: ClientConnection,

@@ -35,6 +35,8 @@ from ferrymq.protocol.messages.cluster import (
     OffsetForEpochRequest,
     OffsetForEpochResponse,
     QueueLeadership,
+    ReassignQueueRequest,
+    ReassignQueueResponse,
     ReplicaFetchEntry,
     ReplicaFetchRequest,
     ReplicaFetchResponse,
@@ -205,6 +207,7 @@ __all__ = [
     # cluster
     "BrokerAddress", "ClusterMetadataRequest", "ClusterMetadataResponse",
     "DrainBrokerRequest", "DrainBrokerResponse", "ElectPreferredLeadersRequest",
+    "ReassignQueueRequest", "ReassignQueueResponse",
     "ElectPreferredLeadersResponse", "EpochEndResult",
     "EpochEntries", "OffsetForEpochRequest", "OffsetForEpochResponse", "QueueLeadership",
     "ReplicaFetchEntry", "ReplicaFetchRequest", "ReplicaFetchResponse", "ReplicaFetchResult",
@@ -264,7 +267,7 @@ REQUESTS: dict[int, type[Request]] = {
         CommitStagedRequest, AbortStagedRequest, DescribeTxnsRequest,
         AuthStartRequest, AuthFinishRequest, WhoAmIRequest,
         ClusterMetadataRequest, ReplicaFetchRequest, OffsetForEpochRequest,
-        ElectPreferredLeadersRequest, DrainBrokerRequest,
+        ElectPreferredLeadersRequest, DrainBrokerRequest, ReassignQueueRequest,
         UpsertUserRequest, DeleteUserRequest, ListUsersRequest, DeleteGroupRequest,
     )
 }

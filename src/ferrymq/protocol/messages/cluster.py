@@ -97,6 +97,29 @@ class DrainBrokerRequest(Request):
     SCHEMA = (INT,)
 
 
+@dataclass(frozen=True, slots=True)
+class ReassignQueueResponse(Body):
+    """The brokers joining the queue's replicas and those leaving it once they caught up."""
+
+    adding: list[int]
+    removing: list[int]
+    SCHEMA = (lst(INT), lst(INT))
+
+
+@dataclass(frozen=True, slots=True)
+class ReassignQueueRequest(Request):
+    """Move ``queue`` of ``topic`` to the replicas ``replicas`` (the first is the preferred
+    leader): the new ones copy it as followers, then the old ones leave (the controller
+    finishes it once every new one is in sync). Any broker of a cluster answers it."""
+
+    topic: str
+    queue: int
+    replicas: list[int]
+    API_KEY = ApiKey.REASSIGN_QUEUE
+    RESPONSE = ReassignQueueResponse
+    SCHEMA = (STR, INT, lst(INT))
+
+
 ReplicaFetchEntry = tuple[str, int, int, int, int]
 """(topic, queue, the follower's leader epoch, fetch offset = the follower's log end, the
 follower's durable offset)."""

@@ -82,6 +82,7 @@ class ApiKey(enum.IntEnum):
     OFFSET_FOR_EPOCH = 52
     ELECT_PREFERRED_LEADERS = 53
     DRAIN_BROKER = 54
+    REASSIGN_QUEUE = 55
 
 
 # --- schema ---------------------------------------------------------------------------------
