@@ -160,6 +160,8 @@ class ClusterLink:
             else:
                 log.info("leading %s/%d at epoch %d (ISR %s)", topic, queue, rec.leader_epoch,
                          rec.isr)
+                srv = self.server  # its copy's dedup keys, before the first produce it serves
+                srv.dedup.rebuild_queue(srv.topics.queue(topic, queue), srv.clock.wall_ms())
                 rm.become_leader(topic, queue, rec, min_insync)
         elif new.role == "follower":
             if old is not None and old.role == "follower" and same_epoch:

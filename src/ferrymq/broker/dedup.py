@@ -28,6 +28,11 @@ Bound: a table holds at most ``dedup_max_keys`` keys. A batch whose new keys wou
 is refused with BUSY (retriable) before anything is allocated or stored. Keys are never evicted
 early: a forgotten key would let a duplicate in without anyone noticing.
 
+On a cluster a message with a dedup key and no sharding key goes to the queue its dedup key
+hashes to (the client's partitioner), so a key always meets the window of the same queue's
+leader; a broker that starts leading a queue reads that queue's keys again from its copy
+(:meth:`Deduplicator.rebuild_queue`), so the window holds across a failover.
+
 Durability: nothing is persisted; the records are the source of truth. At start
 (:meth:`Deduplicator.load`) every queue of a dedup topic is read from the first batch appended
 within the window (found with the time index) to its end, and the keys of its dedup batches are
@@ -233,6 +238,31 @@ class Deduplicator:
             else:
                 n += self._tables[tid].expire(now_ms)
         return n
+
+    def rebuild_queue(self, qs: QueueState, now_ms: int) -> int:
+        """Forget what the table holds of ``qs`` and read its keys again from its log: a
+        cluster broker that starts leading ``qs`` copied its records as a follower, without
+        remembering their keys. Call before the first produce the new leader serves (in the same
+        event-loop callback); returns the keys loaded. A topic without a window: nothing."""
+        topic = self._topics.topics.get(qs.topic)
+        table = None if topic is None else self._table(topic)
+        if table is None:
+            return 0
+        q = qs.queue
+        if any(e[0] == q for e in table.seen.values()):
+            table.seen = {k: e for k, e in table.seen.items() if e[0] != q}
+            table.order = deque((t, k) for t, k in table.order if k in table.seen)
+        found: list[tuple[int, str, int, int]] = []
+        nbytes = _scan(qs, now_ms - table.window_ms + 1, found)
+        loaded = 0
+        for t, key, queue, off in sorted(found, key=lambda e: e[0]):
+            if key not in table.seen and len(table.seen) < table.max_keys:
+                table.remember(key, queue, off, t)
+                loaded += 1
+        if found:
+            log.info("%s: the dedup window holds its %d keys again (%d bytes read)", qs, loaded,
+                     nbytes)
+        return loaded
 
     def forget(self, topic_id: int) -> None:
         """Drop a deleted topic's table."""

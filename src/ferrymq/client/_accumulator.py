@@ -209,7 +209,7 @@ class Accumulator:
                 key = msg.topic
             else:
                 kind = 0 if msg._due is None and msg.dedup_key is None else _kind(msg, info, now)
-                if msg.sharding_key is None and self._selector is None:
+                if _routing_key(msg, info) is None and self._selector is None:
                     q = shared.get(msg.topic)
                     if q is None:
                         q = shared[msg.topic] = self._rr.pick(info.name, info.queues)
@@ -295,8 +295,9 @@ class Accumulator:
             if not 0 <= q < info.queues:
                 raise UnknownQueueError(f"selector chose queue {q} of {info.queues}")
             return q
-        if msg.sharding_key is not None:
-            return queue_for_key(msg.sharding_key, info.queues)
+        key = _routing_key(msg, info)
+        if key is not None:
+            return queue_for_key(key, info.queues)
         return self._rr(info.name, info.queues, len(msg.body))
 
     def check_size(self, r: RecordInput) -> None:
@@ -422,3 +423,14 @@ def settle(unit: Unit, *, exc: BaseException) -> None:
         log.warning("oneway send failed: %s", exc)
     elif not unit.future.done():
         unit.future.set_exception(exc)
+
+
+def _routing_key(msg: Message, info: TopicInfo) -> str | None:
+    """What picks ``msg``'s queue by hash: its sharding key, else its dedup key in a topic with
+    a dedup window (so that one key always meets the same queue's window: on a cluster each
+    queue's leader holds the keys of its queue), else None (round robin)."""
+    if msg.sharding_key is not None:
+        return msg.sharding_key
+    if msg.dedup_key is not None and info.dedup_window_ms:
+        return msg.dedup_key
+    return None
