@@ -25,6 +25,9 @@ FLUSH_MODES = ("sync", "async")
 TLS_CLIENT_AUTH = ("none", "optional", "required")
 MAX_OFFSETS_TOPIC_QUEUES = 1024
 """Most queues of ``%GROUPS%offsets`` (``offsets_topic_queues``)."""
+MAX_CONSOLE_PAGE_ROWS = 1000
+"""Most ``console_page_rows``: a page is built in one request of the console (one DESCRIBE per
+topic row), so its size stays small."""
 
 
 def is_loopback(host: str) -> bool:
@@ -336,6 +339,22 @@ class BrokerConfig:
                 "Content-Length before it is read).")
     http_idle_timeout_ms: int = _f(
         30_000, "HTTP: a keep-alive connection idle this long is closed.")
+    console: bool = _f(
+        True, "Console: serve the web console at / on the HTTP listener (see "
+              "docs/operations.md). It reaches the broker through its own wire port as the "
+              "logged-in user (users_file), so ACLs and admin rights apply as for the CLI.")
+    console_session_timeout_ms: int = _f(
+        1_800_000, "Console: a login session unused this long expires (log in again).")
+    console_max_sessions: int = _f(
+        32, "Console: most login sessions at once; a new login beyond it ends the session "
+            "unused the longest. Each holds one wire connection to the broker.")
+    console_page_rows: int = _f(
+        50, "Console: most rows of one page of a list (topics, groups, queues of the cluster, "
+            "dead letters, messages found by key); further rows are on the next pages. At "
+            "most 1000.")
+    console_body_preview_bytes: int = _f(
+        4096, "Console: most bytes of a dead letter's body shown to an admin (the rest is "
+              "cut, with its size said).")
     log_level: str = _f("INFO", "Logging level (DEBUG, INFO, WARNING, ERROR).")
     log_format: str = _f(
         "text", "text: one line per event; json: one JSON object per line (time in ISO 8601 "
@@ -415,11 +434,15 @@ class BrokerConfig:
             "auto_create_topics_per_minute", "max_delivery_groups", "max_consumer_groups",
             "replica_lag_ms", "replica_fetch_wait_ms", "replica_fetch_bytes", "metadata_lease_ms",
             "http_max_connections", "http_max_header_bytes", "http_max_body_bytes",
-            "http_idle_timeout_ms",
+            "http_idle_timeout_ms", "console_session_timeout_ms", "console_max_sessions",
+            "console_page_rows", "console_body_preview_bytes",
         )
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0, not {getattr(self, name)}")
+        if self.console_page_rows > MAX_CONSOLE_PAGE_ROWS:
+            raise ConfigError(f"console_page_rows must be 1..{MAX_CONSOLE_PAGE_ROWS}, not "
+                              f"{self.console_page_rows}")
         if self.max_message_bytes + 1024 > self.max_frame_bytes:
             raise ConfigError("max_message_bytes must be at least 1 KiB below max_frame_bytes")
         if self.max_fetch_bytes + 65536 > self.max_frame_bytes:

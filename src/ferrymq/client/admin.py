@@ -478,6 +478,23 @@ class AsyncAdminClient:
                 break
         return found
 
+    async def dlq_at(self, group: str, dlq_offset: int) -> DeadLetter | None:
+        """The dead letter at ``dlq_offset`` of the group's dead-letter queue (one FETCH, for
+        browsing letter by letter); None when no letter is there or it was redriven or purged.
+
+        Raises:
+            UnknownGroupError: no delivery group has this name.
+        """
+        first = (await self._dlq_admin(group, DlqAction.REDRIVE, 1, True)).first
+        if dlq_offset < first:
+            return None
+        try:
+            async for letter in self._dlq_scan(group, dlq_offset):
+                return letter if letter.dlq_offset == dlq_offset else None
+        except OffsetOutOfRangeError:  # beyond the end of the dead-letter queue
+            return None
+        return None
+
     async def _dlq_scan(self, group: str, first: int) -> AsyncIterator[DeadLetter]:
         topic = DLQ_PREFIX + group
         pos = first

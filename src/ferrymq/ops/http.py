@@ -1,4 +1,5 @@
-"""The broker's HTTP listener: ``/metrics``, ``/healthz`` and ``/readyz`` on ``http_port``.
+"""The broker's HTTP listener: ``/metrics``, ``/healthz``, ``/readyz`` and the web console
+(``/``, :mod:`ferrymq.ops.console`) on ``http_port``.
 
 Theory of operation
 -------------------
@@ -18,7 +19,8 @@ Limits, each a setting and each checked before anything is allocated for it:
   connection closed, its body unread; a body without a length (chunked) is 411;
 * ``http_idle_timeout_ms``: aiohttp's keep-alive timeout.
 
-An unknown path is 404, a method other than GET or HEAD on a known path 405 (with ``Allow``).
+An unknown path is 404, a method other than GET or HEAD on a known path 405 (with ``Allow``;
+the console's forms take POST: its routes say their methods).
 The handlers only read the broker's state; ``/metrics`` renders its text on a worker thread
 (:mod:`ferrymq.ops.metrics`), so a scrape holds the event loop only while it copies numbers.
 """
@@ -43,6 +45,7 @@ from ferrymq.ops.metrics import AppendTimes, render, take_snapshot
 
 if TYPE_CHECKING:
     from ferrymq.broker.server import BrokerServer
+    from ferrymq.ops.console import Console
 
 __all__ = ["HttpListener"]
 
@@ -98,6 +101,15 @@ class HttpListener:
         self._times = AppendTimes()
         self.routes: dict[str, Route] = {
             "/healthz": self._healthz, "/readyz": self._readyz, "/metrics": self._metrics}
+        self.methods: dict[str, tuple[str, ...]] = {}
+        """Methods of the paths that answer others than ``METHODS``."""
+        self.console: Console | None = None
+        if cfg.console:
+            from ferrymq.ops.console import Console  # aiohttp pages: only when used
+            self.console = Console(srv)
+            for path, (route, methods) in self.console.routes().items():
+                self.routes[path] = route
+                self.methods[path] = methods
         self.refused = 0
         """Connections refused over ``http_max_connections`` (for logs and tests)."""
         self.address: tuple[str, int] = (cfg.host, cfg.http_port)
@@ -135,6 +147,8 @@ class HttpListener:
             self._server.close()
             self._server = None
             await self._web.shutdown(SHUTDOWN_GRACE_S)
+        if self.console is not None:
+            await self.console.close()
         self._render.shutdown(wait=False, cancel_futures=True)
 
     def _protocol(self) -> asyncio.BaseProtocol:
@@ -150,11 +164,12 @@ class HttpListener:
     async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
         route = self.routes.get(request.path)
         if route is None:
-            return _text(404, f"no such path: {request.path[:200]} (try /metrics, /healthz, "
-                              f"/readyz)\n")
-        if request.method not in METHODS:
+            return _text(404, f"no such path: {request.path[:200]} (try /, /metrics, "
+                              f"/healthz, /readyz)\n")
+        methods = self.methods.get(request.path, METHODS)
+        if request.method not in methods:
             resp = _text(405, f"{request.method} is not allowed on {request.path}\n")
-            resp.headers["Allow"] = ", ".join(METHODS)
+            resp.headers["Allow"] = ", ".join(methods)
             return resp
         cap = self.srv.config.http_max_body_bytes
         if request.content_length is not None and request.content_length > cap:
