@@ -1,7 +1,7 @@
 # FerryMQ: two commands to start.
 #   make run    create .venv, install FerryMQ, start a broker on 127.0.0.1:9876 (data: ./ferrymq-data;
-#               /metrics, /healthz, /readyz on http://127.0.0.1:9877/)
-#   make test   install the test dependencies (and etcd, as root) and run the whole suite (lint, types, tests)
+#               the web console, /metrics, /healthz, /readyz on http://127.0.0.1:9877/)
+#   make test   install the test dependencies (and etcd and chromium, as root) and run the whole suite (lint, types, tests)
 #   make cluster   etcd and three brokers on loopback for trying a cluster (data: ./ferrymq-cluster); Ctrl-C stops all
 #   make pipeline  the PySpark example pipeline (examples/pipeline) on an embedded broker
 PYTHON ?= python3
@@ -13,7 +13,7 @@ HTTP_PORT ?= 9877
 DATA   ?= ./ferrymq-data
 FLUSH  ?= sync
 
-.PHONY: run cluster test venv install install-test etcd lint typecheck pytest soak bench pipeline fuzz clean
+.PHONY: run cluster test venv install install-test etcd chromium lint typecheck pytest soak bench pipeline fuzz clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +49,19 @@ etcd:
 		echo "the cluster tests need etcd, which is not installed: sudo apt-get install -y etcd-server"; \
 	fi
 
+# chromium for the web console's browser tests (tests/browser, driven by Playwright, which never
+# downloads a browser): Debian's chromium, installed when missing if we are root (CI is);
+# otherwise the command is printed and those tests skip (with FERRYMQ_REQUIRE_ALL_TESTS: fail)
+CHROMIUM_APT = DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium
+chromium:
+	@if [ -x /usr/bin/chromium ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing chromium for the browser tests: apt-get install -y chromium"; \
+		$(CHROMIUM_APT) || { apt-get update -q && $(CHROMIUM_APT); }; \
+	else \
+		echo "the browser tests need chromium, which is not installed: sudo apt-get install -y chromium"; \
+	fi
+
 run: $(VENV)/.installed
 	@echo "In another shell, the CLI and Python with FerryMQ: '. $(VENV)/bin/activate' (then 'ferrymq topic list',"
 	@echo "'python app.py'), or without activating: '$(BIN)/ferrymq topic list', '$(BIN)/python app.py'."
@@ -69,7 +82,7 @@ lint: install-test
 typecheck: install-test
 	$(BIN)/mypy
 
-pytest: install-test etcd
+pytest: install-test etcd chromium
 	$(BIN)/pytest -n 2 -m "not soak" $(PYTEST_ARGS)
 
 test: lint typecheck pytest

@@ -186,7 +186,8 @@ class Console:
                 result = Page("Bad request", [_p(str(exc))], 400)
             except FerryMQError as exc:
                 result = _error_page(exc)
-            resp = result if isinstance(result, web.Response) else self._answer(result, session)
+            resp = (result if isinstance(result, web.Response) else
+                    self._answer(result, session, live=not write))
             if new_cookie:
                 self._set_cookie(resp, session)
             return resp
@@ -206,7 +207,9 @@ class Console:
                                        "(reload the page and try again).")], 403)
         return None
 
-    def _answer(self, page: Page, session: ConsoleSession | None) -> web.Response:
+    def _answer(self, page: Page, session: ConsoleSession | None, *,
+                live: bool = False) -> web.Response:
+        """The HTML of ``page``; ``live``: a page that only reads (its script may reload it)."""
         nav = ""
         if session is not None:
             who = f"{session.user} (admin)" if session.admin and session.user else session.user
@@ -223,7 +226,8 @@ class Console:
                 f'<title>{esc(page.title)} · FerryMQ</title>'
                 f'<link rel="stylesheet" href="/static/console.css">'
                 f'<script src="/static/console.js" defer></script></head>'
-                f'<body>{nav}<main><h1>{esc(page.title)}</h1>{page.body}</main></body></html>')
+                f'<body{" data-live" if live and page.status == 200 else ""}>{nav}'
+                f'<main><h1>{esc(page.title)}</h1>{page.body}</main></body></html>')
         resp = web.Response(status=page.status, text=text, content_type="text/html")
         resp.headers.update(_SECURITY_HEADERS)
         return resp

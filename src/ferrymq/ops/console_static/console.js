@@ -1,9 +1,10 @@
 // FerryMQ web console: the only script (no CDN). Every page works without it; it adds an
-// "auto-refresh" checkbox to the pages that only read (remembered in this browser).
+// "auto-refresh" checkbox to the pages that only read (<body data-live>; never to the answer of a
+// form's POST, which a reload would send again). The choice is remembered in this browser.
 "use strict";
 (function () {
   var main = document.querySelector("main");
-  if (!main || document.querySelector("form[method=post]:not(.inline)")) return;
+  if (!main || !document.body.hasAttribute("data-live")) return;
   var label = document.createElement("label");
   label.className = "refresh";
   var box = document.createElement("input");
