@@ -51,7 +51,13 @@ from ferrymq.errors import (
     UnknownGroupError,
     UnknownTopicError,
 )
-from ferrymq.ops.console_auth import COOKIE, ConsoleSession, SessionStore, same_origin
+from ferrymq.ops.console_auth import (
+    COOKIE,
+    ConsoleSession,
+    SessionStore,
+    local_path,
+    same_origin,
+)
 from ferrymq.protocol.messages import DELIVERY_GROUP_STATE
 from ferrymq.protocol.records import encode_msg_id
 
@@ -247,9 +253,7 @@ class Console:
     # -- login -------------------------------------------------------------------------------
 
     async def _login(self, request: web.BaseRequest) -> web.StreamResponse:
-        nxt = _param(request.query, "next", "/")
-        if not nxt.startswith("/") or nxt.startswith("//"):
-            nxt = "/"  # only a path of this console (no open redirect)
+        nxt = local_path(_param(request.query, "next", "/"))
         if not self.sessions.auth:
             return _redirect(nxt, {})
         error = ""

@@ -34,7 +34,7 @@ from urllib.parse import urlsplit
 
 from ferrymq.client.admin import AsyncAdminClient
 
-__all__ = ["COOKIE", "ConsoleSession", "SessionStore", "same_origin"]
+__all__ = ["COOKIE", "ConsoleSession", "SessionStore", "local_path", "same_origin"]
 
 COOKIE = "ferrymq_console"
 """Name of the session cookie."""
@@ -175,3 +175,12 @@ def same_origin(origin: str | None, referer: str | None, host: str | None) -> bo
         return False
     parts = urlsplit(source)
     return parts.scheme in ("http", "https") and parts.netloc.lower() == host.lower()
+
+
+def local_path(target: str) -> str:
+    """``target`` when it is a path of this console (where a login may send the browser on),
+    else ``/``: no open redirect to another site (``//host``, ``/\\host``, ``http:...``)."""
+    if (not target.startswith("/") or target.startswith("//") or "\\" in target
+            or any(ord(ch) < 0x20 for ch in target)):
+        return "/"
+    return target
