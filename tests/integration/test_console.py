@@ -14,6 +14,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from ferrymq import AdminClient
 from ferrymq.broker.config import load
 from ferrymq.broker.embedded import Broker
 from ferrymq.errors import ConfigError
@@ -28,6 +29,7 @@ from tests.console_helpers import (
     http_url,
     produce,
 )
+from tests.security_helpers import make_certs
 
 pytestmark = pytest.mark.integration
 
@@ -319,5 +321,20 @@ def test_console_off(tmp_path: Path) -> None:
         async def body(s: aiohttp.ClientSession, url: str) -> None:
             await page(s, url + "/", 404)
             await page(s, url + "/healthz")
+
+        browse(b, body)
+
+
+def test_console_reaches_a_tls_wire_port(tmp_path: Path) -> None:
+    certs = make_certs(tmp_path / "pki")
+    with console_broker(tmp_path, tls_cert_file=str(certs.server_cert),
+                        tls_key_file=str(certs.server_key), tls_ca_file=str(certs.ca)) as b:
+        with AdminClient(b.address, tls=str(certs.ca)) as admin:
+            admin.create_topic("secure", 1)
+
+        async def body(s: aiohttp.ClientSession, url: str) -> None:
+            assert [r[0] for r in cells(await page(s, url + "/"), "topics")] == ["secure"]
+            async with s.head(url + "/topic?name=secure") as r:
+                assert r.status == 200
 
         browse(b, body)
