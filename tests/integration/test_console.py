@@ -127,6 +127,8 @@ def test_group_pages_show_lag_members_leases_and_dead_letters(tmp_path: Path) ->
             assert all("bad payload" in x[5] for x in letters), letters
             text = await page(s, url + "/letter?group=dg&offset=1")
             assert "<pre class=\"body\">m1</pre>" in text
+            assert 'href="/letter?group=dg&amp;offset=2">next letter' in text
+            assert 'href="/letter?group=dg&amp;offset=0">« previous letter' in text
             await page(s, url + "/letter?group=dg&offset=99", 404)
             await page(s, url + "/group?name=nobody", 404)
 

@@ -562,7 +562,11 @@ class Console:
             out += [f"<h2>Body{esc(cut)}</h2>", f'<pre class="body">{esc(text)}</pre>']
         else:
             out.append(_p("The body is shown to admins only."))
-        out.append(str(_a("/group", {"name": x.group}, "Back to the group")))
+        steps = [_a("/letter", {"group": x.group, "offset": x.dlq_offset + d}, text)
+                 for d, text in ((-1, "« previous letter"), (1, "next letter »"))
+                 if x.dlq_offset + d >= 0]
+        out.append(f'<p class="pager">{" ".join(steps)} '
+                   f'{_a("/group", {"name": x.group}, "Back to the group")}</p>')
         return out
 
     async def _dlq_write(self, request: web.BaseRequest, session: ConsoleSession) -> Page:
