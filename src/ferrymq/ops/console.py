@@ -448,8 +448,10 @@ class Console:
                               g: GroupDescription) -> list[str]:
         page = _page_number(request.query)
         offsets = g.offsets[page * self.rows:(page + 1) * self.rows]
-        ages = await self._lag_ages(session, [(o.topic, o.queue, o.committed) for o in offsets
-                                              if o.lag > 0 and o.committed >= 0])
+        # the oldest unconsumed message is lag messages before the end (also when nothing is
+        # committed: the lag then counts from the queue's first offset, as `group describe`)
+        ages = await self._lag_ages(session, [(o.topic, o.queue, o.end_offset - o.lag)
+                                              for o in offsets if o.lag > 0])
         members = [[m.member_id, m.client_id, m.host,
                     ", ".join(f"{t}/{q}" for t, q in m.queues)] for m in g.members]
         rows = [[o.topic, o.queue, o.committed if o.committed >= 0 else "none", o.end_offset,
