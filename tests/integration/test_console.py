@@ -84,6 +84,8 @@ def test_topics_topic_message_key_and_cluster_pages(tmp_path: Path) -> None:
             rows = {r[0]: r for r in cells(text, "topics")}
             assert rows["orders"][1:4] == ["2", "10", "10"]
             assert not any(n.startswith("%") for n in rows)
+            conns = {state: int(n) for state, n in cells(text, "connections")}
+            assert conns["active"] >= 1 and conns["write_stalled"] == 0  # the console's own
             produce(b, "orders", 5, create=False)
             time.sleep(1.05)
             rate = float(cells(await page(s, url + "/"), "topics")[0][6])

@@ -58,6 +58,7 @@ from ferrymq.ops.console_auth import (
     local_path,
     same_origin,
 )
+from ferrymq.ops.metrics import connection_states
 from ferrymq.protocol.messages import DELIVERY_GROUP_STATE
 from ferrymq.protocol.records import encode_msg_id
 
@@ -320,7 +321,7 @@ class Console:
                          sum(q.end_offset - q.first_offset for q in d.queues), sum(ends),
                          _bytes(sum(q.size_bytes for q in d.queues)), d.scheduled_pending,
                          "" if rate is None else f"{sum(rate):.1f}"])
-        conns = self._connections()
+        conns = connection_states(self.srv)
         body = [
             Html(_p(f"{len(names)} topics") if internal else
                  f'<p>{len(names)} topics (internal % topics hidden: '
@@ -330,17 +331,10 @@ class Console:
             _pager("/", {"internal": "1"} if internal else {}, page,
                    (page + 1) * self.rows < len(names)),
             "<h2>Connections</h2>",
-            _table(["state", "connections"], [[k, v] for k, v in conns.items()]),
+            _table(["state", "connections"], [[k, v] for k, v in conns.items()],
+                   cls="connections"),
         ]
         return Page("Topics", body)
-
-    def _connections(self) -> dict[str, int]:
-        states = {"authenticating": 0, "active": 0, "write_stalled": 0}
-        for c in self.srv.connections:
-            state = ("authenticating" if not c.authenticated else
-                     "write_stalled" if c.write_paused_since is not None else "active")
-            states[state] += 1
-        return states
 
     def _rate(self, topic: str, ends: list[int]) -> list[float] | None:
         """Messages per second per queue since the topic was last viewed (None: first view)."""

@@ -55,7 +55,8 @@ if TYPE_CHECKING:
     from ferrymq.broker.topics import QueueState
 
 __all__ = ["AGE_READS_PER_SCRAPE", "METRICS", "AppendTimes", "MetricSpec", "Snapshot",
-           "SnapshotCollector", "render", "render_docs", "render_with_client", "take_snapshot"]
+           "SnapshotCollector", "connection_states", "render", "render_docs", "render_with_client",
+           "take_snapshot"]
 
 AGE_READS_PER_SCRAPE = 2000
 """Most log reads (one batch header each) one scrape makes to find message ages."""
@@ -261,12 +262,7 @@ def take_snapshot(srv: BrokerServer, times: AppendTimes, *, ready: bool) -> Snap
     fs = srv.flusher.stats
     s.add_histogram("ferrymq_flush_duration_seconds", (), fs.round_seconds)
     s.add_histogram("ferrymq_flush_round_files", (), fs.round_size)
-    states = {"authenticating": 0, "active": 0, "write_stalled": 0}
-    for c in srv.connections:
-        state = ("authenticating" if not c.authenticated else
-                 "write_stalled" if c.write_paused_since is not None else "active")
-        states[state] += 1
-    for state, n in states.items():
+    for state, n in connection_states(srv).items():
         s.add("ferrymq_connections", (state,), n)
     wm = srv.watermarks
     rss = wm.rss_bytes
@@ -284,6 +280,17 @@ def take_snapshot(srv: BrokerServer, times: AppendTimes, *, ready: bool) -> Snap
     if srv.cluster is not None:
         _cluster(srv, s)
     return s
+
+
+def connection_states(srv: BrokerServer) -> dict[str, int]:
+    """The broker's client connections by state: authenticating, active, write_stalled (a
+    client not reading its responses)."""
+    states = {"authenticating": 0, "active": 0, "write_stalled": 0}
+    for c in srv.connections:
+        state = ("authenticating" if not c.authenticated else
+                 "write_stalled" if c.write_paused_since is not None else "active")
+        states[state] += 1
+    return states
 
 
 def _consumer_groups(srv: BrokerServer, s: Snapshot, times: AppendTimes, wall: int) -> None:
