@@ -319,6 +319,28 @@ def test_a_user_without_admin_rights_reads_what_the_wire_allows_and_cannot_write
         browse(b, body)
 
 
+def test_without_authentication_only_localhost_is_answered(tmp_path: Path) -> None:
+    """A DNS-rebinding page (Host: its own name) gets nothing from a console with no login."""
+    with console_broker(tmp_path) as b:
+        produce(b, "orders", 1, queues=1)
+        dead_letters(b, "orders", "dg", 1)
+
+        async def body(s: aiohttp.ClientSession, url: str) -> None:
+            port = url.rsplit(":", 1)[1]
+            for host in (f"localhost:{port}", f"127.0.0.1:{port}", "[::1]"):
+                await page(s, url + "/", headers={"Host": host})
+            rebound = {"Host": f"evil.example:{port}", "Origin": f"http://evil.example:{port}"}
+            text = await page(s, url + "/", 403, headers=rebound)
+            assert "orders" not in text and "answers only requests for localhost" in text
+            async with s.post(url + "/dlq/purge", headers=rebound, data={
+                    "group": "dg", "count": "0", "confirm": "yes"}) as r:
+                assert r.status == 403
+            with admin_client(b) as admin:
+                assert admin.describe_delivery("dg").dlq_size == 1
+
+        browse(b, body)
+
+
 def test_console_off(tmp_path: Path) -> None:
     with console_broker(tmp_path, console=False) as b:
 

@@ -33,10 +33,11 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from importlib import resources
 from typing import TYPE_CHECKING
-from urllib.parse import urlencode
+from urllib.parse import urlencode, urlsplit
 
 from aiohttp import web
 
+from ferrymq.broker.config import is_loopback
 from ferrymq.broker.tls import peer_context
 from ferrymq.client.admin import AsyncAdminClient, DeadLetter, GroupDescription
 from ferrymq.client.admin import DeliveryGroupDescription as DeliveryDescription
@@ -124,6 +125,9 @@ class Console:
             timeout_s=cfg.console_session_timeout_ms / 1000,
             max_sessions=cfg.console_max_sessions)
         self._rates: OrderedDict[str, tuple[float, list[int]]] = OrderedDict()
+        self._loopback_only = not cfg.users_file and is_loopback(cfg.host)
+        """No login and a loopback broker: answer only requests naming a loopback host (a
+        DNS-rebinding page would otherwise be same-origin with the console)."""
         folder = resources.files("ferrymq.ops") / "console_static"
         self._static = {name: (folder / name).read_bytes() for name in STATIC}
 
@@ -169,6 +173,11 @@ class Console:
     def _wrap(self, view: View, *, write: bool = False
               ) -> Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]:
         async def handle(request: web.BaseRequest) -> web.StreamResponse:
+            if self._loopback_only and not is_loopback(urlsplit("//" + request.host).hostname
+                                                       or ""):
+                return self._answer(Page("Refused", [_p(
+                    "Without authentication (no users_file) the console answers only "
+                    "requests for localhost (Host header), against DNS rebinding.")], 403), None)
             session = self.sessions.get(request.cookies.get(COOKIE))
             new_cookie = False
             if session is None:
