@@ -332,8 +332,8 @@ class Console:
                          "" if rate is None else f"{sum(rate):.1f}"])
         conns = connection_states(self.srv)
         body = [
-            Html(_p(f"{len(names)} topics") if internal else
-                 f'<p>{len(names)} topics (internal % topics hidden: '
+            Html(_p(_count(len(names), "topic")) if internal else
+                 f'<p>{_count(len(names), "topic")} (internal % topics hidden: '
                  f'{_a("/", {"internal": "1"}, "show them")})</p>'),
             _table(["topic", "queues", "messages", "end offsets (sum)", "size",
                     "delayed pending", "messages/s"], rows, cls="topics"),
@@ -678,6 +678,10 @@ def _error_page(exc: FerryMQError) -> Page:
               502 if isinstance(exc, ClientError) else 500)
     return Page("Refused" if status == 403 else "Error", [_p(
         f"{type(exc).__name__}: {exc}")], status)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _time(ms: int) -> str:
