@@ -26,11 +26,9 @@ wire refuses them to users without admin rights.
 from __future__ import annotations
 
 import asyncio
-import html
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from datetime import UTC, datetime
+from collections.abc import Awaitable, Callable, Sequence
 from importlib import resources
 from typing import TYPE_CHECKING
 from urllib.parse import urlencode, urlsplit
@@ -42,16 +40,14 @@ from ferrymq.broker.tls import peer_context
 from ferrymq.client.admin import AsyncAdminClient, DeadLetter, GroupDescription
 from ferrymq.client.admin import DeliveryGroupDescription as DeliveryDescription
 from ferrymq.errors import (
-    AccessDeniedError,
     AuthenticationFailedError,
-    BrokerError,
-    ClientError,
     FerryMQError,
     InvalidRequestError,
     OffsetOutOfRangeError,
     UnknownGroupError,
     UnknownTopicError,
 )
+from ferrymq.ops import console_html as h
 from ferrymq.ops.console_auth import (
     COOKIE,
     ConsoleSession,
@@ -59,6 +55,7 @@ from ferrymq.ops.console_auth import (
     local_path,
     same_origin,
 )
+from ferrymq.ops.console_html import BadParam, Html, Page, esc
 from ferrymq.ops.metrics import connection_states
 from ferrymq.protocol.messages import DELIVERY_GROUP_STATE
 from ferrymq.protocol.records import encode_msg_id
@@ -72,8 +69,6 @@ RATE_TOPICS = 4096
 """Most topics whose last end offsets the console remembers, for rates."""
 RATE_MIN_INTERVAL_S = 1.0
 """Views of a topic closer than this reuse the older sample (a rate over at least 1 s)."""
-MAX_PARAM_CHARS = 512
-"""Longest query or form value accepted (a topic or group name, a key, an id)."""
 ADMIN_REQUEST_TIMEOUT_S = 10.0
 """Deadline of each admin request the console makes."""
 STATIC = ("console.css", "console.js")
@@ -87,30 +82,6 @@ _SECURITY_HEADERS = {
 }
 
 View = Callable[[web.BaseRequest, ConsoleSession], Awaitable["Page | web.Response"]]
-
-
-class Html(str):
-    """Markup written by the console itself (not escaped again)."""
-
-    __slots__ = ()
-
-
-def esc(value: object) -> Html:
-    """``value`` as escaped HTML text."""
-    return value if isinstance(value, Html) else Html(html.escape(str(value)))
-
-
-class Page:
-    """A page to answer: its title, its HTML body and status."""
-
-    def __init__(self, title: str, body: Iterable[str], status: int = 200) -> None:
-        self.title = title
-        self.body = Html("".join(body))
-        self.status = status
-
-
-class BadParam(ValueError):
-    """A query or form value is missing or wrong (answered 400 with this message)."""
 
 
 class Console:
@@ -175,7 +146,7 @@ class Console:
         async def handle(request: web.BaseRequest) -> web.StreamResponse:
             if self._loopback_only and not is_loopback(urlsplit("//" + request.host).hostname
                                                        or ""):
-                return self._answer(Page("Refused", [_p(
+                return self._answer(Page("Refused", [h.p(
                     "Without authentication (no users_file) the console answers only "
                     "requests for localhost (Host header), against DNS rebinding.")], 403), None)
             session = self.sessions.get(request.cookies.get(COOKIE))
@@ -184,13 +155,13 @@ class Console:
                 if self.sessions.auth or write:
                     if write:
                         return self._answer(Page("Refused", [
-                            "<p>Your session has ended: ", _a("/login", {}, "log in"),
+                            "<p>Your session has ended: ", h.a("/login", {}, "log in"),
                             " again.</p>"], 403), None)
-                    return _redirect("/login", {"next": request.path_qs})
+                    return h.redirect("/login", {"next": request.path_qs})
                 try:
                     session = await self.sessions.anonymous()
                 except FerryMQError as exc:
-                    return self._answer(_error_page(exc), None)
+                    return self._answer(h.error_page(exc), None)
                 new_cookie = True
             if write:
                 refused = await self._check_write(request, session)
@@ -199,9 +170,9 @@ class Console:
             try:
                 result = await view(request, session)
             except BadParam as exc:
-                result = Page("Bad request", [_p(str(exc))], 400)
+                result = Page("Bad request", [h.p(str(exc))], 400)
             except FerryMQError as exc:
-                result = _error_page(exc)
+                result = h.error_page(exc)
             resp = (result if isinstance(result, web.Response) else
                     self._answer(result, session, live=not write))
             if new_cookie:
@@ -214,12 +185,12 @@ class Console:
         """A refusal page when a POST is not from this console's own page (CSRF)."""
         if not same_origin(request.headers.get("Origin"), request.headers.get("Referer"),
                            request.host):
-            return Page("Refused", [_p("Refused: this form was not sent from the console's own "
+            return Page("Refused", [h.p("Refused: this form was not sent from the console's own "
                                        "page (Origin check).")], 403)
         form = await request.post()
         token = form.get("csrf")
         if not isinstance(token, str) or not session.check_csrf(token):
-            return Page("Refused", [_p("Refused: the form's CSRF token is missing or wrong "
+            return Page("Refused", [h.p("Refused: the form's CSRF token is missing or wrong "
                                        "(reload the page and try again).")], 403)
         return None
 
@@ -229,7 +200,7 @@ class Console:
         nav = ""
         if session is not None:
             who = f"{session.user} (admin)" if session.admin and session.user else session.user
-            logout = (_form("/logout", {}, "Log out", session, cls="inline")
+            logout = (h.form("/logout", {}, "Log out", session, cls="inline")
                       if self.sessions.auth else "")
             nav = (f'<nav><a href="/">Topics</a> <a href="/groups">Groups</a> '
                    f'<a href="/cluster">Cluster</a>'
@@ -263,29 +234,29 @@ class Console:
     # -- login -------------------------------------------------------------------------------
 
     async def _login(self, request: web.BaseRequest) -> web.StreamResponse:
-        nxt = local_path(_param(request.query, "next", "/"))
+        nxt = local_path(h.param(request.query, "next", "/"))
         if not self.sessions.auth:
-            return _redirect(nxt, {})
+            return h.redirect(nxt, {})
         error = ""
         status = 200
         if request.method == "POST":
             if not same_origin(request.headers.get("Origin"), request.headers.get("Referer"),
                                request.host):
-                return self._answer(Page("Refused", [_p(
+                return self._answer(Page("Refused", [h.p(
                     "Refused: the login form was not sent from the console's own page.")], 403),
                     None)
             form = await request.post()
             user, password = form.get("user"), form.get("password")
             if isinstance(user, str) and isinstance(password, str) and user and password:
                 try:
-                    session = await self.sessions.login(user[:MAX_PARAM_CHARS],
-                                                        password[:MAX_PARAM_CHARS])
+                    session = await self.sessions.login(user[:h.MAX_PARAM_CHARS],
+                                                        password[:h.MAX_PARAM_CHARS])
                 except AuthenticationFailedError:
                     error, status = "Wrong user name or password.", 401
                 except FerryMQError as exc:
                     error, status = f"The broker did not answer: {exc}", 502
                 else:
-                    resp = _redirect(nxt, {})
+                    resp = h.redirect(nxt, {})
                     self._set_cookie(resp, session)
                     return resp
             else:
@@ -297,12 +268,12 @@ class Console:
                 '<label>Password <input name="password" type="password" '
                 'autocomplete="current-password" required maxlength="512"></label>'
                 '<button>Log in</button></form>',
-                _p("A user of the broker's users file (ferrymq user add).")]
+                h.p("A user of the broker's users file (ferrymq user add).")]
         return self._answer(Page("Log in", body, status), None)
 
     async def _logout(self, request: web.BaseRequest, session: ConsoleSession) -> web.Response:
         self.sessions.logout(session)
-        resp = _redirect("/login", {})
+        resp = h.redirect("/login", {})
         resp.del_cookie(COOKIE, path="/")
         return resp
 
@@ -311,7 +282,7 @@ class Console:
     async def _topics(self, request: web.BaseRequest, session: ConsoleSession) -> Page:
         client = session.client
         internal = request.query.get("internal") == "1"
-        page = _page_number(request.query)
+        page = h.page_number(request.query)
         names = sorted(t.name for t in await client.list_topics()
                        if internal or not t.name.startswith("%"))
         shown = names[page * self.rows:(page + 1) * self.rows]
@@ -322,25 +293,25 @@ class Console:
             if isinstance(d, BaseException):
                 if not isinstance(d, FerryMQError):
                     raise d
-                rows.append([_a("/topic", {"name": name}, name), "", "", "", "", "", esc(d)])
+                rows.append([h.a("/topic", {"name": name}, name), "", "", "", "", "", esc(d)])
                 continue
             ends = [q.end_offset for q in d.queues]
             rate = self._rate(name, ends)
-            rows.append([_a("/topic", {"name": name}, name), len(d.queues),
+            rows.append([h.a("/topic", {"name": name}, name), len(d.queues),
                          sum(q.end_offset - q.first_offset for q in d.queues), sum(ends),
-                         _bytes(sum(q.size_bytes for q in d.queues)), d.scheduled_pending,
+                         h.byte_size(sum(q.size_bytes for q in d.queues)), d.scheduled_pending,
                          "" if rate is None else f"{sum(rate):.1f}"])
         conns = connection_states(self.srv)
         body = [
-            Html(_p(_count(len(names), "topic")) if internal else
-                 f'<p>{_count(len(names), "topic")} (internal % topics hidden: '
-                 f'{_a("/", {"internal": "1"}, "show them")})</p>'),
-            _table(["topic", "queues", "messages", "end offsets (sum)", "size",
+            Html(h.p(h.count(len(names), "topic")) if internal else
+                 f'<p>{h.count(len(names), "topic")} (internal % topics hidden: '
+                 f'{h.a("/", {"internal": "1"}, "show them")})</p>'),
+            h.table(["topic", "queues", "messages", "end offsets (sum)", "size",
                     "delayed pending", "messages/s"], rows, cls="topics"),
-            _pager("/", {"internal": "1"} if internal else {}, page,
+            h.pager("/", {"internal": "1"} if internal else {}, page,
                    (page + 1) * self.rows < len(names)),
             "<h2>Connections</h2>",
-            _table(["state", "connections"], [[k, v] for k, v in conns.items()],
+            h.table(["state", "connections"], [[k, v] for k, v in conns.items()],
                    cls="connections"),
         ]
         return Page("Topics", body)
@@ -360,75 +331,75 @@ class Console:
         return rate
 
     async def _topic(self, request: web.BaseRequest, session: ConsoleSession) -> Page:
-        name = _required(request.query, "name")
+        name = h.required(request.query, "name")
         d = await session.client.describe_topic(name)
         rate = self._rate(name, [q.end_offset for q in d.queues])
-        page = _page_number(request.query)
+        page = h.page_number(request.query)
         rows = [[q.queue, q.first_offset, q.end_offset, q.end_offset - q.first_offset,
-                 _bytes(q.size_bytes), q.segments, _time(q.last_append_ms),
+                 h.byte_size(q.size_bytes), q.segments, h.wall_time(q.last_append_ms),
                  "" if rate is None else f"{rate[q.queue]:.1f}"]
                 for q in d.queues[page * self.rows:(page + 1) * self.rows]]
         body = [
-            _p(f"Topic id {d.topic_id}; {len(d.queues)} queues; "
+            h.p(f"Topic id {d.topic_id}; {len(d.queues)} queues; "
                f"{d.scheduled_pending} delayed messages pending"
-               + (f" (next due {_time(d.next_due_ms)})" if d.next_due_ms >= 0 else "")
+               + (f" (next due {h.wall_time(d.next_due_ms)})" if d.next_due_ms >= 0 else "")
                + (f"; dedup window {d.dedup_window_ms} ms, {d.dedup_keys} keys"
                   if d.dedup_window_ms else "")),
-            _table(["queue", "first offset", "end offset", "messages", "size", "segments",
+            h.table(["queue", "first offset", "end offset", "messages", "size", "segments",
                     "last append", "messages/s"], rows, cls="queues"),
-            _pager("/topic", {"name": name}, page, (page + 1) * self.rows < len(d.queues)),
+            h.pager("/topic", {"name": name}, page, (page + 1) * self.rows < len(d.queues)),
             "<h2>Find by key</h2>",
             f'<form method="get" action="/key"><input type="hidden" name="topic" '
             f'value="{esc(name)}"><input name="key" placeholder="key" required maxlength="512">'
             f'<button>Find</button></form>',
         ]
         if d.config:
-            body += ["<h2>Settings</h2>", _table(["setting", "value"],
+            body += ["<h2>Settings</h2>", h.table(["setting", "value"],
                                                  [[k, v] for k, v in sorted(d.config.items())])]
         return Page(f"Topic {name}", body)
 
     async def _key(self, request: web.BaseRequest, session: ConsoleSession) -> Page:
-        topic, key = _required(request.query, "topic"), _required(request.query, "key")
+        topic, key = h.required(request.query, "topic"), h.required(request.query, "key")
         found = await session.client.find_by_key(topic, key, self.rows)
-        rows = [[_a("/message", {"id": x.msg_id}, x.msg_id), x.queue, x.offset,
-                 _time(x.stored_ms), ", ".join(x.keys)] for x in found.messages]
-        body = [_p(f"Newest first, at most {self.rows}."
+        rows = [[h.a("/message", {"id": x.msg_id}, x.msg_id), x.queue, x.offset,
+                 h.wall_time(x.stored_ms), ", ".join(x.keys)] for x in found.messages]
+        body = [h.p(f"Newest first, at most {self.rows}."
                    + (f" {found.unindexed} offsets are not indexed yet (not searched)."
                       if found.unindexed else "")),
-                _table(["message id", "queue", "offset", "stored", "keys"], rows, cls="found")]
+                h.table(["message id", "queue", "offset", "stored", "keys"], rows, cls="found")]
         return Page(f"Key {key!r} in {topic}", body)
 
     async def _message(self, request: web.BaseRequest, session: ConsoleSession) -> Page:
-        msg_id = _required(request.query, "id")
+        msg_id = h.required(request.query, "id")
         st = await session.client.message_status(msg_id)
-        rows = [[_a("/group", {"name": s.group}, s.group), s.state, s.member,
-                 _time(s.lease_until_ms), s.reconsume_times, _time(s.next_attempt_ms), s.reason,
-                 _time(s.at_ms)] for s in st.statuses]
+        rows = [[h.a("/group", {"name": s.group}, s.group), s.state, s.member,
+                 h.wall_time(s.lease_until_ms), s.reconsume_times, h.wall_time(s.next_attempt_ms), s.reason,
+                 h.wall_time(s.at_ms)] for s in st.statuses]
         where = (f"Topic {st.topic}, queue {st.queue}, offset {st.offset}." if st.offset >= 0
                  else f"A half message of topic {st.topic} not committed yet.")
-        body = [_p(where), "<h2>Status per delivery group</h2>",
-                _table(["group", "state", "member", "lease until", "attempts",
+        body = [h.p(where), "<h2>Status per delivery group</h2>",
+                h.table(["group", "state", "member", "lease until", "attempts",
                         "next attempt", "reason", "at"], rows, cls="statuses")
-                if rows else _p("No delivery group reads this topic.")]
+                if rows else h.p("No delivery group reads this topic.")]
         return Page(f"Message {msg_id}", body)
 
     # -- groups ------------------------------------------------------------------------------
 
     async def _groups(self, request: web.BaseRequest, session: ConsoleSession) -> Page:
         groups = await session.client.list_groups()
-        page = _page_number(request.query)
-        rows = [[_a("/group", {"name": g.group}, g.group),
+        page = h.page_number(request.query)
+        rows = [[h.a("/group", {"name": g.group}, g.group),
                  "delivery" if g.state == DELIVERY_GROUP_STATE else "consumer",
                  "" if g.state == DELIVERY_GROUP_STATE else g.state, g.members]
                 for g in groups[page * self.rows:(page + 1) * self.rows]]
-        body = [_p("Consumer groups are offset-based pull groups; delivery groups are push "
+        body = [h.p("Consumer groups are offset-based pull groups; delivery groups are push "
                    "and simple consumers (leases, retries, dead letters)."),
-                _table(["group", "kind", "state", "members"], rows, cls="groups"),
-                _pager("/groups", {}, page, (page + 1) * self.rows < len(groups))]
+                h.table(["group", "kind", "state", "members"], rows, cls="groups"),
+                h.pager("/groups", {}, page, (page + 1) * self.rows < len(groups))]
         return Page("Groups", body)
 
     async def _group(self, request: web.BaseRequest, session: ConsoleSession) -> Page:
-        name = _required(request.query, "name")
+        name = h.required(request.query, "name")
         client = session.client
         pull, push = await asyncio.gather(client.describe_group(name),
                                           client.describe_delivery(name),
@@ -444,12 +415,12 @@ class Console:
         if isinstance(push, DeliveryDescription):
             body += await self._delivery_group(session, push)
         if not body:
-            return Page("No such group", [_p(f"No group is named {name!r}.")], 404)
+            return Page("No such group", [h.p(f"No group is named {name!r}.")], 404)
         return Page(f"Group {name}", body)
 
     async def _consumer_group(self, request: web.BaseRequest, session: ConsoleSession,
                               g: GroupDescription) -> list[str]:
-        page = _page_number(request.query)
+        page = h.page_number(request.query)
         offsets = g.offsets[page * self.rows:(page + 1) * self.rows]
         # the oldest unconsumed message is lag messages before the end (also when nothing is
         # committed: the lag then counts from the queue's first offset, as `group describe`)
@@ -461,15 +432,15 @@ class Console:
                  o.lag, ages.get((o.topic, o.queue), "")] for o in offsets]
         return [
             "<h2>Consumer group</h2>",
-            _p(f"State {g.state}, generation {g.generation}, {len(g.members)} members; "
+            h.p(f"State {g.state}, generation {g.generation}, {len(g.members)} members; "
                f"total lag {sum(o.lag for o in g.offsets)} messages."),
             "<h3>Members</h3>",
-            _table(["member", "client", "host", "queues"], members, cls="members")
-            if members else _p("No member online."),
+            h.table(["member", "client", "host", "queues"], members, cls="members")
+            if members else h.p("No member online."),
             "<h3>Offsets and lag</h3>",
-            _table(["topic", "queue", "committed", "end offset", "lag (messages)",
+            h.table(["topic", "queue", "committed", "end offset", "lag (messages)",
                     "lag (age of the oldest unconsumed)"], rows, cls="lag"),
-            _pager("/group", {"name": g.group}, page, (page + 1) * self.rows < len(g.offsets)),
+            h.pager("/group", {"name": g.group}, page, (page + 1) * self.rows < len(g.offsets)),
         ]
 
     async def _lag_ages(self, session: ConsoleSession, at: Sequence[tuple[str, int, int]]
@@ -487,7 +458,7 @@ class Console:
                 msg = await session.client.get_message(encode_msg_id(ids[topic], queue, offset))
             except (OffsetOutOfRangeError, UnknownTopicError, InvalidRequestError):
                 return ""
-            return _duration(max(0.0, now - msg.stored_ms) / 1000)
+            return h.duration(max(0.0, now - msg.stored_ms) / 1000)
 
         found = await asyncio.gather(*(age(*x) for x in at))
         return {(t, q): a for (t, q, _), a in zip(at, found, strict=True)}
@@ -498,67 +469,67 @@ class Console:
                     m.in_flight] for m in g.members]
         lags = g.queue_lags()
         queues = [[q.topic, q.queue, q.acked_below, q.next_offset, q.end_offset, q.in_flight,
-                   lag, "" if q.oldest_age_ms < 0 else _duration(q.oldest_age_ms / 1000)]
+                   lag, "" if q.oldest_age_ms < 0 else h.duration(q.oldest_age_ms / 1000)]
                   for q, lag in zip(g.queues[:self.rows], lags, strict=False)]
         letters = await session.client.dlq_list(g.group, self.rows)
         out = [
             "<h2>Delivery group</h2>",
-            _p(f"{len(g.members)} members; lag {g.total_lag} messages; "
+            h.p(f"{len(g.members)} members; lag {g.total_lag} messages; "
                f"{sum(q.in_flight for q in g.queues)} leased now; retries: {g.retry_pending} "
                f"waiting, {g.retry_in_flight} leased; {g.dlq_size} dead letters; retry delays "
-               f"{', '.join(_duration(d / 1000) for d in g.retry_delays_ms)}, at most "
+               f"{', '.join(h.duration(d / 1000) for d in g.retry_delays_ms)}, at most "
                f"{g.max_reconsume} attempts" + ("; orderly" if g.orderly else "") + "."),
             "<h3>Members</h3>",
-            _table(["member", "client", "host", "last heartbeat", "leases"], members,
-                   cls="members") if members else _p("No member online."),
+            h.table(["member", "client", "host", "last heartbeat", "leases"], members,
+                   cls="members") if members else h.p("No member online."),
             "<h3>Queues</h3>",
-            _table(["topic", "queue", "acked below", "next offset", "end offset", "leased",
+            h.table(["topic", "queue", "acked below", "next offset", "end offset", "leased",
                     "lag", "oldest unacked"], queues, cls="queues"),
         ]
         if g.blocked:
-            out += ["<h3>Blocked keys (orderly)</h3>", _table(
+            out += ["<h3>Blocked keys (orderly)</h3>", h.table(
                 ["topic", "queue", "key", "message", "attempts", "since", "reason"],
-                [[b.topic, b.queue, b.key, b.msg_id, b.attempts, _time(b.since_ms), b.reason]
+                [[b.topic, b.queue, b.key, b.msg_id, b.attempts, h.wall_time(b.since_ms), b.reason]
                  for b in g.blocked])]
         out.append(f"<h3>Dead letters ({g.dlq_size})</h3>")
         if letters:
-            out += [_p(f"The oldest {len(letters)}:" if g.dlq_size > len(letters) else ""),
-                    _table(["dead-letter offset", "message", "topic", "queue", "attempts",
+            out += [h.p(f"The oldest {len(letters)}:" if g.dlq_size > len(letters) else ""),
+                    h.table(["dead-letter offset", "message", "topic", "queue", "attempts",
                             "reason", "dead since"],
-                           [[_a("/letter", {"group": g.group, "offset": x.dlq_offset},
+                           [[h.a("/letter", {"group": g.group, "offset": x.dlq_offset},
                                 x.dlq_offset), x.msg_id, x.topic, x.queue, x.attempts,
-                             x.reason, _time(x.dead_ms)] for x in letters], cls="letters")]
+                             x.reason, h.wall_time(x.dead_ms)] for x in letters], cls="letters")]
         if g.dlq_size and session.admin:
             out.append('<div class="actions">' + "".join(
-                _form(f"/dlq/{what}", {"group": g.group, "count": str(count)}, label, session)
+                h.form(f"/dlq/{what}", {"group": g.group, "count": str(count)}, label, session)
                 for what, count, label in (("redrive", 1, "Redrive the oldest"),
                                            ("redrive", 0, "Redrive all"),
                                            ("purge", 1, "Purge the oldest"),
                                            ("purge", 0, "Purge all"))) + "</div>")
         elif not letters:
-            out.append(_p("None."))
+            out.append(h.p("None."))
         return out
 
     async def _letter(self, request: web.BaseRequest, session: ConsoleSession) -> Page:
-        group = _required(request.query, "group")
-        offset = _int(request.query, "offset")
+        group = h.required(request.query, "group")
+        offset = h.integer(request.query, "offset")
         letter = await session.client.dlq_at(group, offset)
         if letter is None:
-            return Page("No such dead letter", [_p(
+            return Page("No such dead letter", [h.p(
                 f"Group {group!r} has no dead letter at offset {offset} (redriven or purged?)."
-            ), _a("/group", {"name": group}, "Back to the group")], 404)
+            ), h.a("/group", {"name": group}, "Back to the group")], 404)
         return Page(f"Dead letter {offset} of {group}", self._letter_body(session, letter))
 
     def _letter_body(self, session: ConsoleSession, x: DeadLetter) -> list[str]:
         rows: list[list[object]] = [
-                ["message id", _a("/message", {"id": x.msg_id}, x.msg_id)],
+                ["message id", h.a("/message", {"id": x.msg_id}, x.msg_id)],
                 ["stored at", f"{x.topic} queue {x.queue} offset {x.offset}"],
                 ["attempts", x.attempts], ["reason", x.reason],
-                ["dead since", _time(x.dead_ms)], ["born", _time(x.born_ms)],
+                ["dead since", h.wall_time(x.dead_ms)], ["born", h.wall_time(x.born_ms)],
                 ["tag", x.tag or ""], ["keys", ", ".join(x.keys)],
                 ["sharding key", x.sharding_key or ""]]
         rows += [[f"property {k}", v] for k, v in sorted(x.properties.items())]
-        out: list[str] = [_table(["field", "value"], rows, cls="letter")]
+        out: list[str] = [h.table(["field", "value"], rows, cls="letter")]
         if session.admin:
             cap = self.srv.config.console_body_preview_bytes
             text = x.body[:cap].decode("utf-8", "replace")
@@ -566,19 +537,19 @@ class Console:
                    else f" ({len(x.body)} bytes)")
             out += [f"<h2>Body{esc(cut)}</h2>", f'<pre class="body">{esc(text)}</pre>']
         else:
-            out.append(_p("The body is shown to admins only."))
-        steps = [_a("/letter", {"group": x.group, "offset": x.dlq_offset + d}, text)
+            out.append(h.p("The body is shown to admins only."))
+        steps = [h.a("/letter", {"group": x.group, "offset": x.dlq_offset + d}, text)
                  for d, text in ((-1, "« previous letter"), (1, "next letter »"))
                  if x.dlq_offset + d >= 0]
         out.append(f'<p class="pager">{" ".join(steps)} '
-                   f'{_a("/group", {"name": x.group}, "Back to the group")}</p>')
+                   f'{h.a("/group", {"name": x.group}, "Back to the group")}</p>')
         return out
 
     async def _dlq_write(self, request: web.BaseRequest, session: ConsoleSession) -> Page:
         what = request.path.rsplit("/", 1)[1]
         form = await request.post()
-        group = _required(form, "group")
-        count = _int(form, "count")
+        group = h.required(form, "group")
+        count = h.integer(form, "count")
         if count < 0:
             raise BadParam("count must be >= 0 (0: all)")
         client = session.client
@@ -589,150 +560,41 @@ class Console:
             n = dry.count
             if n == 0:
                 return Page(f"{verb} dead letters of {group}", [
-                    _p("There is no dead letter to " + what + "."),
-                    _a("/group", {"name": group}, "Back to the group")])
+                    h.p("There is no dead letter to " + what + "."),
+                    h.a("/group", {"name": group}, "Back to the group")])
             effect = ("delivered again to the group, with a fresh attempt count"
                       if what == "redrive" else "deleted for good")
             return Page(f"{verb} dead letters of {group}?", [
-                _p(f"{n} dead letter{'s' if n != 1 else ''} (offsets {dry.first}.."
+                h.p(f"{n} dead letter{'s' if n != 1 else ''} (offsets {dry.first}.."
                    f"{dry.first + n - 1}) will be {effect}."),
                 '<div class="actions">',
-                _form(request.path, {"group": group, "count": str(count), "confirm": "yes"},
+                h.form(request.path, {"group": group, "count": str(count), "confirm": "yes"},
                       f"Yes, {what} {n}", session, cls="confirm"),
-                str(_a("/group", {"name": group}, "Cancel")), "</div>"])
+                str(h.a("/group", {"name": group}, "Cancel")), "</div>"])
         done = await act(group, count)
         return Page(f"{verb} done", [
-            _p(f"{'Redrove' if what == 'redrive' else 'Purged'} {done.count} dead letter"
+            h.p(f"{'Redrove' if what == 'redrive' else 'Purged'} {done.count} dead letter"
                f"{'s' if done.count != 1 else ''} of {group}."),
-            _a("/group", {"name": group}, "Back to the group")])
+            h.a("/group", {"name": group}, "Back to the group")])
 
     # -- cluster -----------------------------------------------------------------------------
 
     async def _cluster(self, request: web.BaseRequest, session: ConsoleSession) -> Page:
         c = await session.client.cluster_describe()
-        page = _page_number(request.query)
+        page = h.page_number(request.query)
         brokers = [[b.broker_id, b.address, "yes" if b.alive else "no",
                     "controller" if b.broker_id == c.controller else ""] for b in c.brokers]
         queues = [[q.topic, q.queue, q.leader if q.leader >= 0 else "none", q.leader_epoch,
                    ", ".join(map(str, q.replicas)), ", ".join(map(str, q.isr)),
                    "offline" if q.offline else "under-replicated" if q.under_replicated else ""]
                   for q in c.queues[page * self.rows:(page + 1) * self.rows]]
-        body = [_p(f"Cluster {c.cluster!r}: {len(c.brokers)} brokers, {len(c.offline)} queues "
+        body = [h.p(f"Cluster {c.cluster!r}: {len(c.brokers)} brokers, {len(c.offline)} queues "
                    f"offline, {len(c.under_replicated)} under-replicated." if c.cluster else
                    "A single broker (not in a cluster): it leads every queue."),
                 "<h2>Brokers</h2>",
-                _table(["broker", "address", "alive", ""], brokers, cls="brokers"),
+                h.table(["broker", "address", "alive", ""], brokers, cls="brokers"),
                 "<h2>Queues (offline and under-replicated first)</h2>",
-                _table(["topic", "queue", "leader", "epoch", "replicas", "in-sync replicas",
+                h.table(["topic", "queue", "leader", "epoch", "replicas", "in-sync replicas",
                         ""], queues, cls="replication"),
-                _pager("/cluster", {}, page, (page + 1) * self.rows < len(c.queues))]
+                h.pager("/cluster", {}, page, (page + 1) * self.rows < len(c.queues))]
         return Page("Cluster", body)
-
-
-# -- HTML helpers --------------------------------------------------------------------------------
-
-
-def _p(text: object) -> Html:
-    return Html(f"<p>{esc(text)}</p>")
-
-
-def _a(path: str, params: dict[str, object], text: object) -> Html:
-    query = ("?" + urlencode({k: str(v) for k, v in params.items()})) if params else ""
-    return Html(f'<a href="{esc(path + query)}">{esc(text)}</a>')
-
-
-def _form(action: str, fields: dict[str, str], button: str, session: ConsoleSession,
-          cls: str = "") -> Html:
-    hidden = "".join(f'<input type="hidden" name="{esc(k)}" value="{esc(v)}">'
-                     for k, v in {**fields, "csrf": session.csrf}.items())
-    return Html(f'<form method="post" action="{esc(action)}" class="{esc(cls)}">{hidden}'
-                f'<button>{esc(button)}</button></form>')
-
-
-def _table(headers: Sequence[str], rows: Sequence[Sequence[object]], cls: str = "") -> Html:
-    head = "".join(f"<th>{esc(h)}</th>" for h in headers)
-    body = "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in r) + "</tr>" for r in rows)
-    return Html(f'<table class="{esc(cls)}"><thead><tr>{head}</tr></thead>'
-                f"<tbody>{body}</tbody></table>")
-
-
-def _pager(path: str, params: dict[str, object], page: int, more: bool) -> Html:
-    links = []
-    if page > 0:
-        links.append(_a(path, {**params, "page": page - 1}, "« previous"))
-    if more:
-        links.append(_a(path, {**params, "page": page + 1}, "next »"))
-    return Html(f'<p class="pager">{" ".join(links)}</p>' if links else "")
-
-
-def _redirect(path: str, params: dict[str, str]) -> web.Response:
-    resp = web.Response(status=303)
-    resp.headers["Location"] = path + (("?" + urlencode(params)) if params else "")
-    return resp
-
-
-def _error_page(exc: FerryMQError) -> Page:
-    status = (403 if isinstance(exc, AccessDeniedError) else
-              404 if isinstance(exc, UnknownGroupError | UnknownTopicError) else
-              400 if isinstance(exc, BrokerError) else
-              502 if isinstance(exc, ClientError) else 500)
-    return Page("Refused" if status == 403 else "Error", [_p(
-        f"{type(exc).__name__}: {exc}")], status)
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
-
-
-def _time(ms: int) -> str:
-    if ms < 0:
-        return ""
-    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
-def _duration(s: float) -> str:
-    if s < 60:
-        return f"{s:.1f} s"
-    if s < 3600:
-        return f"{s / 60:.1f} min"
-    return f"{s / 3600:.1f} h"
-
-
-def _bytes(n: int) -> str:
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{n} B"  # pragma: no cover - the loop always returns
-
-
-def _param(params: Mapping[str, object], key: str, default: str) -> str:
-    value = params.get(key)
-    if value is None:
-        return default
-    if not isinstance(value, str) or len(value) > MAX_PARAM_CHARS:
-        raise BadParam(f"{key} must be text of at most {MAX_PARAM_CHARS} characters")
-    return value
-
-
-def _required(params: Mapping[str, object], key: str) -> str:
-    value = _param(params, key, "")
-    if not value:
-        raise BadParam(f"missing parameter: {key}")
-    return value
-
-
-def _int(params: Mapping[str, object], key: str) -> int:
-    text = _required(params, key)
-    try:
-        return int(text)
-    except ValueError:
-        raise BadParam(f"{key} must be an integer, not {text[:40]!r}") from None
-
-
-def _page_number(params: Mapping[str, object]) -> int:
-    text = _param(params, "page", "0")
-    if not text.isdigit() or len(text) > 9:
-        raise BadParam(f"page must be a page number (0, 1, ...), not {text[:40]!r}")
-    return int(text)
