@@ -35,6 +35,7 @@ __all__ = ["MAX_PARAM_CHARS", "BadParam", "Html", "Page", "a", "byte_size", "cou
 MAX_PARAM_CHARS = 512
 """Longest query or form value accepted (a topic or group name, a key, an id)."""
 
+
 class Html(str):
     """Markup written by the console itself (not escaped again)."""
 
@@ -60,16 +61,19 @@ class BadParam(ValueError):
 
 
 def p(text: object) -> Html:
+    """A paragraph of escaped text."""
     return Html(f"<p>{esc(text)}</p>")
 
 
 def a(path: str, params: dict[str, object], text: object) -> Html:
+    """A link to ``path`` with ``params`` as its query."""
     query = ("?" + urlencode({k: str(v) for k, v in params.items()})) if params else ""
     return Html(f'<a href="{esc(path + query)}">{esc(text)}</a>')
 
 
 def form(action: str, fields: dict[str, str], button: str, session: ConsoleSession,
           cls: str = "") -> Html:
+    """A POST form of hidden ``fields`` and the session's CSRF token, sent by one button."""
     hidden = "".join(f'<input type="hidden" name="{esc(k)}" value="{esc(v)}">'
                      for k, v in {**fields, "csrf": session.csrf}.items())
     return Html(f'<form method="post" action="{esc(action)}" class="{esc(cls)}">{hidden}'
@@ -77,6 +81,7 @@ def form(action: str, fields: dict[str, str], button: str, session: ConsoleSessi
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]], cls: str = "") -> Html:
+    """A table; cells are escaped unless :class:`Html`."""
     head = "".join(f"<th>{esc(h)}</th>" for h in headers)
     body = "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in r) + "</tr>" for r in rows)
     return Html(f'<table class="{esc(cls)}"><thead><tr>{head}</tr></thead>'
@@ -84,6 +89,7 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]], cls: str = "
 
 
 def pager(path: str, params: dict[str, object], page: int, more: bool) -> Html:
+    """Links to the previous and next page (``more``: a next page exists)."""
     links = []
     if page > 0:
         links.append(a(path, {**params, "page": page - 1}, "« previous"))
@@ -93,12 +99,14 @@ def pager(path: str, params: dict[str, object], page: int, more: bool) -> Html:
 
 
 def redirect(path: str, params: dict[str, str]) -> web.Response:
+    """A 303 to ``path`` (a GET after a POST)."""
     resp = web.Response(status=303)
     resp.headers["Location"] = path + (("?" + urlencode(params)) if params else "")
     return resp
 
 
 def error_page(exc: FerryMQError) -> Page:
+    """The page of a refused or failed admin request, its status by the error's kind."""
     status = (403 if isinstance(exc, AccessDeniedError) else
               404 if isinstance(exc, UnknownGroupError | UnknownTopicError) else
               400 if isinstance(exc, BrokerError) else
@@ -108,16 +116,19 @@ def error_page(exc: FerryMQError) -> Page:
 
 
 def count(n: int, noun: str) -> str:
+    """``n noun`` with the plural's s."""
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def wall_time(ms: int) -> str:
+    """Wall ms as a UTC time ('' for -1: none)."""
     if ms < 0:
         return ""
     return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def duration(s: float) -> str:
+    """Seconds as s, min or h."""
     if s < 60:
         return f"{s:.1f} s"
     if s < 3600:
@@ -126,6 +137,7 @@ def duration(s: float) -> str:
 
 
 def byte_size(n: int) -> str:
+    """Bytes as B, KiB, MiB or GiB."""
     size = float(n)
     for unit in ("B", "KiB", "MiB", "GiB"):
         if size < 1024 or unit == "GiB":
@@ -135,6 +147,7 @@ def byte_size(n: int) -> str:
 
 
 def param(params: Mapping[str, object], key: str, default: str) -> str:
+    """The text value ``key`` (``default`` when absent)."""
     value = params.get(key)
     if value is None:
         return default
@@ -144,6 +157,7 @@ def param(params: Mapping[str, object], key: str, default: str) -> str:
 
 
 def required(params: Mapping[str, object], key: str) -> str:
+    """The text value ``key``, which must be given and not empty."""
     value = param(params, key, "")
     if not value:
         raise BadParam(f"missing parameter: {key}")
@@ -151,6 +165,7 @@ def required(params: Mapping[str, object], key: str) -> str:
 
 
 def integer(params: Mapping[str, object], key: str) -> int:
+    """The integer value ``key``."""
     text = required(params, key)
     try:
         return int(text)
@@ -159,6 +174,7 @@ def integer(params: Mapping[str, object], key: str) -> int:
 
 
 def page_number(params: Mapping[str, object]) -> int:
+    """The ``page`` value (0 when absent)."""
     text = param(params, "page", "0")
     if not text.isdigit() or len(text) > 9:
         raise BadParam(f"page must be a page number (0, 1, ...), not {text[:40]!r}")
