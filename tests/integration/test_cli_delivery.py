@@ -467,6 +467,56 @@ def test_dlq_list_show_redrive_purge(broker: Broker) -> None:
     assert ok_json(addr, "dlq", "purge", group, "--yes")["count"] == 0
 
 
+NO_TERMINAL = {"FORCE_COLOR": None, "TTY_COMPATIBLE": None}
+"""CliRunner's stderr is no terminal; these would make rich treat it as one."""
+TERMINAL = {"FORCE_COLOR": "1", "TTY_COMPATIBLE": None}
+"""rich (and so the progress bar) treats stderr as a terminal."""
+
+
+def test_dlq_redrive_and_purge_progress_only_on_a_terminal(broker: Broker) -> None:
+    addr = broker.address
+    topic, group = "prog-t", "prog-g"
+    create_topic(addr, topic, 1)
+    produce(addr, [Message(topic, f"p{i}") for i in range(6)])
+
+    def fill() -> None:
+        dead_letter_all(addr, group, topic, 6, "bad")
+        wait_for(lambda: dlq_count(addr, group) == 6)
+
+    def invoke(env: dict[str, str | None], *args: str) -> Result:
+        res = CliRunner().invoke(cli, ["--server", addr, *args], env=env)
+        assert res.exit_code == 0, (res.stdout, res.stderr, res.exception)
+        return res
+
+    fill()
+    plain = invoke(NO_TERMINAL, "dlq", "redrive", group, "--rate", "40")  # chunks of 10
+    assert plain.stdout == "redrove 6 dead letters of group prog-g (DLQ offsets 0..5)\n"
+    assert plain.stderr == ""  # no terminal: nothing extra
+
+    async def dead_again() -> None:
+        s = Session(addr)
+        try:
+            mem = await Member.join(s, group, topic, max_reconsume=0)
+            await mem.nack(await mem.receive(6), reason="bad")
+        finally:
+            await s.close()
+
+    asyncio.run(dead_again())
+    wait_for(lambda: dlq_count(addr, group) == 6)
+    shown = invoke(TERMINAL, "dlq", "redrive", group, "--rate", "8")  # chunks of 2
+    assert shown.stdout == "redrove 6 dead letters of group prog-g (DLQ offsets 6..11)\n"
+    assert "redriving prog-g" in shown.stderr
+    assert "6/6" in shown.stderr  # the bar's total came from the dry run, all moved
+    assert "\x1b[" in shown.stderr  # drawn with terminal control sequences
+
+    asyncio.run(dead_again())
+    wait_for(lambda: dlq_count(addr, group) == 6)
+    as_json = invoke(TERMINAL, "--json", "dlq", "purge", group, "--yes")
+    assert json.loads(as_json.stdout)["count"] == 6
+    assert as_json.stderr == ""  # --json: never a bar, even on a terminal
+    assert invoke(TERMINAL, "dlq", "purge", group, "--yes").stderr.count("purging prog-g") >= 1
+
+
 # -- group describe / list -------------------------------------------------------------------------------
 
 

@@ -12,6 +12,7 @@ import time
 import click
 
 from ferrymq.admin.cli_state import CliState, CommandError, json_option, pass_state
+from ferrymq.admin.progress import progress
 from ferrymq.client.admin import ClusterDescription
 
 
@@ -97,16 +98,19 @@ def cluster_reassign(state: CliState, topic: str, queue: int, replicas: list[int
         started = admin.reassign_queue(topic, queue, replicas)
         done = False
         deadline = time.monotonic() + wait_s
-        while wait_s:
-            q = next((q for q in admin.cluster_describe().queues
-                      if q.topic == topic and q.queue == queue), None)
-            if q is not None and list(q.replicas) == replicas:
-                done = True
-                break
-            if time.monotonic() >= deadline:
+        with progress(f"reassigning {topic}/{queue}",
+                      json_mode=state.json or json_flag or not wait_s) as tracker:
+            while wait_s:
+                q = next((q for q in admin.cluster_describe().queues
+                          if q.topic == topic and q.queue == queue), None)
+                if q is not None and list(q.replicas) == replicas:
+                    done = True
+                    break
                 isr = list(q.isr) if q is not None else []
-                raise CommandError(f"{topic}/{queue} is still being reassigned after {wait_s:g} s "
-                                   f"(in sync: {isr}, wanted: {replicas}); it goes on: see "
-                                   "`ferrymq cluster describe`")
-            time.sleep(REASSIGN_POLL_S)
+                if time.monotonic() >= deadline:
+                    raise CommandError(f"{topic}/{queue} is still being reassigned after "
+                                       f"{wait_s:g} s (in sync: {isr}, wanted: {replicas}); it "
+                                       "goes on: see `ferrymq cluster describe`")
+                tracker.describe(f"reassigning {topic}/{queue} (in sync: {isr})")
+                time.sleep(REASSIGN_POLL_S)
     state.printer_with(json_flag).reassigned(topic, queue, replicas, started, done)

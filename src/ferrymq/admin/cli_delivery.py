@@ -21,6 +21,7 @@ from typing import Any
 import click
 
 from ferrymq.admin.cli_state import CliState, CommandError, json_option
+from ferrymq.admin.progress import Tracker, progress
 from ferrymq.client.sync import AdminClient
 from ferrymq.protocol import messages as m
 
@@ -181,12 +182,16 @@ def dlq_redrive(state: CliState, group: str, rate: float | None, max_messages: i
             resp = admin.dlq_redrive(group, max_messages or 0, dry_run=True)
             printer.dlq_done("redrive", group, resp.count, resp.first, resp.end, True)
             return
-        count, first, end = _redrive(admin, group, rate, max_messages)
+        with progress(f"redriving {group}", json_mode=printer.json_mode) as tracker:
+            if tracker.shown:  # the bar's total; read-only, and only for people
+                tracker.set_total(admin.dlq_redrive(group, max_messages or 0,
+                                                    dry_run=True).count)
+            count, first, end = _redrive(admin, group, rate, max_messages, tracker)
     printer.dlq_done("redrive", group, count, first, end, False)
 
 
 def _redrive(admin: AdminClient, group: str, rate: float | None,
-             max_messages: int | None) -> tuple[int, int, int]:
+             max_messages: int | None, tracker: Tracker) -> tuple[int, int, int]:
     """Redrive in chunks (paced to ``rate``); return (moved, first offset, end offset)."""
     chunk = REDRIVE_CHUNK
     if rate is not None:
@@ -195,7 +200,6 @@ def _redrive(admin: AdminClient, group: str, rate: float | None,
     covered = 0
     first = end = -1
     started = time.monotonic()
-    progress = sys.stderr.isatty()
     while max_messages is None or covered < max_messages:
         if rate is not None:
             due = started + moved / rate
@@ -210,10 +214,7 @@ def _redrive(admin: AdminClient, group: str, rate: float | None,
         end = resp.end
         covered += resp.end - resp.first
         moved += resp.count
-        if progress:
-            click.echo(f"\rredriven {moved}", nl=False, err=True)
-    if progress and moved:
-        click.echo("", err=True)
+        tracker.advance(resp.count)
     return moved, max(first, 0), max(end, 0)
 
 
@@ -237,5 +238,6 @@ def dlq_purge(state: CliState, group: str, yes: bool, dry_run: bool, json_flag: 
             would = admin.dlq_purge(group, dry_run=True)
             click.confirm(f"Drop {would.count} dead letters of group {group!r}?", abort=True,
                           err=True)
-        resp = admin.dlq_purge(group, dry_run=dry_run)
+        with progress(f"purging {group}", json_mode=printer.json_mode):
+            resp = admin.dlq_purge(group, dry_run=dry_run)
     printer.dlq_done("purge", group, resp.count, resp.first, resp.end, dry_run)

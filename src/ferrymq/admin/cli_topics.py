@@ -14,6 +14,7 @@ import click
 
 from ferrymq.admin.cli_params import KEY_VALUE
 from ferrymq.admin.cli_state import CliState, pass_state
+from ferrymq.admin.progress import progress
 from ferrymq.client.admin import TopicDescription, TopicListing
 from ferrymq.protocol import messages as m
 
@@ -85,6 +86,6 @@ def topic_delete(state: CliState, name: str, yes: bool) -> None:
         if not sys.stdin.isatty():
             raise click.UsageError("refusing to delete without --yes (stdin is not a terminal)")
         click.confirm(f"Delete topic {name!r} and all its messages?", abort=True, err=True)
-    with state.admin() as admin:
+    with state.admin() as admin, progress(f"deleting {name}", json_mode=state.json):
         admin.delete_topic(name)
     state.printer.topic_deleted(name)
