@@ -11,7 +11,8 @@ decide already. The commands live in one module per group: :mod:`~ferrymq.admin.
 (``topic``), :mod:`~ferrymq.admin.cli_cluster` (``cluster``),
 :mod:`~ferrymq.admin.cli_produce_consume` (``produce``, ``consume``),
 :mod:`~ferrymq.admin.cli_groups` (``group``), :mod:`~ferrymq.admin.cli_users` (``user``,
-``whoami``), :mod:`~ferrymq.admin.cli_delivery` (``message``, ``dlq``) and
+``whoami``), :mod:`~ferrymq.admin.cli_delivery` (``message``, ``dlq``), :mod:`~ferrymq.admin.top`
+(``top``) and
 :mod:`~ferrymq.admin.bench` (``bench``); what they share is :mod:`~ferrymq.admin.cli_state` (the
 global options, :class:`~ferrymq.admin.cli_state.CommandError`) and
 :mod:`~ferrymq.admin.cli_params` (parameter types).
@@ -51,6 +52,7 @@ from ferrymq.admin.cli_produce_consume import consume, produce
 from ferrymq.admin.cli_state import CliState, CommandError, pass_state
 from ferrymq.admin.cli_topics import topic
 from ferrymq.admin.cli_users import user, whoami
+from ferrymq.admin.top import top
 from ferrymq.errors import FerryMQError
 
 __all__ = ["KEY_VALUE", "CliState", "CommandError", "FerryGroup", "KeyValueType", "Position",
@@ -214,7 +216,7 @@ def broker(host: str | None, port: int | None, http_port: int | None, data_dir: 
         notify_socket=os.environ.get("NOTIFY_SOCKET"))  # systemd Type=notify
 
 
-for command in (topic, cluster, produce, consume, group, user, whoami, message, dlq, bench,
+for command in (topic, cluster, produce, consume, group, user, whoami, message, dlq, top, bench,
                 dev_cluster):
     cli.add_command(command)
 
