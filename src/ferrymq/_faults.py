@@ -40,6 +40,10 @@ back to its last recorded size (the chaos tests' power loss). :data:`FSYNC_JOURN
 one module attribute the handles test before calling :func:`note_fsync_begin` /
 :func:`note_fsynced`.
 
+``hold_recovery_file`` names a flag file: while it exists, the broker's start waits in the
+middle of recovering its data directory, after the logs are open (:func:`recovery_hold`), so
+a test can probe ``/readyz`` and ``/healthz`` while the broker recovers.
+
 Never set them outside tests.
 """
 
@@ -49,6 +53,7 @@ import errno
 import os
 import signal
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from fnmatch import fnmatchcase
@@ -57,7 +62,7 @@ from typing import ClassVar
 from ferrymq._time import SYSTEM_CLOCK, Clock, OffsetFileClock
 
 __all__ = ["ENOSPC_FAULTS", "FSYNC_JOURNAL", "NO_FAULTS", "Faults", "active", "configure",
-           "crash_point", "enospc_point", "note_fsync_begin", "note_fsynced"]
+           "crash_point", "enospc_point", "note_fsync_begin", "note_fsynced", "recovery_hold"]
 
 _DEFAULT_RULES = (("fsync", "*"), ("rewrite", "*"))
 
@@ -76,6 +81,8 @@ class Faults:
     """A file holding ms added to the wall clock ("": the system clock)."""
     fsync_journal: str = ""
     """A file to which every completed fsync appends ``<path>\t<size>`` ("": none)."""
+    hold_recovery_file: str = ""
+    """While this file exists, recovery waits after opening the logs ("": never)."""
 
     ENV: ClassVar[Mapping[str, str]] = {
         "crash_at": "FERRYMQ_CRASH_AT",
@@ -83,6 +90,7 @@ class Faults:
         "statm_path": "FERRYMQ_FAULT_STATM",
         "clock_file": "FERRYMQ_TEST_CLOCK_FILE",
         "fsync_journal": "FERRYMQ_FAULT_FSYNC_JOURNAL",
+        "hold_recovery_file": "FERRYMQ_FAULT_HOLD_RECOVERY",
     }
     """The environment variable that carries each hook to a broker subprocess."""
 
@@ -131,6 +139,17 @@ def crash_point(name: str) -> None:
     at = _active.crash_at
     if at and name == at:
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+HOLD_POLL_S = 0.01
+"""How often :func:`recovery_hold` looks whether its flag file is gone."""
+
+
+def recovery_hold() -> None:
+    """Wait while the installed ``hold_recovery_file`` exists (recovery's thread calls this)."""
+    path = _active.hold_recovery_file
+    while path and os.path.exists(path):
+        time.sleep(HOLD_POLL_S)
 
 
 def _rules(flag_file: str) -> tuple[tuple[str, str], ...] | None:

@@ -7,6 +7,7 @@ import errno
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from ferrymq.testing import NO_FAULTS, BrokerProcess, Faults
 
 EVERY_HOOK = Faults(crash_at="txn.markers_durable", enospc_file="/tmp/flag",
                     statm_path="/tmp/statm", clock_file="/tmp/clock",
-                    fsync_journal="/tmp/fsyncs")
+                    fsync_journal="/tmp/fsyncs", hold_recovery_file="/tmp/hold")
 
 
 @pytest.fixture
@@ -116,3 +117,17 @@ def test_the_fsync_journal_records_what_each_fsync_made_durable(tmp_path: Path,
     handle.unpin(None)
     assert journal.read_text() == f"{path}\t15\n"
     handle.close()
+
+
+def test_recovery_hold_waits_while_its_file_exists(tmp_path: Path, installed: None) -> None:
+    hold = tmp_path / "hold"
+    _faults.recovery_hold()  # nothing installed: returns at once
+    hold.touch()
+    _faults.configure(Faults(hold_recovery_file=str(hold)))
+    done = threading.Event()
+    waiter = threading.Thread(target=lambda: (_faults.recovery_hold(), done.set()))
+    waiter.start()
+    assert not done.wait(0.1)
+    hold.unlink()
+    assert done.wait(5)
+    waiter.join()

@@ -9,8 +9,10 @@ event loop runs it all; only fsyncs run on the flusher thread.
 Start: raise the soft descriptor limit and plan its use (refusing a limit too small,
 :mod:`ferrymq.broker.descriptors`), take an exclusive lock on the data directory (two brokers on
 one directory would corrupt it), note whether the previous run left the clean-shutdown marker
-(then recovery can trust the files) and remove it, open every log, rebuild the dedup windows
-from the logs' tails, start the flusher, join the cluster (with ``metadata``), listen: a
+(then recovery can trust the files) and remove it, start answering HTTP (``/readyz`` says
+"recovering"), open every log and rebuild the dedup windows from the logs' tails (on a worker
+thread: the loop stays free for the HTTP probes), load the groups, the scheduler, half messages
+and transactions (on the loop), start the flusher, join the cluster (with ``metadata``), listen: a
 broker accepts no connection before it has its view of the cluster.
 
 Stop (SIGTERM/SIGINT, or :meth:`stop`): stop accepting connections, refuse new produces with
@@ -173,6 +175,10 @@ class BrokerServer:
 
                 self.http = HttpListener(self)
                 await self.http.bind()
+                # answering while the logs recover: /healthz 200, /readyz 503 "recovering"
+                await self.http.start()
+            sock = self._server.sockets[0].getsockname()
+            self.address = (sock[0], sock[1])
             await self._open(loop)
         except BaseException:
             if self._server is not None:
@@ -182,11 +188,7 @@ class BrokerServer:
             if self._lock_file is not None:
                 self._lock_file.close()
             raise
-        sock = self._server.sockets[0].getsockname()
-        self.address = (sock[0], sock[1])
-        self.recovered = True
-        if self.http is not None:  # /readyz says "starting" while the cluster is joined
-            await self.http.start()
+        self.recovered = True  # /readyz says "starting" while the cluster is joined
         if cfg.metadata:
             # before accepting a connection: a broker that served before it joined (it may
             # wait for its former self's lease) would answer with an empty view (UNKNOWN_TOPIC,
@@ -310,16 +312,17 @@ class BrokerServer:
             retention_bytes=None if cfg.retention_bytes < 0 else cfg.retention_bytes,
         )
         t0 = loop.time()
-        self.topics = TopicRegistry(
-            self.data_dir, base, sync_visibility=self.sync_flush, clean_shutdown=clean,
-            max_queues=cfg.max_queues, default_dedup_window_ms=cfg.dedup_window_ms,
-            max_topics=cfg.max_topics, max_total_queues=cfg.max_total_queues,
-            auto_create_rate=CreationRate(cfg.auto_create_topics_per_minute,
-                                          self.clock.monotonic),
-            handles=FileHandles(self.descriptors.open_segments))
-        self.topics.open_all(self.clock.wall_ms())
-        self.dedup = Deduplicator(self.topics, max_keys=cfg.dedup_max_keys)
-        self.dedup.load(self.clock.wall_ms())
+        # the long part (every log's recovery, the dedup rescans) runs on a worker thread so
+        # the loop keeps answering /healthz and /readyz; nothing on the loop reads the topics
+        # before self.recovered (the wire port does not serve yet, /metrics waits for it)
+        recovering = asyncio.ensure_future(asyncio.to_thread(self._recover_logs, base, clean))
+        try:
+            await asyncio.shield(recovering)
+        except asyncio.CancelledError:
+            # a thread cannot be stopped: the data directory stays locked until it is done
+            with contextlib.suppress(Exception):
+                await recovering
+            raise
         self.consumer_groups.load()
         self.consumer_groups.sync_queue_counts({n: len(t.queues) for n, t in self.topics.topics.items()})
         self.producer_ids.load()
@@ -344,6 +347,22 @@ class BrokerServer:
         self.txn.load()  # finishes interrupted commits before anyone can read
         self.key_index = KeyIndexer(self.topics, cfg)
         self.flusher.start()
+
+    def _recover_logs(self, base: LogConfig, clean: bool) -> None:
+        """Open every log (recovering each after an unclean stop) and rebuild the dedup windows
+        from their tails; runs on a worker thread (see :meth:`_open`)."""
+        cfg = self.config
+        self.topics = TopicRegistry(
+            self.data_dir, base, sync_visibility=self.sync_flush, clean_shutdown=clean,
+            max_queues=cfg.max_queues, default_dedup_window_ms=cfg.dedup_window_ms,
+            max_topics=cfg.max_topics, max_total_queues=cfg.max_total_queues,
+            auto_create_rate=CreationRate(cfg.auto_create_topics_per_minute,
+                                          self.clock.monotonic),
+            handles=FileHandles(self.descriptors.open_segments))
+        self.topics.open_all(self.clock.wall_ms())
+        self.dedup = Deduplicator(self.topics, max_keys=cfg.dedup_max_keys)
+        self.dedup.load(self.clock.wall_ms())
+        _faults.recovery_hold()
 
     async def stop(self) -> None:
         """Shut down gracefully (idempotent)."""

@@ -6,8 +6,9 @@ Theory of operation
 :class:`HttpListener` is aiohttp's low-level server (``aiohttp.web.Server``: a protocol factory
 and one handler coroutine, no application or router) on the broker's own event loop, bound to
 the broker's ``host``. The server binds it together with the wire port (so a taken port fails the
-start before anything is written), serves it once the data directory is recovered, and closes
-it at the end of a graceful shutdown: during the drain ``/readyz`` answers 503 "shutting down".
+start before anything is written), serves it before it recovers the data directory (``/readyz``
+answers 503 "recovering" meanwhile), and closes it at the end of a graceful shutdown: during the
+drain ``/readyz`` answers 503 "shutting down".
 
 Limits, each a setting and each checked before anything is allocated for it:
 
