@@ -6,7 +6,9 @@ in the application's traces, following OpenTelemetry's messaging semantic conven
 * **Producers** start a ``send <topic>`` span (kind PRODUCER) around each send and write its
   context into the message's properties as W3C ``traceparent`` (and ``tracestate`` when there is
   one), through OpenTelemetry's configured propagator. A batch (``send_batch``) is one span whose
-  context every message of the batch carries.
+  context every message of the batch carries. A half message's prepare
+  (:mod:`ferrymq.client.half_messages`) is its send span (the committed message keeps the
+  properties); a transaction's sends, staged or committed, are sends like any other.
 * **Push consumers** run each handler call in a ``process <topic>`` span (kind CONSUMER), a
   child of the context the message carries (so the producer's trace continues); a handler of
   several messages (``batch_size > 1``) gets one span linked to each message's context.

@@ -12,6 +12,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from opentelemetry import trace
@@ -21,8 +22,12 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 
 from ferrymq import (
+    AdminClient,
+    AsyncHalfMessageProducer,
     AsyncProducer,
     Broker,
+    HalfMessageProducer,
+    HalfState,
     LeasedMessage,
     Message,
     Producer,
@@ -31,7 +36,7 @@ from ferrymq import (
     SimpleConsumer,
     tracing,
 )
-from tests.helpers import wait_for
+from tests.helpers import read_topic, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -222,3 +227,59 @@ print(json.dumps({{m.body.decode(): m.properties for m in got}}))
     assert json.loads(out.stdout.splitlines()[-1]) == {
         "plain": {},
         "from-upstream": {"traceparent": f"00-{0x1234:032x}-{0x5678:016x}-01"}}
+
+
+def _sent_and_stored(spans: InMemorySpanExporter, address: str, topic: str,
+                     n: int) -> tuple[ReadableSpan, list[Any]]:
+    """The one ``send <topic>`` span and the ``n`` messages a read_committed reader gets."""
+    got = read_topic(address, topic, n)
+    assert len(got) == n
+    return _one(spans, f"send {topic}"), got
+
+
+def test_half_message_carries_the_prepare_span_context_sync_and_async(
+        broker: Broker, provider: TracerProvider, spans: InMemorySpanExporter) -> None:
+    tracer = provider.get_tracer("app")
+    with HalfMessageProducer(broker.address, "hp", lambda msg: HalfState.COMMIT) as hp, \
+            tracer.start_as_current_span("order") as app:
+        hp.send_in_transaction(Message("half-t", b"h-1", properties={"k": "v"}),
+                               lambda msg: HalfState.COMMIT)
+    send, (stored,) = _sent_and_stored(spans, broker.address, "half-t", 1)
+    assert send.kind is SpanKind.PRODUCER
+    assert send.parent is not None and send.parent.span_id == app.get_span_context().span_id
+    assert stored.properties["traceparent"] == _traceparent(send)  # what consumers extract
+    assert stored.properties["k"] == "v"
+    assert tracing.context_of(stored.properties) is not None
+
+    async def prepare_async() -> None:
+        async with AsyncHalfMessageProducer(broker.address, "hp-async",
+                                            lambda msg: HalfState.COMMIT) as ahp:
+            with tracer.start_as_current_span("order-async"):
+                async with ahp.half_message(Message("half-async", b"h-2")):
+                    pass  # committed on exit
+
+    asyncio.run(prepare_async())
+    send, (stored,) = _sent_and_stored(spans, broker.address, "half-async", 1)
+    assert stored.properties["traceparent"] == _traceparent(send)
+
+
+def test_transactional_and_staged_sends_carry_the_send_span_context(
+        broker: Broker, provider: TracerProvider, spans: InMemorySpanExporter) -> None:
+    tracer = provider.get_tracer("app")
+    with Producer(broker.address, transactional_id="traced") as p, \
+            tracer.start_as_current_span("batch"):
+        p.begin()
+        p.send(Message("txn-t", b"t-1"))
+        p.commit()
+    send, (stored,) = _sent_and_stored(spans, broker.address, "txn-t", 1)
+    assert stored.properties["traceparent"] == _traceparent(send)
+
+    with Producer(broker.address, transactional_id="traced-staged") as p, \
+            tracer.start_as_current_span("staged"):
+        p.begin()
+        p.send(Message("txn-staged", b"s-1"))
+        staged = p.stage("sink-1", 7)
+    with AdminClient(broker.address) as admin:
+        admin.commit_staged("sink-1", 7, [staged])
+    send, (stored,) = _sent_and_stored(spans, broker.address, "txn-staged", 1)
+    assert stored.properties["traceparent"] == _traceparent(send)

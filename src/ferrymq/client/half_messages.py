@@ -17,6 +17,10 @@ connection), the broker hands it to one polling producer, whose ``checker(msg)``
 first check comes ``check_after`` seconds after the half message was stored, then every
 ``check_interval``, at most ``max_checks`` times; then the broker rolls it back. A checker that
 raises counts as UNKNOWN. Synchronous checkers run in a worker thread.
+
+Tracing (:mod:`ferrymq.tracing`): the prepare is the message's ``send <topic>`` span; its W3C
+``traceparent`` goes into the half message's properties, which the committed message keeps, so
+its consumers continue the producer's trace.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any
 
-from ferrymq import _deprecated
+from ferrymq import _deprecated, tracing
 from ferrymq._time import SYSTEM_CLOCK, Clock
 from ferrymq.client._session import Auth, Session, TLSOption
 from ferrymq.client.message import (
@@ -218,6 +222,13 @@ class AsyncHalfMessageProducer:
             ConnectionClosedError, FerryMQTimeoutError: the half message may or may not be
                 stored; if it is, the check-back resolves it.
         """
+        if tracing.ENABLED:
+            with tracing.send_span([msg]):  # the context goes into the stored half message
+                return await self._prepare(msg)
+        return await self._prepare(msg)
+
+    async def _prepare(self, msg: Message) -> str:
+        """:meth:`prepare`, untraced (the sync facade traces in its caller's thread)."""
         if self._closed:
             raise ClientError("producer is closed")
         info = await self._session.topic(msg.topic, auto_create=self._auto_create)
@@ -414,7 +425,10 @@ class HalfMessageProducer:
 
     def prepare(self, msg: Message) -> str:
         """Store a half message; its half id (see :meth:`AsyncHalfMessageProducer.prepare`)."""
-        return _run(self._async.prepare(msg))
+        if tracing.ENABLED:  # here, in the caller's thread: its trace is the parent
+            with tracing.send_span([msg]):
+                return _run(self._async._prepare(msg))
+        return _run(self._async._prepare(msg))
 
     def end(self, half_id: str, state: HalfState, *, reason: str = "") -> HalfMessageResult:
         """Report an outcome (COMMIT, ROLLBACK or UNKNOWN)."""
