@@ -2,19 +2,28 @@
 """The cost of ``/metrics`` (issue 21): what scraping every second costs the produce benchmark,
 and how long one scrape of a big broker takes.
 
-1. **Overhead**: one broker subprocess (``--http-port``, ``--flush`` as given); ``--pairs``
-   pairs of ``ferrymq bench produce`` runs (the same workload, ``--messages`` x ``--size`` B,
-   batches of 1000, 8 in flight), one run with a thread scraping ``/metrics`` every
-   ``--every`` s and one without, the order alternating from pair to pair. Reported: the median
-   throughput of each side, the median of the per-pair ratios, the scrapes made and their
-   latencies.
+1. **Overhead**, by alternating pairs: one broker subprocess (``--http-port``, ``--flush`` as
+   given), one warm-up run not counted, then ``--pairs`` pairs of ``ferrymq bench produce``
+   runs of the same workload (``--messages`` x ``--size`` B, batches of 1000, 8 in flight):
+   in each pair one run with a thread scraping ``/metrics`` (the first scrape as the run
+   starts, then every ``--every`` s) and one without, the "with" run first in odd pairs and
+   second in even ones, so a drift of the machine (a neighbour's load, the page cache, a
+   growing log) falls on both sides alike. Each pair gives the ratio with/without; reported:
+   the median throughput of each side, the median of the per-pair ratios and its overhead
+   (``1 - ratio``; positive: scraping costs), every pair's overhead, the scrapes made and their
+   latencies, the 1-minute load average after each pair. A "with" run that made fewer than
+   ``MIN_SCRAPES_PER_RUN`` scrapes measured little: the report says so (raise
+   ``--messages``). Runs of about 10 s or more are the meaningful ones.
 2. **Big scrape**: a fresh broker with ``--topics`` topics x ``--queues`` queues (16 messages
    each topic) and ``--groups`` consumer groups, each with committed offsets (at the start:
    every queue with data lags) on ``--topics-per-group`` topics of its own; then ``--scrapes``
    scrapes one after the other. Reported: the first (cold: the append times of the lagging
    offsets are read) and the median and max of the rest, the body size and the series count.
 
-Usage: ``.venv/bin/python bench/metrics_scrape.py [--pairs 5] [--messages 300000] [--json]``
+Progress (one line per pair, and the note on short runs) goes to stderr, the report (JSON) to
+stdout. Usage: ``.venv/bin/python bench/metrics_scrape.py [--pairs 5] [--messages 300000] [--json]``
+(a quick check that it runs: ``--pairs 2 --messages 3000 --every 0.05 --topics 5 --queues 2
+--groups 3 --topics-per-group 2 --scrapes 2``; its numbers mean nothing).
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ import asyncio
 import json
 import os
 import statistics
+import sys
 import threading
 import time
 import urllib.request
@@ -32,6 +42,9 @@ from typing import Any
 from ferrymq._launcher import BrokerProcess, free_port
 from ferrymq.admin import bench as fb
 from ferrymq.client import AsyncAdminClient, AsyncProducer, Message
+
+MIN_SCRAPES_PER_RUN = 5
+"""Fewer scrapes in a "with" run than this, and the run says little about their cost."""
 
 
 def scrape(port: int) -> tuple[float, int, int]:
@@ -54,8 +67,10 @@ class Scraper:
         self._t = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
-        while not self._stop.wait(self.every):
+        while True:  # the first scrape as the run starts: a short run still has one
             self.latencies.append(scrape(self.port)[0])
+            if self._stop.wait(self.every):
+                return
 
     def __enter__(self) -> Scraper:
         self._t.start()
@@ -72,6 +87,7 @@ def overhead(args: argparse.Namespace) -> dict[str, Any]:
     without_s: list[float] = []
     ratios: list[float] = []
     latencies: list[float] = []
+    per_run: list[int] = []  # scrapes made during each "with" run
     load = [os.getloadavg()[0]]
     with BrokerProcess(flush=args.flush, extra=["--http-port", str(port)],
                        log_level="WARNING", new_session=True) as b:
@@ -85,6 +101,7 @@ def overhead(args: argparse.Namespace) -> dict[str, Any]:
             with Scraper(port, args.every) as s:
                 rate = run()
             latencies.extend(s.latencies)
+            per_run.append(len(s.latencies))
             return rate
 
         one(False)  # warm-up, not counted
@@ -95,8 +112,15 @@ def overhead(args: argparse.Namespace) -> dict[str, Any]:
             without_s.append(got[False])
             ratios.append(got[True] / got[False])
             load.append(os.getloadavg()[0])
-            print(f"pair {i + 1}: with {got[True]:,.0f} msg/s, without {got[False]:,.0f} msg/s",
-                  flush=True)
+            first = "with" if order[0] else "without"
+            print(f"pair {i + 1} ({first} first): with {got[True]:,.0f} msg/s, without "
+                  f"{got[False]:,.0f} msg/s, overhead {100 * (1 - ratios[-1]):+.1f} % "
+                  f"({per_run[-1]} scrapes)", file=sys.stderr, flush=True)
+    short = sum(1 for n in per_run if n < MIN_SCRAPES_PER_RUN)
+    if short:
+        print(f"note: {short} of {len(per_run)} scraping runs made fewer than "
+              f"{MIN_SCRAPES_PER_RUN} scrapes: too short to measure the overhead (raise "
+              "--messages)", file=sys.stderr, flush=True)
     return {
         "flush": args.flush, "messages": args.messages, "size": args.size,
         "pairs": args.pairs, "scrape_every_s": args.every,
@@ -104,8 +128,11 @@ def overhead(args: argparse.Namespace) -> dict[str, Any]:
         "without_msg_per_s_median": statistics.median(without_s),
         "ratio_median": statistics.median(ratios),
         "overhead_pct_median": 100 * (1 - statistics.median(ratios)),
+        "overhead_pct_per_pair": [100 * (1 - r) for r in ratios],
+        "with_first_in_pair": [i % 2 == 0 for i in range(args.pairs)],
         "with_msg_per_s": with_s, "without_msg_per_s": without_s,
-        "scrapes": len(latencies),
+        "scrapes": len(latencies), "scrapes_per_run": per_run,
+        "runs_too_short": short,
         "scrape_ms_median": 1000 * statistics.median(latencies) if latencies else None,
         "scrape_ms_max": 1000 * max(latencies) if latencies else None,
         "loadavg_1m": load,
