@@ -5,7 +5,9 @@ Theory of operation
 Every refresh takes a :class:`Sample` over the wire with the same admin operations as the rest
 of the CLI (:class:`~ferrymq.client.admin.AsyncAdminClient`, as the ``--user`` given, through
 the client's view of a cluster): LIST_TOPICS and DESCRIBE_TOPIC (each queue's end offset and
-size), LIST_GROUPS, then DESCRIBE_GROUP for each consumer group (committed offsets, lag) and
+size, from the queue's leader on a cluster:
+:meth:`~ferrymq.client.admin.AsyncAdminClient.describe_topic_from_leaders`), LIST_GROUPS (every
+broker's, merged), then DESCRIBE_GROUP for each consumer group (committed offsets, lag) and
 DESCRIBE_DELIVERY for each delivery group (in flight, retries, dead letters). The requests of
 one sample go out together (``asyncio.gather``). The lag of a consumer group in seconds is the
 age of its oldest unconsumed message, read with one FETCH per lagging queue of the groups shown.
@@ -180,7 +182,7 @@ async def take_sample(admin: AsyncAdminClient, *, topics: Sequence[str] = (),
     group_rows = [g for g in await admin.list_groups()
                   if not groups or any(fnmatch.fnmatchcase(g.group, p) for p in groups)]
     at = time.monotonic()
-    described = await asyncio.gather(*(admin.describe_topic(n) for n in names),
+    described = await asyncio.gather(*(admin.describe_topic_from_leaders(n) for n in names),
                                       return_exceptions=True)
     queues: dict[tuple[str, int], tuple[int, int]] = {}
     for name, d in zip(names, described, strict=True):
