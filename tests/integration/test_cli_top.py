@@ -137,6 +137,8 @@ def test_table_output_once(broker: Broker) -> None:
     assert "top-table" in res.stdout
     assert "msg/s" in res.stdout
     assert "consumer groups" in res.stdout
+    assert all(line == line.rstrip() for line in res.stdout.splitlines())  # plain columns
+    assert "\x1b[" not in res.stdout
     assert res.stderr == ""
 
 

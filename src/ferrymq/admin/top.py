@@ -41,6 +41,7 @@ from rich.live import Live
 from rich.table import Table
 
 from ferrymq.admin.cli_state import CliState, json_option
+from ferrymq.admin.output import PLAIN_WIDTH
 from ferrymq.client.admin import AsyncAdminClient, DeliveryGroupDescription, GroupDescription
 from ferrymq.errors import InvalidRequestError, OffsetOutOfRangeError, UnknownTopicError
 from ferrymq.protocol import messages as m
@@ -285,6 +286,7 @@ class _Options:
 
 async def _run(state: CliState, opts: _Options) -> None:
     out = Console(highlight=False)
+    plain = Console(highlight=False, no_color=True, width=PLAIN_WIDTH)
     async with AsyncAdminClient(state.server, connect_timeout_s=state.connect_timeout_s,
                                 reconnect_timeout_s=state.connect_timeout_s,
                                 **state.client_options) as admin:
@@ -311,8 +313,13 @@ async def _run(state: CliState, opts: _Options) -> None:
             view = build_view(before, after, sort=opts.sort, limit=opts.limit)
             if opts.json:
                 click.echo(_json_line(view))
-            else:
-                out.print(render(view, state.server, terminal=out.is_terminal))
+            elif out.is_terminal:
+                out.print(render(view, state.server))
+            else:  # plain columns for grep and awk, as the other commands print (output.py)
+                with plain.capture() as captured:
+                    plain.print(render(view, state.server, terminal=False))
+                for line in captured.get().splitlines():
+                    click.echo(line.rstrip())
             before = after
             n += 1
 
