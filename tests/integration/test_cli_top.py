@@ -196,3 +196,22 @@ def test_a_broker_that_stops_mid_view_ends_it_with_an_error(tmp_path: Path, live
         assert "\x1b[" in res.stdout  # redrawn in place on the terminal
     else:
         assert all(json.loads(x)["topics"] for x in res.stdout.splitlines())
+
+
+def test_limit_and_sort_choose_the_groups_shown(broker: Broker) -> None:
+    addr = broker.address
+    with AdminClient(addr) as a:
+        a.create_topic("top-lim", 1)
+    produce(addr, "top-lim", 10)
+    for group, at in (("lim-a", 9), ("lim-b", 2), ("lim-c", 5)):
+        with PullConsumer(addr, group=group) as c:
+            c.assign([("top-lim", 0)])
+            c.commit({("top-lim", 0): at})
+    (v,) = views(addr, "--once", "--topic", "top-lim", "--group", "lim-*", "--limit", "2")
+    assert [(g["group"], g["lag"]) for g in v["consumer_groups"]] == [("lim-b", 8),
+                                                                       ("lim-c", 5)]
+    assert all(g["lag_s"] >= 0 for g in v["consumer_groups"])  # the ages of those shown
+    (v,) = views(addr, "--once", "--topic", "top-lim", "--group", "lim-*", "--sort", "name",
+                 "--limit", "1")
+    assert [g["group"] for g in v["consumer_groups"]] == ["lim-a"]
+    assert v["consumer_groups"][0]["lag_s"] >= 0

@@ -38,3 +38,13 @@ def test_a_deleted_and_recreated_topic_never_shows_a_negative_rate() -> None:
     (row,) = build_view(before, after).topics
     assert (row.messages_per_s, row.bytes_per_s) == (0.0, 0.0)
     assert row.end_offset == pytest.approx(3)
+
+
+def test_groups_are_ordered_by_lag_then_name_or_by_name() -> None:
+    from ferrymq.admin.top import _group_order
+
+    rows = [("b", 5), ("a", 5), ("c", 9)]
+    assert sorted(rows, key=lambda r: _group_order(r[0], r[1], "rate")) == [
+        ("c", 9), ("a", 5), ("b", 5)]
+    assert sorted(rows, key=lambda r: _group_order(r[0], r[1], "name")) == [
+        ("a", 5), ("b", 5), ("c", 9)]

@@ -10,7 +10,8 @@ size, from the queue's leader on a cluster:
 broker's, merged), then DESCRIBE_GROUP for each consumer group (committed offsets, lag) and
 DESCRIBE_DELIVERY for each delivery group (in flight, retries, dead letters). The requests of
 one sample go out together (``asyncio.gather``). The lag of a consumer group in seconds is the
-age of its oldest unconsumed message, read with one FETCH per lagging queue of the groups shown.
+age of its oldest unconsumed message, read with one FETCH per lagging queue, for the groups
+shown only (the first ``--limit`` in ``--sort`` order).
 
 Rates are differences between two samples divided by the time between them (the samples' own
 monotonic times): messages/s from the end offsets, bytes/s from the queues' sizes (a size that
@@ -154,10 +155,8 @@ def build_view(before: Sample, after: Sample, *, sort: str = "rate",
     by_name = sort == "name"
     topics.sort(key=lambda t: (t.topic,) if by_name else (
         -(t.bytes_per_s if sort == "bytes" else t.messages_per_s), t.topic))
-    consumers = sorted(after.consumer_groups,
-                       key=lambda g: (g.group,) if by_name else (-g.lag, g.group))
-    delivery = sorted(after.delivery_groups,
-                      key=lambda g: (g.group,) if by_name else (-g.lag, g.group))
+    consumers = sorted(after.consumer_groups, key=lambda g: _group_order(g.group, g.lag, sort))
+    delivery = sorted(after.delivery_groups, key=lambda g: _group_order(g.group, g.lag, sort))
     return View(interval, topics[:limit], consumers[:limit], delivery[:limit])
 
 
@@ -168,7 +167,8 @@ def _matches(name: str, patterns: Sequence[str], internal: bool) -> bool:
 
 
 async def take_sample(admin: AsyncAdminClient, *, topics: Sequence[str] = (),
-                      groups: Sequence[str] = (), internal: bool = False) -> Sample:
+                      groups: Sequence[str] = (), internal: bool = False, sort: str = "rate",
+                      limit: int = DEFAULT_LIMIT) -> Sample:
     """Ask the brokers for every queue's end and size and every group's progress.
 
     Args:
@@ -176,6 +176,9 @@ async def take_sample(admin: AsyncAdminClient, *, topics: Sequence[str] = (),
         topics: glob patterns of the topics shown (empty: all).
         groups: glob patterns of the groups shown (empty: all).
         internal: also the internal ``%...`` topics.
+        sort: the view's order (:func:`build_view`): with ``limit``, which consumer groups
+            are shown, the only ones whose lag age is read (the others' ``lag_s`` is -1).
+        limit: rows per table of the view.
     """
     listed = await admin.list_topics()
     ids = {t.name: t.topic_id for t in listed}
@@ -197,15 +200,26 @@ async def take_sample(admin: AsyncAdminClient, *, topics: Sequence[str] = (),
     delivery = [g for g in group_rows if g.state == m.DELIVERY_GROUP_STATE]
     cdesc = await asyncio.gather(*(admin.describe_group(g.group) for g in consumer))
     ddesc = await asyncio.gather(*(admin.describe_delivery(g.group) for g in delivery))
-    crows = await asyncio.gather(*(_consumer_row(admin, ids, d) for d in cdesc))
+    shown = {d.group for d in sorted(cdesc, key=lambda d: _group_order(
+        d.group, sum(o.lag for o in d.offsets), sort))[:limit]}
+    crows = await asyncio.gather(*(_consumer_row(admin, ids, d, age=d.group in shown)
+                                   for d in cdesc))
     drows = [_delivery_row(g.members, d) for g, d in zip(delivery, ddesc, strict=True)]
     return Sample(at, queues, list(crows), drows)
 
 
+def _group_order(group: str, lag: int, sort: str) -> tuple[int, str]:
+    """Where a group goes in a view: by name, or most lag first."""
+    return (0, group) if sort == "name" else (-lag, group)
+
+
 async def _consumer_row(admin: AsyncAdminClient, ids: dict[str, int],
-                        d: GroupDescription) -> ConsumerGroupRow:
+                        d: GroupDescription, *, age: bool) -> ConsumerGroupRow:
     """A consumer group's lag in messages, and in seconds: the age of the oldest message it has
-    not consumed (one FETCH per lagging queue)."""
+    not consumed (one FETCH per lagging queue; only when ``age``, else -1)."""
+    lag = sum(o.lag for o in d.offsets)
+    if not age:
+        return ConsumerGroupRow(d.group, d.state, len(d.members), lag, -1.0)
     now_ms = time.time() * 1000
     oldest = now_ms
 
@@ -223,7 +237,7 @@ async def _consumer_row(admin: AsyncAdminClient, ids: dict[str, int],
         found = await asyncio.gather(*(stored_ms(o.topic, o.queue, o.end_offset - o.lag)
                                        for o in lagging))
         oldest = min(found)
-    return ConsumerGroupRow(d.group, d.state, len(d.members), sum(o.lag for o in d.offsets),
+    return ConsumerGroupRow(d.group, d.state, len(d.members), lag,
                             max(0.0, now_ms - oldest) / 1000)
 
 
@@ -294,7 +308,7 @@ async def _run(state: CliState, opts: _Options) -> None:
 
         async def sample() -> Sample:
             return await take_sample(admin, topics=opts.topics, groups=opts.groups,
-                                     internal=opts.internal)
+                                     internal=opts.internal, sort=opts.sort, limit=opts.limit)
 
         before = await sample()
         live = opts.iterations is None and not opts.json and out.is_terminal
