@@ -516,6 +516,14 @@ def test_dlq_redrive_and_purge_progress_only_on_a_terminal(broker: Broker) -> No
     assert as_json.stderr == ""  # --json: never a bar, even on a terminal
     assert invoke(TERMINAL, "dlq", "purge", group, "--yes").stderr.count("purging prog-g") >= 1
 
+    create_topic(addr, "prog-del", 2)
+    create_topic(addr, "prog-del2", 2)
+    shown = invoke(TERMINAL, "topic", "delete", "prog-del", "--yes")
+    plain = invoke(NO_TERMINAL, "topic", "delete", "prog-del2", "--yes")
+    assert "deleting prog-del" in shown.stderr
+    assert plain.stderr == ""
+    assert shown.stdout.replace("prog-del", "X") == plain.stdout.replace("prog-del2", "X") != ""
+
 
 # -- group describe / list -------------------------------------------------------------------------------
 
