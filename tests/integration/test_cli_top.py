@@ -6,7 +6,11 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -215,3 +219,26 @@ def test_limit_and_sort_choose_the_groups_shown(broker: Broker) -> None:
                  "--limit", "1")
     assert [g["group"] for g in v["consumer_groups"]] == ["lim-a"]
     assert v["consumer_groups"][0]["lag_s"] >= 0
+
+
+def test_ctrl_c_ends_the_live_view_with_exit_0(broker: Broker) -> None:
+    env = {**os.environ, "FORCE_COLOR": "1"}
+    env.pop("TTY_COMPATIBLE", None)
+    proc = subprocess.Popen([sys.executable, "-m", "ferrymq.admin.cli", "--server",
+                             broker.address, "top", "--interval", "0.1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    try:
+        assert proc.stdout is not None
+        drawn = b""
+        while b"ferrymq top" not in drawn:  # the first view (after one interval)
+            chunk = os.read(proc.stdout.fileno(), 65536)
+            assert chunk, proc.stderr.read() if proc.stderr else b""
+            drawn += chunk
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    assert b"Traceback" not in err
