@@ -57,7 +57,8 @@ from ferrymq.client.message import Message
 from ferrymq.client.producer import AsyncProducer
 
 __all__ = ["METRICS", "SETUPS", "WORKLOADS", "BenchCluster", "PeerRun", "Setup",
-           "bench_cluster", "medians", "run_catchup", "run_failover", "run_matrix", "runs_of"]
+           "bench_cluster", "medians", "paired_ratios", "run_catchup", "run_failover",
+           "run_matrix", "runs_of"]
 
 BROKERS = 3
 
@@ -135,12 +136,14 @@ def run_matrix(bench: BenchCluster, setups: Sequence[str], workloads: Sequence[s
                on_result: Callable[[dict[str, Any]], None] | None = None
                ) -> list[dict[str, Any]]:
     """Every workload of every setup (and peer) once per round, setups alternating; one result
-    dict per run (``setup``, ``round``, ``workload`` and the workload's figures)."""
+    dict per run (``setup``, ``round``, ``workload`` and the workload's figures). Every other
+    round runs the setups in the reverse order (A B C, C B A, ...), so no setup always runs
+    first or right after the same one: :func:`paired_ratios` compares setups within a round."""
     results: list[dict[str, Any]] = []
     names = [*setups, *(peers or {})]
     for rnd in range(1, rounds + 1):
         for workload in workloads:
-            for name in names:
+            for name in (names if rnd % 2 else names[::-1]):
                 t0 = time.perf_counter()
                 try:
                     if peers and name in peers:
@@ -394,3 +397,21 @@ def runs_of(results: Sequence[dict[str, Any]], flush: str, setup: str, workload:
     return [float(r[metric]) for r in results
             if str(r.get("flush")) == flush and r.get("setup") == setup
             and r.get("workload") == workload and isinstance(r.get(metric), (int, float))]
+
+
+def paired_ratios(results: Sequence[dict[str, Any]], flush: str, workload: str, metric: str,
+                  num: str, den: str) -> list[float]:
+    """``num``'s figure over ``den``'s, per round in which both have one, in round order.
+
+    The two runs of a round ran minutes apart at most, while this machine's speed drifts more
+    between rounds than the setups differ: the median of these ratios is steadier than the
+    ratio of the two medians (``bench/metrics_scrape.py`` pairs its runs the same way)."""
+    by_round: dict[tuple[str, Any], float] = {}
+    for r in results:
+        v = r.get(metric)
+        if (str(r.get("flush")) == flush and r.get("workload") == workload
+                and r.get("setup") in (num, den) and isinstance(v, (int, float)) and v == v):
+            by_round[(str(r["setup"]), r.get("round"))] = float(v)
+    rounds = sorted({rnd for _s, rnd in by_round})
+    return [by_round[(num, rnd)] / by_round[(den, rnd)] for rnd in rounds
+            if (num, rnd) in by_round and by_round.get((den, rnd))]
