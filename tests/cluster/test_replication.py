@@ -184,6 +184,28 @@ def test_a_long_poll_is_woken_by_the_append_not_a_timer(tmp_path: Path) -> None:
     run(main)
 
 
+def test_a_caught_up_follower_reports_its_fsync_with_its_next_long_poll(tmp_path: Path) -> None:
+    """Sync mode: a follower that copied up to the leader's end sends its next long poll once
+    its flush made the copy durable, so the long poll carries the durable offset: one answer per
+    acks=all produce, not one more for a separate position report."""
+    async def main() -> None:
+        async with cluster(tmp_path, 2, flush="sync") as nodes:
+            leader, follower = nodes
+            assign(nodes, record(1, 1, [1, 2]), min_insync=2)
+            async with connect(leader) as t:
+                await produce(t, 0)
+                await asyncio.sleep(0.2)
+                fetcher = follower.mgr.fetchers[1]
+                rounds = fetcher.rounds
+                for i in range(1, 21):
+                    assert (await produce(t, i))[2] == 0
+                    # acknowledged: the follower has it fsynced (the promise is unchanged)
+                    assert follower.log.durable_offset >= leader.log.end_offset
+                answers = fetcher.rounds - rounds
+            assert answers <= 22, f"{answers} answers for 20 produces: position reports"
+    run(main)
+
+
 # --- the high watermark and acks=all -----------------------------------------------------------
 
 

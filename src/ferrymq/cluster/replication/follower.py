@@ -20,11 +20,17 @@ long-polled REPLICA_FETCH at a time covering every queue.
    has already (an answer overtaken by a newer fetch) are skipped; a gap stops the queue's
    copy until truncation ran again. The queue is marked dirty with the broker's flusher: in sync
    mode the follower fsyncs by group commit, as the leader does.
-3. **Positions.** In sync mode the high watermark waits for the followers' fsyncs, so when a
-   follower's flush makes more of its log durable (``QueueState.advance`` from the flusher calls
-   :meth:`FollowerQueue.on_local_progress`), the fetcher sends a position report (a
-   REPLICA_FETCH with ``max_bytes`` 0, answered at once) beside the long poll in flight. In
-   async mode the next long poll, sent right after the append, carries the new log end.
+3. **Positions.** In sync mode the high watermark waits for the followers' fsyncs. An answer
+   that brought the follower up to the leader's end (the latency regime: nothing more to fetch)
+   is followed by the next long poll only once the flush round of the copy made it durable
+   (``QueueState.advance`` from the flusher calls :meth:`FollowerQueue.on_local_progress`,
+   which nudges the fetcher; at most ``replica_fetch_wait_ms`` if the flush fails), so the long
+   poll itself carries the new durable offset: one request per round. An answer that left more
+   on the leader (the throughput regime) is followed by the next long poll at once, so copying
+   goes on during the fsync; when that flush makes more of the log durable, the fetcher sends a
+   position report (a REPLICA_FETCH with ``max_bytes`` 0, answered at once) beside the long poll
+   in flight. In async mode the next long poll, sent right after the append, carries the new
+   log end.
 4. **Errors.** NOT_LEADER / FENCED_LEADER_EPOCH: the metadata is catching up (the node will
    call :meth:`~ferrymq.cluster.replication.ReplicaManager.become_follower` with the new
    record); the queue rests briefly and is asked again. OFFSET_OUT_OF_RANGE past the leader's
@@ -323,8 +329,18 @@ class Fetcher:
                                                      answer_s), ready_now)
                 if self._changed:
                     break  # a new long poll (the leader answers the old one at once)
-            if fut.done():
-                self._apply(await t.response(fut, req, m.ReplicaFetchResponse, answer_s), ready)
+            if fut.done() and self._apply(
+                    await t.response(fut, req, m.ReplicaFetchResponse, answer_s), ready):
+                await self._until_durable(wait_ms / 1000)
+
+    async def _until_durable(self, seconds: float) -> None:
+        """Sync mode, caught up with the leader: the next long poll goes once the copy's flush
+        round made it durable (:meth:`report`), or after ``seconds`` (a failed flush), so that it
+        carries the new durable offset and no position report is needed (see the module
+        docstring)."""
+        nudge = self._new_nudge()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(nudge, seconds)
 
     def _ready(self) -> list[FollowerQueue]:
         now = self.host.monotonic()
@@ -390,25 +406,32 @@ class Fetcher:
 
     # --- applying answers --------------------------------------------------------------------
 
-    def _apply(self, resp: m.ReplicaFetchResponse, sent: list[FollowerQueue]) -> None:
+    def _apply(self, resp: m.ReplicaFetchResponse, sent: list[FollowerQueue]) -> bool:
+        """Copy an answer's batches; whether the next long poll should wait for their flush
+        (sync mode, something copied, and every queue of the answer caught up with the
+        leader's end: nothing is waiting there to be fetched meanwhile)."""
         self.rounds += 1
         asked = {fq.key: fq for fq in sent}
         epochs = {(topic, queue): entries for topic, queue, entries in resp.epochs}
         copied: list[FollowerQueue] = []
+        caught_up = True
         for topic, queue, code, msg, hw, end, start, data in resp.results:
             fq = asked.get((topic, queue))
             if fq is None or self.queues.get(fq.key) is not fq:
                 continue  # no longer followed (or at another epoch): drop the answer
             if code:
                 self._on_error(fq, code, msg, end, start)
+                caught_up = False
                 continue
             if data and self._copy(fq, data, epochs.get((topic, queue), [])):
                 copied.append(fq)
+            caught_up = caught_up and fq.qs.log.end_offset >= end
             # the leader's HW, even below what this replica showed before (its recovered log
             # end after a restart): a follower is not read, and a leader starts from it
             fq.qs.visible_end = min(hw, fq.qs.log.end_offset)
-        for fq in copied:  # sync mode: the group commit fsyncs them; the report follows
-            self.host.flusher.mark_dirty(fq.qs)
+        if copied:  # sync mode: one group commit round fsyncs them; the report follows
+            self.host.flusher.mark_all_dirty(fq.qs for fq in copied)
+        return self.host.sync and caught_up and bool(copied)
 
     def _copy(self, fq: FollowerQueue, data: bytes | memoryview,
               entries: list[tuple[int, int]]) -> bool:
