@@ -1,5 +1,5 @@
 """The hand-rolled bulk encodings (PRODUCE, FETCH) are byte-identical to msgpack's, and the
-zero-copy PRODUCE decoder agrees with the generic one."""
+zero-copy PRODUCE and REPLICA_FETCH answer decoders agree with the generic one."""
 
 from __future__ import annotations
 
@@ -49,3 +49,29 @@ def test_fetch_response_parts_equal_msgpack(size: int) -> None:
     joined = b"".join(resp.encode_parts())
     assert joined == resp.encode()
     assert m.FetchResponse.decode(joined) == resp
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_replica_fetch_response_decodes_batches_as_views(size: int) -> None:
+    resp = m.ReplicaFetchResponse(
+        [("t", 1, 0, "", 10, 12, 0, b"z" * size), ("u", 2, 11, "fenced", -1, -1, -1, b""),
+         ("v", 300, 0, "", 2**40, 2**40 + 5, 2**33, b"ab")],
+        [("t", 1, [(3, 0), (4, 9)]), ("v", 300, [])])
+    joined = b"".join(resp.encode_parts())
+    fast = m.ReplicaFetchResponse.decode(joined)
+    assert fast == resp == m.ReplicaFetchResponse.decode(resp.encode())
+    assert isinstance(fast.results[0][7], memoryview)  # a view, not a copy
+    assert fast.results[0][7].obj is joined or size == 0
+
+
+def test_replica_fetch_response_unusual_encodings_take_the_checked_path() -> None:
+    long_msg = "x" * 70_000  # a str32, which the fast reader does not take
+    body = msgpack.packb([[["t", 0, 1, long_msg, 0, 0, 0, b""]], []], use_bin_type=True)
+    assert m.ReplicaFetchResponse.decode(body).results == [("t", 0, 1, long_msg, 0, 0, 0, b"")]
+    # an older peer without the epochs: the generic path fills the default
+    body = msgpack.packb([[["t", 0, 0, "", 0, 0, 0, b"x"]]], use_bin_type=True)
+    assert m.ReplicaFetchResponse.decode(body).epochs == []
+    # data as a str, not bin: the fast path declines, the generic one refuses
+    body = msgpack.packb([[["t", 0, 0, "", 0, 0, 0, "not-bytes"]], []], use_bin_type=True)
+    with pytest.raises(RemoteProtocolError):
+        m.ReplicaFetchResponse.decode(body)

@@ -11,10 +11,14 @@ import msgpack
 from ferrymq.protocol.messages.schema import (
     BYTES,
     INT,
+    MAX_LIST_ITEMS,
     STR,
     ApiKey,
     Body,
+    Reader,
     Request,
+    Unexpected,
+    decode_generic,
     lst,
     opt,
     rows_with_data,
@@ -147,6 +151,45 @@ class ReplicaFetchResponse(Body):
         parts = rows_with_data(b"\x92", self.results)
         parts.append(msgpack.packb(self.epochs))
         return parts
+
+    @classmethod
+    def decode(cls, data: bytes | memoryview) -> ReplicaFetchResponse:
+        """Decode with each queue's batches as a view into ``data`` (no copy: a follower
+        appends them as they are); unusual encodings take the generic, fully checked path."""
+        r = Reader(memoryview(data))
+        try:
+            if r.array() != 2:
+                raise Unexpected
+            results: list[ReplicaFetchResult] = []
+            for _ in range(_items(r)):
+                if r.array() != 8:
+                    raise Unexpected
+                results.append((r.str_(), r.int_(), r.int_(), r.str_(), r.int_(), r.int_(),
+                                r.int_(), r.bin_()))
+            epochs: list[EpochEntries] = []
+            for _ in range(_items(r)):
+                if r.array() != 3:
+                    raise Unexpected
+                topic, queue = r.str_(), r.int_()
+                entries: list[tuple[int, int]] = []
+                for _ in range(_items(r)):
+                    if r.array() != 2:
+                        raise Unexpected
+                    entries.append((r.int_(), r.int_()))
+                epochs.append((topic, queue, entries))
+            if r.pos != len(r.buf):
+                raise Unexpected
+        except Unexpected:
+            return decode_generic(cls, data)
+        return cls(results, epochs)
+
+
+def _items(r: Reader) -> int:
+    """An array header's length, within :data:`MAX_LIST_ITEMS` (else the generic path)."""
+    n = r.array()
+    if n > MAX_LIST_ITEMS:
+        raise Unexpected
+    return n
 
 
 @dataclass(frozen=True, slots=True)
