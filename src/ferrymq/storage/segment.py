@@ -35,6 +35,7 @@ whole, so recovering a 1 GiB segment needs ``SCAN_CHUNK_BYTES`` of memory, not 1
 from __future__ import annotations
 
 import os
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,6 +72,10 @@ __all__ = ["LOOKUP_CHUNK_BYTES", "MAX_POSITION", "SCAN_CHUNK_BYTES", "Segment", 
 
 SCAN_CHUNK_BYTES = 4 << 20  # recovery reads this much at a time: bounded memory, few syscalls
 LOOKUP_CHUNK_BYTES = 16 << 10  # a header walk after an index lookup covers ~one index interval
+RECENT_BATCHES = 16
+"""Positions of the last appended batches a lookup may start its header walk from (in memory
+only): a reader at the log's end (a follower's or a consumer's long poll, woken by the append)
+finds its batch without walking an index interval of headers."""
 MAX_POSITION = 0xFFFFFFFF  # positions are u32 in the offset index
 _TXN_BITS = ATTR_TRANSACTIONAL | ATTR_CONTROL
 _FLAGS = os.O_RDWR | os.O_APPEND  # how a .log is (re)opened: appends, preads, ftruncate
@@ -156,6 +161,8 @@ class Segment:
         self._first_append_time_ms: int | None = None
         self._last_batch_offset = -1
         self._bytes_since_index_entry = 0
+        self._recent: deque[tuple[int, int]] = deque(maxlen=RECENT_BATCHES)
+        """(base offset, position) of the last batches noted, newest last."""
         self._index: OffsetIndex | None = None
         self._timeindex: TimeIndex | None = None
 
@@ -404,6 +411,7 @@ class Segment:
         self.max_append_time_ms = h.append_time_ms
         self._last_batch_offset = h.base_offset
         self.next_offset = h.last_offset + 1
+        self._recent.append((h.base_offset, pos))
 
     def seal(self) -> None:
         """Mark the end of appends: add a time-index entry for the last batch."""
@@ -487,6 +495,7 @@ class Segment:
         file = self._require_file()
         size = self._size_bytes
         pos = 0
+        self._recent.clear()  # the scan notes the batches it finds again
         if resume and self._index is not None and self._index.last_entry is not None:
             expected, pos = self._index.last_entry
             self._first_append_time_ms = None
@@ -575,6 +584,11 @@ class Segment:
         if offset >= self.next_offset:
             return None
         entry_offset, pos = self.index.lookup(offset)
+        for base, at in reversed(self._recent):  # a recent batch nearer than the index entry
+            if base <= offset:
+                if base > entry_offset:
+                    entry_offset, pos = base, at
+                break
         window = _Window(file, self._size_bytes, LOOKUP_CHUNK_BYTES)
         expected = entry_offset
         first = True

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from storage_support import BatchFactory
 
-from ferrymq.protocol.records import decode_header, stamp_batch
+from ferrymq.protocol.records import BatchHeader, decode_header, stamp_batch
 from ferrymq.storage.segment import Segment
 
 
@@ -83,4 +84,34 @@ def test_truncate_to_fixes_indexes_and_end(tmp_path: Path, make_batch: BatchFact
     assert last is not None and last[1] < positions[10]
     assert seg.find_batch(19) is not None
     assert seg.find_batch(20) is None
+    seg.close()
+
+
+def test_a_lookup_at_the_end_starts_at_a_recent_batch_not_the_index_entry(
+        tmp_path: Path, make_batch: BatchFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A long poll woken by an append reads the batch just written: its lookup starts at that
+    batch (kept in memory), not one index interval of headers before it; after a truncation
+    the recent positions are those of the batches left."""
+    from ferrymq.storage import segment as segment_module
+
+    seg = Segment.create(tmp_path, 0, index_interval_bytes=1 << 20)  # one index entry at most
+    positions = _fill(seg, make_batch, 200)
+    decoded: list[int] = []
+    real = segment_module.decode_header
+
+    def counting(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeader:
+        decoded.append(pos)
+        return real(buf, pos)
+
+    monkeypatch.setattr(segment_module, "decode_header", counting)
+    assert seg.find_batch(399) == (positions[199], decode_header(seg.read(positions[199], 64)))
+    assert len(decoded) == 1
+    decoded.clear()
+    found = seg.find_batch(10)  # long before the recent ones: the walk from the index
+    assert found is not None and found[0] == positions[5] and len(decoded) == 6
+    seg.truncate_to(positions[150])
+    decoded.clear()
+    found = seg.find_batch(299)
+    assert found is not None and found[0] == positions[149] and len(decoded) <= 2
+    assert seg.find_batch(300) is None
     seg.close()
