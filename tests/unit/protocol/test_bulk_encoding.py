@@ -75,3 +75,18 @@ def test_replica_fetch_response_unusual_encodings_take_the_checked_path() -> Non
     body = msgpack.packb([[["t", 0, 0, "", 0, 0, 0, "not-bytes"]], []], use_bin_type=True)
     with pytest.raises(RemoteProtocolError):
         m.ReplicaFetchResponse.decode(body)
+
+
+def test_replica_fetch_request_fast_decode_agrees_with_the_generic_one() -> None:
+    for entries in ([], [("orders", 0, 3, 120, 118)],
+                    [(f"t{i}", i, 2**33, -1, 2**40 + i) for i in range(300)]):
+        req = m.ReplicaFetchRequest(2, 2**35, 500, 4 << 20, entries)
+        raw = req.encode()
+        assert m.ReplicaFetchRequest.decode(raw) == req
+        assert m.ReplicaFetchRequest.decode(memoryview(raw)) == req
+    # a bool where an int goes: the fast path declines, the generic one refuses
+    with pytest.raises(RemoteProtocolError):
+        m.ReplicaFetchRequest.decode(msgpack.packb([2, 1, True, 0, []]))
+    # an extra trailing field in an entry: the generic path accepts and ignores it
+    raw = msgpack.packb([2, 1, 0, 0, [["t", 0, 1, 2, 3, "extra"]]])
+    assert m.ReplicaFetchRequest.decode(raw).entries == [("t", 0, 1, 2, 3)]

@@ -207,6 +207,26 @@ class ReplicaFetchRequest(Request):
     RESPONSE = ReplicaFetchResponse
     SCHEMA = (INT, INT, INT, INT, lst(tup(STR, INT, INT, INT, INT)))
 
+    @classmethod
+    def decode(cls, data: bytes | memoryview) -> ReplicaFetchRequest:
+        """Decode without the generic schema walk (the leader decodes one per long poll and
+        position report); unusual encodings take the generic, fully checked path."""
+        r = Reader(memoryview(data))
+        try:
+            if r.array() != 5:
+                raise Unexpected
+            replica, incarnation, wait_ms, max_bytes = r.int_(), r.int_(), r.int_(), r.int_()
+            entries: list[ReplicaFetchEntry] = []
+            for _ in range(_items(r)):
+                if r.array() != 5:
+                    raise Unexpected
+                entries.append((r.str_(), r.int_(), r.int_(), r.int_(), r.int_()))
+            if r.pos != len(r.buf):
+                raise Unexpected
+        except Unexpected:
+            return decode_generic(cls, data)
+        return cls(replica, incarnation, wait_ms, max_bytes, entries)
+
 
 EpochEndResult = tuple[str, int, int, int, int]
 """(topic, queue, error code, the largest epoch <= the asked one the leader knows, the offset
