@@ -50,6 +50,8 @@ from ferrymq.broker.descriptors import DescriptorBudget, plan_descriptors, raise
 from ferrymq.broker.flusher import Flusher
 from ferrymq.broker.half_messages import HalfMessageManager
 from ferrymq.broker.handlers import HANDLERS, Handler
+from ferrymq.broker.heap import CHECK_INTERVAL_S as HEAP_CHECK_INTERVAL_S
+from ferrymq.broker.heap import HeapFreezer
 from ferrymq.broker.keyindexer import KeyIndexer
 from ferrymq.broker.limits import ByteRateQuota, ConnectionLimits, CreationRate
 from ferrymq.broker.logs import configure_logging
@@ -519,7 +521,8 @@ def install_event_loop_policy() -> None:
 
 
 async def serve(config: BrokerConfig, on_started: Callable[[BrokerServer], Any] | None = None,
-                *, faults: Faults = NO_FAULTS, notify_socket: str | None = None) -> None:
+                *, faults: Faults = NO_FAULTS, notify_socket: str | None = None,
+                freeze_heap: bool = False) -> None:
     """Run a broker until SIGTERM or SIGINT, then stop gracefully.
 
     Args:
@@ -528,6 +531,9 @@ async def serve(config: BrokerConfig, on_started: Callable[[BrokerServer], Any] 
         faults: fault hooks for tests (installed for this process first; its clock too).
         notify_socket: systemd's ``$NOTIFY_SOCKET``: told READY=1 once the broker serves
             (after recovery), STOPPING=1 when it begins to stop (:mod:`~ferrymq.broker.sdnotify`).
+        freeze_heap: keep the garbage collector's pauses short by freezing the broker's
+            long-lived objects (:mod:`~ferrymq.broker.heap`; process-wide: the broker's own
+            process only).
 
     Raises:
         BaseException: whatever made the shutdown fail (so the process exits non-zero).
@@ -549,9 +555,20 @@ async def serve(config: BrokerConfig, on_started: Callable[[BrokerServer], Any] 
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, _signal)
+    heap = loop.create_task(_keep_heap_frozen(server)) if freeze_heap else None
     await server.wait_stopped()
+    if heap is not None:
+        heap.cancel()
     if server.shutdown_error is not None:
         raise server.shutdown_error
+
+
+async def _keep_heap_frozen(server: BrokerServer) -> None:
+    """Freeze the started broker's objects, then again as its queue count moves (heap.py)."""
+    freezer = HeapFreezer(lambda: sum(len(t.queues) for t in server.topics.topics.values()))
+    while True:
+        freezer.tick()
+        await asyncio.sleep(HEAP_CHECK_INTERVAL_S)
 
 
 GIL_SWITCH_INTERVAL_S = 0.0005
@@ -565,4 +582,4 @@ def run(config: BrokerConfig, faults: Faults = NO_FAULTS, notify_socket: str | N
     configure_logging(config.log_level, config.log_format)
     install_event_loop_policy()
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
-    asyncio.run(serve(config, faults=faults, notify_socket=notify_socket))
+    asyncio.run(serve(config, faults=faults, notify_socket=notify_socket, freeze_heap=True))
