@@ -16,7 +16,8 @@ and how long one scrape of a big broker takes.
    ``--messages``). Runs of about 10 s or more are the meaningful ones.
 2. **Big scrape**: a fresh broker with ``--topics`` topics x ``--queues`` queues (16 messages
    each topic) and ``--groups`` consumer groups, each with committed offsets (at the start:
-   every queue with data lags) on ``--topics-per-group`` topics of its own; then ``--scrapes``
+   every queue with data lags) on ``--topics-per-group`` topics of its own; ``--settle-s`` idle
+   (the broker freezes its grown heap once: :mod:`ferrymq.broker.heap`); then ``--scrapes``
    scrapes one after the other. Reported: the first (cold: the append times of the lagging
    offsets are read) and the median and max of the rest, the body size and the series count.
 
@@ -41,6 +42,7 @@ from typing import Any
 
 from ferrymq._launcher import BrokerProcess, free_port
 from ferrymq.admin import bench as fb
+from ferrymq.broker.heap import CHECK_INTERVAL_S as HEAP_CHECK_INTERVAL_S
 from ferrymq.client import AsyncAdminClient, AsyncProducer, Message
 
 MIN_SCRAPES_PER_RUN = 5
@@ -163,13 +165,14 @@ def big_scrape(args: argparse.Namespace) -> dict[str, Any]:
         asyncio.run(populate(b.address, args.topics, args.queues, args.groups,
                              args.topics_per_group))
         setup_s = time.perf_counter() - t0
+        time.sleep(args.settle_s)  # the broker's heap freezer settles after the growth
         first = scrape(port)
         rest = [scrape(port) for _ in range(args.scrapes)]
     load.append(os.getloadavg()[0])
     times = [r[0] for r in rest]
     return {
         "topics": args.topics, "queues_per_topic": args.queues, "groups": args.groups,
-        "topics_per_group": args.topics_per_group, "setup_s": setup_s,
+        "topics_per_group": args.topics_per_group, "setup_s": setup_s, "settle_s": args.settle_s,
         "first_scrape_ms": 1000 * first[0], "scrape_ms_median": 1000 * statistics.median(times),
         "scrape_ms_max": 1000 * max(times), "body_bytes": rest[-1][1], "samples": rest[-1][2],
         "loadavg_1m": load,
@@ -188,6 +191,10 @@ def main() -> None:
     ap.add_argument("--groups", type=int, default=200)
     ap.add_argument("--topics-per-group", type=int, default=5)
     ap.add_argument("--scrapes", type=int, default=10)
+    ap.add_argument("--settle-s", type=float, default=2 * HEAP_CHECK_INTERVAL_S,
+                    help="idle time between the set-up and the scrapes: the broker freezes its "
+                         "grown heap once (one full collection, ferrymq.broker.heap) within "
+                         "CHECK_INTERVAL_S; the scrapes measure the steady state after it")
     ap.add_argument("--skip-overhead", action="store_true")
     ap.add_argument("--skip-big", action="store_true")
     ap.add_argument("--json", action="store_true")
