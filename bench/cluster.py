@@ -130,7 +130,7 @@ def summary(results: list[dict[str, Any]]) -> str:
                            f"{_met(None if e is None else 1 / e, 0.5)} |")
     for r in results:
         if r.get("workload") == "failover":
-            lease = r.get("lease_ms") or "default (6000)"
+            lease = r.get("lease_ms") or "default (3000)"
             lines += [f"Unavailability after a leader's SIGKILL (lease {lease} ms, flush "
                       f"{r['flush']}, {r['kills']} kills): p50 {r['unavailable_p50_s']:.2f} s, "
                       f"p99 {r['unavailable_p99_s']:.2f} s, max {r['unavailable_max_s']:.2f} s, "
@@ -188,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--setups", default=",".join(bc.SETUPS))
     ap.add_argument("--workloads", default=",".join(bc.WORKLOADS))
     ap.add_argument("--no-nats", action="store_true", help="leave NATS JetStream R3 out")
+    ap.add_argument("--keep-topics", action="store_true",
+                    help="keep each run's topic (later runs then meet every earlier queue)")
     ap.add_argument("--messages", type=int, default=1_000_000,
                     help="per produce/consume run (200,000 lasted 0.3 s: too short to be "
                          "stable)")
@@ -243,7 +245,8 @@ def main(argv: list[str] | None = None) -> int:
                                       rounds=args.rounds, messages=args.messages,
                                       size=args.size, batch=args.batch, inflight=args.inflight,
                                       queues=args.queues, rate=args.rate,
-                                      duration=args.duration, peers=peers, on_result=record)
+                                      duration=args.duration, peers=peers, on_result=record,
+                                      keep_topics=args.keep_topics)
         finally:
             if nats is not None:
                 nats.stop()

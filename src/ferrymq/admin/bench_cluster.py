@@ -133,12 +133,14 @@ def run_matrix(bench: BenchCluster, setups: Sequence[str], workloads: Sequence[s
                rounds: int, messages: int, size: int = 100, batch: int = 1000,
                inflight: int = 8, queues: int = 4, rate: float = 2000.0,
                duration: float = 10.0, peers: Mapping[str, PeerRun] | None = None,
-               on_result: Callable[[dict[str, Any]], None] | None = None
-               ) -> list[dict[str, Any]]:
+               on_result: Callable[[dict[str, Any]], None] | None = None,
+               keep_topics: bool = False) -> list[dict[str, Any]]:
     """Every workload of every setup (and peer) once per round, setups alternating; one result
     dict per run (``setup``, ``round``, ``workload`` and the workload's figures). Every other
     round runs the setups in the reverse order (A B C, C B A, ...), so no setup always runs
-    first or right after the same one: :func:`paired_ratios` compares setups within a round."""
+    first or right after the same one: :func:`paired_ratios` compares setups within a round.
+    Each run's topic is deleted after it (``keep_topics``: kept, so later runs meet the queues
+    of the earlier ones: every follower fetch names every queue it follows)."""
     results: list[dict[str, Any]] = []
     names = [*setups, *(peers or {})]
     for rnd in range(1, rounds + 1):
@@ -152,6 +154,10 @@ def run_matrix(bench: BenchCluster, setups: Sequence[str], workloads: Sequence[s
                         res = _run_setup(bench, SETUPS[name], workload, messages=messages,
                                          size=size, batch=batch, inflight=inflight,
                                          queues=queues, rate=rate, duration=duration)
+                        if not keep_topics:
+                            asyncio.run(_drop_bench_topics(
+                                bench.single.address if SETUPS[name].replication is None
+                                else bench.cluster.bootstrap))
                 except Exception as exc:  # noqa: BLE001 - one failed run is reported, not fatal
                     res = {"workload": workload, "error": repr(exc)}
                 res.update(setup=name, round=rnd, flush=bench.flush,
@@ -161,6 +167,14 @@ def run_matrix(bench: BenchCluster, setups: Sequence[str], workloads: Sequence[s
                 if on_result is not None:
                     on_result(res)
     return results
+
+
+async def _drop_bench_topics(address: str) -> None:
+    """Delete the benchmark's topics (``bench-...``) of a broker or cluster."""
+    async with AsyncAdminClient(address) as admin:
+        for t in await admin.list_topics():
+            if t.name.startswith("bench-"):
+                await admin.delete_topic(t.name)
 
 
 def _run_setup(bench: BenchCluster, setup: Setup, workload: str, *, messages: int, size: int,
