@@ -7,11 +7,12 @@ from collections.abc import Sequence
 
 import pytest
 
-from ferrymq.cluster.controller import Controller, decide_leadership, decide_preferred
+from ferrymq.cluster.controller import Controller, decide_leadership
 from ferrymq.cluster.isr import change_isr
 from ferrymq.cluster.metadata.memory import MemoryMetadataStore
 from ferrymq.cluster.metadata.store import Check, Put
 from ferrymq.cluster.model import NO_LEADER, ControllerRecord, Keys, QueueRecord
+from ferrymq.cluster.operations import decide_preferred
 from ferrymq.cluster.topics import create_topic, load_topics
 from ferrymq.errors import MetadataLeaseExpiredError, NotControllerError, UnknownTopicError
 from ferrymq.testing import FakeClock

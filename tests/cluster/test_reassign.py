@@ -13,8 +13,9 @@ import pytest
 from ferrymq import Broker
 from ferrymq.client import AdminClient, AsyncAdminClient, AsyncProducer, AsyncPullConsumer, Message
 from ferrymq.client.message import Durability
-from ferrymq.cluster.controller import decide_reassigned, start_reassignment
+from ferrymq.cluster.controller import decide_reassigned
 from ferrymq.cluster.model import QueueRecord
+from ferrymq.cluster.operations import start_reassignment
 from ferrymq.errors import (
     InvalidReplicationFactorError,
     InvalidRequestError,

@@ -24,16 +24,12 @@ from ferrymq.broker.cluster_groups import ClusterGroups
 from ferrymq.broker.cluster_users import ClusterUsers
 from ferrymq.broker.tls import peer_context
 from ferrymq.broker.topics import CLUSTER_TOPIC_ID_BASE, INTERNAL_PREFIX
-from ferrymq.cluster.controller import (
-    Controller,
-    drain_leaders,
-    elect_preferred_leaders,
-    reassign_queue,
-)
+from ferrymq.cluster.controller import Controller
 from ferrymq.cluster.isr import change_isr, settle_isr
 from ferrymq.cluster.metadata.store import MetadataStore
 from ferrymq.cluster.model import NO_LEADER, QueueRecord, TopicRecord
 from ferrymq.cluster.node import ClusterNode, QueueRole
+from ferrymq.cluster.operations import drain_leaders, elect_preferred_leaders, reassign_queue
 from ferrymq.cluster.replication import ReplicaManager
 from ferrymq.cluster.replication.follower import PeerLogin
 from ferrymq.cluster.topics import create_topic, delete_topic
