@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import secrets
 from collections.abc import AsyncIterator, Sequence
 
+from ferrymq.client._admin_cluster import ClusterAdminCalls
 from ferrymq.client._admin_results import (
     BlockedKey,
     BrokerDescription,
@@ -42,6 +42,7 @@ from ferrymq.client._admin_results import (
     UserInfo,
     merge_group_listings,
 )
+from ferrymq.client._admin_users import UserAdminCalls
 from ferrymq.client._cluster import Cluster
 from ferrymq.client._coordinator import CoordinatorRoute
 from ferrymq.client._session import Auth, Session, TLSOption
@@ -54,7 +55,6 @@ from ferrymq.errors import (
     error_for_code,
 )
 from ferrymq.protocol import messages as m
-from ferrymq.protocol.auth import DEFAULT_ITERATIONS, SALT_BYTES, ScramCredential
 from ferrymq.protocol.codes import ErrorCode
 from ferrymq.protocol.messages import DlqAction, OffsetSpec
 from ferrymq.protocol.records import (
@@ -107,7 +107,7 @@ MAX_DLQ_SCAN = 100_000
 """Most dead letters :meth:`AsyncAdminClient.dlq_get` looks through for one id."""
 
 
-class AsyncAdminClient:
+class AsyncAdminClient(ClusterAdminCalls, UserAdminCalls):
     """Administrative requests to one broker.
 
     Args:
@@ -190,62 +190,6 @@ class AsyncAdminClient:
                                    -1 if replicas is None else replicas,
                                    -1 if min_insync is None else min_insync)
         return await self._session.request(req, m.CreateTopicResponse, retry=False)
-
-    async def cluster_describe(self) -> ClusterDescription:
-        """The brokers (alive, with their addresses), the controller and, per queue, its
-        leader, leader epoch, replicas and in-sync replicas; offline and under-replicated
-        queues first. A single broker describes itself as a cluster of one."""
-        return ClusterDescription.from_wire(await self._session.request(
-            m.ClusterMetadataRequest(None), m.ClusterMetadataResponse))
-
-    async def elect_preferred_leaders(self, topics: list[str] | None = None) -> int:
-        """Move each queue's leadership (of ``topics``; None: of every topic) back to its
-        preferred replica, the first of its replicas, where that broker is alive and in the
-        ISR; the number of queues moved. Any broker of a cluster does it; a single broker
-        moves none.
-
-        Raises:
-            UnknownTopicError: a named topic does not exist.
-        """
-        resp = await self._session.request(m.ElectPreferredLeadersRequest(topics),
-                                           m.ElectPreferredLeadersResponse)
-        return resp.moved
-
-    async def drain_broker(self, broker_id: int) -> DrainResult:
-        """Move the leadership of every queue broker ``broker_id`` leads to another replica
-        alive and in its ISR, before maintenance of that broker (it stays a follower, and the
-        leaderships stay moved until it restarts or :meth:`elect_preferred_leaders` runs). Any
-        broker of a cluster does it.
-
-        Returns:
-            How many queues moved, and how many it still leads (no other replica alive and in
-            sync: stopping it makes them unavailable until it is back).
-
-        Raises:
-            InvalidRequestError: ``broker_id`` is not a live broker, or this is a single broker.
-        """
-        resp = await self._session.request(m.DrainBrokerRequest(broker_id),
-                                           m.DrainBrokerResponse)
-        return DrainResult(resp.moved, resp.left)
-
-    async def reassign_queue(self, topic: str, queue: int, replicas: Sequence[int]
-                             ) -> Reassignment:
-        """Start moving ``queue`` of ``topic`` to the brokers ``replicas`` (the first is the
-        preferred leader), e.g. to replace a machine: the new brokers copy the queue as
-        followers, and once every one is in sync the controller makes ``replicas`` the queue's
-        replicas (leadership moves if the leader is not among them). Returns at once; the
-        queue's replicas in :meth:`cluster_describe` show the old and new brokers until it is
-        done. Any broker of a cluster does it.
-
-        Raises:
-            UnknownTopicError, UnknownQueueError: no such topic or queue.
-            InvalidReplicationFactorError: ``replicas`` empty, repeating a broker, naming one
-                that is not live, or fewer than the topic's ``min_insync``.
-            InvalidRequestError: a single broker (no replicas to move).
-        """
-        resp = await self._session.request(
-            m.ReassignQueueRequest(topic, queue, list(replicas)), m.ReassignQueueResponse)
-        return Reassignment(resp.adding, resp.removing)
 
     async def delete_topic(self, name: str) -> None:
         """Delete a topic and its data."""
@@ -637,97 +581,3 @@ class AsyncAdminClient:
         transaction) and sink fences (last committed batch id per sink)."""
         return TxnsDescription.from_wire(await self._session.request(
             m.DescribeTxnsRequest(transactional_id, sink_id), m.DescribeTxnsResponse))
-
-    # -- users (the admin right; the broker must have authentication on) -----------------------
-
-    async def upsert_user(
-        self, name: str, credential: ScramCredential, *, admin: bool = False,
-        produce: Sequence[str] = (), consume: Sequence[str] = (), groups: Sequence[str] = (),
-        produce_bytes_per_s: int = 0, replace: bool = True,
-    ) -> bool:
-        """Create or replace a user of the broker's users file, from an already derived SCRAM
-        credential (:meth:`add_user` derives one from a secret). The change applies to the next
-        handshake at once; a replaced user's open connections keep their session and get the
-        new rights with their next request.
-
-        Args:
-            name: 1..128 characters of ``A-Z a-z 0-9 . _ @ -``.
-            credential: salt, iterations and the two keys (never the secret).
-            admin: may do everything, including managing users.
-            produce, consume: topic name patterns (``*`` and ``?``).
-            groups: consumer, delivery and producer group / transactional id patterns.
-            produce_bytes_per_s: produce quota (0: none).
-            replace: replace an existing user (False: refuse with UserAlreadyExistsError).
-
-        Returns:
-            True when the user was created, False when an existing one was replaced.
-
-        Raises:
-            AccessDeniedError: this client's user is not an admin.
-            AuthenticationDisabledError: the broker has authentication off.
-            UserAlreadyExistsError: the user exists and ``replace`` is false.
-            InvalidRequestError: an invalid name, credential or pattern, or the change would
-                take the admin right from the last admin.
-        """
-        req = m.UpsertUserRequest(
-            name, credential.salt, credential.iterations, credential.stored_key,
-            credential.server_key, admin, list(produce), list(consume), list(groups),
-            produce_bytes_per_s, replace)
-        # a replace is idempotent (safe to retry); a create is not (a retry would see "exists")
-        resp = await self._session.request(req, m.UpsertUserResponse, retry=replace)
-        return resp.created
-
-    async def add_user(
-        self, name: str, secret: str, *, admin: bool = False, produce: Sequence[str] = (),
-        consume: Sequence[str] = (), groups: Sequence[str] = (), produce_bytes_per_s: int = 0,
-        replace: bool = False, iterations: int = DEFAULT_ITERATIONS,
-    ) -> bool:
-        """Add a user with a secret (``ferrymq user add``): the SCRAM-SHA-256 credential is
-        derived here with a fresh random salt, so the secret never leaves this process.
-
-        Args:
-            name, admin, produce, consume, groups, produce_bytes_per_s: as in
-                :meth:`upsert_user`.
-            secret: the user's secret (app secret).
-            replace: replace the user if it exists (default: refuse).
-            iterations: PBKDF2 rounds of the credential.
-
-        Returns:
-            True when the user was created, False when it was replaced.
-
-        Raises:
-            ValueError: an empty secret or iterations out of range (nothing was sent).
-            AccessDeniedError, AuthenticationDisabledError, UserAlreadyExistsError,
-            InvalidRequestError: as in :meth:`upsert_user`.
-        """
-        cred = ScramCredential.derive(secret, secrets.token_bytes(SALT_BYTES), iterations)
-        return await self.upsert_user(name, cred, admin=admin, produce=produce,
-                                      consume=consume, groups=groups,
-                                      produce_bytes_per_s=produce_bytes_per_s, replace=replace)
-
-    async def remove_user(self, name: str) -> int:
-        """Delete a user. Its handshakes fail from now on, and the broker closes its open
-        connections (with AUTHENTICATION_FAILED naming the reason; this one too, after the
-        answer, if it is the user removed).
-
-        Returns:
-            How many open connections of the user the broker closed.
-
-        Raises:
-            UnknownUserError: no such user.
-            InvalidRequestError: it is the last admin user (the broker would be unmanageable).
-            AccessDeniedError, AuthenticationDisabledError: as in :meth:`upsert_user`.
-        """
-        resp = await self._session.request(m.DeleteUserRequest(name), m.DeleteUserResponse,
-                                           retry=False)
-        return resp.connections_closed
-
-    async def list_users(self) -> list[UserInfo]:
-        """Every user with its rights, sorted by name: ``(name, admin, produce, consume,
-        groups, produce_bytes_per_s)``. Credentials are never sent.
-
-        Raises:
-            AccessDeniedError, AuthenticationDisabledError: as in :meth:`upsert_user`.
-        """
-        resp = await self._session.request(m.ListUsersRequest(), m.ListUsersResponse)
-        return [UserInfo._make(u) for u in resp.users]
