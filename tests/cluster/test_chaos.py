@@ -6,8 +6,9 @@ high watermark going back (``tests/cluster/chaos/``).
 
 The CI part injects a dozen faults in about three minutes. The soak (``make soak``) injects the
 issue's counts (``FERRYMQ_CHAOS_KILLS``, ``_PARTITIONS``, ``_POWER_LOSSES``, ``_PAUSES``,
-``_CLOCK_JUMPS``, ``_SEED``) and writes its figures to ``FERRYMQ_CHAOS_FIGURES`` (default
-``bench/results/cluster-chaos.json``), which ``bench/README.md`` quotes.
+``_CLOCK_JUMPS``, ``_SEED``) and writes its figures to ``FERRYMQ_CHAOS_FIGURES`` (``make soak``:
+``bench/results/cluster-chaos.json``, which ``bench/README.md`` quotes; a plain pytest run: a
+file under its tmp_path).
 """
 
 from __future__ import annotations
@@ -62,8 +63,9 @@ def test_soak_the_issues_counts_of_faults(tmp_path: Path) -> None:
     plan = Plan(kills=_count("KILLS", 50), pauses=_count("PAUSES", 10),
                 partitions=_count("PARTITIONS", 20), power_losses=_count("POWER_LOSSES", 20),
                 clock_jumps=_count("CLOCK_JUMPS", 5), seed=_count("SEED", 20))
-    out = Path(os.environ.get("FERRYMQ_CHAOS_FIGURES",
-                              ROOT / "bench" / "results" / "cluster-chaos.json"))
+    # `make soak` records the figures in bench/results/cluster-chaos.json; a plain pytest run
+    # writes them under tmp_path, never over the recorded ones
+    out = Path(os.environ.get("FERRYMQ_CHAOS_FIGURES", tmp_path / "cluster-chaos.json"))
     out.parent.mkdir(parents=True, exist_ok=True)
     h, report, fig = asyncio.run(run(tmp_path, plan, figures_path=out))
     assert_safe(tmp_path, h, report, fig)
