@@ -25,7 +25,6 @@ from tests.cluster.chaos.scenario import Figures, Plan, dump_history, run
 from tests.cluster.conftest import needs_etcd
 
 pytestmark = [pytest.mark.integration, pytest.mark.crash, needs_etcd]
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def assert_safe(base: Path, h: History, report: Report, fig: Figures) -> None:
