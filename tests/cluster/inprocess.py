@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -13,6 +13,7 @@ from typing import Any
 from ferrymq.broker.config import BrokerConfig
 from ferrymq.broker.server import BrokerServer
 from ferrymq.cluster.metadata.memory import MemoryMetadataStore
+from tests.helpers import free_port
 
 
 def run(fn: Callable[[], Coroutine[Any, Any, None]]) -> None:
@@ -38,6 +39,14 @@ class Cluster:
         await srv.start()
         self.brokers[broker_id] = srv
         return srv
+
+    async def start_with_http(self, ids: Iterable[int]) -> dict[int, int]:
+        """Start brokers ``ids``, each with its HTTP listener on a free port; their ports."""
+        ports: dict[int, int] = {}
+        for i in ids:
+            ports[i] = free_port()
+            await self.start(i, http_port=ports[i])
+        return ports
 
     async def stop(self, broker_id: int) -> None:
         await self.brokers.pop(broker_id).stop()

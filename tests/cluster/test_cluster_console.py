@@ -13,7 +13,6 @@ import pytest
 from ferrymq.client import AsyncAdminClient
 from ferrymq.cluster.metadata.memory import MemoryMetadataStore
 from tests.cluster.inprocess import Cluster, leader_of, run
-from tests.helpers import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -30,12 +29,8 @@ def test_cluster_page_shows_brokers_leaders_and_isr(tmp_path: Path) -> None:
     async def body() -> None:
         c = Cluster(tmp_path, MemoryMetadataStore(), metadata_lease_ms=2000,
                     replica_lag_ms=1000)
-        ports: dict[int, int] = {}
         try:
-            for i in (1, 2, 3):
-                ports[i] = free_port()
-                c.cfg["http_port"] = ports[i]
-                await c.start(i)
+            ports = await c.start_with_http((1, 2, 3))
             async with AsyncAdminClient(c.bootstrap) as admin:
                 await admin.create_topic("orders", 2, replicas=3, min_insync=2)
             jar = aiohttp.CookieJar(unsafe=True)

@@ -15,7 +15,6 @@ from ferrymq.client import AsyncAdminClient, AsyncProducer, Message
 from ferrymq.cluster.metadata.memory import MemoryMetadataStore
 from ferrymq.ops.metrics import METRICS
 from tests.cluster.inprocess import Cluster, leader_of, run
-from tests.helpers import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -44,12 +43,8 @@ def test_cluster_metrics_show_leaders_isr_and_under_replication(tmp_path: Path) 
     async def body() -> None:
         c = Cluster(tmp_path, MemoryMetadataStore(), metadata_lease_ms=2000,
                     replica_lag_ms=1000)
-        ports: dict[int, int] = {}
         try:
-            for i in (1, 2, 3):
-                ports[i] = free_port()
-                c.cfg["http_port"] = ports[i]
-                await c.start(i)
+            ports = await c.start_with_http((1, 2, 3))
             async with AsyncAdminClient(c.bootstrap) as admin:
                 await admin.create_topic("orders", 2, replicas=3, min_insync=2)
             async with AsyncProducer(c.bootstrap, delivery_timeout_s=30) as p:
