@@ -30,24 +30,28 @@ forgets those groups. Memberships are not logged: after a failover the new coord
 member, so heartbeats get UNKNOWN_MEMBER and the members rejoin (as in Kafka), then resume from
 the committed offsets.
 
-Not yet: the log is neither compacted nor snapshotted (a new leader replays the whole queue;
-Kafka compacts by key), and offsets committed within a transaction (TXN_OFFSET_COMMIT) are not
-written here (docs/cluster.md).
+Compaction: the leader of a queue snapshots its groups' offsets into it and deletes the
+segments the snapshot replaced (:mod:`ferrymq.broker.cluster_offsets_log`), so a new leader
+replays about two segments (``offsets_segment_bytes``), not every commit ever made.
+
+Not yet: offsets committed within a transaction (TXN_OFFSET_COMMIT) are not written here
+(docs/cluster.md).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import TYPE_CHECKING, Any
 
 import msgpack
 
+from ferrymq.broker.cluster_offsets_log import OffsetsReplay, snapshot_batches
 from ferrymq.cluster.model import NO_LEADER
 from ferrymq.cluster.topics import DEFAULT, create_topic
 from ferrymq.errors import (
     BrokerError,
-    CorruptRecordError,
     MetadataError,
     NotCoordinatorError,
     NotLeaderError,
@@ -55,61 +59,18 @@ from ferrymq.errors import (
 )
 from ferrymq.protocol.coordinator import OFFSETS_TOPIC, coordinator_queue
 from ferrymq.protocol.messages import Acks
-from ferrymq.protocol.records import RecordInput, decode_records, encode_batch
+from ferrymq.protocol.records import RecordInput, encode_batch
 
 if TYPE_CHECKING:
     from ferrymq.broker.cluster_link import ClusterLink
     from ferrymq.broker.consumer_groups import ConsumerGroupCoordinator
-    from ferrymq.broker.topics import QueueState
 
 log = logging.getLogger("ferrymq.broker")
 
-READ_BYTES = 1 << 20
-"""Bytes read at a time when a new coordinator replays its queue."""
-
+COMPACT_CHECK_S = 1.0
+"""How often the leader of a queue of ``%GROUPS%offsets`` reads its new records and asks
+whether it is time to compact."""
 Offsets = dict[tuple[str, int], int]
-
-
-def replay(qs: QueueState, topic_ids: dict[str, int]) -> dict[str, Offsets]:
-    """The committed offsets per group that the records of ``qs`` (a queue of
-    ``%GROUPS%offsets``) add up to, keeping only topics whose id is in ``topic_ids``."""
-    groups: dict[str, Offsets] = {}
-    pos = qs.log.start_offset
-    while pos < qs.log.end_offset:
-        data = qs.log.read(pos, READ_BYTES)
-        if not data:
-            break
-        try:
-            recs = decode_records(data)
-        except CorruptRecordError as exc:
-            log.warning("%s: unreadable record at %d: %s", qs, pos, exc)
-            break
-        nxt = pos
-        for rec in recs:
-            nxt = rec.offset + 1
-            if rec.offset >= pos:
-                _apply(groups, rec.body, topic_ids, qs, rec.offset)
-        if nxt <= pos:
-            break
-        pos = nxt
-    return groups
-
-
-def _apply(groups: dict[str, Offsets], body: bytes, topic_ids: dict[str, int], qs: QueueState,
-           offset: int) -> None:
-    try:
-        d = msgpack.unpackb(body, raw=False, strict_map_key=False)
-        name = str(d["g"])
-        if d["t"] == "DELETE":
-            groups.pop(name, None)
-            return
-        offs = groups.setdefault(name, {})
-        for topic, topic_id, queue, committed in d["o"]:
-            if topic_ids.get(topic) == topic_id:
-                offs[(str(topic), int(queue))] = int(committed)
-    except (KeyError, ValueError, TypeError) as exc:
-        log.warning("%s: bad record at %d: %s", qs, offset, exc)
-
 
 class ClusterGroups:
     """The consumer groups this broker coordinates (see the module docstring)."""
@@ -120,6 +81,22 @@ class ClusterGroups:
         self.led: set[int] = set()
         """Queues of ``%GROUPS%offsets`` this broker leads, their groups loaded."""
         self._creating: asyncio.Task[None] | None = None
+        self._replays: dict[int, OffsetsReplay] = {}
+        """Per led queue, its records replayed up to its high watermark (compaction's view)."""
+        self._compacted_at: dict[int, int] = {}
+        """Per led queue, its size in bytes after its last compaction (or its loading)."""
+        self._compactor: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Start compacting the queues this broker comes to lead."""
+        self._compactor = asyncio.get_running_loop().create_task(self._compact_forever())
+
+    async def stop(self) -> None:
+        """Stop compacting."""
+        if self._compactor is not None:
+            self._compactor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._compactor
 
     # --- who coordinates -------------------------------------------------------------------------
 
@@ -171,15 +148,25 @@ class ClusterGroups:
         if leads and (new_epoch or queue not in self.led):
             self.groups.drop(self._groups_of(queue))
             topics = self.link.server.topics
-            ids = {name: t.topic_id for name, t in topics.topics.items()}
-            offsets = replay(topics.queue(OFFSETS_TOPIC, queue), ids)
-            self.groups.adopt(offsets)
+            qs = topics.queue(OFFSETS_TOPIC, queue)
+            r = OffsetsReplay(self._topic_id_of)
+            r.advance(qs, qs.log.end_offset)
+            offsets = r.live()
+            self.groups.adopt({g: dict(o) for g, o in offsets.items()})
+            self._replays[queue] = r
+            self._compacted_at[queue] = qs.log.size_bytes
             self.led.add(queue)
             log.info("coordinating the consumer groups of %s/%d: %d groups with committed "
                      "offsets", OFFSETS_TOPIC, queue, len(offsets))
         elif not leads and queue in self.led:
             self.led.discard(queue)
+            self._replays.pop(queue, None)
+            self._compacted_at.pop(queue, None)
             self.groups.drop(self._groups_of(queue))
+
+    def _topic_id_of(self, name: str) -> int | None:
+        t = self.link.server.topics.topics.get(name)
+        return None if t is None else t.topic_id
 
     def _groups_of(self, queue: int) -> list[str]:
         t = self.link.server.topics.topics.get(OFFSETS_TOPIC)
@@ -229,24 +216,44 @@ class ClusterGroups:
         self.check_coordinator(group)
         t = srv.topics.get(OFFSETS_TOPIC)
         queue = coordinator_queue(group, len(t.queues))
-        qs = t.queues[queue]
+        body = bytes(msgpack.packb(rec, use_bin_type=True))
+        batch = encode_batch([RecordInput(body, srv.clock.wall_ms(), rec["t"].encode(),
+                                          group.encode())])
+        try:
+            await self._append(queue, [batch], f"the offsets of group {group!r}")
+        except NotLeaderError as exc:
+            raise NotCoordinatorError(f"group {group!r}: {exc.message}") from None
+        if queue not in self.led:
+            raise NotCoordinatorError(f"broker {self.link.node.broker_id} stopped coordinating "
+                                      f"group {group!r} while writing its offsets")
+
+    async def _append(self, queue: int, batches: list[bytes | bytearray], what: str) -> None:
+        """Append ``batches`` to queue ``queue`` of ``%GROUPS%offsets`` as its leader and wait
+        until the high watermark covers the last.
+
+        Raises:
+            NotCoordinatorError: no replica role here.
+            NotLeaderError: not its leader (any more), or fenced.
+            NotEnoughReplicasError, StorageFullError, StorageFailureError.
+        """
+        srv = self.link.server
+        qs = srv.topics.get(OFFSETS_TOPIC).queues[queue]
         rep = qs.replica
         if rep is None:
             raise NotCoordinatorError(f"{qs} has no replica role here")
-        try:
-            rep.check_produce(Acks.ALL)
-        except NotLeaderError as exc:
-            raise NotCoordinatorError(f"group {group!r}: {exc.message}") from None
+        rep.check_produce(Acks.ALL)
         srv.flusher.check_writable(qs)
         now = srv.clock.wall_ms()
-        body = bytes(msgpack.packb(rec, use_bin_type=True))
-        batch = encode_batch([RecordInput(body, now, rec["t"].encode(), group.encode())])
+        last = -1
         try:
-            res = qs.log.append(batch, now_ms=now)
+            for batch in batches:
+                last = qs.log.append(batch, now_ms=now).last_offset
         except OSError as exc:
-            raise srv.flusher.write_error(exc, f"the offsets of group {group!r}") from None
-        srv.flusher.mark_dirty(qs)
-        qs.advance(qs.log.end_offset)
+            raise srv.flusher.write_error(exc, what) from None
+        finally:
+            if last >= 0:
+                srv.flusher.mark_dirty(qs)
+                qs.advance(qs.log.end_offset)
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
         def acked(exc: BaseException | None) -> None:
@@ -257,11 +264,44 @@ class ClusterGroups:
             else:
                 done.set_exception(exc)
 
-        rep.wait_acks(res.last_offset + 1, 0, acked)
-        try:
-            await done
-        except NotLeaderError as exc:
-            raise NotCoordinatorError(f"group {group!r}: {exc.message}") from None
-        if queue not in self.led:
-            raise NotCoordinatorError(f"broker {self.link.node.broker_id} stopped coordinating "
-                                      f"group {group!r} while writing its offsets")
+        rep.wait_acks(last + 1, 0, acked)
+        await done
+
+    # --- compaction ----------------------------------------------------------------------------
+
+    async def _compact_forever(self) -> None:
+        while True:
+            await asyncio.sleep(COMPACT_CHECK_S)
+            for queue in sorted(self.led):
+                try:
+                    await self.compact(queue)
+                except (BrokerError, OSError) as exc:  # tried again at the next check
+                    log.warning("compacting %s/%d failed: %s", OFFSETS_TOPIC, queue, exc)
+
+    async def compact(self, queue: int, *, force: bool = False) -> bool:
+        """Read the new replicated records of queue ``queue`` (led here); when it grew by
+        ``offsets_segment_bytes`` since its last compaction (or ``force``), write a snapshot
+        of its groups' offsets and delete the segments it replaced. Whether it compacted."""
+        srv = self.link.server
+        r = self._replays.get(queue)
+        t = srv.topics.topics.get(OFFSETS_TOPIC)
+        if r is None or t is None or queue not in self.led:
+            return False
+        qs = t.queues[queue]
+        if qs.replica is None:
+            return False
+        r.advance(qs, qs.visible_end)  # a leader's visible end is its high watermark
+        grown = qs.log.size_bytes - self._compacted_at.get(queue, 0)
+        if not force and grown < srv.config.offsets_segment_bytes:
+            return False
+        upto = r.position
+        batches = list(snapshot_batches(r, srv.clock.wall_ms()))
+        await self._append(queue, batches, f"a snapshot of {OFFSETS_TOPIC}/{queue}")
+        if self._replays.get(queue) is not r:
+            return False  # lost the queue meanwhile: its next leader compacts
+        deleted = qs.log.delete_before(upto, now_ms=srv.clock.wall_ms())
+        self._compacted_at[queue] = qs.log.size_bytes
+        log.info("compacted %s/%d: a snapshot of %d groups as of offset %d, %d segments "
+                 "deleted, the log starts at %d", OFFSETS_TOPIC, queue, len(r.groups), upto,
+                 deleted, qs.log.start_offset)
+        return True

@@ -113,9 +113,11 @@ class ClusterLink:
                                      lease_ttl_s=node.lease_ttl_s, clock=srv.clock.monotonic,
                                      lease_of=lambda: node.lease)
         node.start_background(self.controller.run)
+        self.groups.start()
 
     async def stop(self) -> None:
         """Leave the cluster (the lease is revoked: leadership moves at once)."""
+        await self.groups.stop()
         await self.node.stop()
         if self.replicas is not None:
             await self.replicas.close()

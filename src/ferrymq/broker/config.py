@@ -20,6 +20,7 @@ from ferrymq.broker.dedup import DEFAULT_DEDUP_MAX_KEYS
 from ferrymq.broker.logs import LOG_FORMATS
 from ferrymq.errors import ConfigError, InvalidRequestError
 from ferrymq.protocol.dedup import MAX_DEDUP_WINDOW_MS
+from ferrymq.storage.log import MAX_SEGMENT_BYTES
 
 FLUSH_MODES = ("sync", "async")
 TLS_CLIENT_AUTH = ("none", "optional", "required")
@@ -379,6 +380,12 @@ class BrokerConfig:
         8, "Cluster: queues of %GROUPS%offsets, the replicated log of consumer groups' committed "
            "offsets (created with default_replicas when a group is first used); each group's "
            "coordinator is the leader of one of them. Fixed once the topic exists.")
+    offsets_segment_bytes: int = _f(
+        16 * 1024 * 1024, "Cluster: segment size of %GROUPS%offsets (which has no retention). "
+                          "When a queue of it has grown by this much since its last compaction, "
+                          "its leader writes a snapshot of its groups' committed offsets and "
+                          "deletes the segments the snapshot replaced, so a new coordinator "
+                          "replays about two segments.")
     replica_lag_ms: int = _f(
         10_000, "Cluster: a follower that has not caught up with the leader's end for this long "
                 "is dropped from the in-sync replicas (it rejoins by itself once caught up).")
@@ -433,6 +440,7 @@ class BrokerConfig:
             "busy_retry_after_ms", "max_topics", "max_total_queues",
             "auto_create_topics_per_minute", "max_delivery_groups", "max_consumer_groups",
             "replica_lag_ms", "replica_fetch_wait_ms", "replica_fetch_bytes", "metadata_lease_ms",
+            "offsets_segment_bytes",
             "http_max_connections", "http_max_header_bytes", "http_max_body_bytes",
             "http_idle_timeout_ms", "console_session_timeout_ms", "console_max_sessions",
             "console_page_rows", "console_body_preview_bytes",
@@ -490,6 +498,9 @@ class BrokerConfig:
                                   f"{self.advertised_address!r}")
         if self.default_replicas < 0 or self.default_min_insync < 0:
             raise ConfigError("default_replicas and default_min_insync must be >= 0 (0: auto)")
+        if self.offsets_segment_bytes > MAX_SEGMENT_BYTES:
+            raise ConfigError(f"offsets_segment_bytes must be 1..{MAX_SEGMENT_BYTES}, not "
+                              f"{self.offsets_segment_bytes}")
         if not 1 <= self.offsets_topic_queues <= MAX_OFFSETS_TOPIC_QUEUES:
             raise ConfigError(f"offsets_topic_queues must be 1..{MAX_OFFSETS_TOPIC_QUEUES}, not "
                               f"{self.offsets_topic_queues}")

@@ -32,6 +32,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -65,6 +66,7 @@ from ferrymq.broker.txn import TxnCoordinator
 from ferrymq.broker.watermarks import Watermarks
 from ferrymq.errors import ConfigError
 from ferrymq.protocol.codes import ErrorCode
+from ferrymq.protocol.coordinator import OFFSETS_TOPIC
 from ferrymq.protocol.messages import ApiKey
 from ferrymq.storage import LogConfig
 from ferrymq.storage.files import fsync_directory
@@ -360,7 +362,9 @@ class BrokerServer:
             max_topics=cfg.max_topics, max_total_queues=cfg.max_total_queues,
             auto_create_rate=CreationRate(cfg.auto_create_topics_per_minute,
                                           self.clock.monotonic),
-            handles=FileHandles(self.descriptors.open_segments))
+            handles=FileHandles(self.descriptors.open_segments),
+            internal_logs={OFFSETS_TOPIC: replace(base, segment_bytes=cfg.offsets_segment_bytes,
+                                                  retention_ms=None, retention_bytes=None)})
         self.topics.open_all(self.clock.wall_ms())
         self.dedup = Deduplicator(self.topics, max_keys=cfg.dedup_max_keys)
         self.dedup.load(self.clock.wall_ms())

@@ -42,7 +42,7 @@ import re
 import shutil
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
@@ -313,6 +313,7 @@ class TopicRegistry:
         max_total_queues: int = 0,
         auto_create_rate: CreationRate | None = None,
         handles: FileHandles | None = None,
+        internal_logs: Mapping[str, LogConfig] | None = None,
     ) -> None:
         """The registry of ``data_dir``; call :meth:`open_all`.
 
@@ -327,11 +328,15 @@ class TopicRegistry:
             max_total_queues: most queues of those topics together (0: no limit).
             auto_create_rate: the per-client limit of auto-created topics (None: none).
             handles: the descriptor cache every queue's log shares (None: a default one).
+            internal_logs: the storage settings of named internal topics, instead of
+                ``base_log_config`` and any override (``%GROUPS%offsets``: no retention, its
+                own segment size).
         """
         self._dir = data_dir
         self._meta_path = data_dir / "meta" / "topics"
         self._topics_dir = data_dir / "topics"
         self._base = base_log_config
+        self._internal_logs = dict(internal_logs or {})
         self._sync_visibility = sync_visibility
         self._clean = clean_shutdown
         self._max_queues = max_queues
@@ -388,8 +393,12 @@ class TopicRegistry:
         log.warning("moved %s to %s: %s; no topic uses it (delete it when it is not needed)",
                     path, dest, why)
 
-    def _log_config(self, overrides: dict[str, str]) -> LogConfig:
-        """The log settings of a topic's stored config (checked when it was created)."""
+    def _log_config(self, name: str, overrides: dict[str, str]) -> LogConfig:
+        """The log settings of topic ``name`` with its stored config (checked when it was
+        created)."""
+        internal = self._internal_logs.get(name)
+        if internal is not None:
+            return internal
         cfg = self._base
         changes: dict[str, int | None] = {}
         for k, v in overrides.items():
@@ -408,7 +417,7 @@ class TopicRegistry:
         """Open (``new``: create) a topic's queues and register it. If one queue cannot be
         opened (``new``: created), those opened are closed again (``new``: and their files
         removed) and the error is raised: nothing is registered."""
-        cfg = self._log_config(config)
+        cfg = self._log_config(name, config)
         states: list[QueueState] = []
         tdir = self._topics_dir / name
         try:
@@ -569,7 +578,7 @@ class TopicRegistry:
             raise InvalidConfigError(
                 f"dedup_window_ms must be 0..{MAX_DEDUP_WINDOW_MS} (MAX_DEDUP_WINDOW_MS, one "
                 f"day), not {window}")
-        retention = self._log_config(config).retention_ms
+        retention = self._log_config("", config).retention_ms
         if window and retention is not None and window > retention:
             raise InvalidConfigError(
                 f"dedup_window_ms {window} exceeds the topic's retention_ms {retention}: the "

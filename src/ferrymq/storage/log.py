@@ -734,24 +734,38 @@ class Log:
             if keep_from is not None:
                 while doomed > 0 and segments[doomed - 1].next_offset > keep_from:
                     doomed -= 1
-            victims = segments[:doomed]
-            with self._lock:
-                self._segments = segments[doomed:]
-                self._pending_sealed = [s for s in self._pending_sealed if s not in victims]
-            if victims and self._control_segments:
-                self._control_segments = [s for s in self._control_segments if s not in victims]
-            for seg in victims:
-                seg.delete()
-            self.epochs.truncate_from_start(self.start_offset)
-            self._producers.remove_expired(now_ms)
-            if victims:
-                _log.debug(
-                    "%s: retention deleted %d segments, start offset now %d",
-                    self.directory,
-                    len(victims),
-                    self.start_offset,
-                )
-            return len(victims)
+            return self._drop_first(doomed, now_ms, "retention")
+
+    def delete_before(self, offset: int, *, now_ms: int) -> int:
+        """Delete the sealed segments that hold only offsets below ``offset`` (the log start
+        moves up to, never past, ``offset``); return how many were deleted. A compacted
+        internal log drops what a snapshot replaced; a follower follows its leader's start."""
+        with self._flush_lock:
+            self._check_open()
+            segments = self._segments
+            doomed = 0
+            while doomed < len(segments) - 1 and segments[doomed].next_offset <= offset:
+                doomed += 1
+            return self._drop_first(doomed, now_ms, "a log start moved up")
+
+    def _drop_first(self, doomed: int, now_ms: int, why: str) -> int:
+        """Delete the first ``doomed`` segments (sealed ones: the caller checked), under the
+        flush lock."""
+        segments = self._segments
+        victims = segments[:doomed]
+        with self._lock:
+            self._segments = segments[doomed:]
+            self._pending_sealed = [s for s in self._pending_sealed if s not in victims]
+        if victims and self._control_segments:
+            self._control_segments = [s for s in self._control_segments if s not in victims]
+        for seg in victims:
+            seg.delete()
+        self.epochs.truncate_from_start(self.start_offset)
+        self._producers.remove_expired(now_ms)
+        if victims:
+            _log.debug("%s: %s: deleted %d segments, start offset now %d", self.directory,
+                       why, len(victims), self.start_offset)
+        return len(victims)
 
     def truncate_to(self, offset: int) -> None:
         """Remove every batch whose last offset is >= ``offset``.

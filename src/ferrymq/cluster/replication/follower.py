@@ -123,6 +123,10 @@ class FollowerHost(Protocol):
         """Monotonic seconds."""
         ...
 
+    def wall_ms(self) -> int:
+        """Wall-clock milliseconds."""
+        ...
+
 
 class FollowerQueue:
     """This broker follows ``qs`` from ``record.leader`` at ``record.leader_epoch``."""
@@ -425,6 +429,8 @@ class Fetcher:
                 continue
             if data and self._copy(fq, data, epochs.get((topic, queue), [])):
                 copied.append(fq)
+            if start > fq.qs.log.start_offset:
+                self._follow_start(fq, start)
             caught_up = caught_up and fq.qs.log.end_offset >= end
             # the leader's HW, even below what this replica showed before (its recovered log
             # end after a restart): a follower is not read, and a leader starts from it
@@ -467,6 +473,15 @@ class Fetcher:
             fq.truncated = False
             fq.rest_until = self.host.monotonic() + RETRY_AFTER_ERROR_S
         return copied
+
+    def _follow_start(self, fq: FollowerQueue, leader_start: int) -> None:
+        """The leader's log starts later than this copy (its retention, a compacted internal
+        log): delete the segments below it here too, as Kafka's followers do."""
+        try:
+            fq.qs.log.delete_before(leader_start, now_ms=self.host.wall_ms())
+        except (StorageError, OSError) as exc:
+            log.error("%s: cannot delete the segments below the leader's start %d: %s", fq,
+                      leader_start, exc)
 
     def _on_error(self, fq: FollowerQueue, code: int, msg: str, leader_end: int = -1,
                   leader_start: int = -1) -> None:

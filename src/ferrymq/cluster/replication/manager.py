@@ -141,6 +141,10 @@ class ReplicaManager:
         """Monotonic seconds."""
         return self._clock.monotonic()
 
+    def wall_ms(self) -> int:
+        """Wall-clock milliseconds."""
+        return self._clock.wall_ms()
+
     def address_of(self, broker_id: int) -> tuple[str, int] | None:
         """Where a live broker listens (from the node's metadata)."""
         return self._address_of(broker_id)
