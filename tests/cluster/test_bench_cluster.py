@@ -54,3 +54,13 @@ def test_catchup_measures_the_follower() -> None:
     (res,) = _bench("catchup", "--megabytes", "2")
     assert res["megabytes"] >= 2
     assert res["catchup_s"] > 0 and res["catchup_mb_per_s"] > 0
+
+
+def test_failover_of_the_commit_service_kills_the_groups_coordinator() -> None:
+    (res,) = _bench("failover", "--service", "commit", "--kills", "1", "--rate", "20",
+                    "--lease-ms", "2000")
+    assert res["service"] == "commit" and res["kills"] == 1 and res["succeeded"] > 0
+    (kill,) = res["kills_detail"]
+    assert kill["new_leader"] != kill["victim"]
+    assert kill["victim"] not in kill["isr_after_kill"]
+    assert 0 < res["unavailable_p50_s"] == res["unavailable_max_s"] < 30

@@ -34,6 +34,7 @@ from ferrymq.admin.bench_cluster import (
     run_failover,
     run_matrix,
 )
+from ferrymq.admin.bench_failover import SERVICES, run_service_failover
 from ferrymq.admin.bench_measure import (
     TIMER_RESOLUTION_S,
     BenchedBroker,
@@ -292,20 +293,27 @@ def _emit_matrix(results: list[dict[str, Any]]) -> None:
 @click.option("--flush", type=click.Choice(["sync", "async"]), default="sync", show_default=True)
 @click.option("--kills", type=click.IntRange(min=1), default=20, show_default=True)
 @click.option("--rate", type=float, default=500.0, show_default=True,
-              help="Messages per second sent (acks=all) throughout.")
+              help="Operations per second throughout (for produce: messages sent, acks=all).")
+@click.option("--service", type=click.Choice(sorted(SERVICES)), default="produce",
+              show_default=True, help="Which service's broker is killed and timed.")
 @_lease_option
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def cluster_failover(flush: str, kills: int, rate: float, lease_ms: int | None,
+def cluster_failover(flush: str, kills: int, rate: float, service: str, lease_ms: int | None,
                      as_json: bool) -> None:
-    """Unavailability after SIGKILL of a queue's leader: time from the kill until a message
-    sent after it is acknowledged (p50/p99/max over --kills kills; the killed broker restarts
-    and rejoins the ISR between kills)."""
+    """Unavailability after SIGKILL of the broker serving a service: time from the kill until
+    an operation started after it succeeds (produce: a message acknowledged; commit: a pull
+    consumer's offset commit), p50/p99/max over --kills kills; the killed broker restarts and
+    rejoins the ISR between kills."""
+    def shown(k: dict[str, Any]) -> None:
+        click.echo(f"kill {k['kill']}: broker {k['victim']} -> {k['new_leader']}, unavailable "
+                   f"{k['unavailable_s']:.2f} s, rejoined in {k['rejoin_isr_s']:.2f} s", err=True)
+
     with bench_cluster(flush, lease_ms=lease_ms, single=False) as b:
-        res = run_failover(
-            b, kills=kills, rate=rate,
-            on_kill=None if as_json else lambda k: click.echo(
-                f"kill {k['kill']}: broker {k['victim']} -> {k['new_leader']}, unavailable "
-                f"{k['unavailable_s']:.2f} s, rejoined in {k['rejoin_isr_s']:.2f} s", err=True))
+        if service == "produce":
+            res = run_failover(b, kills=kills, rate=rate, on_kill=None if as_json else shown)
+        else:
+            res = run_service_failover(b, service, kills=kills, rate=rate,
+                                       on_kill=None if as_json else shown)
     res.update(flush=flush, lease_ms=lease_ms)
     if not as_json:
         res.pop("kills_detail")

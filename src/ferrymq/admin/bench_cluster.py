@@ -43,7 +43,13 @@ from typing import Any
 from ferrymq._cluster_launcher import ClusterProcess
 from ferrymq._launcher import BrokerProcess
 from ferrymq._stop_signals import stop_signals_interrupt
-from ferrymq.admin.bench_measure import cpu_seconds, install_uvloop, percentile, rss_mb
+from ferrymq.admin.bench_failover import (
+    describe_cluster,
+    queue_state,
+    run_service_failover,
+    wait_isr,
+)
+from ferrymq.admin.bench_measure import cpu_seconds, install_uvloop, rss_mb
 from ferrymq.admin.bench_workloads import (
     Replication,
     _create_topic,
@@ -53,8 +59,6 @@ from ferrymq.admin.bench_workloads import (
     run_produce,
 )
 from ferrymq.client.admin import AsyncAdminClient
-from ferrymq.client.message import Message
-from ferrymq.client.producer import AsyncProducer
 
 __all__ = ["METRICS", "SETUPS", "WORKLOADS", "BenchCluster", "PeerRun", "Setup",
            "bench_cluster", "medians", "paired_ratios", "run_catchup", "run_failover",
@@ -210,133 +214,23 @@ def _run_setup(bench: BenchCluster, setup: Setup, workload: str, *, messages: in
 # -- unavailability after a leader's SIGKILL ----------------------------------------------------
 
 
-async def _describe(bootstrap: str) -> Any:
-    """The cluster as a live broker of ``bootstrap`` sees it (a fresh client each time: the
-    admin client stays with the broker it bootstrapped through, which may be the killed one)."""
-    async with AsyncAdminClient(bootstrap, connect_timeout_s=2.0, reconnect_timeout_s=2.0,
-                                request_timeout_s=5.0) as admin:
-        return await admin.cluster_describe()
-
-
-async def _queue_state(bootstrap: str, topic: str) -> Any:
-    while True:
-        with contextlib.suppress(Exception):
-            desc = await _describe(bootstrap)
-            for q in desc.queues:
-                if q.topic == topic and q.queue == 0:
-                    return q
-        await asyncio.sleep(0.05)
-
-
-async def _wait_isr(bootstrap: str, topic: str, size: int, timeout_s: float,
-                    member: int | None = None) -> Any:
-    """The queue's state once its ISR has ``size`` members (and ``member``, if given)."""
-    deadline = time.perf_counter() + timeout_s
-    while True:
-        q = await _queue_state(bootstrap, topic)
-        if len(q.isr) >= size and (member is None or member in q.isr) and not q.offline:
-            return q
-        if time.perf_counter() > deadline:
-            raise RuntimeError(f"{topic}/0: ISR {q.isr} (leader {q.leader}) did not reach "
-                               f"{size} members{'' if member is None else f' with {member}'} "
-                               f"within {timeout_s:.0f} s")
-        await asyncio.sleep(0.05)
-
-
 def run_failover(bench: BenchCluster, *, kills: int = 20, rate: float = 500.0, size: int = 100,
                  rejoin_timeout_s: float = 120.0, resume_timeout_s: float = 60.0,
                  settle_s: float = 1.0,
                  on_kill: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """SIGKILL the leader of a three-replica queue ``kills`` times while a producer sends at
     ``rate`` msg/s with ``acks="all"``; the unavailability of each kill (kill → first ack of a
-    message sent after it) and its percentiles."""
-    install_uvloop()
-    cluster = bench.cluster
-    bootstrap = cluster.bootstrap
-
-    async def main() -> dict[str, Any]:
-        topic = await _create_topic(bootstrap, 1, prefix="bench-failover",
-                                    replication=Replication(replicas=3, min_insync=2))
-        body = os.urandom(size)
-        acked: list[tuple[float, float]] = []  # (send time, ack time), perf_counter
-        failed: list[str] = []
-        stop = asyncio.Event()
-        pending: set[asyncio.Task[Any]] = set()
-        producer = AsyncProducer(bootstrap, client_id="ferrymq-bench-failover", acks="all",
-                                 linger_ms=0, delivery_timeout_s=resume_timeout_s + 30)
-
-        async def one() -> None:
-            t = time.perf_counter()
-            try:
-                await producer.send(Message(topic, body))
-            except Exception as exc:  # noqa: BLE001 - a failed send is a figure, not a crash
-                failed.append(repr(exc))
-                return
-            acked.append((t, time.perf_counter()))
-
-        async def sender() -> None:
-            interval = 1.0 / rate
-            nxt = time.perf_counter()
-            while not stop.is_set():
-                task = asyncio.get_running_loop().create_task(one())
-                pending.add(task)
-                task.add_done_callback(pending.discard)
-                nxt += interval
-                await asyncio.sleep(max(0.001, nxt - time.perf_counter()))
-
-        kills_out: list[dict[str, Any]] = []
-        async with producer:
-            await producer.send(Message(topic, body))
-            stask = asyncio.get_running_loop().create_task(sender())
-            try:
-                for i in range(kills):
-                    q = await _wait_isr(bootstrap, topic, 3, rejoin_timeout_s)
-                    desc = await _describe(bootstrap)
-                    victim = q.leader
-                    await asyncio.sleep(settle_s)
-                    t_kill = time.perf_counter()
-                    cluster.kill9(victim)
-                    resumed = None
-                    while time.perf_counter() - t_kill < resume_timeout_s:
-                        after = [a for s, a in acked[-2000:] if s >= t_kill]
-                        if after:
-                            resumed = min(after)
-                            break
-                        await asyncio.sleep(0.005)
-                    if resumed is None:
-                        raise RuntimeError(f"kill {i + 1}: no send acknowledged within "
-                                           f"{resume_timeout_s:.0f} s of killing broker {victim}")
-                    new = await _queue_state(bootstrap, topic)
-                    isr_after = list(new.isr)
-                    t_restart = time.perf_counter()
-                    await asyncio.to_thread(cluster.restart, victim, 60.0)
-                    t_up = time.perf_counter()
-                    await _wait_isr(bootstrap, topic, 3, rejoin_timeout_s, member=victim)
-                    t_isr = time.perf_counter()
-                    row = {"kill": i + 1, "victim": victim, "new_leader": new.leader,
-                           "isr_after_kill": isr_after,
-                           "victim_was_controller": victim == desc.controller,
-                           "unavailable_s": resumed - t_kill, "restart_s": t_up - t_restart,
-                           "rejoin_isr_s": t_isr - t_up, "failed_sends": len(failed)}
-                    kills_out.append(row)
-                    if on_kill is not None:
-                        on_kill(row)
-            finally:
-                stop.set()
-                await stask
-                if pending:
-                    await asyncio.wait(set(pending), timeout=resume_timeout_s)
-        un = sorted(k["unavailable_s"] for k in kills_out)
-        return {
-            "workload": "failover", "kills": len(kills_out), "rate": rate, "size": size,
-            "unavailable_p50_s": percentile(un, 50), "unavailable_p99_s": percentile(un, 99),
-            "unavailable_max_s": un[-1] if un else float("nan"),
-            "unavailable_min_s": un[0] if un else float("nan"),
-            "acked": len(acked), "failed_sends": len(failed), "failures": failed[:5],
-            "kills_detail": kills_out,
-        }
-
-    return asyncio.run(main())
+    message sent after it) and its percentiles (:func:`~ferrymq.admin.bench_failover.
+    run_service_failover` with the ``produce`` service, its counts named for sends)."""
+    res = run_service_failover(bench, "produce", kills=kills, rate=rate, size=size,
+                               rejoin_timeout_s=rejoin_timeout_s,
+                               resume_timeout_s=resume_timeout_s, settle_s=settle_s,
+                               on_kill=on_kill)
+    res["acked"] = res.pop("succeeded")
+    res["failed_sends"] = res.pop("failed_ops")
+    for row in res["kills_detail"]:
+        row["failed_sends"] = row.pop("failed_ops")
+    return res
 
 
 # -- follower catch-up --------------------------------------------------------------------------
@@ -353,14 +247,14 @@ def run_catchup(bench: BenchCluster, *, megabytes: int = 256, size: int = 10_240
     async def main() -> dict[str, Any]:
         topic = await _create_topic(bootstrap, 1, prefix="bench-catchup",
                                     replication=Replication(replicas=3, min_insync=2))
-        q = await _wait_isr(bootstrap, topic, 3, timeout_s)
-        desc = await _describe(bootstrap)
+        q = await wait_isr(bootstrap, topic, 0, 3, timeout_s)
+        desc = await describe_cluster(bootstrap)
         # a follower that is not the controller: its stop moves nothing but this ISR
         followers = [b for b in q.replicas if b != q.leader]
         follower = next((b for b in followers if b != desc.controller), followers[0])
         await asyncio.to_thread(cluster.stop_broker, follower)
         deadline = time.perf_counter() + timeout_s
-        while follower in (await _queue_state(bootstrap, topic)).isr:
+        while follower in (await queue_state(bootstrap, topic, 0)).isr:
             if time.perf_counter() > deadline:
                 raise RuntimeError(f"broker {follower} stayed in the ISR after its stop")
             await asyncio.sleep(0.05)
@@ -370,7 +264,7 @@ def run_catchup(bench: BenchCluster, *, megabytes: int = 256, size: int = 10_240
         t0 = time.perf_counter()
         await asyncio.to_thread(cluster.restart, follower, 60.0)
         t_up = time.perf_counter()
-        await _wait_isr(bootstrap, topic, 3, timeout_s, member=follower)
+        await wait_isr(bootstrap, topic, 0, 3, timeout_s, member=follower)
         t_isr = time.perf_counter()
         nbytes = (messages + 1) * size
         return {

@@ -211,6 +211,9 @@ class Session:
             raise ConnectionClosedError("client is closed")
         if self._connecting is None or self._connecting.done():
             self._connecting = asyncio.ensure_future(self._connect())
+            # its callers may all be gone (cancelled) when it fails: its error is theirs, not
+            # an unretrieved task's
+            self._connecting.add_done_callback(_seen)
         return await asyncio.shield(self._connecting)
 
     async def _connect(self) -> Transport:
@@ -416,3 +419,9 @@ class Session:
                 await self._keepalive
         if self._conn is not None:
             self._conn.close()
+
+
+def _seen(fut: asyncio.Future[Transport]) -> None:
+    """Mark a connection attempt's outcome as retrieved (see :meth:`Session.connection`)."""
+    if not fut.cancelled():
+        fut.exception()

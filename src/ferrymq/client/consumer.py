@@ -430,12 +430,19 @@ class AsyncPullConsumer:
         if not offsets:
             return
         generation = self._membership.generation if self._subscriptions else -1
-        resp = await self._coordinator.request(
-            m.CommitOffsetsRequest(self.group, self._membership.member_id, generation,
-                                   [(t, q, o) for (t, q), o in offsets.items()]),
-            m.CommitOffsetsResponse,
-            retry_codes=_COMMIT_RETRY,
-        )
+        try:
+            resp = await self._coordinator.request(
+                m.CommitOffsetsRequest(self.group, self._membership.member_id, generation,
+                                       [(t, q, o) for (t, q), o in offsets.items()]),
+                m.CommitOffsetsResponse,
+                retry_codes=_COMMIT_RETRY,
+            )
+        except (UnknownMemberError, IllegalGenerationError) as exc:
+            # the next poll rejoins at once (Kafka's consumer too), not after a heartbeat
+            if isinstance(exc, UnknownMemberError):
+                self._membership.member_id = ""
+            self._membership.need_join = True
+            raise
         for t, q, code in resp.results:
             if code:
                 raise error_for_code(code, f"commit of {t}/{q}")

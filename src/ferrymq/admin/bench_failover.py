@@ -1,0 +1,290 @@
+"""``ferrymq bench cluster failover --service S``: how long each stateful service is unavailable
+after the broker that serves it is killed (issue 22's "failover time per service").
+
+Theory of operation
+-------------------
+A :class:`FailoverService` names the queue whose leader serves it (a data queue for produce; the
+group's ``%GROUPS%offsets`` queue for commits; ...) and one operation of it. The harness
+(:func:`run_service_failover`) runs the operation at a fixed rate throughout (each started as its
+own task when the service allows operations in parallel, one after the other otherwise),
+records when each successful one started and ended, and ``kills`` times: waits until the
+service's queue has three in-sync replicas, SIGKILLs its leader, and measures from the kill to
+the end of the first successful operation *started after the kill* (the clients' refresh, the
+lease's expiry, the controller's election and the new owner's rebuilding all count); then it
+restarts the killed broker and waits for it to be back in the ISR before the next kill.
+
+Services (:data:`SERVICES`): ``produce`` (``acks="all"`` sends to a one-queue topic of three
+replicas) and ``commit`` (a pull consumer's offset commits: poll, then commit). More register
+themselves in :data:`SERVICES`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ferrymq.admin.bench_measure import install_uvloop, percentile
+from ferrymq.admin.bench_workloads import Replication, _create_topic
+from ferrymq.client.admin import AsyncAdminClient
+from ferrymq.client.consumer import AsyncPullConsumer
+from ferrymq.client.message import Message
+from ferrymq.client.producer import AsyncProducer
+from ferrymq.protocol.coordinator import OFFSETS_TOPIC, coordinator_queue
+
+__all__ = ["SERVICES", "FailoverService", "describe_cluster", "queue_state", "run_service_failover",
+           "wait_isr"]
+
+RF3 = Replication(replicas=3, min_insync=2)
+
+
+class FailoverService(Protocol):
+    """One stateful service as the failover bench drives it."""
+
+    name: str
+    parallel: bool
+    """Whether operations may overlap (each its own task)."""
+
+    async def start(self, bootstrap: str, resume_timeout_s: float) -> None:
+        """Create what it needs and connect."""
+        ...
+
+    def owner(self) -> tuple[str, int]:
+        """The queue whose leader serves it (known after :meth:`start`)."""
+        ...
+
+    async def operate(self) -> None:
+        """One operation; raises when it fails."""
+        ...
+
+    async def close(self) -> None:
+        """Disconnect."""
+        ...
+
+
+@dataclass
+class ProduceService:
+    """``acks="all"`` sends of ``size`` bytes to a one-queue topic of three replicas."""
+
+    size: int = 100
+    name: str = "produce"
+    parallel: bool = True
+    topic: str = ""
+    producer: AsyncProducer | None = None
+
+    async def start(self, bootstrap: str, resume_timeout_s: float) -> None:
+        self.topic = await _create_topic(bootstrap, 1, prefix="bench-failover", replication=RF3)
+        self.producer = AsyncProducer(bootstrap, client_id="ferrymq-bench-failover", acks="all",
+                                      linger_ms=0, delivery_timeout_s=resume_timeout_s + 30)
+        await self.producer.start()
+        await self.operate()
+
+    def owner(self) -> tuple[str, int]:
+        return self.topic, 0
+
+    async def operate(self) -> None:
+        assert self.producer is not None
+        await self.producer.send(Message(self.topic, os.urandom(self.size)))
+
+    async def close(self) -> None:
+        if self.producer is not None:
+            await self.producer.close()
+
+
+@dataclass
+class CommitService:
+    """A pull consumer of a group that polls and commits its position: a commit reaches the
+    group's coordinator, the leader of its ``%GROUPS%offsets`` queue."""
+
+    name: str = "commit"
+    parallel: bool = False
+    group: str = field(default_factory=lambda: f"bench-commit-{os.getpid()}")
+    topic: str = ""
+    queues: int = 0
+    consumer: AsyncPullConsumer | None = None
+    producer: AsyncProducer | None = None
+
+    async def start(self, bootstrap: str, resume_timeout_s: float) -> None:
+        self.topic = await _create_topic(bootstrap, 2, prefix="bench-commit", replication=RF3)
+        self.producer = AsyncProducer(bootstrap, acks="all", linger_ms=0,
+                                      delivery_timeout_s=resume_timeout_s + 30)
+        await self.producer.start()
+        self.consumer = AsyncPullConsumer(bootstrap, group=self.group, auto_commit=False,
+                                          auto_offset_reset="earliest",
+                                          heartbeat_interval_s=0.2)
+        await self.consumer.start()
+        await self.consumer.subscribe(self.topic)
+        deadline = time.perf_counter() + resume_timeout_s
+        while True:  # the group exists (and so does %GROUPS%offsets) once a commit worked
+            with contextlib.suppress(Exception):
+                await self.operate()
+                break
+            if time.perf_counter() > deadline:
+                raise RuntimeError(f"group {self.group}: no commit within {resume_timeout_s} s")
+            await asyncio.sleep(0.1)
+        async with AsyncAdminClient(bootstrap) as admin:
+            desc = await admin.cluster_describe()
+        self.queues = sum(1 for q in desc.queues if q.topic == OFFSETS_TOPIC)
+
+    def owner(self) -> tuple[str, int]:
+        return OFFSETS_TOPIC, coordinator_queue(self.group, self.queues)
+
+    async def operate(self) -> None:
+        assert self.consumer is not None
+        assert self.producer is not None
+        await self.producer.send(Message(self.topic, b"x"))  # something new to commit
+        await self.consumer.poll(timeout=0.05)
+        await self.consumer.commit()
+
+    async def close(self) -> None:
+        if self.consumer is not None:
+            await self.consumer.close()
+        if self.producer is not None:
+            await self.producer.close()
+
+
+SERVICES: dict[str, Callable[[int], FailoverService]] = {
+    "produce": lambda size: ProduceService(size=size),
+    "commit": lambda size: CommitService(),
+}
+"""The services :func:`run_service_failover` knows, by name (called with the message size)."""
+
+
+async def describe_cluster(bootstrap: str) -> Any:
+    """The cluster as a live broker of ``bootstrap`` sees it (a fresh client each time: the
+    admin client stays with the broker it bootstrapped through, which may be the killed one)."""
+    async with AsyncAdminClient(bootstrap, connect_timeout_s=2.0, reconnect_timeout_s=2.0,
+                                request_timeout_s=5.0) as admin:
+        return await admin.cluster_describe()
+
+
+async def queue_state(bootstrap: str, topic: str, queue: int) -> Any:
+    """The queue's state (leader, ISR) as a live broker of ``bootstrap`` sees it (retried
+    until one answers)."""
+    while True:
+        with contextlib.suppress(Exception):
+            desc = await describe_cluster(bootstrap)
+            for q in desc.queues:
+                if q.topic == topic and q.queue == queue:
+                    return q
+        await asyncio.sleep(0.05)
+
+
+async def wait_isr(bootstrap: str, topic: str, queue: int, size: int, timeout_s: float,
+                    member: int | None = None) -> Any:
+    """The queue's state once its ISR has ``size`` members (and ``member``, if given)."""
+    deadline = time.perf_counter() + timeout_s
+    while True:
+        q = await queue_state(bootstrap, topic, queue)
+        if len(q.isr) >= size and (member is None or member in q.isr) and not q.offline:
+            return q
+        if time.perf_counter() > deadline:
+            raise RuntimeError(f"{topic}/{queue}: ISR {q.isr} (leader {q.leader}) did not reach "
+                               f"{size} members{'' if member is None else f' with {member}'} "
+                               f"within {timeout_s:.0f} s")
+        await asyncio.sleep(0.05)
+
+
+def run_service_failover(bench: Any, service: str = "produce", *, kills: int = 20,
+                         rate: float = 500.0, size: int = 100, rejoin_timeout_s: float = 120.0,
+                         resume_timeout_s: float = 60.0, settle_s: float = 1.0,
+                         on_kill: Callable[[dict[str, Any]], None] | None = None
+                         ) -> dict[str, Any]:
+    """SIGKILL the broker serving ``service`` ``kills`` times while its operation runs at
+    ``rate`` per second; the unavailability of each kill (kill → end of the first successful
+    operation started after it) and its percentiles. ``bench`` is a
+    :class:`~ferrymq.admin.bench_cluster.BenchCluster`."""
+    if service not in SERVICES:
+        raise ValueError(f"unknown service {service!r}: one of {', '.join(SERVICES)}")
+    install_uvloop()
+    cluster = bench.cluster
+    bootstrap = cluster.bootstrap
+
+    async def main() -> dict[str, Any]:
+        svc = SERVICES[service](size)
+        await svc.start(bootstrap, resume_timeout_s)
+        done: list[tuple[float, float]] = []  # (start, end) of each success, perf_counter
+        failed: list[str] = []
+        stop = asyncio.Event()
+        pending: set[asyncio.Task[Any]] = set()
+
+        async def one() -> None:
+            t = time.perf_counter()
+            try:
+                await svc.operate()
+            except Exception as exc:  # noqa: BLE001 - a failed operation is a figure
+                failed.append(repr(exc))
+                return
+            done.append((t, time.perf_counter()))
+
+        async def driver() -> None:
+            interval = 1.0 / rate
+            nxt = time.perf_counter()
+            while not stop.is_set():
+                if svc.parallel:
+                    task = asyncio.get_running_loop().create_task(one())
+                    pending.add(task)
+                    task.add_done_callback(pending.discard)
+                else:
+                    await one()
+                nxt = max(nxt + interval, time.perf_counter() - 1.0)
+                await asyncio.sleep(max(0.001, nxt - time.perf_counter()))
+
+        topic, queue = svc.owner()
+        kills_out: list[dict[str, Any]] = []
+        dtask = asyncio.get_running_loop().create_task(driver())
+        try:
+            for i in range(kills):
+                q = await wait_isr(bootstrap, topic, queue, 3, rejoin_timeout_s)
+                desc = await describe_cluster(bootstrap)
+                victim = q.leader
+                await asyncio.sleep(settle_s)
+                t_kill = time.perf_counter()
+                cluster.kill9(victim)
+                resumed = None
+                while time.perf_counter() - t_kill < resume_timeout_s:
+                    after = [e for s, e in done[-2000:] if s >= t_kill]
+                    if after:
+                        resumed = min(after)
+                        break
+                    await asyncio.sleep(0.005)
+                if resumed is None:
+                    raise RuntimeError(f"kill {i + 1}: no {service} operation succeeded within "
+                                       f"{resume_timeout_s:.0f} s of killing broker {victim}")
+                new = await queue_state(bootstrap, topic, queue)
+                isr_after = list(new.isr)
+                t_restart = time.perf_counter()
+                await asyncio.to_thread(cluster.restart, victim, 60.0)
+                t_up = time.perf_counter()
+                await wait_isr(bootstrap, topic, queue, 3, rejoin_timeout_s, member=victim)
+                t_isr = time.perf_counter()
+                row = {"kill": i + 1, "victim": victim, "new_leader": new.leader,
+                       "isr_after_kill": isr_after,
+                       "victim_was_controller": victim == desc.controller,
+                       "unavailable_s": resumed - t_kill, "restart_s": t_up - t_restart,
+                       "rejoin_isr_s": t_isr - t_up, "failed_ops": len(failed)}
+                kills_out.append(row)
+                if on_kill is not None:
+                    on_kill(row)
+        finally:
+            stop.set()
+            await dtask
+            if pending:
+                await asyncio.wait(set(pending), timeout=resume_timeout_s)
+            await svc.close()
+        un = sorted(k["unavailable_s"] for k in kills_out)
+        return {
+            "workload": "failover", "service": service, "kills": len(kills_out), "rate": rate,
+            "size": size,
+            "unavailable_p50_s": percentile(un, 50), "unavailable_p99_s": percentile(un, 99),
+            "unavailable_max_s": un[-1] if un else float("nan"),
+            "unavailable_min_s": un[0] if un else float("nan"),
+            "succeeded": len(done), "failed_ops": len(failed), "failures": failed[:5],
+            "kills_detail": kills_out,
+        }
+
+    return asyncio.run(main())
