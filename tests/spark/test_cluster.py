@@ -61,8 +61,10 @@ def produce(c: ClusterProcess, topic: str, values: list[str]) -> None:
 
 
 def read_all(c: ClusterProcess, topic: str, expect: int) -> list[str]:
+    """Every message of ``topic`` (up to ``expect``, or what 60 s bring), read by a new group."""
     got: list[str] = []
-    with PullConsumer(c.bootstrap, group=f"check-{topic}", auto_offset_reset="earliest") as cons:
+    group = f"check-{topic}-{time.monotonic_ns()}"
+    with PullConsumer(c.bootstrap, group=group, auto_offset_reset="earliest") as cons:
         cons.subscribe(topic)
         deadline = time.monotonic() + 60
         while len(got) < expect and time.monotonic() < deadline:
@@ -128,6 +130,52 @@ def test_stream_goes_on_when_a_leader_stops_between_micro_batches(
         wait_for(300, "after the failover")
         got = sorted(r.v for r in spark.sql("SELECT v FROM sfail_out").collect())
         assert got == sorted([f"a{i}" for i in range(150)] + [f"b{i}" for i in range(150)])
+    finally:
+        q.stop()
+        cluster.restart(victim)
+
+
+def leaders_ends(c: ClusterProcess, topic: str) -> list[int]:
+    """Each queue's end offset, as its leader has it."""
+    with AdminClient(c.bootstrap) as admin:
+        return [q.end_offset for q in admin.describe_topic_from_leaders(topic).queues]
+
+
+def test_a_read_process_write_stream_keeps_exactly_once_across_a_leader_kill(
+        spark: Any, cluster: ClusterProcess, tmp_path: Path) -> None:
+    """A streaming query from one replicated topic to another (``deliveryMode=idempotent``)
+    while the broker leading a queue of both is SIGKILLed mid-stream: the query goes on (the
+    source re-reads from the new leaders, the tasks' idempotent producers retry there) and
+    the output holds every input row exactly once."""
+    src = replicated_topic(cluster, "xin")
+    dst = replicated_topic(cluster, "xout")
+    victim = src[0]
+    assert victim in dst.values()
+    q = (spark.readStream.format("ferrymq").option("servers", cluster.bootstrap)
+         .option("subscribe", "xin").option("startingOffsets", "earliest").load()
+         .selectExpr("value").writeStream.format("ferrymq")
+         .option("servers", cluster.bootstrap).option("topic", "xout")
+         .option("deliveryMode", "idempotent")
+         .option("checkpointLocation", checkpoint(tmp_path))
+         .trigger(processingTime="300 milliseconds").start())
+    sent: list[str] = []
+    try:
+        for wave in range(8):  # input throughout; the kill lands inside a run of micro-batches
+            values = [f"w{wave}-{i}" for i in range(100)]
+            produce(cluster, "xin", values)
+            sent += values
+            if wave == 3:
+                cluster.kill9(victim)
+            time.sleep(0.4)
+            assert q.exception() is None, q.exception()
+        deadline = time.monotonic() + 60
+        while sum(leaders_ends(cluster, "xout")) < len(sent) and time.monotonic() < deadline:
+            assert q.exception() is None, q.exception()
+            time.sleep(0.5)
+        time.sleep(2)  # nothing more comes (a replayed batch would add rows)
+        got = read_all(cluster, "xout", sum(leaders_ends(cluster, "xout")))
+        assert len(got) == len(set(got)), "rows written twice"
+        assert sorted(got) == sorted(sent)
     finally:
         q.stop()
         cluster.restart(victim)
