@@ -383,7 +383,9 @@ class BusyError(BrokerError):
 
 
 class InvalidOffsetError(BrokerError):
-    """An offset that makes no sense (negative, or past the end for a commit)."""
+    """An offset that makes no sense (negative, or past the end for a commit), or that names no
+    live dead letter in a DLQ_ADMIN of one letter (redriven or purged already, below the oldest,
+    beyond the end); nothing was changed."""
 
     code = ErrorCode.INVALID_OFFSET
 
@@ -472,10 +474,10 @@ class PolicyViolationError(BrokerError):
     """A broker limit refused it (`max_topics`, `max_total_queues`, ...); nothing was created.
 
     The message names the limit and its value (`max_topics`, `max_total_queues`,
-    `auto_create_topics_per_minute`, `max_delivery_groups`, `max_consumer_groups`). Not
-    retriable as it is: the limit stays until the operator raises it or topics or groups are
-    deleted (a per-minute limit carries a retry-after: when the next creation would be
-    allowed).
+    `auto_create_topics_per_minute`, `max_delivery_groups`, `max_consumer_groups`,
+    `max_dlq_done_letters`). Not retriable as it is: the limit stays until the operator raises
+    it or topics or groups are deleted, or the oldest dead letters are redriven or purged (a
+    per-minute limit carries a retry-after: when the next creation would be allowed).
     """
 
     code = ErrorCode.POLICY_VIOLATION

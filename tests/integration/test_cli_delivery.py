@@ -467,6 +467,53 @@ def test_dlq_list_show_redrive_purge(broker: Broker) -> None:
     assert ok_json(addr, "dlq", "purge", group, "--yes")["count"] == 0
 
 
+def test_dlq_redrive_and_purge_one_letter_by_its_offset(broker: Broker) -> None:
+    addr = broker.address
+    topic, group = "one-t", "one-g"
+    create_topic(addr, topic, 1)
+    ids = produce(addr, [Message(topic, f"payload {i}") for i in range(5)])
+    dead_letter_all(addr, group, topic, 5, "bad payload")
+    wait_for(lambda: dlq_count(addr, group) == 5)
+
+    def listed() -> list[tuple[int, str]]:
+        return [(d["dlq_offset"], d["msg_id"])
+                for d in ok_json(addr, "dlq", "list", group)["dead_letters"]]
+
+    offsets = {msg_id: off for off, msg_id in listed()}
+    mid, other = offsets[ids[2]], offsets[ids[3]]
+    out = ok(addr, "dlq", "redrive", group, "--offset", str(mid), "--dry-run")
+    assert out == f"would redrive 1 dead letter of group {group} (DLQ offset {mid})\n"
+    assert len(listed()) == 5
+    out = ok(addr, "dlq", "redrive", group, "--offset", str(mid))
+    assert out == f"redrove 1 dead letter of group {group} (DLQ offset {mid})\n"
+    assert ids[2] not in {msg_id for _, msg_id in listed()}
+    fails(addr, "dlq", "purge", group, "--offset", str(other), code=2)  # no --yes, no terminal
+    got = ok_json(addr, "dlq", "purge", group, "--offset", str(other), "--yes")
+    assert (got["count"], got["first"], got["end"]) == (1, other, other + 1)
+    assert sorted(msg_id for _, msg_id in listed()) == sorted([ids[0], ids[1], ids[4]])
+    assert ok_json(addr, "group", "describe", group)["dlq_size"] == 3
+    res = fails(addr, "dlq", "purge", group, "--offset", str(other), "--yes")
+    assert f"offset {other}: redriven or purged already; nothing was changed" in res.stderr
+    res = fails(addr, "dlq", "redrive", group, "--offset", "99")
+    assert "offset 99: beyond the end of the dead-letter queue (5)" in res.stderr
+    res = fails(addr, "dlq", "redrive", group, "--offset", "1", "--max", "2", code=2)
+    assert "--offset names one dead letter" in res.stderr
+    fails(addr, "dlq", "redrive", group, "--offset", "-1", code=2)
+    assert ok_json(addr, "group", "describe", group)["dlq_size"] == 3
+
+    async def redriven_one_comes_back() -> str:
+        s = Session(addr)
+        try:
+            mem = await Member.join(s, group, topic, max_reconsume=0)
+            (back,) = await mem.receive(1)
+            await mem.ack([back])
+            return back.record.properties["%MSGID"]
+        finally:
+            await s.close()
+
+    assert asyncio.run(redriven_one_comes_back()) == ids[2]
+
+
 NO_TERMINAL = {"FORCE_COLOR": None, "TTY_COMPATIBLE": None}
 """CliRunner's stderr is no terminal; these would make rich treat it as one."""
 TERMINAL = {"FORCE_COLOR": "1", "TTY_COMPATIBLE": None}

@@ -166,18 +166,28 @@ def dlq_show(state: CliState, group: str, msg_id: str, json_flag: bool) -> None:
               help="Move at most N messages per second (default: as fast as possible).")
 @click.option("--max", "max_messages", type=click.IntRange(min=1), metavar="N",
               help="Move at most N messages (the oldest; default: all).")
+@click.option("--offset", type=click.IntRange(min=0), metavar="N",
+              help="Only the dead letter at offset N of the dead-letter queue (see dlq list), "
+              "wherever it is.")
 @click.option("--dry-run", is_flag=True, help="Only say how many would be moved.")
 @json_option
 @click.pass_obj
 def dlq_redrive(state: CliState, group: str, rate: float | None, max_messages: int | None,
-                dry_run: bool, json_flag: bool) -> None:
-    """Send GROUP's dead letters back to the group, oldest first.
+                offset: int | None, dry_run: bool, json_flag: bool) -> None:
+    """Send GROUP's dead letters back to the group, oldest first (or only the one at
+    --offset).
 
     They are delivered again at once (from the group's retry queue) with a fresh attempt count,
     with their original topic, id and properties.
     """
     printer = state.printer_with(json_flag)
+    if offset is not None and (rate is not None or max_messages is not None):
+        raise click.UsageError("--offset names one dead letter: it takes no --rate or --max")
     with state.admin() as admin:
+        if offset is not None:
+            resp = admin.dlq_redrive(group, dry_run=dry_run, offset=offset)
+            printer.dlq_done("redrive", group, resp.count, resp.first, resp.end, dry_run)
+            return
         if dry_run:
             resp = admin.dlq_redrive(group, max_messages or 0, dry_run=True)
             printer.dlq_done("redrive", group, resp.count, resp.first, resp.end, True)
@@ -220,12 +230,16 @@ def _redrive(admin: AdminClient, group: str, rate: float | None,
 
 @dlq.command("purge")
 @click.argument("group")
+@click.option("--offset", type=click.IntRange(min=0), metavar="N",
+              help="Only the dead letter at offset N of the dead-letter queue (see dlq list), "
+              "wherever it is.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @click.option("--dry-run", is_flag=True, help="Only say how many would be dropped.")
 @json_option
 @click.pass_obj
-def dlq_purge(state: CliState, group: str, yes: bool, dry_run: bool, json_flag: bool) -> None:
-    """Drop every dead letter of GROUP.
+def dlq_purge(state: CliState, group: str, offset: int | None, yes: bool, dry_run: bool,
+              json_flag: bool) -> None:
+    """Drop every dead letter of GROUP (or only the one at --offset).
 
     Asks for confirmation unless --yes or --dry-run; without a terminal, --yes is required.
     """
@@ -235,9 +249,10 @@ def dlq_purge(state: CliState, group: str, yes: bool, dry_run: bool, json_flag: 
         raise click.UsageError("refusing to purge without --yes (stdin is not a terminal)")
     with state.admin() as admin:
         if ask:
-            would = admin.dlq_purge(group, dry_run=True)
-            click.confirm(f"Drop {would.count} dead letters of group {group!r}?", abort=True,
-                          err=True)
+            would = admin.dlq_purge(group, dry_run=True, offset=offset)
+            what = (f"the dead letter at offset {offset}" if offset is not None
+                    else f"{would.count} dead letters")
+            click.confirm(f"Drop {what} of group {group!r}?", abort=True, err=True)
         with progress(f"purging {group}", json_mode=printer.json_mode):
-            resp = admin.dlq_purge(group, dry_run=dry_run)
+            resp = admin.dlq_purge(group, dry_run=dry_run, offset=offset)
     printer.dlq_done("purge", group, resp.count, resp.first, resp.end, dry_run)

@@ -480,8 +480,10 @@ class Printer:
             return
         verb = {"redrive": ("redrove", "would redrive"), "purge": ("purged", "would purge")}
         done, would = verb[action]
-        where = f" (DLQ offsets {first}..{end - 1})" if end > first else ""
-        self.line(f"{would if dry_run else done} {count} dead letters of group {group}{where}")
+        where = (f" (DLQ offset {first})" if end == first + 1 else
+                 f" (DLQ offsets {first}..{end - 1})" if end > first else "")
+        letters = "dead letter" if count == 1 else "dead letters"
+        self.line(f"{would if dry_run else done} {count} {letters} of group {group}{where}")
 
     # -- users ---------------------------------------------------------------------------------
 

@@ -20,6 +20,7 @@ from ferrymq.broker.dedup import DEFAULT_DEDUP_MAX_KEYS
 from ferrymq.broker.logs import LOG_FORMATS
 from ferrymq.errors import ConfigError, InvalidRequestError
 from ferrymq.protocol.dedup import MAX_DEDUP_WINDOW_MS
+from ferrymq.protocol.messages.schema import MAX_LIST_ITEMS
 from ferrymq.storage.log import MAX_SEGMENT_BYTES
 
 FLUSH_MODES = ("sync", "async")
@@ -172,6 +173,13 @@ class BrokerConfig:
         "Most retry letters of one delivery group held in memory: due letters read from the "
         "retry queue ahead of receivers, not yet leased (letters not due yet are the "
         "scheduler's, on disk). Past it the group's retry queue waits for receivers.",
+    )
+    max_dlq_done_letters: int = _f(
+        10_000,
+        "Most dead letters of one delivery group redriven or purged one by one (ferrymq dlq "
+        "... --offset) while older ones are still dead: each is remembered until the oldest "
+        "dead letters pass it. Past it, one-letter requests are refused until the oldest "
+        "letters are redriven or purged. At most 100000 (every answer lists them).",
     )
     delivery_tick_ms: int = _f(
         50, "How often leases, member sessions and orderly retries are checked (redelivery "
@@ -430,7 +438,8 @@ class BrokerConfig:
             "max_session_timeout_ms", "max_member_topics", "shutdown_timeout_ms", "default_invisible_ms",
             "max_invisible_ms", "max_in_flight_per_member", "max_receive_messages",
             "delivery_journal_bytes", "delivery_ack_history", "delivery_tick_ms",
-            "max_orderly_held", "max_retry_loaded", "key_index_bytes_per_tick",
+            "max_orderly_held", "max_retry_loaded", "max_dlq_done_letters",
+            "key_index_bytes_per_tick",
             "key_index_file_bytes", "max_find_results", "find_scan_bytes", "max_delay_ms",
             "schedule_bucket_ms", "schedule_cache_bytes", "dedup_max_keys",
             "half_check_after_ms", "half_check_interval_ms", "half_max_checks", "half_max_pending",
@@ -448,6 +457,9 @@ class BrokerConfig:
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0, not {getattr(self, name)}")
+        if self.max_dlq_done_letters > MAX_LIST_ITEMS:
+            raise ConfigError(f"max_dlq_done_letters must be 1..{MAX_LIST_ITEMS}, not "
+                              f"{self.max_dlq_done_letters}")
         if self.console_page_rows > MAX_CONSOLE_PAGE_ROWS:
             raise ConfigError(f"console_page_rows must be 1..{MAX_CONSOLE_PAGE_ROWS}, not "
                               f"{self.console_page_rows}")

@@ -423,9 +423,9 @@ class AsyncAdminClient(ClusterAdminCalls, UserAdminCalls):
         Raises:
             UnknownGroupError: no delivery group has this name.
         """
-        first = (await self._dlq_admin(group, DlqAction.REDRIVE, 1, True)).first
+        live = await self._dlq_admin(group, DlqAction.REDRIVE, 1, True)
         out: list[DeadLetter] = []
-        async for letter in self._dlq_scan(group, first):
+        async for letter in self._dlq_scan(group, live):
             if len(out) >= limit:
                 break
             out.append(letter)
@@ -438,10 +438,10 @@ class AsyncAdminClient(ClusterAdminCalls, UserAdminCalls):
         Raises:
             UnknownGroupError: no delivery group has this name.
         """
-        first = (await self._dlq_admin(group, DlqAction.REDRIVE, 1, True)).first
+        live = await self._dlq_admin(group, DlqAction.REDRIVE, 1, True)
         found: DeadLetter | None = None
         n = 0
-        async for letter in self._dlq_scan(group, first):
+        async for letter in self._dlq_scan(group, live):
             if msg_id in (letter.msg_id, letter.dlq_msg_id):
                 found = letter  # the newest letter of a message dead-lettered twice wins
             n += 1
@@ -456,19 +456,23 @@ class AsyncAdminClient(ClusterAdminCalls, UserAdminCalls):
         Raises:
             UnknownGroupError: no delivery group has this name.
         """
-        first = (await self._dlq_admin(group, DlqAction.REDRIVE, 1, True)).first
-        if dlq_offset < first:
+        live = await self._dlq_admin(group, DlqAction.REDRIVE, 1, True)
+        if dlq_offset < live.first or dlq_offset in live.done:
             return None
         try:
-            async for letter in self._dlq_scan(group, dlq_offset):
+            async for letter in self._dlq_scan(group, live, dlq_offset):
                 return letter if letter.dlq_offset == dlq_offset else None
         except OffsetOutOfRangeError:  # beyond the end of the dead-letter queue
             return None
         return None
 
-    async def _dlq_scan(self, group: str, first: int) -> AsyncIterator[DeadLetter]:
+    async def _dlq_scan(self, group: str, live: m.DlqAdminResponse,
+                        start: int = -1) -> AsyncIterator[DeadLetter]:
+        """The dead letters from ``start`` (-1: the oldest, ``live.first``), leaving out those
+        redriven or purged one by one (``live.done``)."""
         topic = DLQ_PREFIX + group
-        pos = first
+        pos = live.first if start < 0 else start
+        done = set(live.done)
         while True:
             _t, _q, code, text, end, start, tid, data = await self._fetch_one(topic, 0, pos,
                                                                              DLQ_FETCH_BYTES)
@@ -485,22 +489,34 @@ class AsyncAdminClient(ClusterAdminCalls, UserAdminCalls):
             if not recs:
                 return
             for r in recs:
-                yield DeadLetter.from_record(group, tid, r)
+                if r.offset not in done:
+                    yield DeadLetter.from_record(group, tid, r)
             pos = recs[-1].offset + 1
             if pos >= end:
                 return
 
     async def _dlq_admin(self, group: str, action: DlqAction, max_messages: int,
-                         dry_run: bool) -> m.DlqAdminResponse:
+                         dry_run: bool, offset: int | None = None) -> m.DlqAdminResponse:
+        if offset is not None and offset < 0:
+            raise ConfigError(f"offset must be >= 0 (a dead letter's offset), not {offset}")
         return await self._session.request(
-            m.DlqAdminRequest(group, int(action), max_messages, dry_run), m.DlqAdminResponse,
-            retry=dry_run,
+            m.DlqAdminRequest(group, int(action), max_messages, dry_run,
+                              -1 if offset is None else offset),
+            m.DlqAdminResponse, retry=dry_run,
         )
 
-    async def dlq_redrive(self, group: str, max_messages: int = 0,
-                          dry_run: bool = False) -> m.DlqAdminResponse:
-        """Send the oldest ``max_messages`` dead letters (0: all) back to the group: they are
-        delivered again from its retry queue, at once, with a fresh attempt count.
+    async def dlq_redrive(self, group: str, max_messages: int = 0, dry_run: bool = False, *,
+                          offset: int | None = None) -> m.DlqAdminResponse:
+        """Send the oldest ``max_messages`` dead letters (0: all) back to the group, or only the
+        one at ``offset`` of its dead-letter queue: they are delivered again from its retry
+        queue, at once, with a fresh attempt count.
+
+        Args:
+            group: the delivery group.
+            max_messages: how many of the oldest (0: all); ignored with ``offset``.
+            dry_run: change nothing; the answer says what would be done.
+            offset: one dead letter, by its offset in the dead-letter queue
+                (:attr:`DeadLetter.dlq_offset`), wherever it is.
 
         Returns:
             The DLQ offsets covered (``first``, ``end``) and how many letters were (or, with
@@ -508,29 +524,36 @@ class AsyncAdminClient(ClusterAdminCalls, UserAdminCalls):
 
         Raises:
             UnknownGroupError: no delivery group has this name.
+            InvalidOffsetError: ``offset`` is not a dead letter now (redriven or purged
+                already, below the oldest, beyond the end); nothing changed.
+            UnsupportedVersionError: ``offset`` given and the broker predates it.
         """
-        resp = await self._dlq_admin(group, DlqAction.REDRIVE, max_messages, dry_run)
-        if max_messages > 0:
+        resp = await self._dlq_admin(group, DlqAction.REDRIVE, max_messages, dry_run, offset)
+        if max_messages > 0 or offset is not None:
             return resp
-        if dry_run:  # one letter per DLQ offset
-            return m.DlqAdminResponse(resp.first, resp.end, max(0, resp.end - resp.first))
+        if dry_run:  # one letter per DLQ offset, less those done one by one
+            return m.DlqAdminResponse(resp.first, resp.end,
+                                      max(0, resp.end - resp.first - len(resp.done)), resp.done)
         first, total = resp.first, resp.count
         while resp.count and resp.end > resp.first + resp.count:  # the broker moves 10k a call
             resp = await self._dlq_admin(group, DlqAction.REDRIVE, 0, False)
             total += resp.count
-        return m.DlqAdminResponse(first, resp.end, total)
+        return m.DlqAdminResponse(first, resp.end, total, resp.done)
 
-    async def dlq_purge(self, group: str, max_messages: int = 0,
-                        dry_run: bool = False) -> m.DlqAdminResponse:
-        """Drop the oldest ``max_messages`` dead letters (0: all) of a group.
+    async def dlq_purge(self, group: str, max_messages: int = 0, dry_run: bool = False, *,
+                        offset: int | None = None) -> m.DlqAdminResponse:
+        """Drop the oldest ``max_messages`` dead letters (0: all) of a group, or only the one
+        at ``offset`` of its dead-letter queue.
 
         Returns:
             The DLQ offsets covered and how many letters were (or would be) dropped.
 
         Raises:
             UnknownGroupError: no delivery group has this name.
+            InvalidOffsetError: ``offset`` is not a dead letter now; nothing changed.
+            UnsupportedVersionError: ``offset`` given and the broker predates it.
         """
-        return await self._dlq_admin(group, DlqAction.PURGE, max_messages, dry_run)
+        return await self._dlq_admin(group, DlqAction.PURGE, max_messages, dry_run, offset)
 
     # -- messages by key -----------------------------------------------------------------------
 

@@ -418,15 +418,15 @@ class AdminClient:
         """One dead letter by its original id (or its id in the DLQ); None if not dead."""
         return _run(self._async.dlq_get(group, msg_id))
 
-    def dlq_redrive(self, group: str, max_messages: int = 0,
-                    dry_run: bool = False) -> m.DlqAdminResponse:
-        """Send dead letters back to the group (0: all)."""
-        return _run(self._async.dlq_redrive(group, max_messages, dry_run))
+    def dlq_redrive(self, group: str, max_messages: int = 0, dry_run: bool = False, *,
+                    offset: int | None = None) -> m.DlqAdminResponse:
+        """Send dead letters back to the group (0: all; ``offset``: only that one)."""
+        return _run(self._async.dlq_redrive(group, max_messages, dry_run, offset=offset))
 
-    def dlq_purge(self, group: str, max_messages: int = 0,
-                  dry_run: bool = False) -> m.DlqAdminResponse:
-        """Drop dead letters (0: all)."""
-        return _run(self._async.dlq_purge(group, max_messages, dry_run))
+    def dlq_purge(self, group: str, max_messages: int = 0, dry_run: bool = False, *,
+                  offset: int | None = None) -> m.DlqAdminResponse:
+        """Drop dead letters (0: all; ``offset``: only that one)."""
+        return _run(self._async.dlq_purge(group, max_messages, dry_run, offset=offset))
 
     def find_by_key(self, topic: str, key: str, limit: int = 32) -> KeySearch:
         """Messages of ``topic`` carrying ``key``, newest first."""

@@ -73,9 +73,6 @@ CLIENT_MAX_FRAME_BYTES = 64 * 1024 * 1024
 """Largest answer a client accepts (the broker caps fetches far below this: ``max_frame_bytes``,
 8 MiB by default). Checked on the frame header, before the answer is buffered."""
 
-REQUEST_VERSION = 1
-"""The version every request is sent at (every API is at version 1)."""
-
 Buffers = list[bytes | bytearray | memoryview]
 
 
@@ -184,7 +181,7 @@ class ClientConnection(Generic[T]):
         self._next_id = (corr + 1) & MAX_CORRELATION_ID or 1
         if not oneway:
             self._pending[corr] = token
-        return encode_frame_parts(req.API_KEY, REQUEST_VERSION, FLAG_ONEWAY if oneway else 0,
+        return encode_frame_parts(req.API_KEY, req.wire_version(), FLAG_ONEWAY if oneway else 0,
                                   corr, req.encode_parts())
 
     # -- in --------------------------------------------------------------------------------

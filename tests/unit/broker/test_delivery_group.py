@@ -18,7 +18,14 @@ from ferrymq.broker.delivery.group import (
     split_receipts,
 )
 from ferrymq.broker.delivery.orderly import Failure, OrderlyCursor
-from ferrymq.broker.delivery.replay import Replay, runs, set_tag_filter, snapshot
+from ferrymq.broker.delivery.replay import (
+    Replay,
+    mark_dlq_done,
+    move_dlq_floor,
+    runs,
+    set_tag_filter,
+    snapshot,
+)
 from ferrymq.broker.delivery.state import Lease, SourceCursor
 from ferrymq.errors import CorruptRecordError
 from ferrymq.protocol.letters import Letter
@@ -45,6 +52,7 @@ def state(g: DeliveryGroup) -> dict[str, Any]:
                                                         for o, ls in g.retry.leased.items()}),
         "policy": (g.retry_delays_ms, g.max_reconsume, g.start_from, g.orderly, g.ephemeral),
         "dlq_floor": g.dlq_floor,
+        "dlq_done": sorted(g.dlq_done),
         "acked": list(g.acked),
         "filters": {t: (f.expression, f.since) for t, f in g.tag_filters.items()},
     }
@@ -177,6 +185,9 @@ def records_of_a_session(g: DeliveryGroup) -> Iterator[list[Any]]:
     g.grant_letter(4, l3)
     yield ["D", 12]
     g.dlq_floor = 12
+    for off in (15, 17, 13):  # dead letters done one by one above the floor
+        yield ["DX", off]
+        g.dlq_done.add(off)
 
 
 @pytest.mark.parametrize("orderly", [False, True])
@@ -216,7 +227,7 @@ def test_a_snapshot_reads_back_as_the_state_it_was_taken_of(orderly: bool) -> No
 
 
 def test_every_journal_record_kind_has_a_transition_and_others_are_refused() -> None:
-    assert set(Replay.TRANSITIONS) == set("LCANFPDT")
+    assert set(Replay.TRANSITIONS) == {*"LCANFPDT", "DX"}
     with pytest.raises(CorruptRecordError, match="unknown record 'Z'"):
         Replay(lambda wall: wall, 100, 1).apply(group(), ["Z"])
 
@@ -234,3 +245,19 @@ def test_a_retry_letter_acked_after_a_replay_before_the_scan_reaches_it_is_not_r
     assert lease is not None
     g.settle(rc, [4], lease)
     assert rc.is_finished(4) and 4 in rc.done and g.leases == {}
+
+
+def test_dead_letters_done_one_by_one_are_folded_into_the_floor_as_it_reaches_them() -> None:
+    g = group()
+    g.dlq_floor = 10
+    for off in (12, 14, 15, 9):  # 9: below the floor, done already
+        mark_dlq_done(g, off)
+    assert (g.dlq_floor, g.dlq_done) == (10, {12, 14, 15})
+    mark_dlq_done(g, 10)  # the oldest: the floor moves past it (11 is still dead)
+    assert (g.dlq_floor, g.dlq_done) == (11, {12, 14, 15})
+    move_dlq_floor(g, 12)  # 11 purged: the floor passes 12 too, stops at 13
+    assert (g.dlq_floor, g.dlq_done) == (13, {14, 15})
+    move_dlq_floor(g, 15)  # past 14, and 15 right above: folded
+    assert (g.dlq_floor, g.dlq_done) == (16, set())
+    move_dlq_floor(g, 3)  # never back
+    assert g.dlq_floor == 16

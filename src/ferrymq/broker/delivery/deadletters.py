@@ -5,24 +5,39 @@ Dead letters are records of ``%DLQ%<group>`` (one queue). The group's ``dlq_floo
 its dead letters start: those below were redriven (copied to the retry queue as letters due at
 once, with their attempt count reset) or purged. The floor is journaled: before a purge takes
 effect, and in sync flush mode once a redrive's copies are durable.
+
+One chosen letter above the floor can be redriven or purged on its own (DLQ_ADMIN with an
+``offset``): its offset joins the group's ``dlq_done`` set, journaled as ``["DX", offset]`` the
+same way, and every reader of dead letters (:meth:`GroupQueues.dlq_records`, the DLQ depth,
+browsing through the answer's ``done`` list) skips it; the floor folds the set away as it
+reaches it (:func:`~ferrymq.broker.delivery.replay.move_dlq_floor`). The set is bounded by
+``max_dlq_done_letters``.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Any
 
 from ferrymq.broker.delivery.context import DeliveryContext
 from ferrymq.broker.delivery.group import DeliveryGroup
 from ferrymq.broker.delivery.journaling import Journaling
-from ferrymq.broker.delivery.letters import make_letter, read_letter
+from ferrymq.broker.delivery.letters import StoredRecord, make_letter, read_letter
 from ferrymq.broker.delivery.moves import Moves
 from ferrymq.broker.delivery.orderly import OrderlyCursor
 from ferrymq.broker.delivery.queues import GroupQueues
+from ferrymq.broker.delivery.replay import mark_dlq_done, move_dlq_floor
 from ferrymq.broker.delivery.shortage import Shortage
 from ferrymq.broker.delivery.state import Lease
 from ferrymq.broker.flusher import flush_postponed
-from ferrymq.errors import BrokerError, CorruptRecordError, InvalidRequestError
+from ferrymq.errors import (
+    BrokerError,
+    CorruptRecordError,
+    InvalidOffsetError,
+    InvalidRequestError,
+    PolicyViolationError,
+)
 from ferrymq.protocol import messages as m
 from ferrymq.protocol.letters import Letter
 
@@ -64,10 +79,21 @@ class DeadLetters:
         return None
 
     def admin(
-        self, g: DeliveryGroup, action: int, max_messages: int, dry_run: bool
+        self, g: DeliveryGroup, action: int, max_messages: int, dry_run: bool, offset: int = -1
     ) -> tuple[m.DlqAdminResponse, int]:
-        """Redrive or purge dead letters; returns the answer and a journal position."""
-        ctx = self.ctx
+        """Redrive or purge dead letters, the oldest ``max_messages`` (0: all) or, with
+        ``offset`` >= 0, the one at that offset; returns the answer and a journal position.
+
+        Raises:
+            InvalidRequestError: an unknown action.
+            InvalidOffsetError: ``offset`` is not a live dead letter (nothing changed).
+            PolicyViolationError: ``max_dlq_done_letters`` letters are done one by one above
+                the oldest dead letter already.
+        """
+        if action not in (m.DlqAction.REDRIVE, m.DlqAction.PURGE):
+            raise InvalidRequestError(f"unknown DLQ action {action}")
+        if offset >= 0:
+            return self.admin_one(g, action, offset, dry_run)
         queues = self.queues
         if action == m.DlqAction.PURGE:
             if max_messages > 0:
@@ -77,23 +103,74 @@ class DeadLetters:
             else:  # everything: no need to read it
                 first, end, _ = queues.dlq_records(g, 0)
                 stop = end
-                count = max(0, end - first)
+                count = queues.dlq_size(g)
             if dry_run or stop <= g.dlq_floor:
-                return m.DlqAdminResponse(first, stop, count), -1
+                return self._answer(g, first, stop, count), -1
             pos = self.journaling.journal(g, ["D", stop])
-            g.dlq_floor = stop
+            move_dlq_floor(g, stop)
             self.on_floor_moved(g)
-            return m.DlqAdminResponse(first, stop, count), pos
-        if action != m.DlqAction.REDRIVE:
-            raise InvalidRequestError(f"unknown DLQ action {action}")
+            return self._answer(g, first, stop, count), pos
         first, end, recs = queues.dlq_records(
             g, min(max_messages, MAX_REDRIVE_BATCH) if max_messages > 0 else MAX_REDRIVE_BATCH)
         stop = recs[-1].offset + 1 if recs else first
         if dry_run or not recs:
-            return m.DlqAdminResponse(first, stop, len(recs)), -1
+            return self._answer(g, first, stop, len(recs)), -1
+        stop, count, pos = self._redrive(g, recs, stop)
+        return self._answer(g, first, stop, count), pos
+
+    def admin_one(
+        self, g: DeliveryGroup, action: int, offset: int, dry_run: bool
+    ) -> tuple[m.DlqAdminResponse, int]:
+        """Redrive or purge the one dead letter at ``offset``, wherever it is in the queue
+        (see :meth:`admin`). The answer covers ``[offset, offset + 1)``."""
+        r = self.queues.dlq_record(g, offset)
+        if action == m.DlqAction.REDRIVE:
+            try:
+                read_letter(r)
+            except CorruptRecordError as exc:
+                raise InvalidOffsetError(
+                    f"the dead letter at offset {offset} of delivery group {g.name!r} cannot be "
+                    f"redriven: {exc}; purge it instead") from None
+        limit = self.ctx.config.max_dlq_done_letters
+        if offset > g.dlq_floor and len(g.dlq_done) >= limit:
+            raise PolicyViolationError(
+                f"delivery group {g.name!r} has {len(g.dlq_done)} dead letters redriven or "
+                f"purged one by one above its oldest dead letter (max_dlq_done_letters = "
+                f"{limit}): redrive or purge the oldest ones first")
+        if dry_run:
+            return self._answer(g, offset, offset + 1, 1), -1
+        if action == m.DlqAction.PURGE:
+            pos = self.journaling.journal(g, ["DX", offset])
+            self._apply(g, ["DX", offset])
+            return self._answer(g, offset, offset + 1, 1), pos
+        _stop, count, pos = self._redrive(g, [r], offset + 1, one=True)
+        return self._answer(g, offset, offset + 1, count), pos
+
+    def _answer(self, g: DeliveryGroup, first: int, stop: int,
+                count: int) -> m.DlqAdminResponse:
+        return m.DlqAdminResponse(first, stop, count, sorted(g.dlq_done))
+
+    def _apply(self, g: DeliveryGroup, record: list[Any]) -> None:
+        """Apply a ``D`` or ``DX`` record (journaled, or about to be) in memory."""
+        if record[0] == "D":
+            move_dlq_floor(g, record[1])
+        else:
+            mark_dlq_done(g, record[1])
+        self.on_floor_moved(g)
+
+    def _redrive(self, g: DeliveryGroup, recs: list[StoredRecord], stop: int, *,
+                 one: bool = False) -> tuple[int, int, int]:
+        """Copy dead letters to the retry queue, due now with a fresh attempt count, and mark
+        them done: the floor moves to ``stop`` (``one``: the one letter of ``recs`` is done on
+        its own). Returns the floor reached (short of ``stop`` when the disk filled up
+        half-way), how many were copied and the journal position to wait for.
+
+        In sync flush mode the record saying they are done is journaled once the copies are
+        durable (a crash before leaves them dead: redriven again, never lost)."""
+        ctx = self.ctx
         flusher = ctx.flusher
         with self.journaling.writing(g):
-            qs = queues.retry_queue(g)
+            qs = self.queues.retry_queue(g)
             flusher.check_writable(qs)
             wall = ctx.clock.wall_ms()
             count = 0
@@ -118,9 +195,9 @@ class DeadLetters:
             flusher.mark_dirty(qs)
             if not ctx.sync:
                 qs.advance(qs.log.end_offset)
-            pos = self.journaling.journal(g, ["D", stop]) if not ctx.sync else -1
-            g.dlq_floor = stop
-        self.on_floor_moved(g)
+            record: list[Any] = ["DX", recs[0].offset] if one else ["D", stop]
+            pos = self.journaling.journal(g, record) if not ctx.sync else -1
+            self._apply(g, record)
         g.pending_moves += 1
 
         def moved(exc: BaseException | None) -> None:
@@ -133,7 +210,7 @@ class DeadLetters:
                 return
             if ctx.sync:
                 try:
-                    self.journaling.journal_or_defer(g, ["D", stop])
+                    self.journaling.journal_or_defer(g, record)
                 except BrokerError as e:
                     log.error("delivery group %s: %s", g.name, e)
             g.wake()
@@ -142,7 +219,7 @@ class DeadLetters:
             qs.wait_durable(last_end, moved)
         else:
             moved(None)
-        return m.DlqAdminResponse(first, stop, count), pos
+        return stop, count, pos
 
     def skip(self, g: DeliveryGroup, msg_id: str) -> None:
         """Send a pending message of an orderly group to its dead-letter queue on purpose, so

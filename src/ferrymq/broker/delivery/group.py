@@ -161,6 +161,7 @@ class DeliveryGroup:
     start_from: int = -2  # OffsetSpec.EARLIEST: where new cursors start
     retry: RetryCursor = field(default_factory=lambda: RetryCursor(0))
     dlq_floor: int = 0
+    dlq_done: set[int] = field(default_factory=set)  # letters above the floor redriven/purged
     members: dict[str, DeliveryMember] = field(default_factory=dict)
     orderly: bool = False  # fixed when the group is created
     ephemeral: bool = False  # removed by the broker once it has no members (see lifecycle.py)

@@ -224,10 +224,12 @@ class DeliveryManager:
         self.deadletters.skip(self.lifecycle.group(name), msg_id)
 
     def dlq_admin(
-        self, name: str, action: int, max_messages: int, dry_run: bool
+        self, name: str, action: int, max_messages: int, dry_run: bool, offset: int = -1
     ) -> tuple[m.DlqAdminResponse, int]:
-        """Redrive or purge dead letters; returns the answer and a journal position."""
-        return self.deadletters.admin(self.lifecycle.group(name), action, max_messages, dry_run)
+        """Redrive or purge dead letters (the oldest, or the one at ``offset`` >= 0); returns
+        the answer and a journal position."""
+        return self.deadletters.admin(self.lifecycle.group(name), action, max_messages, dry_run,
+                                      offset)
 
     # -- time passes ---------------------------------------------------------------------------
 

@@ -17,7 +17,12 @@ from ferrymq.broker.delivery.context import DeliveryContext
 from ferrymq.broker.delivery.group import DeliveryGroup
 from ferrymq.broker.delivery.letters import StoredRecord, iter_stored, stored_record
 from ferrymq.broker.delivery.orderly import OrderlyCursor
-from ferrymq.errors import BrokerError, InvalidRequestError, UnknownTopicError
+from ferrymq.errors import (
+    BrokerError,
+    InvalidOffsetError,
+    InvalidRequestError,
+    UnknownTopicError,
+)
 from ferrymq.protocol.letters import Letter
 from ferrymq.protocol.markers import ReadCommittedFilter
 from ferrymq.protocol.records import (
@@ -222,14 +227,20 @@ class GroupQueues:
         return t.name, queue, offset
 
     def dlq_size(self, g: DeliveryGroup) -> int:
-        """Dead letters not redriven or purged (one per offset of the dead-letter queue)."""
+        """Dead letters not redriven or purged (one per offset of the dead-letter queue, less
+        the letters above the floor redriven or purged one by one)."""
         dlq = self.internal_queue(g.dlq_topic, create=False)
-        return max(0, dlq.log.end_offset - max(g.dlq_floor, dlq.log.start_offset)) if dlq else 0
+        if dlq is None:
+            return 0
+        first = max(g.dlq_floor, dlq.log.start_offset)
+        done = sum(1 for o in g.dlq_done if o >= first) if g.dlq_done else 0
+        return max(0, dlq.log.end_offset - first - done)
 
     def dlq_records(
         self, g: DeliveryGroup, limit: int
     ) -> tuple[int, int, list[StoredRecord]]:
-        """Dead letters from the DLQ floor: ``(first, end, up to limit records)``."""
+        """Dead letters from the DLQ floor: ``(first, end, up to limit records)``; letters
+        redriven or purged one by one (``g.dlq_done``) are left out."""
         qs = self.internal_queue(g.dlq_topic, create=False)
         if qs is None:
             return g.dlq_floor, g.dlq_floor, []
@@ -246,8 +257,38 @@ class GroupQueues:
             for r in iter_stored(data, pos):
                 if len(out) >= limit:
                     break
-                out.append(r)
                 pos = r.offset + 1
+                if r.offset not in g.dlq_done:
+                    out.append(r)
             if pos == before:  # nothing readable in this chunk
                 break
         return first, end, out
+
+    def dlq_record(self, g: DeliveryGroup, offset: int) -> StoredRecord:
+        """The live dead letter at ``offset`` of the group's dead-letter queue.
+
+        Raises:
+            InvalidOffsetError: no dead letter is there now: below the floor (redriven, purged
+                or deleted by retention), redriven or purged one by one, beyond the end, or
+                not a record.
+        """
+        qs = self.internal_queue(g.dlq_topic, create=False)
+        start, end = (qs.log.start_offset, qs.log.end_offset) if qs is not None else (0, 0)
+        first = max(g.dlq_floor, start)
+        what = ""
+        if offset < first:
+            what = (f"below the oldest dead letter ({first}): redriven or purged already"
+                    if offset >= start else f"deleted by retention (the queue starts at {start})")
+        elif offset >= end:
+            what = f"beyond the end of the dead-letter queue ({end})"
+        elif offset in g.dlq_done:
+            what = "redriven or purged already"
+        if not what and qs is not None:
+            for r in iter_stored(qs.log.read(offset, 1 << 20), offset):
+                if r.offset == offset:
+                    return r
+                break
+            what = "not a readable record"
+        raise InvalidOffsetError(
+            f"no dead letter of delivery group {g.name!r} at offset {offset}: {what}; nothing "
+            "was changed")

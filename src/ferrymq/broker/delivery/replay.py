@@ -12,7 +12,12 @@ Journal records (msgpack lists; :mod:`.store` writes and reads them)::
     F topic queue offset reconsume until_wall since_wall reason    an orderly head failed
     P delays max_reconsume start_from [orderly [ephemeral]]         the group's policy
     D floor                                   dead letters below ``floor`` redriven or purged
+    DX offset                                 the dead letter at ``offset`` (above the floor)
+                                              redriven or purged on its own
     T topic expression [[queue, since], ...]  the tag expression receives now use on ``topic``
+
+The dead letters done one by one above the floor (``g.dlq_done``) are folded into it as it
+reaches them (:func:`move_dlq_floor`, :func:`mark_dlq_done`), in service and in replay alike.
 
 ``runs`` are sorted offsets as ``[first, count]`` pairs (:func:`runs`). Leases carry their
 wall-clock deadline, so a restart keeps a leased message invisible until its lease ends.
@@ -46,6 +51,25 @@ def runs(offsets: Iterable[int]) -> list[list[int]]:
 def expand(pairs: list[list[int]]) -> list[int]:
     """The offsets of ``[start, count]`` runs."""
     return [o for start, n in pairs for o in range(start, start + n)]
+
+
+def move_dlq_floor(g: DeliveryGroup, floor: int) -> None:
+    """Dead letters below ``floor`` are done: the floor moves there (never back), forgets the
+    letters done one by one below it, and passes those done right above it."""
+    g.dlq_floor = max(g.dlq_floor, floor)
+    done = g.dlq_done
+    if done:
+        done.difference_update([o for o in done if o < g.dlq_floor])
+        while g.dlq_floor in done:
+            done.discard(g.dlq_floor)
+            g.dlq_floor += 1
+
+
+def mark_dlq_done(g: DeliveryGroup, offset: int) -> None:
+    """The dead letter at ``offset`` was redriven or purged on its own."""
+    if offset >= g.dlq_floor:
+        g.dlq_done.add(offset)
+        move_dlq_floor(g, g.dlq_floor)
 
 
 def set_tag_filter(g: DeliveryGroup, topic: str, expression: str, since: dict[int, int]) -> None:
@@ -92,6 +116,7 @@ def snapshot(g: DeliveryGroup, to_wall: Callable[[int], int], lease_seq: int) ->
         "max": g.max_reconsume,
         "start": g.start_from,
         "dlq_floor": g.dlq_floor,
+        "dlq_done": runs(g.dlq_done),
         "lease_seq": lease_seq,
         "orderly": g.orderly,
         "ephemeral": g.ephemeral,
@@ -158,6 +183,7 @@ class Replay:
         g.orderly = bool(snap.get("orderly", False))
         g.ephemeral = bool(snap.get("ephemeral", False))
         g.dlq_floor = int(snap["dlq_floor"])
+        g.dlq_done = set(expand(snap.get("dlq_done", ())))
         self.next_lease = max(self.next_lease, int(snap["lease_seq"]))
         for topic, queue, floor, nxt, leases, *orderly in snap["sources"]:
             cur = g.sources[(topic, queue)] = g.new_cursor(topic, queue, floor)
@@ -242,7 +268,10 @@ class Replay:
                      bool(rec[5]) if len(rec) > 5 else None)
 
     def _dlq_floor(self, g: DeliveryGroup, rec: list[Any]) -> None:
-        g.dlq_floor = max(g.dlq_floor, int(rec[1]))
+        move_dlq_floor(g, int(rec[1]))
+
+    def _dlq_letter_done(self, g: DeliveryGroup, rec: list[Any]) -> None:
+        mark_dlq_done(g, int(rec[1]))
 
     def _tag_filter(self, g: DeliveryGroup, rec: list[Any]) -> None:
         _, topic, expression, since = rec
@@ -256,6 +285,7 @@ class Replay:
         "F": _failed_in_place,
         "P": _policy,
         "D": _dlq_floor,
+        "DX": _dlq_letter_done,
         "T": _tag_filter,
     }
     """Journal record kind -> its transition (the kinds of the module docstring)."""

@@ -202,5 +202,9 @@ def dlq_admin(
     srv = conn.server
     if req.max_messages < 0:
         raise InvalidRequestError("max_messages must be >= 0")
-    resp, pos = srv.delivery.dlq_admin(req.group, req.action, req.max_messages, req.dry_run)
+    if req.offset < -1:
+        raise InvalidRequestError(f"offset must be >= 0 (one dead letter) or -1 (the oldest), "
+                                  f"not {req.offset}")
+    resp, pos = srv.delivery.dlq_admin(req.group, req.action, req.max_messages, req.dry_run,
+                                       req.offset)
     return _after(srv, req.group, pos, resp)

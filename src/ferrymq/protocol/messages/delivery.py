@@ -295,23 +295,39 @@ class DlqAction(enum.IntEnum):
 
 @dataclass(frozen=True, slots=True)
 class DlqAdminResponse(Body):
-    """The DLQ offsets the action covered (``[first, end)``) and how many it moved or dropped."""
+    """The DLQ offsets the action covered (``[first, end)``) and how many it moved or dropped.
+
+    ``done`` (added after release; an older broker sends none) lists the offsets at or above
+    ``first`` whose letters were redriven or purged one by one (a request with an ``offset``):
+    they are no longer dead letters, and browsing skips them."""
 
     first: int
     end: int
     count: int
-    SCHEMA = (INT, INT, INT)
+    done: list[int] = field(default_factory=list)
+    SCHEMA = (INT, INT, INT, lst(INT))
 
 
 @dataclass(frozen=True, slots=True)
 class DlqAdminRequest(Request):
-    """Redrive or purge a group's dead letters, at most ``max_messages`` of them (0: all).
-    With ``dry_run`` nothing changes; the answer says what would."""
+    """Redrive or purge a group's dead letters, at most ``max_messages`` of them (0: all),
+    oldest first. With ``dry_run`` nothing changes; the answer says what would.
+
+    ``offset`` (added after release, version 2; -1: absent) names one dead letter by its
+    offset in the dead-letter queue: only that letter is redriven or purged, wherever it is
+    (``max_messages`` is then ignored). A request carrying it is sent as version 2, so a broker
+    that predates it refuses it (``UNSUPPORTED_VERSION``) instead of acting on the oldest."""
 
     group: str
     action: int
     max_messages: int
     dry_run: bool
+    offset: int = -1
     API_KEY = ApiKey.DLQ_ADMIN
+    MAX_VERSION = 2
     RESPONSE = DlqAdminResponse
-    SCHEMA = (STR, INT, INT, BOOL)
+    SCHEMA = (STR, INT, INT, BOOL, INT)
+
+    def wire_version(self) -> int:
+        """Version 2 when it names one letter (``offset``), else 1 (any broker takes it)."""
+        return 2 if self.offset >= 0 else 1

@@ -7,8 +7,10 @@ well-typed values. Unknown trailing fields are ignored (a newer peer may append 
 later version); missing fields are an error, except trailing fields that declare a default
 (fields added after release: an older peer's message gets the default).
 
-Versions: every API is at version 1. A request with a version outside
-``[MIN_VERSION, MAX_VERSION]`` of its type is answered with ``UNSUPPORTED_VERSION``.
+Versions: every API is at version 1, except DLQ_ADMIN, at 2 when it names one letter. A request
+is sent at the lowest version that carries what it asks for (:meth:`Request.wire_version`), and
+one with a version outside ``[MIN_VERSION, MAX_VERSION]`` of its type is answered with
+``UNSUPPORTED_VERSION``.
 
 The message types themselves live in one module per API family next to this one (see
 :mod:`ferrymq.protocol.messages`); :class:`ApiKey` numbers them all.
@@ -372,6 +374,12 @@ class Request(Body):
     MIN_VERSION: ClassVar[int] = 1
     MAX_VERSION: ClassVar[int] = 1
     RESPONSE: ClassVar[type[Body]]
+
+    def wire_version(self) -> int:
+        """The version this request is sent as: the lowest that carries what it asks for (a
+        broker refuses a version it does not know, so a field an older broker would ignore
+        is never silently dropped)."""
+        return self.MIN_VERSION
 
 
 @dataclass(frozen=True, slots=True)
