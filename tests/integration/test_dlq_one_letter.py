@@ -24,7 +24,7 @@ from ferrymq.errors import (
 )
 from ferrymq.protocol import messages as m
 from tests.console_helpers import http_url
-from tests.helpers import free_port
+from tests.helpers import BrokerProcess, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -148,26 +148,33 @@ def test_bulk_redrive_skips_letters_done_one_by_one_and_the_floor_folds_them(
         assert c.receive(16, wait=0.5) == []
 
 
-@pytest.mark.parametrize("journal_bytes", [64 << 20, 1], ids=["journal", "snapshot"])
-def test_a_restart_keeps_the_letter_done(tmp_path: Path, journal_bytes: int) -> None:
-    """Read back from the journal (``DX`` records) or from a snapshot (``dlq_done``)."""
-    data = tmp_path / "data"
-    with Broker(data, port=0, delivery_journal_bytes=journal_bytes) as b:
-        kill_all(b.address)
-        with AdminClient(b.address) as admin:
+@pytest.mark.parametrize("stop", ["clean", "kill9"])
+def test_a_restart_keeps_the_letter_done(tmp_path: Path, stop: str) -> None:
+    """A clean stop reads it back from the snapshot (``dlq_done``), a kill -9 from the
+    journal (``DX`` records)."""
+    with BrokerProcess(tmp_path / "data") as bp:
+        kill_all(bp.address)
+        with AdminClient(bp.address) as admin:
             admin.dlq_redrive("g", offset=2)
             admin.dlq_purge("g", offset=3)
-    with Broker(data, port=0, delivery_journal_bytes=journal_bytes) as b:
-        with AdminClient(b.address) as admin:
+        if stop == "kill9":
+            bp.kill9()
+        else:
+            bp.stop()
+        bp.start()
+        with AdminClient(bp.address) as admin:
             assert dead(admin) == [(0, b"m0"), (1, b"m1"), (4, b"m4")]
             assert admin.describe_delivery("g").dlq_size == 3
             with pytest.raises(InvalidOffsetError, match="redriven or purged already"):
                 admin.dlq_purge("g", offset=2)
-            admin.dlq_purge("g", 2)  # 0 and 1: the floor reaches 2, 3 and folds them
-            g = b.server.delivery.groups["g"]
-            assert (g.dlq_floor, g.dlq_done) == (4, set())
-    with Broker(data, port=0, delivery_journal_bytes=journal_bytes) as b:
-        with AdminClient(b.address) as admin:
+            assert admin.dlq_purge("g", 2).count == 2  # 0 and 1: the floor passes 2 and 3
+            assert admin.dlq_purge("g", dry_run=True) == m.DlqAdminResponse(4, 5, 1, [])
+        if stop == "kill9":
+            bp.kill9()
+        else:
+            bp.stop()
+        bp.start()
+        with AdminClient(bp.address) as admin:
             assert dead(admin) == [(4, b"m4")]
             assert admin.describe_delivery("g").dlq_size == 1
 
