@@ -109,6 +109,43 @@ def test_dead_letter_redrive_confirmed_in_the_page(open_broker: Broker, page: Pa
             sc.ack(m)
 
 
+def test_one_dead_letter_redriven_and_another_purged_from_their_pages(
+        open_broker: Broker, page: Page) -> None:
+    b = open_broker
+    produce(b, "orders", 4, queues=1)
+    dead_letters(b, "orders", "workers", 4)
+    with admin_client(b) as admin:
+        body_at = {x.dlq_offset: x.body for x in admin.dlq_list("workers")}
+    url = http_url(b)
+    page.goto(url + "/group?name=workers")
+    page.locator("table.letters").get_by_role("link", name="2", exact=True).click()
+    expect(page.get_by_role("heading", name="Dead letter 2 of workers")).to_be_visible()
+    page.get_by_role("button", name="Redrive this letter").click()
+    expect(page.get_by_text("The dead letter at offset 2 (message")).to_be_visible()
+    with admin_client(b) as admin:
+        assert admin.describe_delivery("workers").dlq_size == 4  # not before the confirm
+        page.get_by_role("button", name="Yes, redrive it").click()
+        expect(page.get_by_text("Redrove the dead letter at offset 2 of workers.")).to_be_visible()
+        assert [x.dlq_offset for x in admin.dlq_list("workers")] == [0, 1, 3]
+    page.goto(url + "/letter?group=workers&offset=1")
+    page.get_by_role("button", name="Purge this letter").click()
+    expect(page.get_by_text("will be deleted for good")).to_be_visible()
+    page.get_by_role("button", name="Yes, purge it").click()
+    expect(page.get_by_text("Purged the dead letter at offset 1 of workers.")).to_be_visible()
+    page.get_by_role("link", name="Back to the group").click()
+    expect(page.locator("table.letters tbody tr")).to_have_count(2)
+    expect(page.get_by_text("Dead letters (2)")).to_be_visible()
+    with SimpleConsumer(b.address, "workers") as sc:  # only the redriven one comes back
+        sc.subscribe("orders")
+        got: list[Any] = []
+        deadline = time.monotonic() + 10
+        while not got and time.monotonic() < deadline:
+            got.extend(sc.receive(4, wait=0.3))
+        assert [m.body for m in got] == [body_at[2]]
+        assert sc.receive(4, wait=0.5) == []
+        sc.ack(got[0])
+
+
 class _Forger(BaseHTTPRequestHandler):
     """Another site's page: a form that posts to the console (its URL in ``server.target``)."""
 

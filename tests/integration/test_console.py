@@ -170,6 +170,65 @@ def test_redrive_and_purge_need_a_confirm_step_and_act_through_the_wire(tmp_path
             admin.close()
 
 
+def test_one_dead_letter_is_redriven_or_purged_from_its_own_page(tmp_path: Path) -> None:
+    """The letter page's buttons act on that letter only (one in the middle of the DLQ), with
+    the same dry run, confirm step and CSRF check as the group's buttons."""
+    with console_broker(tmp_path) as b:
+        produce(b, "orders", 5, queues=1)
+        dead_letters(b, "orders", "dg", 5)
+        admin = admin_client(b)
+
+        async def post(s: aiohttp.ClientSession, url: str, path: str, data: dict[str, str],
+                       status: int = 200) -> str:
+            async with s.post(url + path, headers={"Origin": url}, data=data) as r:
+                text = await r.text()
+                assert r.status == status, text
+                return text
+
+        async def body(s: aiohttp.ClientSession, url: str) -> None:
+            text = await page(s, url + "/letter?group=dg&offset=2")
+            token = csrf_of(text)
+            for what, label in (("redrive", "Redrive this letter"),
+                                ("purge", "Purge this letter")):
+                form = re.search(rf'<form method="post" action="/dlq/{what}"[^>]*>(.*?)</form>',
+                                 text, re.S)
+                assert form, what
+                assert '<input type="hidden" name="offset" value="2">' in form.group(1)
+                assert label in form.group(1)
+            one = {"group": "dg", "offset": "2", "csrf": token}
+            text = await post(s, url, "/dlq/redrive", one)
+            assert "The dead letter at offset 2 (message " in text
+            assert "will be delivered again to the group" in text
+            assert admin.describe_delivery("dg").dlq_size == 5  # nothing before the confirm
+            text = await post(s, url, "/dlq/redrive", {**one, "confirm": "yes"})
+            assert "Redrove the dead letter at offset 2 of dg." in text
+            assert admin.describe_delivery("dg").dlq_size == 4
+            await page(s, url + "/letter?group=dg&offset=2", 404)
+            text = await page(s, url + "/group?name=dg")
+            assert [x[0] for x in cells(text, "letters")] == ["0", "1", "3", "4"]
+            three = {"group": "dg", "offset": "3", "csrf": token}
+            text = await post(s, url, "/dlq/purge", three)
+            assert "The dead letter at offset 3 (message " in text and "deleted for good" in text
+            text = await post(s, url, "/dlq/purge", {**three, "confirm": "yes"})
+            assert "Purged the dead letter at offset 3 of dg." in text
+            assert [x.dlq_offset for x in admin.dlq_list("dg")] == [0, 1, 4]
+            # done already: refused at the dry run, nothing changes
+            text = await post(s, url, "/dlq/purge", three, 400)
+            assert "InvalidOffsetError" in text and "redriven or purged already" in text
+            text = await post(s, url, "/dlq/redrive", {**one, "offset": "9", "confirm": "yes"},
+                              400)
+            assert "beyond the end of the dead-letter queue" in text
+            await post(s, url, "/dlq/purge", {**one, "offset": "-1"}, 400)
+            await post(s, url, "/dlq/purge", {"group": "dg", "offset": "1", "confirm": "yes"},
+                       403)  # no CSRF token
+            assert admin.describe_delivery("dg").dlq_size == 3
+
+        try:
+            browse(b, body)
+        finally:
+            admin.close()
+
+
 def test_writes_without_the_csrf_token_or_from_another_origin_are_refused(
         tmp_path: Path) -> None:
     with console_broker(tmp_path) as b:

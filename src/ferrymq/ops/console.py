@@ -17,10 +17,10 @@ METADATA plus one DESCRIBE_TOPIC per row shown; a group's dead letters are its o
 so a page costs the same on a topic of a million messages as on an empty one. Rates are the
 difference of end offsets between two views of a topic (at most ``RATE_TOPICS`` remembered).
 
-Writes (redrive and purge dead letters) are POSTs that need the session's CSRF token and a
-same-origin ``Origin``, and happen in two steps: the first POST answers a page saying what
-would be done (a dry run) with a confirm button, the second (``confirm=yes``) does it. The
-wire refuses them to users without admin rights.
+Writes (redrive and purge dead letters: the oldest, all, or one letter from its own page) are
+POSTs that need the session's CSRF token and a same-origin ``Origin``, and happen in two steps:
+the first POST answers a page saying what would be done (a dry run) with a confirm button, the
+second (``confirm=yes``) does it. The wire refuses them to users without admin rights.
 """
 
 from __future__ import annotations
@@ -538,6 +538,12 @@ class Console:
             out += [f"<h2>Body{esc(cut)}</h2>", f'<pre class="body">{esc(text)}</pre>']
         else:
             out.append(h.p("The body is shown to admins only."))
+        if session.admin:
+            out.append('<div class="actions">' + "".join(
+                h.form(f"/dlq/{what}", {"group": x.group, "offset": str(x.dlq_offset)}, label,
+                       session)
+                for what, label in (("redrive", "Redrive this letter"),
+                                    ("purge", "Purge this letter"))) + "</div>")
         steps = [h.a("/letter", {"group": x.group, "offset": x.dlq_offset + d}, text)
                  for d, text in ((-1, "« previous letter"), (1, "next letter »"))
                  if x.dlq_offset + d >= 0]
@@ -549,6 +555,10 @@ class Console:
         what = request.path.rsplit("/", 1)[1]
         form = await request.post()
         group = h.required(form, "group")
+        if "offset" in form:
+            return await self._dlq_write_one(request, session, what, group,
+                                             h.integer(form, "offset"),
+                                             confirmed=form.get("confirm") == "yes")
         count = h.integer(form, "count")
         if count < 0:
             raise BadParam("count must be >= 0 (0: all)")
@@ -576,6 +586,35 @@ class Console:
             h.p(f"{'Redrove' if what == 'redrive' else 'Purged'} {done.count} dead letter"
                f"{'s' if done.count != 1 else ''} of {group}."),
             h.a("/group", {"name": group}, "Back to the group")])
+
+    async def _dlq_write_one(self, request: web.BaseRequest, session: ConsoleSession,
+                             what: str, group: str, offset: int, *,
+                             confirmed: bool) -> Page:
+        """Redrive or purge the one dead letter at ``offset`` (the letter page's buttons):
+        the same dry run, confirm step and CSRF check as the group's buttons."""
+        if offset < 0:
+            raise BadParam("offset must be >= 0 (a dead letter's offset)")
+        client = session.client
+        act = client.dlq_redrive if what == "redrive" else client.dlq_purge
+        verb = "Redrive" if what == "redrive" else "Purge"
+        back = h.a("/group", {"name": group}, "Back to the group")
+        if not confirmed:
+            await act(group, dry_run=True, offset=offset)  # refused if it is no live letter
+            letter = await client.dlq_at(group, offset)
+            about = f" (message {letter.msg_id} of {letter.topic})" if letter is not None else ""
+            effect = ("delivered again to the group, with a fresh attempt count"
+                      if what == "redrive" else "deleted for good")
+            return Page(f"{verb} dead letter {offset} of {group}?", [
+                h.p(f"The dead letter at offset {offset}{about} will be {effect}; the other "
+                    "dead letters stay."),
+                '<div class="actions">',
+                h.form(request.path, {"group": group, "offset": str(offset), "confirm": "yes"},
+                       f"Yes, {what} it", session, cls="confirm"),
+                str(h.a("/letter", {"group": group, "offset": offset}, "Cancel")), "</div>"])
+        await act(group, offset=offset)
+        return Page(f"{verb} done", [
+            h.p(f"{'Redrove' if what == 'redrive' else 'Purged'} the dead letter at offset "
+                f"{offset} of {group}."), back])
 
     # -- cluster -----------------------------------------------------------------------------
 
