@@ -16,16 +16,19 @@ from tests.security_helpers import make_user, write_users
 
 ADMIN = ("root", "root-secret")
 READER = ("reader", "reader-secret")
+VIEWER = ("viewer", "viewer-secret")
+"""A user without admin rights who may consume ``orders*`` and use group ``dg``."""
 
 
 @contextmanager
 def console_broker(tmp_path: Path, *, auth: bool = False, **config: Any) -> Iterator[Broker]:
     """A broker (wire on a free port) with its HTTP listener and console on another; with
-    ``auth`` a users file of an admin (:data:`ADMIN`) and a user without rights
-    (:data:`READER`)."""
+    ``auth`` a users file of an admin (:data:`ADMIN`), a user without rights
+    (:data:`READER`) and one with some (:data:`VIEWER`)."""
     if auth:
         users = write_users(tmp_path / "users.toml", make_user(*ADMIN, admin=True),
-                            make_user(*READER))
+                            make_user(*READER),
+                            make_user(*VIEWER, consume=("orders*",), groups=("dg",)))
         config["users_file"] = str(users)
     port = free_port()
     with Broker(tmp_path / "data", http_port=port, **config) as b:

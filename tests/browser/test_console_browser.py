@@ -18,6 +18,7 @@ from ferrymq import SimpleConsumer
 from ferrymq.broker.embedded import Broker
 from tests.console_helpers import (
     ADMIN,
+    VIEWER,
     admin_client,
     console_broker,
     consume_all,
@@ -79,6 +80,28 @@ def test_login_wrong_then_right_password(tmp_path: Path, page: Page) -> None:
         (cookie,) = [c for c in cookies if c["name"] == "ferrymq_console"]
         assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
         assert page.evaluate("document.cookie") == ""  # no script reads the session
+
+
+def test_a_user_without_admin_rights_sees_its_topics_and_groups(tmp_path: Path,
+                                                              page: Page) -> None:
+    with console_broker(tmp_path, auth=True) as b:
+        produce(b, "orders", 2, queues=1, auth=ADMIN)
+        produce(b, "secret", 1, queues=1, auth=ADMIN)
+        dead_letters(b, "orders", "dg", 1, auth=ADMIN)
+        dead_letters(b, "secret", "other", 1, auth=ADMIN)
+        page.goto(http_url(b) + "/")
+        page.get_by_label("User").fill(VIEWER[0])
+        page.get_by_label("Password").fill(VIEWER[1])
+        page.get_by_role("button", name="Log in").click()
+        expect(page.get_by_role("heading", name="Topics")).to_be_visible()
+        expect(page.locator("nav .who")).to_have_text(re.compile(r"^viewer\b"))
+        expect(page.locator("table.topics tbody tr")).to_have_count(1)
+        expect(page.locator("table.topics tbody tr td").first).to_have_text("orders")
+        page.get_by_role("link", name="Groups").click()
+        expect(page.locator("table.groups tbody tr")).to_have_count(1)
+        page.get_by_role("link", name="dg").click()
+        expect(page.locator("table.letters tbody tr")).to_have_count(1)
+        expect(page.get_by_role("button", name="Purge all")).to_have_count(0)
 
 
 def test_dead_letter_redrive_confirmed_in_the_page(open_broker: Broker, page: Page) -> None:

@@ -10,8 +10,15 @@ the right is one of
 * ``group`` on a group name (consumer groups, delivery groups, producer groups, transactional
   ids and sinks all share this namespace),
 * ``admin`` (no name): topic create/delete, group deletion, offset resets, dead-letter
-  redrive/purge, skips, listing everything, user changes and listing users (UPSERT_USER,
-  DELETE_USER, LIST_USERS).
+  redrive/purge, skips, user changes and listing users (UPSERT_USER, DELETE_USER,
+  LIST_USERS).
+
+Listing every topic (METADATA and CLUSTER_METADATA without names) or every group (LIST_GROUPS)
+needs no right: the answer holds only the topics the user may ``describe`` and the groups it
+has the ``group`` right on (:func:`may`, applied by those handlers), as Kafka's Metadata and
+ListGroups leave unauthorised names out. An admin sees everything. A dry run of DLQ_ADMIN
+changes nothing and needs only the ``group`` right (browsing a group's dead letters reads the
+DLQ's floor with it, then its ``%DLQ%`` topic).
 
 :func:`authorize` is called by :mod:`ferrymq.broker.connection` for every request after it is
 decoded and before its handler runs: one place, so a handler cannot forget it. A request type
@@ -64,7 +71,7 @@ def _topic_of_msg_id(srv: BrokerContext, msg_id: str) -> str | None:
 
 def _metadata(req: m.MetadataRequest, srv: BrokerContext) -> list[Need]:
     if req.topics is None:
-        return [ADMIN]
+        return []  # every topic the user may describe (the handler leaves the others out)
     needs: list[Need] = []
     for name in req.topics:
         exists = name in srv.topics.topics
@@ -101,7 +108,7 @@ NEEDS: dict[int, _Rule] = {
     m.ApiKey.DELETE_USER: lambda r, s: [ADMIN],
     m.ApiKey.LIST_USERS: lambda r, s: [ADMIN],
     m.ApiKey.METADATA: _metadata,
-    m.ApiKey.CLUSTER_METADATA: lambda r, s: [ADMIN] if r.topics is None
+    m.ApiKey.CLUSTER_METADATA: lambda r, s: [] if r.topics is None  # filtered, as METADATA
     else _topics("describe", set(r.topics)),
     m.ApiKey.REPLICA_FETCH: lambda r, s: [ADMIN],  # brokers of the cluster
     m.ApiKey.OFFSET_FOR_EPOCH: lambda r, s: [ADMIN],
@@ -122,7 +129,7 @@ NEEDS: dict[int, _Rule] = {
     m.ApiKey.JOIN_GROUP: lambda r, s: [("group", r.group), *_topics("consume", set(r.topics))],
     m.ApiKey.HEARTBEAT: lambda r, s: [("group", r.group)],
     m.ApiKey.LEAVE_GROUP: lambda r, s: [("group", r.group)],
-    m.ApiKey.LIST_GROUPS: lambda r, s: [ADMIN],
+    m.ApiKey.LIST_GROUPS: lambda r, s: [],  # the groups the user has the group right on
     m.ApiKey.DESCRIBE_GROUP: lambda r, s: [("group", r.group)],
     m.ApiKey.RESET_OFFSETS: lambda r, s: [ADMIN],
     m.ApiKey.DELETE_GROUP: lambda r, s: [ADMIN],
@@ -139,7 +146,7 @@ NEEDS: dict[int, _Rule] = {
     m.ApiKey.DELIVERY_LEAVE: lambda r, s: [("group", r.group)],
     m.ApiKey.DESCRIBE_DELIVERY: lambda r, s: [("group", r.group)],
     m.ApiKey.MESSAGE_STATUS: _by_msg_id("consume"),
-    m.ApiKey.DLQ_ADMIN: lambda r, s: [ADMIN],
+    m.ApiKey.DLQ_ADMIN: lambda r, s: [("group", r.group)] if r.dry_run else [ADMIN],
     m.ApiKey.FIND_BY_KEY: lambda r, s: [("consume", r.topic)],
     m.ApiKey.CANCEL_SCHEDULED: _by_msg_id("produce"),
     m.ApiKey.SKIP_MESSAGE: lambda r, s: [ADMIN],
@@ -188,6 +195,16 @@ def allows(user: User, need: Need) -> bool:
     if right == "group":
         return _match(name, user.groups)
     return False
+
+
+def may(srv: BrokerContext, principal: str | None, need: Need) -> bool:
+    """Whether ``principal`` has ``need`` now (None: authentication is off, so yes): what the
+    listings (every topic, every group) keep of their answer."""
+    if principal is None:
+        return True
+    auth = srv.auth
+    user = auth.store.get(principal) if auth is not None else None
+    return user is not None and allows(user, need)
 
 
 def needs_of(api_key: int, req: Any, srv: BrokerContext) -> list[Need]:

@@ -7,6 +7,7 @@ from collections.abc import Awaitable
 from typing import TYPE_CHECKING
 
 from ferrymq._version import __version__
+from ferrymq.broker.acl import may
 from ferrymq.broker.topics import valid_topic_name
 from ferrymq.errors import InvalidTopicNameError, TopicAlreadyExistsError, UnknownTopicError
 from ferrymq.protocol import messages as m
@@ -49,10 +50,12 @@ def metadata(conn: ClientConnection,
     if srv.cluster is not None and req.topics is not None and req.auto_create \
             and srv.config.auto_create_topics and any(n not in reg.topics for n in req.topics):
         return _cluster_metadata_creating(conn, req)
-    if req.topics is None:
+    if req.topics is None:  # every topic the user may describe (Kafka's Metadata)
+        who = conn.principal
         return m.MetadataResponse(
             [(t.name, t.topic_id, len(t.queues), 0, t.dedup_window_ms)
-             for t in sorted(reg.topics.values(), key=lambda t: t.name)]
+             for t in sorted(reg.topics.values(), key=lambda t: t.name)
+             if may(srv, who, ("describe", t.name))]
         )
     out: list[m.TopicMeta] = []
     for name in req.topics:

@@ -11,8 +11,10 @@ the replicas' requests go to the replica manager (``server.replicas``,
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Awaitable
 
+from ferrymq.broker.acl import may
 from ferrymq.broker.context import ClientConnection
 from ferrymq.broker.topics import valid_topic_name
 from ferrymq.errors import InvalidRequestError, UnknownTopicError
@@ -25,7 +27,18 @@ NOT_A_CLUSTER = "this broker is not part of a cluster (started without --metadat
 
 def cluster_metadata(conn: ClientConnection,
                      req: m.ClusterMetadataRequest) -> m.ClusterMetadataResponse:
-    """Brokers, the controller and who leads each queue."""
+    """Brokers, the controller and who leads each queue (asked for every topic: of the topics
+    the user may describe)."""
+    resp = _cluster_metadata(conn, req)
+    if req.topics is None and conn.principal is not None:
+        srv, who = conn.server, conn.principal
+        resp = dataclasses.replace(resp, topics=[
+            t for t in resp.topics if may(srv, who, ("describe", t[0]))])
+    return resp
+
+
+def _cluster_metadata(conn: ClientConnection,
+                      req: m.ClusterMetadataRequest) -> m.ClusterMetadataResponse:
     srv = conn.server
     if srv.cluster is not None:
         return srv.cluster.cluster_metadata(req)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ferrymq.broker.acl import may
 from ferrymq.broker.topics import check_topic_name
 from ferrymq.errors import InvalidRequestError, UnknownGroupError
 from ferrymq.protocol import messages as m
@@ -71,11 +72,13 @@ def leave_group(conn: ClientConnection, req: m.LeaveGroupRequest) -> m.Empty:
 
 
 def list_groups(conn: ClientConnection, req: m.ListGroupsRequest) -> m.ListGroupsResponse:
-    """Every known group: consumer groups and delivery groups (state ``DELIVERY``); a name used
-    by both is listed twice."""
+    """Every known group the user has the ``group`` right on: consumer groups and delivery
+    groups (state ``DELIVERY``); a name used by both is listed twice."""
     srv = conn.server
     rows = [(g.name, g.state, len(g.members)) for g in srv.consumer_groups.groups.values()]
     rows += [(g.name, m.DELIVERY_GROUP_STATE, len(g.members)) for g in srv.delivery.groups.values()]
+    if conn.principal is not None:
+        rows = [r for r in rows if may(srv, conn.principal, ("group", r[0]))]
     return m.ListGroupsResponse(sorted(rows))
 
 
