@@ -220,6 +220,7 @@ def test_one_dead_letter_is_redriven_or_purged_from_its_own_page(tmp_path: Path)
                               400)
             assert "beyond the end of the dead-letter queue" in text
             await post(s, url, "/dlq/purge", {**one, "offset": "-1"}, 400)
+            await post(s, url, "/dlq/purge", {**one, "offset": str(1 << 64)}, 400)
             await post(s, url, "/dlq/purge", {"group": "dg", "offset": "1", "confirm": "yes"},
                        403)  # no CSRF token
             assert admin.describe_delivery("dg").dlq_size == 3

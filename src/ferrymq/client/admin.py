@@ -105,6 +105,9 @@ DLQ_FETCH_BYTES = 1024 * 1024
 """Bytes per FETCH while listing dead letters."""
 MAX_DLQ_SCAN = 100_000
 """Most dead letters :meth:`AsyncAdminClient.dlq_get` looks through for one id."""
+MAX_DLQ_OFFSET = (1 << 63) - 1
+"""Largest dead-letter offset a redrive or purge of one letter may name (a signed 64-bit int on
+the wire)."""
 
 
 class AsyncAdminClient(ClusterAdminCalls, UserAdminCalls):
@@ -497,8 +500,9 @@ class AsyncAdminClient(ClusterAdminCalls, UserAdminCalls):
 
     async def _dlq_admin(self, group: str, action: DlqAction, max_messages: int,
                          dry_run: bool, offset: int | None = None) -> m.DlqAdminResponse:
-        if offset is not None and offset < 0:
-            raise ConfigError(f"offset must be >= 0 (a dead letter's offset), not {offset}")
+        if offset is not None and not 0 <= offset <= MAX_DLQ_OFFSET:
+            raise ConfigError(f"offset must be 0..{MAX_DLQ_OFFSET} (a dead letter's offset), "
+                              f"not {offset}")
         return await self._session.request(
             m.DlqAdminRequest(group, int(action), max_messages, dry_run,
                               -1 if offset is None else offset),
@@ -532,8 +536,9 @@ class AsyncAdminClient(ClusterAdminCalls, UserAdminCalls):
         if max_messages > 0 or offset is not None:
             return resp
         if dry_run:  # one letter per DLQ offset, less those done one by one
+            done = sum(1 for o in resp.done if resp.first <= o < resp.end)
             return m.DlqAdminResponse(resp.first, resp.end,
-                                      max(0, resp.end - resp.first - len(resp.done)), resp.done)
+                                      max(0, resp.end - resp.first - done), resp.done)
         first, total = resp.first, resp.count
         while resp.count and resp.end > resp.first + resp.count:  # the broker moves 10k a call
             resp = await self._dlq_admin(group, DlqAction.REDRIVE, 0, False)

@@ -37,7 +37,7 @@ from aiohttp import web
 
 from ferrymq.broker.config import is_loopback
 from ferrymq.broker.tls import peer_context
-from ferrymq.client.admin import AsyncAdminClient, DeadLetter, GroupDescription
+from ferrymq.client.admin import MAX_DLQ_OFFSET, AsyncAdminClient, DeadLetter, GroupDescription
 from ferrymq.client.admin import DeliveryGroupDescription as DeliveryDescription
 from ferrymq.errors import (
     AuthenticationFailedError,
@@ -592,8 +592,8 @@ class Console:
                              confirmed: bool) -> Page:
         """Redrive or purge the one dead letter at ``offset`` (the letter page's buttons):
         the same dry run, confirm step and CSRF check as the group's buttons."""
-        if offset < 0:
-            raise BadParam("offset must be >= 0 (a dead letter's offset)")
+        if not 0 <= offset <= MAX_DLQ_OFFSET:
+            raise BadParam(f"offset must be 0..{MAX_DLQ_OFFSET} (a dead letter's offset)")
         client = session.client
         act = client.dlq_redrive if what == "redrive" else client.dlq_purge
         verb = "Redrive" if what == "redrive" else "Purge"

@@ -132,9 +132,11 @@ class DeadLetters:
                     f"the dead letter at offset {offset} of delivery group {g.name!r} cannot be "
                     f"redriven: {exc}; purge it instead") from None
         limit = self.ctx.config.max_dlq_done_letters
-        if offset > g.dlq_floor and len(g.dlq_done) >= limit:
+        first = self.queues.dlq_records(g, 0)[0]  # (letters done below it: deleted by retention)
+        done = sum(1 for o in g.dlq_done if o >= first) if len(g.dlq_done) >= limit else 0
+        if offset > first and done >= limit:
             raise PolicyViolationError(
-                f"delivery group {g.name!r} has {len(g.dlq_done)} dead letters redriven or "
+                f"delivery group {g.name!r} has {done} dead letters redriven or "
                 f"purged one by one above its oldest dead letter (max_dlq_done_letters = "
                 f"{limit}): redrive or purge the oldest ones first")
         if dry_run:
