@@ -5,15 +5,18 @@ started: nothing waits for an fsync), driven by the calls the handlers make.
 Rules: produce (messages with sharding keys, a key always to the same queue), a member joins
 (DELIVERY_HEARTBEAT) or leaves, RECEIVE, ACK (one or more messages of a lease), NACK,
 CHANGE_INVISIBLE, the three with receipts no longer current, time passes (the manager's tick:
-expired leases), MESSAGE_STATUS, and a restart (clean: snapshots; or as after kill -9: the
-journals replayed).
+expired leases), MESSAGE_STATUS, redriving or purging dead letters (one chosen letter by its
+offset, or the oldest n; an offset that is no live letter is refused), and a restart (clean:
+snapshots; or as after kill -9: the journals replayed).
 
 Invariants, on what the consumers see: a message is never leased twice at once; an acked
 message is never delivered again; no message is delivered after its last attempt; an orderly
 group delivers a key's messages one at a time in send order; a good receipt is accepted, and a
 stale one refused without changing anything; MESSAGE_STATUS agrees; DESCRIBE_DELIVERY's
-in-flight counts are the good receipts. At the end one member drains the group: every message
-ends acked or dead-lettered, and DESCRIBE_DELIVERY reports no lag.
+in-flight counts are the good receipts; the DLQ depth and the dry runs count the dead letters
+the model says are live; a purged message is never delivered again. At the end one member
+drains the group: every message ends acked, dead-lettered or purged, and DESCRIBE_DELIVERY
+reports no lag.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ from ferrymq.broker.delivery import DeliveryManager
 from ferrymq.broker.flusher import Flusher
 from ferrymq.broker.scheduler import Scheduler
 from ferrymq.broker.topics import TopicRegistry
+from ferrymq.errors import InvalidOffsetError
+from ferrymq.protocol import messages as m
 from ferrymq.protocol.codes import ErrorCode
 from ferrymq.protocol.letters import parse_letter
 from ferrymq.protocol.records import (
@@ -72,6 +77,8 @@ class ManagerModel(RuleBasedStateMachine):
         self.sent: list[tuple[bytes, str]] = []  # (body, key) in send order
         self.acked: set[bytes] = set()
         self.receipts: list[Receipt] = []
+        self.dlq_gone: set[int] = set()  # DLQ offsets redriven or purged
+        self.purged: set[bytes] = set()
         self.n = 0
 
     def open(self) -> None:
@@ -108,12 +115,17 @@ class ManagerModel(RuleBasedStateMachine):
         current = set(self.current())
         return [r for r in self.receipts if r not in current]
 
-    def dead_letters(self) -> list[Record]:
+    def dlq_records(self) -> list[Record]:
+        """Every record of the DLQ, redriven and purged ones too."""
         t = self.topics.topics.get(f"%DLQ%{GROUP}")
         if t is None:
             return []
         lg = t.queues[0].log
         return decode_records(lg.read(lg.start_offset, 1 << 24))
+
+    def dead_letters(self) -> list[Record]:
+        """The live dead letters, by the model: not redriven or purged."""
+        return [r for r in self.dlq_records() if r.offset not in self.dlq_gone]
 
     def dead(self) -> set[bytes]:
         return {r.body for r in self.dead_letters()}
@@ -122,7 +134,7 @@ class ManagerModel(RuleBasedStateMachine):
         g = self.dm.group(GROUP)
         leased = {r[4] for r in self.current()}
         out, _pos = self.dm.receive(g, member, SUBS, room, 1 << 20, invisible_ms)
-        dead = self.dead()
+        dead = {r.body for r in self.dlq_records()}  # once dead, its key moved on
         got = 0
         for topic, queue, _tid, lease_id, reconsume, first, last, batches in out:
             assert reconsume <= self.max_reconsume, "delivered after its last attempt"
@@ -131,6 +143,7 @@ class ManagerModel(RuleBasedStateMachine):
                     continue
                 body = r.body
                 assert body not in self.acked, f"{body!r} delivered again after its ack"
+                assert body not in self.purged, f"{body!r} delivered after it was purged"
                 assert body not in leased, f"{body!r} leased twice at once"
                 leased.add(body)
                 key = dict(self.sent)[body]
@@ -258,7 +271,7 @@ class ManagerModel(RuleBasedStateMachine):
             return
         ((name, state, *_),) = statuses
         assert name == GROUP
-        if body in self.acked:
+        if body in self.acked or body in self.purged:
             assert state == "CONSUMED", state
         elif body in self.dead():
             assert state == "DEAD", state
@@ -266,6 +279,48 @@ class ManagerModel(RuleBasedStateMachine):
             assert state == "DELIVERED", state
         else:
             assert state in ("WAITING", "RETRYING"), state
+
+    @precondition(lambda self: self.dead_letters())
+    @rule(data=st.data(), action=st.sampled_from([m.DlqAction.REDRIVE, m.DlqAction.PURGE]),
+          dry_run=st.booleans())
+    def dlq_one(self, data: st.DataObject, action: m.DlqAction, dry_run: bool) -> None:
+        """Redrive or purge one chosen dead letter, anywhere in the DLQ (mostly not the oldest:
+        the one the floor cannot simply pass)."""
+        live = self.dead_letters()
+        letter = data.draw(st.sampled_from(live[1:] or live) if data.draw(st.integers(0, 3))
+                           else st.sampled_from(live))
+        resp, _pos = self.dm.dlq_admin(GROUP, int(action), 0, dry_run, letter.offset)
+        assert (resp.first, resp.end, resp.count) == (letter.offset, letter.offset + 1, 1)
+        if dry_run:
+            return
+        self.dlq_gone.add(letter.offset)
+        if action == m.DlqAction.PURGE:
+            self.purged.add(letter.body)
+
+    @rule(action=st.sampled_from([m.DlqAction.REDRIVE, m.DlqAction.PURGE]),
+          n=st.integers(0, 3))
+    def dlq_oldest(self, action: m.DlqAction, n: int) -> None:
+        """Redrive or purge the oldest n dead letters (0: all)."""
+        live = self.dead_letters()
+        chosen = live if n == 0 else live[:n]
+        resp, _pos = self.dm.dlq_admin(GROUP, int(action), n, False)
+        assert resp.count == len(chosen), (resp, [r.offset for r in live])
+        self.dlq_gone.update(r.offset for r in chosen)
+        if action == m.DlqAction.PURGE:
+            self.purged.update(r.body for r in chosen)
+
+    @rule(data=st.data(), action=st.sampled_from([m.DlqAction.REDRIVE, m.DlqAction.PURGE]))
+    def dlq_one_that_is_not_live(self, data: st.DataObject, action: m.DlqAction) -> None:
+        end = len(self.dlq_records())  # (the DLQ is one queue, offsets from 0, no retention)
+        offset = data.draw(st.sampled_from([*sorted(self.dlq_gone), end, end + 7]))
+        before = self.dm.describe(GROUP)
+        try:
+            self.dm.dlq_admin(GROUP, int(action), 0, False, offset)
+        except InvalidOffsetError:
+            pass
+        else:
+            raise AssertionError(f"offset {offset} is no live dead letter; it was accepted")
+        assert self.dm.describe(GROUP) == before, "a refused DLQ request changed the group"
 
     @rule(clean=st.booleans())
     def restart(self, clean: bool) -> None:
@@ -295,9 +350,18 @@ class ManagerModel(RuleBasedStateMachine):
         assert described.retry_in_flight == per_queue[(f"%RETRY%{GROUP}", 0)]
 
     @invariant()
+    def the_dlq_depth_counts_the_live_dead_letters(self) -> None:
+        live = self.dead_letters()
+        assert self.dm.describe(GROUP).dlq_size == len(live)
+        resp, _pos = self.dm.dlq_admin(GROUP, int(m.DlqAction.PURGE), 0, True)
+        assert resp.count == len(live)
+        assert set(resp.done) <= self.dlq_gone
+
+    @invariant()
     def dead_letters_had_every_attempt(self) -> None:
         """A message is dead-lettered (none on purpose here) only after max_reconsume + 1
-        failed attempts; once."""
+        failed attempts (counted again from 0 after a redrive); it is a live dead letter once
+        at most."""
         letters = self.dead_letters()
         for r in letters:
             assert parse_letter(r.properties).reconsume == self.max_reconsume + 1, r
@@ -316,19 +380,44 @@ class ManagerModel(RuleBasedStateMachine):
                 failed, _pos = self.dm.ack(self.dm.group(GROUP), [(r[0], r[1], r[3], [r[2]])])
                 assert failed == []
                 self.acked.add(r[4])
-            if self.acked | self.dead() >= {b for b, _ in self.sent} and not self.current():
+            if self.acked | self.dead() | self.purged >= {b for b, _ in self.sent} \
+                    and not self.current():
                 break
         dead = self.dead()
-        assert not self.acked & dead
-        assert self.acked | dead == {b for b, _ in self.sent}, "messages left behind"
+        assert not self.acked & dead and not self.acked & self.purged
+        assert self.acked | dead | self.purged == {b for b, _ in self.sent}, \
+            "messages left behind"
         described = self.dm.describe(GROUP)
         assert sum(described.lag) == 0 and described.retry_pending == 0, described
 
 
-ManagerModel.TestCase.settings = settings(
-    max_examples=150,
-    stateful_step_count=25,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+class DeadLetterModel(ManagerModel):
+    """The same group with no retry (max_reconsume 0) and a rule that fails a lease's messages:
+    dead letters are common, so that redriving and purging them, one by one or from the oldest,
+    meet every other rule (restarts between them above all)."""
+
+    @initialize(orderly=st.booleans())
+    def create_group(self, orderly: bool) -> None:
+        self.orderly = orderly
+        self.max_reconsume = 0
+        self.heartbeat("m0")
+
+    @precondition(lambda self: self.current())
+    @rule(data=st.data())
+    def fail_to_the_dlq(self, data: st.DataObject) -> None:
+        failed = data.draw(st.lists(st.sampled_from(self.current()), min_size=1, unique=True))
+        results, _waits = self.dm.nack(self.dm.group(GROUP), [
+            (topic, queue, offset, lease_id, -1, "poison", True)
+            for topic, queue, offset, lease_id, _body, _member in failed])
+        assert all(code == int(ErrorCode.NONE) for code, _ in results)
+
+
+for _model in (ManagerModel, DeadLetterModel):
+    _model.TestCase.settings = settings(
+        max_examples=150,
+        stateful_step_count=25,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
 test_delivery_manager_model = ManagerModel.TestCase
+test_dead_letter_model = DeadLetterModel.TestCase
