@@ -73,16 +73,22 @@ def consume_all(b: Broker, topic: str, group: str, consumed: int, *,
         c.commit()
 
 
+def receive(sc: SimpleConsumer, n: int, *, timeout_s: float = 10.0) -> list[Any]:
+    """Up to ``n`` messages leased by ``sc`` (several receives, at most ``timeout_s``)."""
+    leased: list[Any] = []
+    deadline = time.monotonic() + timeout_s
+    while len(leased) < n and time.monotonic() < deadline:
+        leased.extend(sc.receive(n - len(leased), wait=0.3))
+    return leased
+
+
 def dead_letters(b: Broker, topic: str, group: str, n: int, *,
                  auth: tuple[str, str] | None = None) -> None:
     """Make ``n`` dead letters in delivery group ``group``: its member nacks ``n`` messages of
     ``topic`` with no retry left."""
     with SimpleConsumer(b.address, group, max_reconsume=0, auth=auth) as sc:
         sc.subscribe(topic)
-        leased: list[Any] = []
-        deadline = time.monotonic() + 10
-        while len(leased) < n and time.monotonic() < deadline:
-            leased.extend(sc.receive(n - len(leased), wait=0.3))
+        leased = receive(sc, n)
         assert len(leased) == n
         for msg in leased:
             sc.nack(msg, reason="bad payload")

@@ -9,7 +9,6 @@ import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 import pytest
 from playwright.sync_api import Page, expect
@@ -25,6 +24,7 @@ from tests.console_helpers import (
     dead_letters,
     http_url,
     produce,
+    receive,
 )
 
 pytestmark = pytest.mark.integration
@@ -123,10 +123,7 @@ def test_dead_letter_redrive_confirmed_in_the_page(open_broker: Broker, page: Pa
         assert admin.describe_delivery("workers").dlq_size == 0
     with SimpleConsumer(b.address, "workers") as sc:  # delivered again
         sc.subscribe("orders")
-        got: list[Any] = []
-        deadline = time.monotonic() + 10
-        while len(got) < 3 and time.monotonic() < deadline:
-            got.extend(sc.receive(3, wait=0.3))
+        got = receive(sc, 3)
         assert sorted(m.body for m in got) == [b"m0", b"m1", b"m2"]
         for m in got:
             sc.ack(m)
@@ -160,10 +157,7 @@ def test_one_dead_letter_redriven_and_another_purged_from_their_pages(
     expect(page.get_by_text("Dead letters (2)")).to_be_visible()
     with SimpleConsumer(b.address, "workers") as sc:  # only the redriven one comes back
         sc.subscribe("orders")
-        got: list[Any] = []
-        deadline = time.monotonic() + 10
-        while not got and time.monotonic() < deadline:
-            got.extend(sc.receive(4, wait=0.3))
+        got = receive(sc, 1)
         assert [m.body for m in got] == [body_at[2]]
         assert sc.receive(4, wait=0.5) == []
         sc.ack(got[0])

@@ -24,6 +24,7 @@ from ferrymq.errors import (
 )
 from ferrymq.protocol import messages as m
 from tests.console_helpers import http_url
+from tests.console_helpers import receive as receive_up_to
 from tests.helpers import BrokerProcess, free_port
 
 pytestmark = pytest.mark.integration
@@ -52,11 +53,8 @@ def kill_all(addr: str, topic: str = "t", group: str = "g") -> list[str]:
     return ids
 
 
-def receive(c: SimpleConsumer, n: int, timeout: float = 10.0) -> list[Any]:
-    got: list[Any] = []
-    deadline = time.monotonic() + timeout
-    while len(got) < n and time.monotonic() < deadline:
-        got.extend(c.receive(16, wait=0.3))
+def receive(c: SimpleConsumer, n: int) -> list[Any]:
+    got = receive_up_to(c, n)
     assert len(got) == n, f"received {len(got)} of {n}"
     return got
 
