@@ -18,9 +18,9 @@ from tests.cluster.test_cluster_groups import coordinator_of, produce
 pytestmark = pytest.mark.integration
 
 SMALL = {"metadata_lease_ms": 2000, "replica_lag_ms": 2000, "offsets_topic_queues": 1,
-         "offsets_segment_bytes": 4096}
-GROUPS = [f"g{i}" for i in range(12)]
-ROUNDS = 25
+         "offsets_segment_bytes": 1024}
+GROUPS = [f"g{i}" for i in range(8)]
+ROUNDS = 10
 
 
 def test_a_compacted_offsets_log_keeps_every_groups_offsets_across_a_failover(

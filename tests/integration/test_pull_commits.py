@@ -113,3 +113,32 @@ def test_commit_stores_everything_returned_and_seek_moves_the_finished_position(
     with PullConsumer(broker.address, "g") as c:
         c.subscribe("one")
         assert c.committed() == {("one", 0): 3}
+
+
+def test_a_commit_refused_for_an_expired_member_makes_the_next_poll_rejoin(broker: Broker) -> None:
+    """The broker dropped a member whose heartbeats stopped (its session timed out); its next
+    commit is refused (UnknownMemberError) and its next poll rejoins at once, not at its next
+    heartbeat (Kafka's consumer too), so the commit after that works."""
+    from ferrymq.errors import UnknownMemberError
+
+    with AdminClient(broker.address) as admin:
+        admin.create_topic("expiry", 1)
+    with Producer(broker.address) as p:
+        p.send_batch([Message("expiry", f"m{i}") for i in range(20)])
+    with PullConsumer(broker.address, "expiring", auto_offset_reset="earliest",
+                      auto_commit=False, heartbeat_interval_s=120,
+                      session_timeout_s=1.0) as c:
+        c.subscribe("expiry")
+        while not c.poll(timeout=0.5, max_messages=5):
+            pass
+        time.sleep(2.5)  # no heartbeat: the broker expires the member
+        with pytest.raises(UnknownMemberError):
+            c.commit()
+        deadline = time.monotonic() + 10
+        while True:
+            c.poll(timeout=0.2, max_messages=5)
+            try:
+                c.commit()
+                break
+            except UnknownMemberError:
+                assert time.monotonic() < deadline, "the member never rejoined"

@@ -26,9 +26,13 @@ Failover: when this broker becomes the leader of a queue of ``%GROUPS%offsets`` 
 whole queue into the committed offsets of its groups (:meth:`ClusterGroups.on_leader`; the last
 record per group, topic and queue wins; entries of a topic deleted since, or deleted and
 created again, which has another topic id, are skipped); when it stops leading the queue, it
-forgets those groups. Memberships are not logged: after a failover the new coordinator knows no
-member, so heartbeats get UNKNOWN_MEMBER and the members rejoin (as in Kafka), then resume from
-the committed offsets.
+forgets those groups.
+
+Memberships (Kafka's group metadata record): every generation change appends a MEMBERS record
+(generation, members, assignment; :meth:`ClusterGroups.persist`); JOIN_GROUP and LEAVE_GROUP are
+answered once it is replicated, other changes (expiry, resized topics) write it in the
+background. A new coordinator restores the members, sessions starting afresh, and the
+generation, so members go on without rejoining and stale generations stay fenced.
 
 Compaction: the leader of a queue snapshots its groups' offsets into it and deletes the
 segments the snapshot replaced (:mod:`ferrymq.broker.cluster_offsets_log`), so a new leader
@@ -48,6 +52,7 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 
 from ferrymq.broker.cluster_offsets_log import OffsetsReplay, snapshot_batches
+from ferrymq.broker.consumer_groups import Member
 from ferrymq.cluster.model import NO_LEADER
 from ferrymq.cluster.topics import DEFAULT, create_topic
 from ferrymq.errors import (
@@ -63,7 +68,7 @@ from ferrymq.protocol.records import RecordInput, encode_batch
 
 if TYPE_CHECKING:
     from ferrymq.broker.cluster_link import ClusterLink
-    from ferrymq.broker.consumer_groups import ConsumerGroupCoordinator
+    from ferrymq.broker.consumer_groups import ConsumerGroup, ConsumerGroupCoordinator
 
 log = logging.getLogger("ferrymq.broker")
 
@@ -86,6 +91,11 @@ class ClusterGroups:
         self._compacted_at: dict[int, int] = {}
         """Per led queue, its size in bytes after its last compaction (or its loading)."""
         self._compactor: asyncio.Task[None] | None = None
+        self._persisted: dict[str, int] = {}
+        """Per group coordinated here, the generation its last replicated MEMBERS record has."""
+        self._persisting: dict[str, tuple[int, asyncio.Future[None]]] = {}
+        """Per group, the generation being written and the write."""
+        self.groups.on_generation = self._generation_moved
 
     def start(self) -> None:
         """Start compacting the queues this broker comes to lead."""
@@ -152,17 +162,40 @@ class ClusterGroups:
             r = OffsetsReplay(self._topic_id_of)
             r.advance(qs, qs.log.end_offset)
             offsets = r.live()
-            self.groups.adopt({g: dict(o) for g, o in offsets.items()})
+            memberships = self._memberships(r)
+            self.groups.adopt({g: dict(o) for g, o in offsets.items()}, memberships)
+            for g, (gen, _members) in memberships.items():
+                self._persisted[g] = gen
             self._replays[queue] = r
             self._compacted_at[queue] = qs.log.size_bytes
             self.led.add(queue)
             log.info("coordinating the consumer groups of %s/%d: %d groups with committed "
-                     "offsets", OFFSETS_TOPIC, queue, len(offsets))
+                     "offsets, %d with members", OFFSETS_TOPIC, queue, len(offsets),
+                     sum(1 for _gen, ms in memberships.values() if ms))
         elif not leads and queue in self.led:
             self.led.discard(queue)
             self._replays.pop(queue, None)
             self._compacted_at.pop(queue, None)
-            self.groups.drop(self._groups_of(queue))
+            names = self._groups_of(queue)
+            self.groups.drop(names)
+            for g in names:
+                self._persisted.pop(g, None)
+
+    def _memberships(self, r: OffsetsReplay) -> dict[str, tuple[int, list[Member]]]:
+        """The groups' generations and members as ``r`` read them; each member's session
+        starts now."""
+        now = self.link.server.now_monotonic_ms()
+        out: dict[str, tuple[int, list[Member]]] = {}
+        for group, (gen, members) in r.members.items():
+            try:
+                out[group] = (gen, [
+                    Member(str(mid), str(client), str(host), tuple(map(str, topics)),
+                           int(timeout), now, [(str(t), int(q)) for t, q in assignment])
+                    for mid, client, host, topics, timeout, assignment in members])
+            except (ValueError, TypeError) as exc:
+                log.warning("group %s: bad membership record: %s (its members rejoin)", group,
+                            exc)
+        return out
 
     def _topic_id_of(self, name: str) -> int | None:
         t = self.link.server.topics.topics.get(name)
@@ -204,6 +237,44 @@ class ClusterGroups:
         if group in self.groups.groups:
             await self._write(group, {"t": "DELETE", "g": group})
             self.groups.delete(group)
+            self._persisted.pop(group, None)
+
+    # --- membership -----------------------------------------------------------------------------
+
+    def _generation_moved(self, g: ConsumerGroup) -> None:
+        """A group's generation moved (a join, leave, expiry, resized topic, offset reset):
+        log its membership in the background (a JOIN answer waits for it, :meth:`persist`)."""
+        fut = asyncio.ensure_future(self.persist(g.name))
+        fut.add_done_callback(_quiet)
+
+    async def persist(self, group: str) -> None:
+        """Make ``group``'s current generation and members durable in its queue (a MEMBERS
+        record, replicated) unless they are already; a write of the same generation under way
+        is waited for, not repeated.
+
+        Raises:
+            NotCoordinatorError, NotEnoughReplicasError, StorageFullError, StorageFailureError.
+        """
+        g = self.groups.groups.get(group)
+        if g is None or self._persisted.get(group, -1) >= g.generation:
+            return
+        under_way = self._persisting.get(group)
+        if under_way is not None and under_way[0] >= g.generation:
+            await asyncio.shield(under_way[1])
+            return
+        gen = g.generation
+        rec = {"t": "MEMBERS", "g": group, "gen": gen, "m": [
+            [mm.member_id, mm.client_id, mm.host, list(mm.topics), mm.session_timeout_ms,
+             [[t, q] for t, q in mm.assignment]] for mm in g.members.values()]}
+        fut = asyncio.ensure_future(self._write(group, rec))
+        self._persisting[group] = (gen, fut)
+        try:
+            await asyncio.shield(fut)
+        finally:
+            if self._persisting.get(group, (0, None))[1] is fut:
+                del self._persisting[group]
+        if gen > self._persisted.get(group, -1):
+            self._persisted[group] = gen
 
     async def _write_offsets(self, group: str, entries: list[tuple[str, int, int]]) -> None:
         topics = self.link.server.topics
@@ -305,3 +376,9 @@ class ClusterGroups:
                  "deleted, the log starts at %d", OFFSETS_TOPIC, queue, len(r.groups), upto,
                  deleted, qs.log.start_offset)
         return True
+
+
+def _quiet(fut: asyncio.Future[None]) -> None:
+    """A background membership write failed: the next one (or a JOIN) writes it again."""
+    if not fut.cancelled() and (exc := fut.exception()) is not None:
+        log.debug("logging a group's membership failed: %s", exc)

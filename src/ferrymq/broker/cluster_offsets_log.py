@@ -6,10 +6,15 @@ A queue of ``%GROUPS%offsets`` holds three kinds of msgpack records (keyed by th
 
 - ``{"t": "OFFSETS", "g": group, "o": [[topic, topic_id, queue, offset], ...]}``: committed
   offsets (the last one per group, topic and queue wins);
+- ``{"t": "MEMBERS", "g": group, "gen": generation, "m": [[member_id, client_id, host,
+  [topic, ...], session_timeout_ms, [[topic, queue], ...]], ...]}``: the group's generation
+  and members with their assignment, written at every rebalance (the last one wins: Kafka's
+  group metadata record), so a new coordinator knows the members and fences stale
+  generations without making everybody rejoin;
 - ``{"t": "DELETE", "g": group}``: a deleted group;
 - ``{"t": "SNAPSHOT", "upto": P, "n": N, "i": I, "gs": {group: [[topic, topic_id, queue,
-  offset], ...]}}``: part ``I`` of ``N`` of a snapshot: every group's offsets as the records
-  below offset ``P`` add them up.
+  offset], ...]}, "ms": {group: [generation, members]}}``: part ``I`` of ``N`` of a snapshot:
+  every group's offsets and membership as the records below offset ``P`` add them up.
 
 **Compaction** (Kafka compacts ``__consumer_offsets`` by key; our records carry only what a
 commit changed, so we snapshot instead). The queue's leader keeps an :class:`OffsetsReplay`
@@ -72,10 +77,12 @@ class OffsetsReplay:
 
     topic_id_of: Callable[[str], int | None]
     groups: dict[str, Offsets] = field(default_factory=dict)
+    members: dict[str, list[Any]] = field(default_factory=dict)
+    """Per group, its last ``[generation, members]`` (a MEMBERS record's fields)."""
     ids: dict[str, int] = field(default_factory=dict)
     position: int = -1
     _held: list[tuple[int, dict[str, Any]]] | None = None
-    _parts: dict[tuple[int, int], dict[str, dict[str, list[Entry]]]] = field(default_factory=dict)
+    _parts: dict[tuple[int, int], dict[str, dict[str, Any]]] = field(default_factory=dict)
 
     def advance(self, qs: QueueState, upto: int) -> None:
         """Read the records of ``qs`` from :attr:`position` up to offset ``upto``."""
@@ -132,7 +139,7 @@ class OffsetsReplay:
         try:
             key = (int(d["upto"]), int(d["n"]))
             parts = self._parts.setdefault(key, {})
-            parts[str(d["i"])] = d["gs"]
+            parts[str(d["i"])] = {"gs": d["gs"], "ms": d.get("ms", {})}
         except (KeyError, ValueError, TypeError) as exc:
             log.warning("%s: bad snapshot record at %d: %s", qs, offset, exc)
             return
@@ -140,9 +147,12 @@ class OffsetsReplay:
         if len(parts) < n or upto < qs.log.start_offset:
             return
         self.groups = {}
-        for gs in parts.values():
-            for group, entries in gs.items():
+        self.members = {}
+        for part in parts.values():
+            for group, entries in part["gs"].items():
                 self._apply(qs, offset, {"t": "OFFSETS", "g": group, "o": entries})
+            for group, (gen, members) in part.get("ms", {}).items():
+                self._apply(qs, offset, {"t": "MEMBERS", "g": group, "gen": gen, "m": members})
         for held_offset, held in self._held or ():
             if held_offset >= upto:
                 self._apply(qs, held_offset, held)
@@ -154,6 +164,10 @@ class OffsetsReplay:
             name = str(d["g"])
             if d["t"] == "DELETE":
                 self.groups.pop(name, None)
+                self.members.pop(name, None)
+                return
+            if d["t"] == "MEMBERS":
+                self.members[name] = [int(d["gen"]), list(d["m"])]
                 return
             if d["t"] != "OFFSETS":
                 return
@@ -186,18 +200,23 @@ def replay(qs: QueueState, topic_ids: dict[str, int]) -> dict[str, Offsets]:
 def snapshot_batches(r: OffsetsReplay, now_ms: int) -> Iterator[bytes | bytearray]:
     """The batches of one snapshot of what ``r`` read, as of its position (one record per
     part, about :data:`SNAPSHOT_BATCH_BYTES` each)."""
-    parts: list[dict[str, list[Entry]]] = [{}]
+    parts: list[tuple[dict[str, list[Entry]], dict[str, list[Any]]]] = [({}, {})]
     size = 0
     upto = r.position
-    for group, offs in r.live().items():
+    offsets = r.live()
+    for group in offsets.keys() | r.members.keys():
+        offs = offsets.get(group, {})
         entries: list[Entry] = [[t, r.ids[t], q, o] for (t, q), o in offs.items()]
-        cost = len(group) + sum(len(t) + 24 for (t, _q) in offs)
+        ms = r.members.get(group)
+        cost = len(group) + sum(len(t) + 24 for (t, _q) in offs) + len(repr(ms or ""))
         if size and size + cost > SNAPSHOT_BATCH_BYTES:
-            parts.append({})
+            parts.append(({}, {}))
             size = 0
-        parts[-1][group] = entries
+        parts[-1][0][group] = entries
+        if ms is not None:
+            parts[-1][1][group] = ms
         size += cost
-    for i, gs in enumerate(parts):
-        body = msgpack.packb({"t": "SNAPSHOT", "upto": upto, "n": len(parts), "i": i, "gs": gs},
-                             use_bin_type=True)
+    for i, (gs, mss) in enumerate(parts):
+        body = msgpack.packb({"t": "SNAPSHOT", "upto": upto, "n": len(parts), "i": i, "gs": gs,
+                              "ms": mss}, use_bin_type=True)
         yield encode_batch([RecordInput(bytes(body), now_ms, b"SNAPSHOT")])

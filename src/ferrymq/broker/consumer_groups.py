@@ -170,6 +170,8 @@ class ConsumerGroupCoordinator:
         self._queue_counts: dict[str, int] = {}  # as of the last sync_queue_counts()
         self.max_groups = max_groups
         """Most groups (``max_consumer_groups``; 0: no limit): see :meth:`check_new`."""
+        self.on_generation: Callable[[ConsumerGroup], None] | None = None
+        """Called with a group whose generation moved (a cluster logs its membership)."""
 
     def load(self) -> None:
         """Read every group's committed offsets (a cluster's come from its log instead)."""
@@ -278,6 +280,8 @@ class ConsumerGroupCoordinator:
         plan = assign_averagely(list(g.members.values()), queue_counts)
         for mid, m in g.members.items():
             m.assignment = plan[mid]
+        if self.on_generation is not None:
+            self.on_generation(g)
 
     def sync_queue_counts(self, queue_counts: dict[str, int]) -> list[str]:
         """Rebalance the groups whose assignment changes because a topic a member subscribes
@@ -391,6 +395,8 @@ class ConsumerGroupCoordinator:
         self._save(g, {**g.offsets, **offsets})
         if g.members:
             g.generation += 1
+            if self.on_generation is not None:
+                self.on_generation(g)
 
     def check_deletable(self, name: str) -> None:
         """Raise unless the group ``name`` may be deleted now (a group not known may be).
@@ -420,11 +426,18 @@ class ConsumerGroupCoordinator:
         log.info("group %s: deleted with its committed offsets", name)
         return True
 
-    def adopt(self, offsets: dict[str, dict[tuple[str, int], int]]) -> None:
-        """Take over groups with their committed offsets (a cluster broker that became their
-        coordinator); members start afresh (they rejoin)."""
-        for name, offs in offsets.items():
-            self.groups[name] = ConsumerGroup(name, offsets=offs)
+    def adopt(self, offsets: dict[str, dict[tuple[str, int], int]],
+              memberships: dict[str, tuple[int, list[Member]]] | None = None) -> None:
+        """Take over groups with their committed offsets and, when known, their generation
+        and members (a cluster broker that became their coordinator: the members go on
+        heartbeating at their generation; their sessions start again now)."""
+        memberships = memberships or {}
+        for name in offsets.keys() | memberships.keys():
+            g = ConsumerGroup(name, offsets=offsets.get(name, {}))
+            if name in memberships:
+                g.generation, members = memberships[name]
+                g.members = {mm.member_id: mm for mm in members}
+            self.groups[name] = g
 
     def drop(self, names: Iterable[str]) -> None:
         """Forget groups (in memory only: a cluster broker that no longer coordinates them)."""

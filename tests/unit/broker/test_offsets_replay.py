@@ -90,3 +90,22 @@ def test_snapshots_are_split_into_parts(qs: QueueState) -> None:
     batches = list(snapshot_batches(r, 0))
     assert len(batches) > 1
     assert all(len(b) < 2 * 256 * 1024 for b in batches)
+
+
+def test_memberships_are_replayed_and_kept_by_a_snapshot(qs: QueueState) -> None:
+    member = ["c-1", "app", "10.0.0.1:5", ["orders"], 15000, [["orders", 0]]]
+    append(qs, {"t": "MEMBERS", "g": "a", "gen": 3, "m": [member]})
+    append(qs, {"t": "MEMBERS", "g": "gone", "gen": 1, "m": []})
+    for i in range(20):
+        commit(qs, "a", i)
+    append(qs, {"t": "DELETE", "g": "gone"})
+    upto = qs.log.end_offset
+    r = snapshot_of(qs, upto)
+    assert r.members == {"a": [3, [member]]}
+    append(qs, {"t": "MEMBERS", "g": "a", "gen": 4, "m": [member]})  # after upto: newer
+    for batch in snapshot_batches(r, 0):
+        qs.log.append(batch, now_ms=0)
+    assert qs.log.delete_before(upto, now_ms=0) > 0
+    again = snapshot_of(qs, qs.log.end_offset)
+    assert again.members == {"a": [4, [member]]}
+    assert again.groups == {"a": {("orders", 0): 19}}

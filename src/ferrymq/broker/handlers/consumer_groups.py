@@ -6,7 +6,7 @@ In a cluster only a group's coordinator serves its requests (others answer NOT_C
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from ferrymq.broker.acl import may
 from ferrymq.broker.topics import check_topic_name
@@ -17,6 +17,8 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable
 
     from ferrymq.broker.context import ClientConnection
+
+_Body = TypeVar("_Body")
 
 
 def check_coordinator(conn: ClientConnection, group: str) -> None:
@@ -30,7 +32,8 @@ def _queue_counts(conn: ClientConnection) -> dict[str, int]:
     return {name: len(t.queues) for name, t in conn.server.topics.topics.items()}
 
 
-def join_group(conn: ClientConnection, req: m.JoinGroupRequest) -> m.JoinGroupResponse:
+def join_group(conn: ClientConnection, req: m.JoinGroupRequest
+               ) -> m.JoinGroupResponse | Awaitable[m.JoinGroupResponse]:
     """Join or rejoin; returns the member's queues for the current generation. A topic that
     does not exist yet may be subscribed to: its queues are assigned once it is created (the
     coordinator rebalances, see :meth:`ConsumerGroupCoordinator.sync_queue_counts`).
@@ -52,8 +55,18 @@ def join_group(conn: ClientConnection, req: m.JoinGroupRequest) -> m.JoinGroupRe
     g, member = srv.consumer_groups.join(req.group, req.member_id, req.client_id or conn.client_id,
                                          conn.peer, req.topics, timeout, srv.now_monotonic_ms(),
                                          _queue_counts(conn))
-    return m.JoinGroupResponse(g.generation, member.member_id, list(member.assignment),
+    resp = m.JoinGroupResponse(g.generation, member.member_id, list(member.assignment),
                                len(g.members))
+    if srv.cluster is None:
+        return resp
+    return _after(srv.cluster.groups.persist(req.group), resp)
+
+
+async def _after(persisting: Awaitable[None], resp: _Body) -> _Body:
+    """``resp`` once the group's membership is replicated: a member never learns a
+    generation a new coordinator would not know."""
+    await persisting
+    return resp
 
 
 def heartbeat(conn: ClientConnection, req: m.HeartbeatRequest) -> m.Empty:
@@ -64,11 +77,16 @@ def heartbeat(conn: ClientConnection, req: m.HeartbeatRequest) -> m.Empty:
     return m.Empty()
 
 
-def leave_group(conn: ClientConnection, req: m.LeaveGroupRequest) -> m.Empty:
-    """Leave at once."""
+def leave_group(conn: ClientConnection, req: m.LeaveGroupRequest
+                ) -> m.Empty | Awaitable[m.Empty]:
+    """Leave at once (in a cluster, answered once the membership without it is replicated:
+    a new coordinator must not bring a member that left back until its session times out)."""
+    srv = conn.server
     check_coordinator(conn, req.group)
-    conn.server.consumer_groups.leave(req.group, req.member_id, _queue_counts(conn))
-    return m.Empty()
+    srv.consumer_groups.leave(req.group, req.member_id, _queue_counts(conn))
+    if srv.cluster is None:
+        return m.Empty()
+    return _after(srv.cluster.groups.persist(req.group), m.Empty())
 
 
 def list_groups(conn: ClientConnection, req: m.ListGroupsRequest) -> m.ListGroupsResponse:
