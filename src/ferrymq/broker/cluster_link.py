@@ -102,6 +102,7 @@ class ClusterLink:
             address_of=lambda bid: node.view.address_of(bid),
             on_isr_change=self._persist_isr, peer_login=peer_login(srv.config))
         srv.replicas = self.replicas
+        self.replicas.on_scheduled = srv.scheduler.on_replica_append
         node.on_fence = self._on_fence
         await node.start()
         await self.users.start()
@@ -159,8 +160,10 @@ class ClusterLink:
                 log.info("leading %s/%d at epoch %d (ISR %s)", topic, queue, rec.leader_epoch,
                          rec.isr)
                 srv = self.server  # its copy's dedup keys, before the first produce it serves
-                srv.dedup.rebuild_queue(srv.topics.queue(topic, queue), srv.clock.wall_ms())
+                qs = srv.topics.queue(topic, queue)
+                srv.dedup.rebuild_queue(qs, srv.clock.wall_ms())
                 rm.become_leader(topic, queue, rec, min_insync)
+                srv.scheduler.on_lead(qs)  # fires what its former leader left due
         elif new.role == "follower":
             if old is not None and old.role == "follower" and same_epoch:
                 rm.update_record(topic, queue, rec)

@@ -36,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
 from ferrymq.client._session import Session
@@ -57,6 +57,7 @@ from ferrymq.protocol.leaders import MIN_REFRESH_INTERVAL_S, Leaders, split_by_r
 
 log = logging.getLogger("ferrymq.client")
 T = TypeVar("T", bound=tuple[Any, ...])  # (topic, queue, ...)
+R = TypeVar("R")
 
 STALE_VIEW_ERRORS = (NotLeaderError, FencedLeaderEpochError, LeaderNotAvailableError,
                      ConnectionClosedError, BrokerShuttingDownError)
@@ -167,6 +168,28 @@ class Cluster:
             if bid != own:
                 out.append(self.sessions.get(bid) or self._session_for(bid))
         return out
+
+    async def ask_leader(self, call: Callable[[Session], Awaitable[R]]) -> R:
+        """``call`` through the bootstrap session and, when that broker answers NOT_LEADER
+        (a request only a queue's leader answers, named by a message id: a topic id the
+        client may not know by name), through every other live broker in turn, after one
+        refresh; the first answer.
+
+        Raises:
+            NotLeaderError: no broker leads the queue now (a failover: retriable).
+            BrokerError: another refusal, from the broker that leads the queue.
+        """
+        try:
+            return await call(self.bootstrap)
+        except (NotLeaderError, LeaderNotAvailableError) as exc:
+            first = exc
+        for s in (await self.every_broker())[1:]:
+            try:
+                return await call(s)
+            except (NotLeaderError, LeaderNotAvailableError, ConnectionClosedError,
+                    FerryMQTimeoutError):
+                continue
+        raise first
 
     def _session_for(self, broker_id: int) -> Session:
         host, port = self.leaders.brokers[broker_id]

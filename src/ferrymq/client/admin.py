@@ -338,9 +338,13 @@ class AsyncAdminClient(ClusterAdminCalls, UserAdminCalls):
         Raises:
             InvalidRequestError: not a message id, or the message is not stored (any more).
             UnknownTopicError: its topic was deleted.
+            NotLeaderError: a cluster's scheduled message whose queue no broker leads now.
+
+        On a cluster a scheduled message's state is answered by its queue's leader (the
+        broker asked says NOT_LEADER, and the others are asked in turn).
         """
-        return MessageStatus.from_wire(await self._session.request(
-            m.MessageStatusRequest(msg_id), m.MessageStatusResponse))
+        return MessageStatus.from_wire(await self._cluster.ask_leader(lambda s: s.request(
+            m.MessageStatusRequest(msg_id), m.MessageStatusResponse)))
 
     async def cancel_scheduled(self, msg_id: str) -> None:
         """Cancel a scheduled message that is not yet due (as ``Producer.cancel``).
@@ -350,8 +354,8 @@ class AsyncAdminClient(ClusterAdminCalls, UserAdminCalls):
                 cancelled, or not scheduled).
             InvalidRequestError: not a message id.
         """
-        await self._session.request(m.CancelScheduledRequest(msg_id), m.Empty,
-                                    retry_codes=frozenset())
+        await self._cluster.ask_leader(lambda s: s.request(
+            m.CancelScheduledRequest(msg_id), m.Empty, retry_codes=frozenset()))
 
     async def get_message(self, msg_id: str) -> ReceivedMessage:
         """The message with this id, read from its queue.

@@ -434,6 +434,9 @@ class AsyncProducer:
             NotScheduledError: not a pending scheduled message (already delivered, already
                 cancelled, or not scheduled).
             InvalidRequestError: not a message id.
+            NotLeaderError: on a cluster, no broker leads its queue now (a failover; retry).
+            RequestTimedOutError: on a cluster, the cancel was not committed in time (it may
+                still stand).
         """
-        await self._session.request(m.CancelScheduledRequest(msg_id), m.Empty,
-                                    retry_codes=frozenset())
+        await self._cluster.ask_leader(lambda s: s.request(
+            m.CancelScheduledRequest(msg_id), m.Empty, retry_codes=frozenset()))

@@ -20,6 +20,17 @@ dropped) with two more reserved properties:
                     takes)
 ``%SCHEDULED_DUE``  its due time (wall ms): receive time minus this is the lateness
 ==================  ===========================================================================
+
+A cancel is stored in the queue too, so that every replica of a cluster's queue learns it: a
+*cancel record*, a record of a scheduled batch (readers skip it) that carries no due time but
+
+==================  ===========================================================================
+``%SCHEDULED_CANCEL``  the message id of the original cancelled; written only by the broker (a
+                    producer's batch carrying it is refused)
+==================  ===========================================================================
+
+A replica reads both kinds of *marks* back from its log (:func:`read_marks`): a copy says its
+original fired, a cancel record that it was cancelled.
 """
 
 from __future__ import annotations
@@ -31,6 +42,7 @@ from ferrymq.errors import CorruptRecordError, InvalidRequestError
 from ferrymq.protocol.letters import RESERVED_PREFIX
 from ferrymq.protocol.records import (
     ATTR_SCHEDULED,
+    LENGTH_PREFIX,
     BatchHeader,
     decode_properties,
     iter_raw_records,
@@ -40,8 +52,18 @@ DELAY = "%DELAY"
 DELIVER_AT = "%DELIVER_AT"
 SCHEDULED_ID = "%SCHEDULED_ID"
 SCHEDULED_DUE = "%SCHEDULED_DUE"
+SCHEDULED_CANCEL = "%SCHEDULED_CANCEL"
 
-assert all(p.startswith(RESERVED_PREFIX) for p in (DELAY, DELIVER_AT, SCHEDULED_ID, SCHEDULED_DUE))
+assert all(p.startswith(RESERVED_PREFIX)
+           for p in (DELAY, DELIVER_AT, SCHEDULED_ID, SCHEDULED_DUE, SCHEDULED_CANCEL))
+
+MARK_NEEDLE = b"%SCHEDULED_"
+"""Bytes every batch holding a mark contains (in a property name): a batch without them is
+skipped without decoding its records (:func:`read_marks`)."""
+FIRED_MARK = 1
+"""A mark of :func:`read_marks`: a copy, its original fired."""
+CANCELLED_MARK = 2
+"""A mark of :func:`read_marks`: a cancel record, its original was cancelled."""
 
 DELAY_LEVELS_MS: tuple[int, ...] = tuple(
     s * 1000 for s in (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800,
@@ -119,13 +141,15 @@ def read_due_times(
         buf: the buffer holding the batch.
         pos: where the batch starts in ``buf``.
         h: its header (``ATTR_SCHEDULED`` set).
-        max_delay_ms: refuse a due time further than this from ``now_ms`` (None: no check, for
-            batches already accepted).
+        max_delay_ms: refuse a due time further than this from ``now_ms`` and a cancel record
+            (from a producer); None: no check, for batches already stored, whose cancel records
+            are skipped.
         now_ms: the broker's wall clock.
 
     Raises:
         InvalidRequestError: not a scheduled batch, a record without a valid due time, or a due
-            time beyond ``max_delay_ms``. Nothing of the batch may be stored then.
+            time beyond ``max_delay_ms``, or a producer's cancel record. Nothing of the batch
+            may be stored then.
     """
     if not h.attributes & ATTR_SCHEDULED:
         raise InvalidRequestError("not a scheduled batch")
@@ -135,6 +159,10 @@ def read_due_times(
         for rec in iter_raw_records(buf, pos, h):
             k1, p1 = rec[5], rec[6]
             props = decode_properties(bytes(buf[k1:p1])) if p1 > k1 else {}
+            if SCHEDULED_CANCEL in props:
+                if max_delay_ms is None:
+                    continue  # a cancel record: not an original
+                raise InvalidRequestError(f"{SCHEDULED_CANCEL} is written only by the broker")
             due = parse_due(props)
             if max_delay_ms is not None:
                 delay = due.value if due.relative else due.value - now_ms
@@ -153,4 +181,32 @@ def copy_properties(props: Mapping[str, str], original_id: str, due_ms: int) -> 
     out = {k: v for k, v in props.items() if k != DELAY and k != DELIVER_AT}
     out[SCHEDULED_ID] = original_id
     out[SCHEDULED_DUE] = str(due_ms)
+    return out
+
+
+def cancel_properties(original_id: str) -> dict[str, str]:
+    """The properties of the cancel record of the scheduled message ``original_id``."""
+    return {SCHEDULED_CANCEL: original_id}
+
+
+def read_marks(buf: bytes, pos: int, h: BatchHeader) -> list[tuple[int, str]]:
+    """The marks in the stored batch at ``pos`` of ``buf``: ``(FIRED_MARK, original id)`` of
+    every copy, ``(CANCELLED_MARK, original id)`` of every cancel record. A batch without
+    :data:`MARK_NEEDLE` in its bytes is not decoded.
+
+    Raises:
+        CorruptRecordError: a malformed record.
+    """
+    if buf.find(MARK_NEEDLE, pos, pos + LENGTH_PREFIX + h.batch_length) < 0:
+        return []
+    scheduled = bool(h.attributes & ATTR_SCHEDULED)
+    name = SCHEDULED_CANCEL if scheduled else SCHEDULED_ID
+    kind = CANCELLED_MARK if scheduled else FIRED_MARK
+    out: list[tuple[int, str]] = []
+    for rec in iter_raw_records(buf, pos, h):
+        k1, p1 = rec[5], rec[6]
+        if p1 > k1:
+            original = decode_properties(buf[k1:p1]).get(name)
+            if original is not None:
+                out.append((kind, original))
     return out

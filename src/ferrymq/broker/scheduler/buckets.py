@@ -447,16 +447,23 @@ class BucketIndex:
                 return n, min(fires)
         return n, None
 
-    def retention_floors(self) -> dict[tuple[int, int], int]:
-        """``(topic id, queue) -> lowest offset of a pending scheduled original`` (a lower
-        bound): retention must keep every segment holding offsets at or above it."""
-        floors: dict[tuple[int, int], int] = {}
+    def lowest_pending(self) -> dict[tuple[int, int], int]:
+        """``(topic id, queue) -> lowest offset of a pending entry`` (a lower bound) of every
+        queue with pending entries."""
+        lowest: dict[tuple[int, int], int] = {}
         for b in self.buckets.values():
             for key, st in b.stats.items():
                 if st[0] > 0:
-                    f = floors.get(key)
+                    f = lowest.get(key)
                     if f is None or st[2] < f:
-                        floors[key] = st[2]
+                        lowest[key] = st[2]
+        return lowest
+
+    def retention_floors(self) -> dict[tuple[int, int], int]:
+        """``(topic id, queue) -> lowest offset of a pending scheduled original`` (a lower
+        bound): retention must keep every segment holding offsets at or above it."""
+        floors = self.lowest_pending()
+        for b in self.buckets.values():
             if b.firing > 0:  # copies not yet fsynced: a crash fires their originals again
                 for key in b.maxoff:
                     floors[key] = 0

@@ -8,6 +8,7 @@ cancelled. Runs on the event-loop thread.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ferrymq.broker.scheduler.buckets import (
@@ -34,13 +35,18 @@ _STATE_NAMES = {PENDING_ENTRY: PENDING, FIRED_ENTRY: FIRED_STATE, CANCELLED_ENTR
 
 
 def cancel_entry(index: BucketIndex, originals: Originals, clock: SchedulerClock,
-                 msg_id: str) -> tuple[QueueState, int]:
-    """Cancel the scheduled message ``msg_id`` if it is not yet due: its queue and due time.
+                 msg_id: str, record: Callable[[QueueState, int], int | None],
+                 ) -> tuple[QueueState, int, int | None]:
+    """Cancel the scheduled message ``msg_id`` if it is not yet due: its queue, due time and
+    what ``record`` returned. ``record(queue, offset)`` is called once the message is found
+    pending, before its cancelled entry is written: it stores the cancel in the queue (a
+    cluster's) and returns the end offset to wait for, or raises to refuse the cancel.
 
     Raises:
         InvalidRequestError: not a message id.
         NotScheduledError: not a pending scheduled message.
         OSError: the cancelled entry could not be written (nothing changed).
+        BrokerError: what ``record`` raised (nothing changed).
     """
     try:
         tid, q, off = decode_msg_id(msg_id)
@@ -53,8 +59,9 @@ def cancel_entry(index: BucketIndex, originals: Originals, clock: SchedulerClock
         what = {FIRED_ENTRY: "already due (delivered or being delivered)",
                 CANCELLED_ENTRY: "already cancelled"}.get(state, "not scheduled")
         raise NotScheduledError(f"message {msg_id} is {what}")
+    end = record(qs, off)
     index.cancel(b, pos, due)
-    return qs, due
+    return qs, due, end
 
 
 def lookup_state(index: BucketIndex, originals: Originals, clock: SchedulerClock,

@@ -20,6 +20,8 @@ The parts, each in its module of this package:
 - :mod:`.firing`: the timer and the rounds that append the copies of due messages;
 - :mod:`.originals`: the originals read back from the log (due time, the copy);
 - :mod:`.cancellation`: cancel and the lookup of a message's scheduling state;
+- :mod:`.parking`: on a cluster, due entries waiting for their mark (a copy, a cancel record)
+  in the queue's committed log;
 - :mod:`.recovery`: the index rebuilt at a start from the bucket files and the logs above the
   watermarks (crash safety).
 
@@ -40,6 +42,18 @@ is back; due messages whose copy could not be appended, or whose fired entries c
 written, are tried again then too; a copy whose fsync failed for lack of space is settled once
 the queue's tail was written again.
 
+On a cluster every replica indexes a queue's scheduled originals: its leader when producers
+append them (:meth:`Scheduler.on_append`), a follower when it copies them
+(:meth:`Scheduler.on_replica_append`), so a new leader has them. Only the leader fires, and a
+cancel is also stored in the queue as a *cancel record* (:mod:`ferrymq.protocol.schedule`),
+answered once committed, so every replica learns it. What a replica's leader did comes back to
+it as marks in its log (:mod:`.parking`): the maintenance tick reads the committed tail of every
+replicated queue with pending or parked entries; a broker that starts leading a queue
+(:meth:`Scheduler.on_lead`) reads the rest up to its log end, settles what is marked and fires
+the other due entries at once. ``message cancel`` and ``message status`` of a cluster's
+scheduled message are answered by the queue's leader only (NOT_LEADER elsewhere: the client
+asks the other brokers).
+
 Everything runs on the event-loop thread except :meth:`Scheduler.flush_blocking` (the flusher
 thread: fsync of bucket files, watermark checkpoint).
 """
@@ -56,15 +70,36 @@ from typing import TYPE_CHECKING
 from ferrymq._faults import enospc_point
 from ferrymq._time import Clock
 from ferrymq.broker.scheduler.buckets import Bucket, BucketIndex
-from ferrymq.broker.scheduler.cancellation import cancel_entry, lookup_state
+from ferrymq.broker.scheduler.cancellation import (
+    CANCELLED_STATE,
+    FIRED_STATE,
+    NOT_SCHEDULED,
+    cancel_entry,
+    lookup_state,
+)
 from ferrymq.broker.scheduler.clock import ClockMeta, SchedulerClock
-from ferrymq.broker.scheduler.firing import Firer
+from ferrymq.broker.scheduler.firing import Firer, replicated
 from ferrymq.broker.scheduler.originals import Originals
+from ferrymq.broker.scheduler.parking import Parking
 from ferrymq.broker.scheduler.recovery import recover, reindex_held
-from ferrymq.errors import CorruptRecordError, InvalidRequestError
-from ferrymq.protocol.records import BatchHeader, decode_header
-from ferrymq.protocol.schedule import Due, read_due_times
-from ferrymq.storage.schedule import ScheduleStore
+from ferrymq.errors import CorruptRecordError, InvalidRequestError, NotScheduledError
+from ferrymq.protocol.messages import Acks
+from ferrymq.protocol.records import (
+    ATTR_SCHEDULED,
+    BatchHeader,
+    RecordInput,
+    decode_header,
+    encode_batch,
+    encode_msg_id,
+    encode_properties,
+)
+from ferrymq.protocol.schedule import (
+    CANCELLED_MARK,
+    Due,
+    cancel_properties,
+    read_due_times,
+)
+from ferrymq.storage.schedule import FIRED, ScheduleStore
 
 if TYPE_CHECKING:
     from ferrymq.broker.config import BrokerConfig
@@ -74,7 +109,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("ferrymq.broker")
 
 MAINTENANCE_INTERVAL_S = 1.0
-"""How often near buckets are loaded, finished ones deleted and watermarks checkpointed."""
+"""How often near buckets are loaded, finished ones deleted, watermarks checkpointed and, on a
+cluster, the marks of the replicated queues' committed tails read."""
+CANCEL_COMMIT_TIMEOUT_MS = 30_000
+"""How long a cancel of a cluster's scheduled message waits for its cancel record to be
+committed (then REQUEST_TIMED_OUT: the cancel may still stand, as an unanswered send)."""
 
 
 class Scheduler:
@@ -93,8 +132,9 @@ class Scheduler:
         self.index = BucketIndex(self.store, config.schedule_bucket_ms,
                                  config.schedule_lookahead_ms)
         self.originals = Originals(topics, config.schedule_cache_bytes)
+        self.parking = Parking()
         self.firer = Firer(config, topics, flusher, clock, self.schedule_clock, self.index,
-                           self.originals)
+                           self.originals, self.parking)
         self._clock_pending: ClockMeta | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tick_handle: asyncio.TimerHandle | None = None
@@ -258,6 +298,8 @@ class Scheduler:
                 log.error("%s: scheduled batch at offset %d cannot be indexed: %s", qs,
                           base_offset, exc)
                 return
+        if not dues:
+            return  # only cancel records
         items = [(base_offset + d, due.at(append_time_ms)) for d, due in dues]
         try:
             self._register(qs.topic_id, qs.queue, items,
@@ -267,6 +309,63 @@ class Scheduler:
             self._hold[key] = min(self._hold.get(key, base_offset), base_offset)
             log.error("%s: cannot index scheduled messages at offset %d (%s); they will be "
                       "indexed from the log at the next start", qs, base_offset, exc)
+
+    def on_replica_append(self, qs: QueueState, batch: bytes | memoryview, base_offset: int,
+                          append_time_ms: int) -> None:
+        """Index a scheduled batch a follower just copied into ``qs`` (the replica manager's
+        ``on_scheduled``): its originals, as its leader did (its cancel records are marks,
+        read by the maintenance tick)."""
+        self.on_append(qs, batch, base_offset, append_time_ms)
+
+    def on_lead(self, qs: QueueState) -> None:
+        """This broker now leads ``qs`` (a cluster's queue; call once its role is the
+        leader's): read the marks its log holds beyond the last tick, settle the parked
+        entries they mark and fire the others (they are due)."""
+        key = (qs.topic_id, qs.queue)
+        floors = [f for f in (self.index.lowest_pending().get(key), self.parking.lowest(key))
+                  if f is not None]
+        if not floors:
+            return
+        self.parking.watch(key, min(floors))
+        nbytes = self.parking.read(qs, qs.log.end_offset)
+        settled = self._settle_marked(key)
+        if nbytes or settled:
+            log.info("%s: %d due scheduled messages settled by the marks in %d bytes of its "
+                     "log", qs, settled, nbytes)
+        self.firer.fire_parked(qs)
+
+    def _settle_marked(self, key: tuple[int, int]) -> int:
+        n = 0
+        for mark, items in self.parking.settle_marked(key):
+            self.firer.settle_mark(key[0], key[1], items, mark)
+            n += len(items)
+        return n
+
+    def _read_marks(self) -> None:
+        """The tick's part on a cluster: read the marks of the committed tail of every
+        replicated queue with pending or parked entries, settle what they mark."""
+        parking = self.parking
+        lowest = self.index.lowest_pending()
+        keys = set(lowest)
+        keys.update(k for k, st in parking.queues.items() if st.parked)
+        by_id = self.topics.by_id
+        for key in keys:
+            topic = by_id.get(key[0])
+            if topic is None or key[1] >= len(topic.queues):
+                dropped = parking.unpark(key)
+                if dropped:  # the topic was deleted: nothing to deliver
+                    self.firer.settle(key[0], key[1], dropped, FIRED)
+                parking.forget(key)
+                continue
+            qs = topic.queues[key[1]]
+            if not replicated(qs):
+                continue
+            low = lowest.get(key)
+            if low is not None:
+                parking.watch(key, low)
+            parking.read(qs, qs.visible_end)
+            self._settle_marked(key)
+            parking.prune(key, low)
 
     def _register(self, tid: int, q: int, items: list[tuple[int, int]], skew: int) -> None:
         """Index ``(offset, due ms)`` items of one queue whose entries get ``skew``."""
@@ -301,6 +400,7 @@ class Scheduler:
     def _maintain(self) -> None:
         if self.firer.refire or self.firer.unsettled or self._hold:
             self._retry_after_full()
+        self._read_marks()
         now = self.now_ms()
         self.index.load_near(now)
         self.index.delete_finished(now, self._covered)
@@ -330,25 +430,68 @@ class Scheduler:
 
     # -- cancel, lookups, statistics ----------------------------------------------------------------
 
-    def cancel(self, msg_id: str) -> int:
-        """Cancel a scheduled message that is not yet due; returns the write sequence to wait
-        for (:meth:`when_durable`) before answering in sync mode.
+    def cancel(self, msg_id: str) -> tuple[int, QueueState, int | None]:
+        """Cancel a scheduled message that is not yet due: the write sequence to wait for
+        (:meth:`when_durable`) before answering in sync mode, its queue and, for a cluster's
+        queue, the end offset of its cancel record (answer once committed:
+        ``qs.replica.wait_acks``; None for a single broker's queue).
 
         Raises:
             InvalidRequestError: not a message id.
             NotScheduledError: not a pending scheduled message.
+            NotLeaderError: a cluster's queue this broker does not lead.
+            NotEnoughReplicasError: its queue has fewer in-sync replicas than its min_insync.
         """
-        qs, due = cancel_entry(self.index, self.originals, self.schedule_clock, msg_id)
+        qs, due, end = cancel_entry(self.index, self.originals, self.schedule_clock, msg_id,
+                                    self._record_cancel)
         self.cancelled += 1
         log.info("cancelled scheduled message %s (%s, due %d)", msg_id, qs, due)
-        return self.index.write_seq
+        return self.index.write_seq, qs, end
+
+    def _record_cancel(self, qs: QueueState, off: int) -> int | None:
+        """Append the cancel record of the pending original at ``off`` of a cluster's queue
+        ``qs`` (checked first: this broker leads it, enough in-sync replicas, no mark read for
+        it); its end offset. A single broker's queue: None, nothing written."""
+        if not replicated(qs):
+            return None
+        msg_id = encode_msg_id(qs.topic_id, qs.queue, off)
+        mark = self.parking.mark_of((qs.topic_id, qs.queue), off)
+        if mark is not None:
+            raise NotScheduledError(f"message {msg_id} is already "
+                                    f"{'cancelled' if mark == CANCELLED_MARK else 'due'}")
+        qs.check_own_write()
+        assert qs.replica is not None  # check_own_write: it leads the queue
+        qs.replica.check_produce(Acks.ALL)
+        self.flusher.check_writable(qs)
+        now = self.clock.wall_ms()
+        batch = encode_batch([RecordInput(b"", now, properties=encode_properties(
+            cancel_properties(msg_id)))], attributes=ATTR_SCHEDULED)
+        res = qs.log.append(batch, now_ms=now)
+        self.flusher.mark_dirty(qs)
+        if self.config.flush != "sync":
+            qs.advance(qs.log.end_offset)
+        return res.last_offset + 1
 
     def lookup(self, topic_id: int, queue: int, offset: int) -> tuple[str, int]:
         """The scheduling state of the message at a position: ``(state, due ms)`` with state
         ``PENDING``, ``FIRED`` (its copy was appended), ``CANCELLED``, ``DONE`` (fired or
-        cancelled; its bucket was cleaned up) or ``NOT_SCHEDULED`` (due -1)."""
-        return lookup_state(self.index, self.originals, self.schedule_clock, topic_id, queue,
-                            offset)
+        cancelled; its bucket was cleaned up) or ``NOT_SCHEDULED`` (due -1).
+
+        Raises:
+            NotLeaderError: a cluster's scheduled message whose queue this broker does not
+                lead (its leader knows its state).
+        """
+        state, due = lookup_state(self.index, self.originals, self.schedule_clock, topic_id,
+                                  queue, offset)
+        if state == NOT_SCHEDULED:
+            return state, due
+        qs = self.topics.by_id[topic_id].queues[queue]  # found: lookup_state read it
+        if replicated(qs):
+            qs.check_own_write()  # NotLeaderError: its leader knows its state
+            mark = self.parking.mark_of((topic_id, queue), offset)
+            if mark is not None:
+                state = CANCELLED_STATE if mark == CANCELLED_MARK else FIRED_STATE
+        return state, due
 
     def topic_stats(self, topic_id: int) -> tuple[int, int]:
         """``(pending scheduled messages, earliest due ms or -1)`` of a topic: when the first of

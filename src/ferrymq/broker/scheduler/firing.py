@@ -16,7 +16,13 @@ that fires the message again at the next start: twice, never zero times.
 A full disk (or no descriptor) keeps a copy from being appended or a fired entry from being
 written: both are kept (``refire``, ``unsettled``) and tried again by :meth:`Firer.retry_held`
 once space is back; a copy whose fsync failed for lack of space is settled once the queue's
-tail was written again. Runs on the event-loop thread.
+tail was written again.
+
+On a cluster only the queue's leader fires, and a copy counts once it is committed: due entries
+of a queue this broker does not lead, and entries whose copy it appended, are *parked*
+(:mod:`.parking`) until the queue's committed log holds their mark; an entry whose mark was read
+already (the leader fired or cancelled it while it was pending here) is settled when it comes
+due. Runs on the event-loop thread.
 """
 
 from __future__ import annotations
@@ -30,10 +36,13 @@ from ferrymq.broker.flusher import flush_postponed
 from ferrymq.broker.scheduler.buckets import BucketIndex, Item
 from ferrymq.broker.scheduler.clock import SchedulerClock
 from ferrymq.broker.scheduler.originals import Originals
+from ferrymq.broker.scheduler.parking import Parking
+from ferrymq.broker.topics import CLUSTER_TOPIC_ID_BASE
 from ferrymq.broker.watermarks import is_disk_full
 from ferrymq.errors import BrokerError, LogClosedError, NotLeaderError
 from ferrymq.protocol.records import RecordInput, encode_batch
-from ferrymq.storage.schedule import FIRED
+from ferrymq.protocol.schedule import CANCELLED_MARK
+from ferrymq.storage.schedule import CANCELLED, FIRED
 
 if TYPE_CHECKING:
     from ferrymq._time import Clock
@@ -59,6 +68,7 @@ class Firer:
     def __init__(
         self, config: BrokerConfig, topics: TopicRegistry, flusher: Flusher, clock: Clock,
         schedule_clock: SchedulerClock, index: BucketIndex, originals: Originals,
+        parking: Parking,
     ) -> None:
         self.config = config
         self.topics = topics
@@ -67,6 +77,7 @@ class Firer:
         self.schedule_clock = schedule_clock
         self.index = index
         self.originals = originals
+        self.parking = parking
         self.sync = config.flush == "sync"
         self._loop: asyncio.AbstractEventLoop | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -158,6 +169,18 @@ class Firer:
             self.dropped += len(items)
             return
         qs = topic.queues[q]
+        if replicated(qs):
+            marked, items = self.parking.split_marked((tid, q), items)
+            for kind, done in marked:  # its leader fired or cancelled it already
+                self.settle_mark(tid, q, done, kind)
+            try:
+                qs.check_own_write()
+            except NotLeaderError:  # its leader fires it; the copy's mark settles it here
+                if items:
+                    self.parking.park((tid, q), items)
+                return
+            if not items:
+                return
         items.sort()
         records: list[RecordInput] = []
         fired: list[Item] = []
@@ -197,6 +220,7 @@ class Firer:
         except NotLeaderError:  # a cluster's queue led elsewhere: its leader fires its copy
             log.debug("%s: not the leader; %d due scheduled messages left to the leader", qs,
                       len(records))
+            self.parking.park((tid, q), items)
             return
         if qs in self.flusher.full:  # its tail waits for the rewrite: try again after it
             self.refire.append((qs, records, items))
@@ -223,6 +247,9 @@ class Firer:
         if not self.sync:
             qs.advance(qs.log.end_offset)
         self.fired += len(items)
+        if replicated(qs):  # settled once committed: a deposed leader's copy is truncated
+            self.parking.park((tid, q), items)
+            return
 
         def copied(exc: BaseException | None) -> None:
             if flush_postponed(exc) and qs not in self.flusher.failed:
@@ -243,6 +270,20 @@ class Firer:
         if unsettled:
             self.unsettled.append((tid, q, unsettled, kind))
 
+    def settle_mark(self, tid: int, q: int, items: list[Item], mark: int) -> None:
+        """Settle entries whose mark (:data:`~ferrymq.protocol.schedule.FIRED_MARK` or
+        :data:`~ferrymq.protocol.schedule.CANCELLED_MARK`) the queue's log holds."""
+        self.settle(tid, q, items, CANCELLED if mark == CANCELLED_MARK else FIRED)
+
+    def fire_parked(self, qs: QueueState) -> None:
+        """This broker now leads ``qs``: fire its parked entries whose mark its log does not
+        hold (call after :meth:`Parking.read` to the log end and settling the marked ones)."""
+        items = self.parking.unpark((qs.topic_id, qs.queue))
+        if items:
+            log.info("%s: firing %d due scheduled messages its former leader did not deliver",
+                     qs, len(items))
+            self._fire_queue(qs.topic_id, qs.queue, items)
+
     def retry_held(self) -> None:
         """Once space is back: append the copies a full disk held back and write the fired
         entries it kept from being written."""
@@ -260,3 +301,9 @@ class Firer:
         unsettled, self.unsettled = self.unsettled, []
         for tid, q, items, kind in unsettled:
             self.settle(tid, q, items, kind)
+
+
+def replicated(qs: QueueState) -> bool:
+    """Whether ``qs`` is a cluster's queue (replicated: only its leader fires, copies settle
+    by their mark)."""
+    return qs.replica is not None or qs.topic_id >= CLUSTER_TOPIC_ID_BASE

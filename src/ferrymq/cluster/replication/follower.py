@@ -51,7 +51,7 @@ import logging
 import secrets
 import ssl
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeAlias
 
 from ferrymq._version import __version__
 from ferrymq.client._transport import Transport
@@ -69,7 +69,7 @@ from ferrymq.protocol import messages as m
 from ferrymq.protocol.auth import NONCE_BYTES
 from ferrymq.protocol.client import ClientHandshake
 from ferrymq.protocol.codes import ErrorCode
-from ferrymq.protocol.records import iter_batches
+from ferrymq.protocol.records import ATTR_SCHEDULED, iter_batches
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -88,6 +88,8 @@ MAX_BACKOFF_S = 1.0
 """Longest wait between two connection attempts to a leader."""
 MAX_TRUNCATION_ROUNDS = 64
 """Most OFFSET_FOR_EPOCH rounds for one queue (each asks about a smaller epoch)."""
+ScheduledCopied: TypeAlias = "Callable[[QueueState, bytes | memoryview, int, int], None]"
+"""Told of a scheduled batch just copied: ``(queue, batch, base offset, append time ms)``."""
 _METADATA_CODES = (ErrorCode.NOT_LEADER, ErrorCode.FENCED_LEADER_EPOCH,
                    ErrorCode.LEADER_NOT_AVAILABLE, ErrorCode.UNKNOWN_TOPIC)
 
@@ -114,6 +116,7 @@ class FollowerHost(Protocol):
     fetch_bytes: int
     connect_timeout_s: float
     peer_login: PeerLogin
+    on_scheduled: ScheduledCopied | None
 
     def address_of(self, broker_id: int) -> tuple[str, int] | None:
         """Where a live broker listens (None: not known now)."""
@@ -466,8 +469,11 @@ class Fetcher:
                         fq.truncated = False
                         return copied
                     lg.epochs.assign(epoch, start)
-                lg.append_replica(data[pos:pos + h.size])
+                batch = data[pos:pos + h.size]
+                lg.append_replica(batch)
                 copied = True
+                if h.attributes & ATTR_SCHEDULED and self.host.on_scheduled is not None:
+                    self.host.on_scheduled(fq.qs, batch, h.base_offset, h.append_time_ms)
         except (StorageError, OSError, BrokerError) as exc:
             log.error("%s: copying from the leader failed: %s", fq, exc)
             fq.truncated = False

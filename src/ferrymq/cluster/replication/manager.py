@@ -44,7 +44,12 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from ferrymq.cluster.model import NO_LEADER
-from ferrymq.cluster.replication.follower import Fetcher, FollowerQueue, PeerLogin
+from ferrymq.cluster.replication.follower import (
+    Fetcher,
+    FollowerQueue,
+    PeerLogin,
+    ScheduledCopied,
+)
 from ferrymq.cluster.replication.leader import LeaderQueue
 from ferrymq.cluster.replication.serving import ReplicaServer
 from ferrymq.errors import MetadataError, NotLeaderError
@@ -119,6 +124,9 @@ class ReplicaManager:
         self.connect_timeout_s = max(1.0, min(10.0, config.replica_lag_ms / 2000))
         self.fenced = False
         self.peer_login = peer_login or PeerLogin()
+        self.on_scheduled: ScheduledCopied | None = None
+        """Told of every scheduled batch a follower copied (the broker's scheduler indexes
+        it: ``Scheduler.on_replica_append``)."""
         self._clock = clock
         self._address_of = address_of
         self._on_isr_change = on_isr_change
