@@ -1,0 +1,158 @@
+"""Delayed messages across a kill -9 of their queue's leader: etcd and three ``ferrymq broker``
+processes, delays spread before and after the kill, cancels before and after it, and a history
+checker over the final log: never early, never lost, never twice, cancelled never delivered.
+
+CI runs a short history (about 30 s); ``make soak`` (marker ``soak``) a longer one with more
+messages and two kills."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from ferrymq.client import AdminClient, Message, Producer, PullConsumer
+from ferrymq.client.message import ReceivedMessage
+from ferrymq.errors import FerryMQError, NotLeaderError, NotScheduledError
+from ferrymq.protocol.schedule import SCHEDULED_DUE, SCHEDULED_ID
+from ferrymq.testing import ClusterProcess
+from tests.cluster.conftest import needs_etcd
+from tests.cluster.test_cluster_etcd import FAST, describe, wait_until
+
+pytestmark = [pytest.mark.integration, needs_etcd]
+
+TOPIC = "dl"
+QUEUES = 2
+CLOCK_GRANULARITY_MS = 2
+"""How early a copy's append time may read against its due time: the scheduler snaps skews of
+up to 2 ms (the rounding between its clock and the wall clock) to 0 (docs/scheduled.md)."""
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass
+class History:
+    """What the clients did: each original sent (id -> earliest due it may have, its delay)
+    and each cancel's outcome."""
+
+    sent: dict[str, int] = field(default_factory=dict)
+    """msg id -> the earliest wall ms it may be due (send start + delay)."""
+    cancelled: set[str] = field(default_factory=set)
+    """Cancels the leader confirmed."""
+    unsure: set[str] = field(default_factory=set)
+    """Cancels whose answer was lost (timed out, the leader died): either outcome is right."""
+
+
+def check(history: History, copies: list[ReceivedMessage]) -> None:
+    """The history checker: every copy names a sent original, is never early (its append time
+    at or after its due time, and that due time no earlier than the send plus the delay), no
+    original has two copies, every original neither cancelled nor unsure has one, no cancelled
+    one has any."""
+    by_original: dict[str, list[ReceivedMessage]] = {}
+    for c in copies:
+        by_original.setdefault(c.properties[SCHEDULED_ID], []).append(c)
+    unknown = set(by_original) - set(history.sent)
+    assert not unknown, f"copies of originals never sent: {sorted(unknown)[:5]}"
+    twice = {i: [(c.queue, c.offset) for c in cs] for i, cs in by_original.items() if len(cs) > 1}
+    assert not twice, f"{len(twice)} originals delivered twice: {list(twice.items())[:5]}"
+    early = []
+    for i, (c,) in by_original.items():
+        due = int(c.properties[SCHEDULED_DUE])
+        if due < history.sent[i] or c.stored_ms < due - CLOCK_GRANULARITY_MS:
+            early.append((i, history.sent[i], due, c.stored_ms))
+    assert not early, f"{len(early)} delivered early (id, earliest due, due, stored): {early[:5]}"
+    delivered_cancelled = history.cancelled & set(by_original)
+    assert not delivered_cancelled, f"cancelled but delivered: {sorted(delivered_cancelled)}"
+    lost = set(history.sent) - history.cancelled - history.unsure - set(by_original)
+    assert not lost, f"{len(lost)} delayed messages lost: {sorted(lost)[:5]}"
+
+
+def cancel(c: ClusterProcess, history: History, msg_id: str) -> None:
+    """Cancel ``msg_id`` through any broker (the client finds the queue's leader), retrying
+    while no broker leads it; record the outcome."""
+    deadline = time.monotonic() + 30
+    with Producer(c.bootstrap, connect_timeout_s=5) as p:
+        while True:
+            try:
+                p.cancel(msg_id)
+            except NotLeaderError:
+                if time.monotonic() > deadline:
+                    history.unsure.add(msg_id)
+                    return
+                time.sleep(0.2)
+                continue
+            except NotScheduledError:
+                raise
+            except FerryMQError:  # the answer was lost: the cancel may stand or not
+                history.unsure.add(msg_id)
+                return
+            history.cancelled.add(msg_id)
+            return
+
+
+def read_copies(c: ClusterProcess, expected: int, group: str) -> list[ReceivedMessage]:
+    """Every copy of a delayed message in the topic, read by a fresh group from the start."""
+    got: list[ReceivedMessage] = []
+    with PullConsumer(c.bootstrap, group=group, auto_offset_reset="earliest") as consumer:
+        consumer.subscribe(TOPIC)
+        deadline = time.monotonic() + 60
+        while len(got) < expected and time.monotonic() < deadline:
+            got += consumer.poll(timeout=1.0)
+        quiet_until = time.monotonic() + 1.5  # and a little longer, to catch extras
+        while time.monotonic() < quiet_until:
+            got += consumer.poll(timeout=0.3)
+    return [m for m in got if SCHEDULED_ID in m.properties]
+
+
+def run_history(c: ClusterProcess, *, messages: int, spread_ms: int, kills: int) -> None:
+    with AdminClient(c.bootstrap) as admin:
+        admin.create_topic(TOPIC, QUEUES, replicas=3, min_insync=2)
+    history = History()
+    start = now_ms()
+    with Producer(c.bootstrap, delivery_timeout_s=60) as p:
+        for i in range(messages):
+            delay = 300 + spread_ms * i // messages
+            before = now_ms()
+            r = p.send(Message(TOPIC, f"m{i}".encode(), delay=delay / 1000,
+                               sharding_key=str(i % 7)))
+            history.sent[r.msg_id] = before + delay
+    ids = list(history.sent)
+    late = [i for i in ids if history.sent[i] > start + spread_ms // 2 + 3000]
+    for msg_id in late[::4]:  # cancelled before any kill
+        cancel(c, history, msg_id)
+    for k in range(kills):
+        time.sleep(spread_ms / 1000 / (kills + 2))
+        victim = describe(c)[(TOPIC, k % QUEUES)][0]
+        c.kill9(victim)
+        wait_until(lambda v=victim: describe(c)[(TOPIC, k % QUEUES)][0] not in (v, -1),  # type: ignore[misc]
+                   "a new leader", timeout=30)
+        for msg_id in late[1 + k::4]:  # cancelled after the kill, by the new leader
+            if history.sent[msg_id] > now_ms() + 1500:
+                cancel(c, history, msg_id)
+        c.restart(victim)
+        wait_until(lambda: all(sorted(isr) == [1, 2, 3] for _, isr in describe(c).values()),
+                   "the restarted broker back in every ISR", timeout=60)
+    with AdminClient(c.bootstrap) as admin:  # a cancelled message's state, from its leader
+        for msg_id in sorted(history.cancelled)[:2]:
+            states = {s.state for s in admin.message_status(msg_id).statuses}
+            assert states == {"CANCELLED"}, (msg_id, states)
+    last_due = max(history.sent.values())
+    time.sleep(max(0.0, (last_due - now_ms()) / 1000) + 2)
+    expected = len(ids) - len(history.cancelled) - len(history.unsure)
+    check(history, read_copies(c, expected, "check"))
+    assert history.cancelled, "the history cancelled nothing"
+
+
+def test_delayed_messages_survive_a_kill9_of_their_leader(tmp_path: Path) -> None:
+    with ClusterProcess(3, tmp_path / "c", cluster="t", env=FAST) as c:
+        run_history(c, messages=80, spread_ms=12_000, kills=1)
+
+
+@pytest.mark.soak
+def test_delayed_messages_survive_repeated_kills_soak(tmp_path: Path) -> None:
+    with ClusterProcess(3, tmp_path / "c", cluster="t", env=FAST) as c:
+        run_history(c, messages=600, spread_ms=60_000, kills=4)
