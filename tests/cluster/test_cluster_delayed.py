@@ -126,9 +126,10 @@ def run_history(c: ClusterProcess, *, messages: int, spread_ms: int, kills: int)
         cancel(c, history, msg_id)
     for k in range(kills):
         time.sleep(spread_ms / 1000 / (kills + 2))
-        victim = describe(c)[(TOPIC, k % QUEUES)][0]
+        queue = (TOPIC, k % QUEUES)
+        victim = describe(c)[queue][0]
         c.kill9(victim)
-        wait_until(lambda v=victim: describe(c)[(TOPIC, k % QUEUES)][0] not in (v, -1),  # type: ignore[misc]
+        wait_until(lambda q=queue, v=victim: describe(c)[q][0] not in (v, -1),
                    "a new leader", timeout=30)
         for msg_id in late[1 + k::4]:  # cancelled after the kill, by the new leader
             if history.sent[msg_id] > now_ms() + 1500:

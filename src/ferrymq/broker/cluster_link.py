@@ -103,6 +103,7 @@ class ClusterLink:
             on_isr_change=self._persist_isr, peer_login=peer_login(srv.config))
         srv.replicas = self.replicas
         self.replicas.on_scheduled = srv.scheduler.on_replica_append
+        self.replicas.on_truncated = srv.scheduler.on_replica_truncated
         node.on_fence = self._on_fence
         await node.start()
         await self.users.start()

@@ -13,17 +13,21 @@ from ferrymq.protocol.records import (
     encode_properties,
 )
 from ferrymq.protocol.schedule import (
+    CANCELLED_MARK,
     DELAY,
     DELAY_LEVELS_MS,
     DELIVER_AT,
+    FIRED_MARK,
     SCHEDULED_DUE,
     SCHEDULED_ID,
     Due,
+    cancel_properties,
     copy_properties,
     delay_level_ms,
     due_property,
     parse_due,
     read_due_times,
+    read_marks,
 )
 
 NOW = 1_700_000_000_000
@@ -103,3 +107,30 @@ def test_offset_deltas_follow_a_stamped_base_offset() -> None:
 def test_copy_properties_drop_the_due_time_and_name_the_original() -> None:
     props = copy_properties({DELAY: "10", "k": "v"}, "ID", NOW)
     assert props == {"k": "v", SCHEDULED_ID: "ID", SCHEDULED_DUE: str(NOW)}
+
+
+def _stored(props: list[dict[str, str]], attributes: int = 0) -> bytes:
+    return bytes(encode_batch(
+        [RecordInput(b"x", NOW, properties=encode_properties(p)) for p in props],
+        attributes=attributes))
+
+
+def test_a_cancel_record_is_refused_from_a_producer_and_skipped_in_a_stored_stored() -> None:
+    batch = _stored([{DELAY: "10"}, cancel_properties("X" * 28)], ATTR_SCHEDULED)
+    h = decode_header(batch)
+    with pytest.raises(InvalidRequestError, match="written only by the broker"):
+        read_due_times(batch, 0, h, max_delay_ms=DAY, now_ms=NOW)
+    assert read_due_times(batch, 0, h, max_delay_ms=None, now_ms=NOW) == [(0, Due(True, 10))]
+
+
+def test_marks_are_read_from_copies_and_cancel_records_only() -> None:
+    copy = _stored([copy_properties({"u": "1"}, "A" * 28, NOW), {"u": "2"}])
+    cancel = _stored([cancel_properties("B" * 28)], ATTR_SCHEDULED)
+    original = _stored([{DELAY: "5", SCHEDULED_ID: "C" * 28}], ATTR_SCHEDULED)  # not a copy
+    plain = _stored([{"u": "3"}])
+    assert read_marks(copy, 0, decode_header(copy)) == [(FIRED_MARK, "A" * 28)]
+    assert read_marks(cancel, 0, decode_header(cancel)) == [(CANCELLED_MARK, "B" * 28)]
+    assert read_marks(original, 0, decode_header(original)) == []
+    assert read_marks(plain, 0, decode_header(plain)) == []
+    both = plain + copy  # the second batch of a buffer
+    assert read_marks(both, len(plain), decode_header(copy)) == [(FIRED_MARK, "A" * 28)]

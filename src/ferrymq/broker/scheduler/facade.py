@@ -317,6 +317,12 @@ class Scheduler:
         read by the maintenance tick)."""
         self.on_append(qs, batch, base_offset, append_time_ms)
 
+    def on_replica_truncated(self, qs: QueueState, end: int) -> None:
+        """A follower cut the log of ``qs`` to end at ``end`` (the replica manager's
+        ``on_truncated``): marks read above it are gone (its indexed originals there are
+        checked against the log when they come due)."""
+        self.parking.truncated((qs.topic_id, qs.queue), end)
+
     def on_lead(self, qs: QueueState) -> None:
         """This broker now leads ``qs`` (a cluster's queue; call once its role is the
         leader's): read the marks its log holds beyond the last tick, settle the parked

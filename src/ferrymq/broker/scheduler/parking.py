@@ -21,7 +21,8 @@ for a broker that starts leading the queue (its log is the queue's truth from th
 whose entry is still pending here (this broker's clock is behind the leader's, or the message
 was cancelled before it was due) is kept until the entry comes due (:meth:`Parking.split_marked`
 when it is taken to fire); marks below the lowest entry of the queue still pending or parked are
-dropped. A log cut below the cursor (a follower's truncation) reads again from the lowest entry.
+dropped. A log cut below the cursor (a follower's truncation: :meth:`Parking.truncated`) drops
+the marks read above the cut and reads from there again.
 
 A broker that starts leading a queue settles what its log marks and fires the rest of its parked
 entries at once: they are due. Parked entries live in memory: after a restart they are pending in
@@ -60,8 +61,8 @@ class QueueMarks:
     """Marks are read for originals at or above this offset."""
     cursor: int
     """The log was read for marks up to here."""
-    marks: dict[int, int] = field(default_factory=dict)
-    """Original offset -> FIRED_MARK or CANCELLED_MARK."""
+    marks: dict[int, tuple[int, int]] = field(default_factory=dict)
+    """Original offset -> (FIRED_MARK or CANCELLED_MARK, offset of the batch holding it)."""
     parked: dict[int, Item] = field(default_factory=dict)
     """Original offset -> its parked entry."""
 
@@ -111,9 +112,8 @@ class Parking:
         if s is None:
             return 0
         lg = qs.log
-        if lg.end_offset < s.cursor:
-            s.marks.clear()
-            s.cursor = s.start
+        if lg.end_offset < s.cursor:  # cut without being told (a restart's recovery)
+            self.truncated(key, lg.end_offset)
         pos = max(s.cursor, lg.start_offset)
         nbytes = 0
         while pos < upto:
@@ -142,7 +142,7 @@ class Parking:
                         except ValueError:
                             continue
                         if (t, qq) == key and off >= s.start:
-                            s.marks[off] = kind
+                            s.marks[off] = (kind, h.base_offset)
                 pos = max(pos, h.last_offset + 1)
             if pos == before:
                 break
@@ -156,7 +156,7 @@ class Parking:
             return []
         by_kind: dict[int, list[Item]] = {}
         for off in [o for o in s.parked if o in s.marks]:
-            by_kind.setdefault(s.marks.pop(off), []).append(s.parked.pop(off))
+            by_kind.setdefault(s.marks.pop(off)[0], []).append(s.parked.pop(off))
         return list(by_kind.items())
 
     def split_marked(self, key: Key, items: list[Item]
@@ -168,17 +168,18 @@ class Parking:
         by_kind: dict[int, list[Item]] = {}
         rest: list[Item] = []
         for item in items:
-            kind = s.marks.pop(item[0], None)
-            if kind is None:
+            mark = s.marks.pop(item[0], None)
+            if mark is None:
                 rest.append(item)
             else:
-                by_kind.setdefault(kind, []).append(item)
+                by_kind.setdefault(mark[0], []).append(item)
         return list(by_kind.items()), rest
 
     def mark_of(self, key: Key, off: int) -> int | None:
         """The mark read for the original at ``off``, if any."""
         s = self.queues.get(key)
-        return None if s is None else s.marks.get(off)
+        mark = None if s is None else s.marks.get(off)
+        return None if mark is None else mark[0]
 
     def unpark(self, key: Key) -> list[Item]:
         """Take every parked entry of a queue (its new leader fires them)."""
@@ -205,6 +206,16 @@ class Parking:
             s.start = floor
             if s.marks:
                 s.marks = {o: k for o, k in s.marks.items() if o >= floor}
+
+    def truncated(self, key: Key, end: int) -> None:
+        """The queue's log was cut to end at ``end`` (a follower's truncation): forget the
+        marks read at or above it and read from there again."""
+        s = self.queues.get(key)
+        if s is None:
+            return
+        s.cursor = min(s.cursor, max(end, s.start))
+        if s.marks:
+            s.marks = {o: mk for o, mk in s.marks.items() if mk[1] < end}
 
     def forget(self, key: Key) -> None:
         """The queue is gone (its topic was deleted)."""

@@ -90,6 +90,9 @@ MAX_TRUNCATION_ROUNDS = 64
 """Most OFFSET_FOR_EPOCH rounds for one queue (each asks about a smaller epoch)."""
 ScheduledCopied: TypeAlias = "Callable[[QueueState, bytes | memoryview, int, int], None]"
 """Told of a scheduled batch just copied: ``(queue, batch, base offset, append time ms)``."""
+Truncated: TypeAlias = "Callable[[QueueState, int], None]"
+"""Told that a queue's log was cut to end at an offset (its scheduler forgets what it read
+above it)."""
 _METADATA_CODES = (ErrorCode.NOT_LEADER, ErrorCode.FENCED_LEADER_EPOCH,
                    ErrorCode.LEADER_NOT_AVAILABLE, ErrorCode.UNKNOWN_TOPIC)
 
@@ -117,6 +120,7 @@ class FollowerHost(Protocol):
     connect_timeout_s: float
     peer_login: PeerLogin
     on_scheduled: ScheduledCopied | None
+    on_truncated: Truncated | None
 
     def address_of(self, broker_id: int) -> tuple[str, int] | None:
         """Where a live broker listens (None: not known now)."""
@@ -408,6 +412,8 @@ class Fetcher:
         log.warning("%s: log end %d diverged from the leader's (its epoch %d ends at %d): "
                     "truncating to %d", fq, qs.log.end_offset, answer[0], answer[1], offset)
         qs.log.truncate_to(offset)
+        if self.host.on_truncated is not None:
+            self.host.on_truncated(qs, offset)
         if qs.visible_end > offset:  # a follower's visible end is not read by consumers
             qs.visible_end = offset
 
@@ -510,6 +516,8 @@ class Fetcher:
                 log.error("%s: cannot empty the log: %s", fq, exc)
                 fq.rest_until = now + RETRY_AFTER_ERROR_S
                 return
+            if self.host.on_truncated is not None:
+                self.host.on_truncated(fq.qs, leader_start)
             fq.qs.visible_end = leader_start
             return
         log.error("%s: %s", fq, msg)

@@ -49,6 +49,7 @@ from ferrymq.cluster.replication.follower import (
     FollowerQueue,
     PeerLogin,
     ScheduledCopied,
+    Truncated,
 )
 from ferrymq.cluster.replication.leader import LeaderQueue
 from ferrymq.cluster.replication.serving import ReplicaServer
@@ -127,6 +128,8 @@ class ReplicaManager:
         self.on_scheduled: ScheduledCopied | None = None
         """Told of every scheduled batch a follower copied (the broker's scheduler indexes
         it: ``Scheduler.on_replica_append``)."""
+        self.on_truncated: Truncated | None = None
+        """Told that a follower cut a queue's log (``Scheduler.on_replica_truncated``)."""
         self._clock = clock
         self._address_of = address_of
         self._on_isr_change = on_isr_change
