@@ -50,6 +50,17 @@ def test_failover_measures_each_kill() -> None:
     assert 0 < res["unavailable_p50_s"] == res["unavailable_max_s"]
 
 
+def test_failover_of_delayed_delivery_measures_each_kill() -> None:
+    (res,) = _bench("failover", "--service", "delayed", "--kills", "1", "--rate", "20",
+                    "--lease-ms", "2000")
+    assert res["service"] == "delayed" and res["kills"] == 1 and res["succeeded"] > 0
+    (kill,) = res["kills_detail"]
+    assert kill["new_leader"] != kill["victim"]
+    assert 0 < res["unavailable_p50_s"] == res["unavailable_max_s"] < 30
+    assert res["delayed_sent"] > 0
+    assert (res["delayed_lost"], res["delayed_twice"]) == (0, 0), res["delayed_twice_examples"]
+
+
 def test_catchup_measures_the_follower() -> None:
     (res,) = _bench("catchup", "--megabytes", "2")
     assert res["megabytes"] >= 2

@@ -14,8 +14,11 @@ lease's expiry, the controller's election and the new owner's rebuilding all cou
 restarts the killed broker and waits for it to be back in the ISR before the next kill.
 
 Services (:data:`SERVICES`): ``produce`` (``acks="all"`` sends to a one-queue topic of three
-replicas) and ``commit`` (a pull consumer's offset commits: poll, then commit). More register
-themselves in :data:`SERVICES`.
+replicas), ``commit`` (a pull consumer's offset commits: poll, then commit) and ``delayed``
+(delayed delivery: an operation waits for a delayed message whose copy was stored after it
+began, which after a kill only the queue's new leader stores; :class:`DelayedService` also
+reports the acknowledged delayed messages lost or delivered twice). More register themselves in
+:data:`SERVICES`.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from ferrymq.client.consumer import AsyncPullConsumer
 from ferrymq.client.message import Message
 from ferrymq.client.producer import AsyncProducer
 from ferrymq.protocol.coordinator import OFFSETS_TOPIC, coordinator_queue
+from ferrymq.protocol.schedule import SCHEDULED_ID
 
 __all__ = ["SERVICES", "FailoverService", "describe_cluster", "queue_state", "run_service_failover",
            "wait_isr"]
@@ -65,6 +69,10 @@ class FailoverService(Protocol):
         """Disconnect."""
         ...
 
+    def figures(self) -> dict[str, Any]:
+        """The service's own figures of the run, added to the result (after :meth:`close`)."""
+        ...
+
 
 @dataclass
 class ProduceService:
@@ -93,6 +101,9 @@ class ProduceService:
     async def close(self) -> None:
         if self.producer is not None:
             await self.producer.close()
+
+    def figures(self) -> dict[str, Any]:
+        return {}
 
 
 @dataclass
@@ -146,10 +157,128 @@ class CommitService:
         if self.producer is not None:
             await self.producer.close()
 
+    def figures(self) -> dict[str, Any]:
+        return {}
+
+
+@dataclass
+class DelayedService:
+    """Delayed delivery: messages delayed by ``delay_s`` are sent at ``send_rate`` per second
+    (``acks="all"``) to a one-queue topic of three replicas throughout, and a consumer reads
+    the queue. An operation waits for the next delayed message whose copy was stored after the
+    operation began (after a kill only the new leader stores copies), at most ``delay_s`` + 30
+    s. :meth:`close` waits until every acknowledged one was delivered (or ``delay_s`` + the
+    resume timeout passed); :meth:`figures` counts those lost and those with two copies."""
+
+    delay_s: float = 2.0
+    send_rate: float = 50.0
+    name: str = "delayed"
+    parallel: bool = False
+    topic: str = ""
+    producer: AsyncProducer | None = None
+    consumer: AsyncPullConsumer | None = None
+    acked: set[str] = field(default_factory=set)
+    failed_sends: int = 0
+    copies: dict[str, set[int]] = field(default_factory=dict)
+    """Original id -> offsets of its copies received."""
+    newest_stored_ms: int = -1
+    """The latest append time of a copy received."""
+    resume_timeout_s: float = 60.0
+    _arrived: asyncio.Event = field(default_factory=asyncio.Event)
+    _stop: asyncio.Event = field(default_factory=asyncio.Event)
+    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    _sends: set[asyncio.Task[None]] = field(default_factory=set)
+
+    async def start(self, bootstrap: str, resume_timeout_s: float) -> None:
+        self.resume_timeout_s = resume_timeout_s
+        self.topic = await _create_topic(bootstrap, 1, prefix="bench-delayed", replication=RF3)
+        self.producer = AsyncProducer(bootstrap, client_id="ferrymq-bench-delayed", acks="all",
+                                      linger_ms=0, delivery_timeout_s=resume_timeout_s + 30)
+        await self.producer.start()
+        self.consumer = AsyncPullConsumer(bootstrap, client_id="ferrymq-bench-delayed",
+                                          auto_commit=False, auto_offset_reset="earliest")
+        await self.consumer.start()
+        await self.consumer.assign([(self.topic, 0)])
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._send()), loop.create_task(self._read())]
+        await self.operate()  # copies flow
+
+    def owner(self) -> tuple[str, int]:
+        return self.topic, 0
+
+    async def _send_one(self) -> None:
+        assert self.producer is not None
+        try:
+            r = await self.producer.send(Message(self.topic, b"d", delay=self.delay_s))
+        except Exception:  # noqa: BLE001 - a failed send is a figure
+            self.failed_sends += 1
+            return
+        self.acked.add(r.msg_id)
+
+    async def _send(self) -> None:
+        interval = 1.0 / self.send_rate
+        nxt = time.perf_counter()
+        while not self._stop.is_set():
+            task = asyncio.get_running_loop().create_task(self._send_one())
+            self._sends.add(task)
+            task.add_done_callback(self._sends.discard)
+            nxt = max(nxt + interval, time.perf_counter() - 1.0)
+            await asyncio.sleep(max(0.001, nxt - time.perf_counter()))
+
+    async def _read(self) -> None:
+        assert self.consumer is not None
+        while True:
+            with contextlib.suppress(Exception):  # the cluster is moving: poll again
+                for msg in await self.consumer.poll(timeout=0.2):
+                    original = msg.properties.get(SCHEDULED_ID)
+                    if original is not None:
+                        self.copies.setdefault(original, set()).add(msg.offset)
+                        self.newest_stored_ms = max(self.newest_stored_ms, msg.stored_ms)
+                        self._arrived.set()
+            await asyncio.sleep(0)
+
+    async def operate(self) -> None:
+        since = time.time_ns() // 1_000_000
+        await asyncio.wait_for(self._arrivals(lambda: self.newest_stored_ms >= since),
+                               self.delay_s + 30)
+
+    async def _arrivals(self, enough: Callable[[], bool]) -> None:
+        """Wait for copies until ``enough()``."""
+        while not enough():
+            self._arrived.clear()
+            await self._arrived.wait()
+
+    async def close(self) -> None:
+        self._stop.set()
+        if self._tasks:
+            await self._tasks[0]
+        if self._sends:
+            await asyncio.wait(set(self._sends), timeout=self.resume_timeout_s)
+        with contextlib.suppress(TimeoutError):  # lost ones are counted by figures()
+            await asyncio.wait_for(self._arrivals(lambda: not self.acked - set(self.copies)),
+                                   self.delay_s + self.resume_timeout_s)
+        await asyncio.sleep(1.0)  # and a little longer, to catch a second copy
+        for t in self._tasks[1:]:
+            t.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        if self.consumer is not None:
+            await self.consumer.close()
+        if self.producer is not None:
+            await self.producer.close()
+
+    def figures(self) -> dict[str, Any]:
+        twice = sorted((o, sorted(offs)) for o, offs in self.copies.items() if len(offs) > 1)
+        return {"delay_s": self.delay_s, "delayed_sent": len(self.acked),
+                "delayed_failed_sends": self.failed_sends,
+                "delayed_lost": len(self.acked - set(self.copies)),
+                "delayed_twice": len(twice), "delayed_twice_examples": twice[:5]}
+
 
 SERVICES: dict[str, Callable[[int], FailoverService]] = {
     "produce": lambda size: ProduceService(size=size),
     "commit": lambda size: CommitService(),
+    "delayed": lambda size: DelayedService(),
 }
 """The services :func:`run_service_failover` knows, by name (called with the message size)."""
 
@@ -276,6 +405,7 @@ def run_service_failover(bench: Any, service: str = "produce", *, kills: int = 2
             if pending:
                 await asyncio.wait(set(pending), timeout=resume_timeout_s)
             await svc.close()
+        figures = svc.figures()
         un = sorted(k["unavailable_s"] for k in kills_out)
         return {
             "workload": "failover", "service": service, "kills": len(kills_out), "rate": rate,
@@ -284,7 +414,7 @@ def run_service_failover(bench: Any, service: str = "produce", *, kills: int = 2
             "unavailable_max_s": un[-1] if un else float("nan"),
             "unavailable_min_s": un[0] if un else float("nan"),
             "succeeded": len(done), "failed_ops": len(failed), "failures": failed[:5],
-            "kills_detail": kills_out,
+            "kills_detail": kills_out, **figures,
         }
 
     return asyncio.run(main())
