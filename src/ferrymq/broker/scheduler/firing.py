@@ -176,8 +176,15 @@ class Firer:
             try:
                 qs.check_own_write()
             except NotLeaderError:  # its leader fires it; the copy's mark settles it here
-                if items:
-                    self.parking.park((tid, q), items)
+                current: list[Item] = []
+                cut: list[Item] = []  # cut from the log by a truncation: no mark will come
+                for it in items:
+                    (current if self.originals.is_current(qs, it) else cut).append(it)
+                if cut:
+                    self.settle(tid, q, cut, FIRED)
+                    self.dropped += len(cut)
+                if current:
+                    self.parking.park((tid, q), current)
                 return
             if not items:
                 return

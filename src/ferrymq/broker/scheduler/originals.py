@@ -151,22 +151,40 @@ class Originals:
             raise NotScheduledError(f"{qs}@{off}: {exc}") from None
         return qs, due.at(h.append_time_ms)
 
-    def copy_of(self, qs: QueueState, item: Item) -> RecordInput | None:
-        """The copy to append for the original at ``item``; None when the entry is stale (the
-        original is gone, or is not the scheduled message the entry names)."""
+    def _original(self, qs: QueueState, item: Item
+                  ) -> tuple[bytes, BatchHeader, int, dict[str, str]] | None:
+        """The batch, header, record position and properties of the original an entry names;
+        None when the entry is stale (the original is gone, or is not the scheduled message the
+        entry names: logged)."""
         off, due, _start = item
         try:
             data, _p, h, positions = self.read_batch(qs, off)
             if not h.attributes & ATTR_SCHEDULED:
                 raise InvalidRequestError("not a scheduled batch")
             rp = positions[off - h.base_offset]
-            t0, t1, s1, k1, p1, rend = record_fields(data, rp)
+            k1, p1 = record_fields(data, rp)[3:5]
             props = decode_properties(data[k1:p1]) if p1 > k1 else {}
             if parse_due(props).at(h.append_time_ms) != due:
                 raise InvalidRequestError("due time differs")
         except (BrokerError, LogClosedError) as exc:
             log.warning("%s@%d: scheduled entry dropped: %s", qs, off, exc)
             return None
+        return data, h, rp, props
+
+    def is_current(self, qs: QueueState, item: Item) -> bool:
+        """Whether the entry ``item`` still names a scheduled original of ``qs`` (a follower's
+        truncation may have cut it)."""
+        return self._original(qs, item) is not None
+
+    def copy_of(self, qs: QueueState, item: Item) -> RecordInput | None:
+        """The copy to append for the original at ``item``; None when the entry is stale (the
+        original is gone, or is not the scheduled message the entry names)."""
+        found = self._original(qs, item)
+        if found is None:
+            return None
+        data, h, rp, props = found
+        off, due, _start = item
+        t0, t1, s1, k1, p1, rend = record_fields(data, rp)
         return RecordInput(
             data[p1:rend],
             h.first_timestamp + record_timestamp_delta(data, rp),
