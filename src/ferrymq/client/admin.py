@@ -43,7 +43,7 @@ from ferrymq.client._admin_results import (
     merge_group_listings,
 )
 from ferrymq.client._admin_users import UserAdminCalls
-from ferrymq.client._cluster import Cluster
+from ferrymq.client._cluster import SAME_BROKER_RETRY_CODES, Cluster
 from ferrymq.client._coordinator import CoordinatorRoute
 from ferrymq.client._session import Auth, Session, TLSOption
 from ferrymq.client.message import BatchContext, ReceivedMessage
@@ -344,7 +344,8 @@ class AsyncAdminClient(ClusterAdminCalls, UserAdminCalls):
         broker asked says NOT_LEADER, and the others are asked in turn).
         """
         return MessageStatus.from_wire(await self._cluster.ask_leader(lambda s: s.request(
-            m.MessageStatusRequest(msg_id), m.MessageStatusResponse)))
+            m.MessageStatusRequest(msg_id), m.MessageStatusResponse,
+            retry_codes=SAME_BROKER_RETRY_CODES)))
 
     async def cancel_scheduled(self, msg_id: str) -> None:
         """Cancel a scheduled message that is not yet due (as ``Producer.cancel``).
