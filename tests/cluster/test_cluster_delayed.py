@@ -122,7 +122,8 @@ def run_history(c: ClusterProcess, *, messages: int, spread_ms: int, kills: int)
             history.sent[r.msg_id] = before + delay
     ids = list(history.sent)
     late = [i for i in ids if history.sent[i] > start + spread_ms // 2 + 3000]
-    for msg_id in late[::4]:  # cancelled before any kill
+    stride = kills + 1  # a share of them cancelled before any kill, one after each kill
+    for msg_id in late[::stride]:
         cancel(c, history, msg_id)
     for k in range(kills):
         time.sleep(spread_ms / 1000 / (kills + 2))
@@ -131,7 +132,7 @@ def run_history(c: ClusterProcess, *, messages: int, spread_ms: int, kills: int)
         c.kill9(victim)
         wait_until(lambda q=queue, v=victim: describe(c)[q][0] not in (v, -1),
                    "a new leader", timeout=30)
-        for msg_id in late[1 + k::4]:  # cancelled after the kill, by the new leader
+        for msg_id in late[1 + k::stride]:  # cancelled after the kill, by the new leader
             if history.sent[msg_id] > now_ms() + 1500:
                 cancel(c, history, msg_id)
         c.restart(victim)

@@ -104,6 +104,7 @@ class ClusterLink:
         srv.replicas = self.replicas
         self.replicas.on_scheduled = srv.scheduler.on_replica_append
         self.replicas.on_truncated = srv.scheduler.on_replica_truncated
+        srv.scheduler.on_cluster = True
         node.on_fence = self._on_fence
         await node.start()
         await self.users.start()

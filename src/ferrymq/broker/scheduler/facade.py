@@ -133,6 +133,8 @@ class Scheduler:
                                  config.schedule_lookahead_ms)
         self.originals = Originals(topics, config.schedule_cache_bytes)
         self.parking = Parking()
+        self.on_cluster = False
+        """The broker is part of a cluster (set by its cluster link): the tick reads marks."""
         self.firer = Firer(config, topics, flusher, clock, self.schedule_clock, self.index,
                            self.originals, self.parking)
         self._clock_pending: ClockMeta | None = None
@@ -350,6 +352,8 @@ class Scheduler:
     def _read_marks(self) -> None:
         """The tick's part on a cluster: read the marks of the committed tail of every
         replicated queue with pending or parked entries, settle what they mark."""
+        if not self.on_cluster:
+            return
         parking = self.parking
         lowest = self.index.lowest_pending()
         keys = set(lowest)
