@@ -111,7 +111,8 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("ferrymq_delivery_group_oldest_unacked_seconds", "gauge", ("group",),
                "Age of the oldest message of the group's queues not acknowledged yet (0: none)."),
     MetricSpec("ferrymq_delayed_messages_pending", "gauge", (),
-               "Delayed and scheduled messages stored and not due yet."),
+               "Delayed and scheduled messages stored and not due yet (on a cluster, in the "
+               "queues this broker holds a replica of)."),
     MetricSpec("ferrymq_requests_total", "counter", ("api",),
                "PRODUCE and FETCH requests answered (errors included)."),
     MetricSpec("ferrymq_request_bytes_total", "counter", ("api",),
