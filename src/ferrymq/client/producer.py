@@ -435,8 +435,8 @@ class AsyncProducer:
                 cancelled, or not scheduled).
             InvalidRequestError: not a message id.
             NotLeaderError: on a cluster, no broker leads its queue now (a failover; retry).
-            RequestTimedOutError: on a cluster, the cancel was not committed in time (it may
-                still stand).
+            NotEnoughReplicasError: on a cluster, too few in-sync replicas, or the cancel was
+                not committed in time (it may still stand).
         """
         await self._cluster.ask_leader(lambda s: s.request(
             m.CancelScheduledRequest(msg_id), m.Empty, retry_codes=frozenset()))

@@ -10,7 +10,7 @@ STORAGE_ERROR until a restart.
 On a cluster only the queue's leader cancels (NOT_LEADER elsewhere): it also appends a cancel
 record to the queue, refused first like an ``acks="all"`` send (NOT_ENOUGH_REPLICAS), and
 answers once the record is committed (every in-sync replica has it: a new leader knows the
-cancel), REQUEST_TIMED_OUT after ``CANCEL_COMMIT_TIMEOUT_MS``.
+cancel), NOT_ENOUGH_REPLICAS after ``CANCEL_COMMIT_TIMEOUT_MS``.
 """
 
 from __future__ import annotations

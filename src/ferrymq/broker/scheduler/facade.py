@@ -113,7 +113,7 @@ MAINTENANCE_INTERVAL_S = 1.0
 cluster, the marks of the replicated queues' committed tails read."""
 CANCEL_COMMIT_TIMEOUT_MS = 30_000
 """How long a cancel of a cluster's scheduled message waits for its cancel record to be
-committed (then REQUEST_TIMED_OUT: the cancel may still stand, as an unanswered send)."""
+committed (then NOT_ENOUGH_REPLICAS: the cancel may still stand, as an unanswered send)."""
 
 
 class Scheduler:
