@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from ferrymq.broker.scheduler import parking
 from ferrymq.broker.scheduler.parking import Parking
 from ferrymq.broker.topics import CLUSTER_TOPIC_ID_BASE, QueueState
 from ferrymq.protocol.records import (
@@ -99,3 +100,19 @@ def test_marks_below_the_lowest_entry_are_dropped(qs: QueueState) -> None:
     p.park(KEY, [item(0)])  # an entry below what was read: its marks are read again
     p.read(qs, qs.log.end_offset)
     assert p.settle_marked(KEY) == [(FIRED_MARK, [item(0)])]
+
+
+def test_a_read_with_a_byte_budget_goes_on_where_it_stopped(
+        qs: QueueState, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(parking, "MARKS_READ_BYTES", 1)  # one batch per log read
+    p = Parking()
+    p.park(KEY, [item(0), item(1)])
+    reads = 0
+    while p.mark_of(KEY, 1) is None:
+        assert p.read(qs, qs.log.end_offset, max_bytes=1) > 0
+        reads += 1
+        assert reads <= 5, "the cursor did not move on"
+    assert reads == 4  # batches at 0, 3, 4 (the copy of 0) and 5 (the cancel of 1)
+    assert p.mark_of(KEY, 0) == FIRED_MARK
+    assert p.read(qs, qs.log.end_offset, max_bytes=1) > 0  # the last batch, then nothing left
+    assert p.read(qs, qs.log.end_offset, max_bytes=1) == 0

@@ -80,7 +80,7 @@ from ferrymq.broker.scheduler.cancellation import (
 from ferrymq.broker.scheduler.clock import ClockMeta, SchedulerClock
 from ferrymq.broker.scheduler.firing import Firer, replicated
 from ferrymq.broker.scheduler.originals import Originals
-from ferrymq.broker.scheduler.parking import Parking
+from ferrymq.broker.scheduler.parking import MARKS_TICK_BYTES, Parking
 from ferrymq.broker.scheduler.recovery import recover, reindex_held
 from ferrymq.errors import CorruptRecordError, InvalidRequestError, NotScheduledError
 from ferrymq.protocol.messages import Acks
@@ -359,6 +359,7 @@ class Scheduler:
         keys = set(lowest)
         keys.update(k for k, st in parking.queues.items() if st.parked)
         by_id = self.topics.by_id
+        budget = MARKS_TICK_BYTES
         for key in keys:
             topic = by_id.get(key[0])
             if topic is None or key[1] >= len(topic.queues):
@@ -373,7 +374,8 @@ class Scheduler:
             low = lowest.get(key)
             if low is not None:
                 parking.watch(key, low)
-            parking.read(qs, qs.visible_end)
+            if budget > 0:
+                budget -= parking.read(qs, qs.visible_end, budget)
             self._settle_marked(key)
             parking.prune(key, low)
 

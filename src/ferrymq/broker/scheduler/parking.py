@@ -16,7 +16,8 @@ An entry is settled by its *mark* in the queue's log (:func:`ferrymq.protocol.sc
 a copy naming it settles it as fired, a cancel record as cancelled. :meth:`Parking.read` reads
 the marks of one queue from a cursor up to a bound: the visible end (the high watermark: what no
 failover truncates) for the maintenance tick, which reads every replicated queue holding pending
-or parked entries, so a new leader has only the tail since the last tick to read; the log end
+or parked entries (at most :data:`MARKS_TICK_BYTES` a tick), so a new leader has only the tail
+since the last tick to read; the log end
 for a broker that starts leading the queue (its log is the queue's truth from then on). A mark
 whose entry is still pending here (this broker's clock is behind the leader's, or the message
 was cancelled before it was due) is kept until the entry comes due (:meth:`Parking.split_marked`
@@ -48,6 +49,11 @@ log = logging.getLogger("ferrymq.broker")
 
 MARKS_READ_BYTES = 1 << 20
 """Log bytes read per step when reading a queue's marks."""
+MARKS_TICK_BYTES = 16 << 20
+"""Most log bytes the maintenance tick reads for marks (all queues together), so that a long
+backlog (the first tick after a start reads from each queue's lowest pending message) is read
+over several ticks instead of stalling the event loop; a broker that starts leading a queue
+reads the rest of its log at once."""
 
 Key = tuple[int, int]
 """(topic id, queue)."""
@@ -104,9 +110,10 @@ class Parking:
         s = self.queues.get(key)
         return min(s.parked) if s is not None and s.parked else None
 
-    def read(self, qs: QueueState, upto: int) -> int:
-        """Read the marks of ``qs`` from its cursor up to offset ``upto``; the log bytes read.
-        A log that ends below the cursor (truncated) is read again from the state's start."""
+    def read(self, qs: QueueState, upto: int, max_bytes: int | None = None) -> int:
+        """Read the marks of ``qs`` from its cursor up to offset ``upto`` (stopping after about
+        ``max_bytes`` of log, if given: the cursor stays where it stopped); the log bytes read.
+        A log that ends below the cursor (truncated) is read again from the cut."""
         key = (qs.topic_id, qs.queue)
         s = self.queues.get(key)
         if s is None:
@@ -116,7 +123,7 @@ class Parking:
             self.truncated(key, lg.end_offset)
         pos = max(s.cursor, lg.start_offset)
         nbytes = 0
-        while pos < upto:
+        while pos < upto and (max_bytes is None or nbytes < max_bytes):
             try:
                 data = lg.read(pos, MARKS_READ_BYTES)
             except (OffsetOutOfRangeError, LogClosedError):
