@@ -44,6 +44,8 @@ __all__ = ["SERVICES", "FailoverService", "describe_cluster", "queue_state", "ru
            "wait_isr"]
 
 RF3 = Replication(replicas=3, min_insync=2)
+COMMIT_BACKLOG = 20_000
+"""Messages the commit service's queue holds: the offsets it commits go round below it."""
 
 
 class FailoverService(Protocol):
@@ -108,22 +110,25 @@ class ProduceService:
 
 @dataclass
 class CommitService:
-    """A pull consumer of a group that polls and commits its position: a commit reaches the
-    group's coordinator, the leader of its ``%GROUPS%offsets`` queue."""
+    """A pull consumer of a group that commits a growing offset of a queue holding
+    :data:`COMMIT_BACKLOG` messages (written first): a commit reaches only the group's
+    coordinator, the leader of its ``%GROUPS%offsets`` queue (the data queues' leaders, which
+    the kill may hit too, are not in its path). Between commits it polls, which rejoins when
+    the group needs it."""
 
     name: str = "commit"
     parallel: bool = False
     group: str = field(default_factory=lambda: f"bench-commit-{os.getpid()}")
     topic: str = ""
     queues: int = 0
+    committed: int = 0
     consumer: AsyncPullConsumer | None = None
-    producer: AsyncProducer | None = None
 
     async def start(self, bootstrap: str, resume_timeout_s: float) -> None:
-        self.topic = await _create_topic(bootstrap, 2, prefix="bench-commit", replication=RF3)
-        self.producer = AsyncProducer(bootstrap, acks="all", linger_ms=0,
-                                      delivery_timeout_s=resume_timeout_s + 30)
-        await self.producer.start()
+        self.topic = await _create_topic(bootstrap, 1, prefix="bench-commit", replication=RF3)
+        async with AsyncProducer(bootstrap, acks="all") as producer:
+            for _ in range(COMMIT_BACKLOG // 1000):
+                await producer.send_batch([Message(self.topic, b"x")] * 1000)
         self.consumer = AsyncPullConsumer(bootstrap, group=self.group, auto_commit=False,
                                           auto_offset_reset="earliest",
                                           heartbeat_interval_s=0.2)
@@ -146,16 +151,13 @@ class CommitService:
 
     async def operate(self) -> None:
         assert self.consumer is not None
-        assert self.producer is not None
-        await self.producer.send(Message(self.topic, b"x"))  # something new to commit
-        await self.consumer.poll(timeout=0.05)
-        await self.consumer.commit()
+        await self.consumer.poll(timeout=0.01, max_messages=1)
+        self.committed = self.committed % COMMIT_BACKLOG + 1
+        await self.consumer.commit({(self.topic, 0): self.committed})
 
     async def close(self) -> None:
         if self.consumer is not None:
             await self.consumer.close()
-        if self.producer is not None:
-            await self.producer.close()
 
     def figures(self) -> dict[str, Any]:
         return {}
