@@ -10,11 +10,13 @@ own task when the service allows operations in parallel, one after the other oth
 records when each successful one started and ended, and ``kills`` times: waits until the
 service's queue has three in-sync replicas, SIGKILLs its leader, and measures from the kill to
 the end of the first successful operation *started after the kill* (the clients' refresh, the
-lease's expiry, the controller's election and the new owner's rebuilding all count); then it
+lease's expiry, the controller's election and the new owner's rebuilding all count), or, for a
+service whose operation is a wait (``delayed``), to what its ``resumed_after`` says; then it
 restarts the killed broker and waits for it to be back in the ISR before the next kill.
 
 Services (:data:`SERVICES`): ``produce`` (``acks="all"`` sends to a one-queue topic of three
-replicas), ``commit`` (a pull consumer's offset commits: poll, then commit) and ``delayed``
+replicas), ``commit`` (a pull consumer's offset commits of a growing offset: only the coordinator is in
+their path) and ``delayed``
 (delayed delivery: an operation waits for a delayed message whose copy was stored after it
 began, which after a kill only the queue's new leader stores; :class:`DelayedService` also
 reports the acknowledged delayed messages lost or delivered twice). More register themselves in
@@ -185,6 +187,8 @@ class DelayedService:
     """Original id -> offsets of its copies received."""
     newest_stored_ms: int = -1
     """The latest append time of a copy received."""
+    receipts: list[tuple[float, int]] = field(default_factory=list)
+    """(perf_counter when received, append time in wall ms) of each copy."""
     resume_timeout_s: float = 60.0
     _arrived: asyncio.Event = field(default_factory=asyncio.Event)
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
@@ -236,6 +240,7 @@ class DelayedService:
                     if original is not None:
                         self.copies.setdefault(original, set()).add(msg.offset)
                         self.newest_stored_ms = max(self.newest_stored_ms, msg.stored_ms)
+                        self.receipts.append((time.perf_counter(), msg.stored_ms))
                         self._arrived.set()
             await asyncio.sleep(0)
 
@@ -243,6 +248,13 @@ class DelayedService:
         since = time.time_ns() // 1_000_000
         await asyncio.wait_for(self._arrivals(lambda: self.newest_stored_ms >= since),
                                self.delay_s + 30)
+
+    def resumed_after(self, t_kill: float, kill_ms: int) -> float | None:
+        """When (perf_counter) the first copy stored after the kill (wall ``kill_ms``) was
+        received, if one was: an operation is a wait, so "the first operation started after
+        the kill" would add the wait of the one in flight at the kill (up to ``delay_s``)."""
+        got = [r for r, stored in self.receipts[-5000:] if stored >= kill_ms and r >= t_kill]
+        return min(got) if got else None
 
     async def _arrivals(self, enough: Callable[[], bool]) -> None:
         """Wait for copies until ``enough()``."""
@@ -374,13 +386,17 @@ def run_service_failover(bench: Any, service: str = "produce", *, kills: int = 2
                 desc = await describe_cluster(bootstrap)
                 victim = q.leader
                 await asyncio.sleep(settle_s)
-                t_kill = time.perf_counter()
+                t_kill, kill_ms = time.perf_counter(), time.time_ns() // 1_000_000
                 cluster.kill9(victim)
                 resumed = None
+                own = getattr(svc, "resumed_after", None)  # a service that measures it itself
                 while time.perf_counter() - t_kill < resume_timeout_s:
-                    after = [e for s, e in done[-2000:] if s >= t_kill]
-                    if after:
-                        resumed = min(after)
+                    if own is not None:
+                        resumed = own(t_kill, kill_ms)
+                    else:
+                        after = [e for s, e in done[-2000:] if s >= t_kill]
+                        resumed = min(after) if after else None
+                    if resumed is not None:
                         break
                     await asyncio.sleep(0.005)
                 if resumed is None:
