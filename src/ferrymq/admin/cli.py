@@ -156,6 +156,8 @@ def cli(ctx: click.Context, server: str, json_mode: bool, debug: bool,
 @click.option("--port", type=click.IntRange(0, 65535), help="TCP port (default 9876).")
 @click.option("--http-port", type=click.IntRange(0, 65535),
               help="Port of /metrics, /healthz and /readyz on --host (default 9877; 0: off).")
+@click.option("--kafka-port", type=click.IntRange(0, 65535),
+              help="Port of the Kafka-protocol listener on --host (default 0: off).")
 @click.option("--data-dir", help="Directory for topics, offsets and state.")
 @click.option("--config", "config_file", type=click.Path(dir_okay=False), metavar="FILE",
               help="TOML file with broker settings (top level or a [broker] table).")
@@ -186,7 +188,8 @@ def cli(ctx: click.Context, server: str, json_mode: bool, debug: bool,
               help="This broker's id in the cluster (unique).")
 @click.option("--advertised-address", metavar="HOST:PORT",
               help="Address clients and brokers reach this broker at (default: --host:--port).")
-def broker(host: str | None, port: int | None, http_port: int | None, data_dir: str | None,
+def broker(host: str | None, port: int | None, http_port: int | None, kafka_port: int | None,
+           data_dir: str | None,
            config_file: str | None,
            flush: str | None, log_level: str | None, log_format: str | None,
            users_file: str | None,
@@ -203,7 +206,8 @@ def broker(host: str | None, port: int | None, http_port: int | None, data_dir: 
     from ferrymq.broker.config import load
     from ferrymq.broker.server import run
 
-    overrides = {"host": host, "port": port, "http_port": http_port, "data_dir": data_dir,
+    overrides = {"host": host, "port": port, "http_port": http_port, "kafka_port": kafka_port,
+                 "data_dir": data_dir,
                  "flush": flush,
                  "log_level": log_level.upper() if log_level else None, "log_format": log_format,
                  "users_file": users_file, "insecure": insecure or None,

@@ -338,6 +338,11 @@ class BrokerConfig:
     http_port: int = _f(
         9877, "HTTP: port of the operations listener (/metrics, /healthz, /readyz) on host; "
               "0: no HTTP listener. Served by the broker's event loop.")
+    kafka_port: int = _f(
+        0, "Kafka: port of the Kafka-protocol listener on host (Kafka clients produce and "
+           "consume the same topics, a partition being a queue); 0: off. Served by the "
+           "broker's event loop with the wire port's limits (max_frame_bytes, connection "
+           "caps). Needs authentication and TLS off for now. See docs/kafka.md.")
     http_max_connections: int = _f(
         64, "HTTP: open connections to the operations listener beyond this are closed at once.")
     http_max_header_bytes: int = _f(
@@ -429,6 +434,7 @@ class BrokerConfig:
             raise ConfigError(f"http_port must be 0..65535 (0: off), not {self.http_port}")
         if self.http_port and self.http_port == self.port:
             raise ConfigError(f"http_port and port must differ (both {self.port})")
+        self._validate_kafka()
         positive = (
             "flush_interval_ms", "flush_threads", "max_frame_bytes", "max_message_bytes", "max_batch_records",
             "max_fetch_bytes", "max_connections", "max_in_flight_per_connection",
@@ -526,6 +532,20 @@ class BrokerConfig:
         if self.metadata_lease_ms < 2000:
             raise ConfigError(f"metadata_lease_ms must be >= 2000 (etcd leases count whole "
                               f"seconds), not {self.metadata_lease_ms}")
+
+    def _validate_kafka(self) -> None:
+        if not 0 <= self.kafka_port <= 65535:
+            raise ConfigError(f"kafka_port must be 0..65535 (0: off), not {self.kafka_port}")
+        if not self.kafka_port:
+            return
+        if self.kafka_port in (self.port, self.http_port):
+            raise ConfigError(f"kafka_port {self.kafka_port} must differ from port and http_port")
+        if self.users_file or self.tls_cert_file:
+            raise ConfigError("kafka_port needs authentication and TLS off (no users_file, no "
+                              "tls_cert_file): SASL and TLS on the Kafka port are not built yet")
+        if self.metadata:
+            raise ConfigError("kafka_port is for a single broker for now (no metadata): on a "
+                              "cluster, Kafka clients would need each partition's leader")
 
     def _validate_security(self) -> None:
         if not 100 <= self.auth_failure_delay_ms <= 60_000:

@@ -75,6 +75,7 @@ from ferrymq.storage.handles import FileHandles
 if TYPE_CHECKING:
     from ferrymq.broker.cluster_link import ClusterLink
     from ferrymq.cluster.metadata import MetadataStore
+    from ferrymq.kafka.listener import KafkaListener
     from ferrymq.ops.http import HttpListener
 
 log = logging.getLogger("ferrymq.broker")
@@ -122,6 +123,8 @@ class BrokerServer:
         """PRODUCE and FETCH counts, bytes and latency (``/metrics``)."""
         self.http: HttpListener | None = None
         """The operations listener (None: ``http_port = 0``)."""
+        self.kafka: KafkaListener | None = None
+        """The Kafka-protocol listener (None: ``kafka_port = 0``)."""
         self.address: tuple[str, int] = (config.host, config.port)
         self.topics: TopicRegistry
         self.descriptors: DescriptorBudget
@@ -174,6 +177,8 @@ class BrokerServer:
             self._lock_data_dir()
         try:
             self._server = await self._bind(loop)
+            if cfg.kafka_port:
+                await self._bind_kafka()
             if cfg.http_port:
                 from ferrymq.ops.http import HttpListener  # aiohttp: only when it is used
 
@@ -187,6 +192,8 @@ class BrokerServer:
         except BaseException:
             if self._server is not None:
                 self._server.close()
+            if self.kafka is not None:
+                self.kafka.close()
             if self.http is not None:
                 await self.http.close()
             if self._lock_file is not None:
@@ -215,6 +222,8 @@ class BrokerServer:
             raise self._listen_error(exc) from exc
         for listener in self._server.sockets:
             _sockets.tune_listener(listener)
+        if self.kafka is not None:
+            await self.kafka.start()
         self.serving = True
         self._tasks.append(loop.create_task(self._housekeeping()))
         self._tasks.append(loop.create_task(self._delivery_ticks()))
@@ -291,11 +300,27 @@ class BrokerServer:
         except OSError as exc:
             raise self._listen_error(exc) from exc
 
-    def _listen_error(self, exc: OSError) -> ConfigError:
+    async def _bind_kafka(self) -> None:
+        """Bind the Kafka port (``kafka_port``; kio is imported only when it is on).
+
+        Raises:
+            ConfigError: the port cannot be bound.
+        """
+        from ferrymq.kafka.listener import KafkaListener
+
+        self.kafka = KafkaListener(self)
+        try:
+            await self.kafka.bind()
+        except OSError as exc:
+            self.kafka = None
+            raise self._listen_error(exc, self.config.kafka_port) from exc
+
+    def _listen_error(self, exc: OSError, port: int | None = None) -> ConfigError:
         reason = os.strerror(exc.errno).lower() if exc.errno else str(exc)
         if exc.errno == errno.EADDRINUSE:
             reason += " (another broker or program listens on it)"
-        return ConfigError(f"cannot listen on {self.config.host}:{self.config.port}: {reason}")
+        port = self.config.port if port is None else port
+        return ConfigError(f"cannot listen on {self.config.host}:{port}: {reason}")
 
     async def _open(self, loop: asyncio.AbstractEventLoop) -> None:
         """Lock and recover the data directory; open the logs and every manager."""
@@ -389,6 +414,8 @@ class BrokerServer:
     async def _shutdown(self) -> None:
         if self._server is not None:
             self._server.close()
+        if self.kafka is not None:
+            self.kafka.stop_accepting()
         if self.cluster is not None:  # first: the lease goes, leadership moves at once
             await self.cluster.stop()
         self.scheduler.stop()
@@ -399,7 +426,9 @@ class BrokerServer:
                     w.set_result(None)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.shutdown_timeout_ms / 1000
-        while any(c.pending for c in self.connections) and loop.time() < deadline:  # noqa: ASYNC110
+        while ((any(c.pending for c in self.connections)  # noqa: ASYNC110
+                or (self.kafka is not None and self.kafka.pending))
+               and loop.time() < deadline):
             await asyncio.sleep(0.01)
         for t in self._tasks:
             t.cancel()
@@ -408,6 +437,8 @@ class BrokerServer:
         for c in list(self.connections):
             if c.transport is not None:
                 c.transport.close()
+        if self.kafka is not None:
+            self.kafka.close()
         await asyncio.sleep(0)
         self.flusher.stop()
         await asyncio.sleep(0)  # run the flusher's last callbacks (they may journal moves)

@@ -1,0 +1,233 @@
+"""The Kafka APIs FerryMQ serves, each translated onto FerryMQ's own handlers.
+
+Theory of operation
+-------------------
+A Kafka request is decoded by ``kio`` (:mod:`ferrymq.protocol.kafka.apis`) and turned into the
+FerryMQ request that means the same: Produce into PRODUCE (each partition's Kafka batch
+converted into a FerryMQ batch, :func:`~ferrymq.protocol.kafka.records.to_ferrymq`), Fetch into
+FETCH (the FerryMQ batches read converted back, :func:`~ferrymq.protocol.kafka.records.to_kafka`),
+ListOffsets into LIST_OFFSETS, Metadata into METADATA. The FerryMQ handler does the work, so
+durability (acks, sync flush, group commit), long polling, watermarks, read_committed and topic
+auto-creation behave exactly as on the native port. Its answer is mapped back to Kafka's
+response of the version the client asked for (:func:`~ferrymq.protocol.kafka.apis.build`).
+
+A Kafka topic is a FerryMQ topic and a partition is a queue; offsets are the queue's offsets.
+This broker is the only Kafka broker clients see (Metadata names it leader of every partition).
+"""
+
+from __future__ import annotations
+
+import datetime
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+from kio.schema.errors import ErrorCode as KafkaError
+
+from ferrymq.broker.handlers import admin, fetch, offsets, produce
+from ferrymq.errors import BrokerError, CorruptRecordError, MessageTooLargeError
+from ferrymq.protocol import messages as m
+from ferrymq.protocol.kafka import apis
+from ferrymq.protocol.kafka.records import to_ferrymq, to_kafka
+from ferrymq.protocol.messages import Acks, Isolation
+
+if TYPE_CHECKING:
+    from ferrymq.broker.context import ClientConnection
+
+KafkaHandler = Callable[["KafkaPeer", type[Any], Any], "Any | Awaitable[Any] | None"]
+"""``(connection, response class, request)`` -> a kio response, an awaitable of one, or None
+(no response: a produce with ``acks=0``)."""
+
+_NO_TIME = datetime.timedelta(0)
+_ACKS = {1: Acks.LEADER, -1: Acks.ALL}
+
+
+class KafkaPeer(Protocol):
+    """What the Kafka handlers see of their connection."""
+
+    @property
+    def conn(self) -> ClientConnection:
+        """The connection as FerryMQ's handlers see it."""
+
+    @property
+    def local_address(self) -> tuple[str, int]:
+        """Host and port the client reached this listener at (what Metadata advertises)."""
+
+
+def api_versions(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
+    """The API keys and versions this listener serves."""
+    return apis.build(cls, {
+        "error_code": KafkaError.none,
+        "api_keys": [{"api_key": k, "min_version": lo, "max_version": hi}
+                     for k, (lo, hi) in sorted(apis.SUPPORTED.items())],
+        "throttle_time": _NO_TIME,
+    })
+
+
+def metadata(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
+    """This broker, and the asked topics (all when none is named) with their partitions
+    (auto-created as on the native port when the request allows it)."""
+    topics: list[str] | None = None
+    if req.topics is not None and (req.topics or cls.__version__ > 0):  # v0: [] means all
+        topics = [t.name for t in req.topics if t.name is not None]
+    auto = bool(getattr(req, "allow_auto_topic_creation", True))
+    answer = admin.metadata(peer.conn, m.MetadataRequest(topics, auto))
+    if isinstance(answer, m.MetadataResponse):
+        return _metadata_response(peer, cls, answer)
+    return _later(answer, lambda r: _metadata_response(peer, cls, r))
+
+
+def _metadata_response(peer: KafkaPeer, cls: type[Any], res: m.MetadataResponse) -> Any:
+    node = peer.conn.server.config.broker_id
+    host, port = peer.local_address
+    return apis.build(cls, {
+        "throttle_time": _NO_TIME,
+        "brokers": [{"node_id": node, "host": host, "port": port, "rack": None}],
+        "cluster_id": "ferrymq",
+        "controller_id": node,
+        "topics": [{
+            "error_code": apis.kafka_error(code),
+            "name": name,
+            "topic_id": uuid.UUID(int=max(topic_id, 0)),
+            "is_internal": False,
+            "partitions": [{
+                "error_code": KafkaError.none, "partition_index": q, "leader_id": node,
+                "leader_epoch": -1, "replica_nodes": (node,), "isr_nodes": (node,),
+                "offline_replicas": (),
+            } for q in range(queues)] if code == 0 else [],
+        } for name, topic_id, queues, code, _dedup in res.topics],
+    })
+
+
+def produce_request(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
+    """Convert each partition's batch and append them through FerryMQ's PRODUCE; ``acks=0``
+    gets no response, as in Kafka."""
+    results: list[dict[str, Any] | None] = []  # per partition, None: sent to FerryMQ's produce
+    names: list[tuple[str, int]] = []
+    entries: list[m.ProduceEntry] = []
+    max_message = peer.conn.server.config.max_message_bytes
+    acks = _ACKS.get(req.acks)
+    for topic in req.topic_data:
+        for part in topic.partition_data:
+            names.append((topic.name, part.index))
+            if acks is None and req.acks != 0:
+                results.append(_produce_error(part.index, KafkaError.invalid_required_acks,
+                                              f"acks must be -1, 0 or 1, not {req.acks}"))
+                continue
+            try:
+                batch = to_ferrymq(part.records or b"", max_message_bytes=max_message)
+            except BrokerError as exc:  # the batch is refused, nothing of it stored
+                results.append(_produce_error(part.index, _refused(exc), str(exc)))
+                continue
+            entries.append((topic.name, part.index, batch))
+            results.append(None)
+    timeout_ms = int(req.timeout.total_seconds() * 1000)
+    try:
+        answer: Any = (produce.produce(peer.conn, m.ProduceRequest(timeout_ms, entries,
+                                                                   acks or Acks.LEADER))
+                       if entries else m.ProduceResponse([]))
+    except BrokerError as exc:  # the whole request refused (watermarks)
+        answer = m.ProduceResponse([(t, q, exc.code, str(exc), -1, -1, -1, 0, -1, [])
+                                    for t, q, _b in entries])
+
+    def respond(res: m.ProduceResponse) -> Any:
+        done = iter(res.results)
+        rows: dict[str, list[dict[str, Any]]] = {}
+        for (topic, _index), row in zip(names, results, strict=True):
+            if row is None:
+                _t, q, code, msg, base, _last, _append, _d, _tid, _dups = next(done)
+                row = {"index": q, "error_code": apis.kafka_error(code), "base_offset": base,
+                       "log_append_time": None, "log_start_offset": -1, "record_errors": (),
+                       "error_message": msg or None}
+            rows.setdefault(topic, []).append(row)
+        return apis.build(cls, {
+            "responses": [{"name": t, "partition_responses": p} for t, p in rows.items()],
+            "throttle_time": _NO_TIME,
+        })
+
+    if req.acks == 0:
+        return None
+    if isinstance(answer, m.ProduceResponse):
+        return respond(answer)
+    return _later(answer, respond)
+
+
+def _refused(exc: BrokerError) -> KafkaError:
+    """The Kafka error of a batch refused before it was stored: MESSAGE_TOO_LARGE,
+    CORRUPT_MESSAGE for a bad CRC, else INVALID_RECORD (Kafka's "failed validation")."""
+    if isinstance(exc, MessageTooLargeError):
+        return KafkaError.message_too_large
+    if isinstance(exc, CorruptRecordError) and "CRC" in str(exc):
+        return KafkaError.corrupt_message
+    return KafkaError.invalid_record
+
+
+def _produce_error(index: int, code: KafkaError, message: str) -> dict[str, Any]:
+    return {"index": index, "error_code": code, "base_offset": -1, "log_append_time": None,
+            "log_start_offset": -1, "record_errors": (), "error_message": message[:1024]}
+
+
+def fetch_request(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
+    """Read through FerryMQ's FETCH (long polling included) and convert what it read."""
+    entries: list[m.FetchEntry] = [
+        (t.topic, p.partition, p.fetch_offset, p.partition_max_bytes, "")
+        for t in req.topics for p in t.partitions]
+    isolation = (Isolation.READ_COMMITTED if getattr(req, "isolation_level", 0) == 1
+                 else Isolation.READ_UNCOMMITTED)
+    answer = fetch.fetch(peer.conn, m.FetchRequest(
+        int(req.max_wait.total_seconds() * 1000), req.min_bytes, req.max_bytes, entries,
+        isolation))
+
+    def respond(res: m.FetchResponse) -> Any:
+        txn = {(t, q): (lso, aborted) for t, q, lso, aborted in res.txn}
+        rows: dict[str, list[dict[str, Any]]] = {}
+        for topic, q, code, _msg, hw, start, _tid, data in res.results:
+            lso, aborted = txn.get((topic, q), (hw, []))
+            rows.setdefault(topic, []).append({
+                "partition_index": q, "error_code": apis.kafka_error(code),
+                "high_watermark": hw, "last_stable_offset": lso, "log_start_offset": start,
+                "aborted_transactions": ([{"producer_id": pid, "first_offset": first}
+                                          for pid, first in aborted]
+                                         if isolation == Isolation.READ_COMMITTED else None),
+                "preferred_read_replica": -1,
+                "records": to_kafka(data) if data else None,
+            })
+        return apis.build(cls, {
+            "throttle_time": _NO_TIME, "error_code": KafkaError.none, "session_id": 0,
+            "responses": [{"topic": t, "partitions": p} for t, p in rows.items()],
+        })
+
+    if isinstance(answer, m.FetchResponse):
+        return respond(answer)
+    return _later(answer, respond)
+
+
+def list_offsets(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
+    """Earliest (-2), latest (-1) or by time, through FerryMQ's LIST_OFFSETS."""
+    entries = [(t.name, p.partition_index, p.timestamp) for t in req.topics
+               for p in t.partitions]
+    isolation = getattr(req, "isolation_level", 0)
+    res = offsets.list_offsets(peer.conn, m.ListOffsetsRequest(entries, isolation))
+    rows: dict[str, list[dict[str, Any]]] = {}
+    for topic, q, code, offset in res.results:
+        rows.setdefault(topic, []).append({
+            "partition_index": q, "error_code": apis.kafka_error(code), "timestamp": -1,
+            "offset": offset, "leader_epoch": -1, "old_style_offsets": (offset,)})
+    return apis.build(cls, {"throttle_time": _NO_TIME,
+                            "topics": [{"name": t, "partitions": p} for t, p in rows.items()]})
+
+
+async def _later(answer: Awaitable[Any], respond: Callable[[Any], Any]) -> Any:
+    return respond(await answer)
+
+
+HANDLERS: dict[int, KafkaHandler] = {
+    apis.API_VERSIONS: api_versions,
+    apis.METADATA: metadata,
+    apis.PRODUCE: produce_request,
+    apis.FETCH: fetch_request,
+    apis.LIST_OFFSETS: list_offsets,
+}
+assert set(HANDLERS) == set(apis.SUPPORTED)
+
+__all__ = ["HANDLERS", "KafkaHandler", "KafkaPeer"]

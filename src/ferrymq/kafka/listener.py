@@ -1,0 +1,339 @@
+"""The Kafka listener: a second port on the broker's event loop that speaks the Kafka protocol.
+
+Theory of operation
+-------------------
+:class:`KafkaListener` is bound and started by the broker server next to its native port
+(``kafka_port``, 0: off). Each accepted socket is a :class:`KafkaConnection`, an
+``asyncio.Protocol``: the sans-IO :class:`~ferrymq.protocol.kafka.frames.KafkaFrameDecoder`
+cuts frames, the header says the API and version, ``kio`` decodes the body
+(:mod:`ferrymq.protocol.kafka.apis`), a handler of :mod:`ferrymq.kafka.handlers` answers it by
+way of FerryMQ's own handlers.
+
+Kafka clients expect the responses of one connection in the order of its requests (the Java
+client checks each correlation id against its oldest request). Requests are dispatched at once
+as on the native port; an answer that is ready while an earlier one still waits (an fsync, a
+long poll) is held until the earlier one is written.
+
+Limits are the native port's: ``max_connections`` and ``max_connections_per_ip`` (counted
+together with native connections), ``max_frame_bytes`` (checked on the size prefix, before
+buffering), ``max_in_flight_per_connection`` (reading stops while that many answers are
+pending) and ``max_write_buffer_bytes`` (reading stops while the transport holds that much).
+A frame of a bad size or a request that does not decode ends the connection with a logged
+reason (a Kafka broker does the same; the stream cannot be trusted after it). An API key or
+version not served is answered with UNSUPPORTED_VERSION in that API's response (ApiVersions:
+its v0 response listing what is served), never by closing the connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from typing import TYPE_CHECKING, Any, Protocol, cast
+
+from kio.schema.errors import ErrorCode as KafkaError
+
+from ferrymq import _sockets
+from ferrymq.broker.context import BrokerContext
+from ferrymq.errors import BrokerError, RemoteProtocolError
+from ferrymq.kafka.handlers import HANDLERS
+from ferrymq.protocol.codes import ErrorCode
+from ferrymq.protocol.kafka import apis
+from ferrymq.protocol.kafka.frames import (
+    KafkaFrameDecoder,
+    decode_request_header,
+    frame,
+    peek_header,
+    response_header,
+)
+
+if TYPE_CHECKING:
+    from ferrymq.broker.context import ClientConnection
+    from ferrymq.broker.limits import ConnectionLimits
+    from ferrymq.protocol.auth import ScramServer
+
+log = logging.getLogger("ferrymq.kafka")
+
+_UNSUPPORTED = int(KafkaError.unsupported_version).to_bytes(2, "big", signed=True)
+
+
+class KafkaHost(BrokerContext, Protocol):
+    """What the listener needs of the broker: what handlers see, and its connection limits."""
+
+    @property
+    def limits(self) -> ConnectionLimits:
+        """``max_connections`` and ``max_connections_per_ip``, shared with the native port."""
+
+
+class KafkaListener:
+    """The Kafka port of one broker."""
+
+    def __init__(self, host: KafkaHost) -> None:
+        self.host = host
+        self.connections: set[KafkaConnection] = set()
+        self.address: tuple[str, int] = (host.config.host, host.config.kafka_port)
+        self._server: asyncio.Server | None = None
+
+    async def bind(self) -> None:
+        """Bind the port (not accepting yet).
+
+        Raises:
+            OSError: the port cannot be bound.
+        """
+        cfg = self.host.config
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: KafkaConnection(self), cfg.host, cfg.kafka_port, reuse_address=True,
+            backlog=1024, start_serving=False)
+        sock = self._server.sockets[0].getsockname()
+        self.address = (sock[0], sock[1])
+
+    async def start(self) -> None:
+        """Accept connections."""
+        assert self._server is not None
+        await self._server.start_serving()
+        for listener in self._server.sockets:
+            _sockets.tune_listener(listener)
+        log.info("Kafka protocol on %s:%d", *self.address)
+
+    def stop_accepting(self) -> None:
+        """Close the port (connections stay)."""
+        if self._server is not None:
+            self._server.close()
+
+    @property
+    def pending(self) -> bool:
+        """Whether a connection still has a request in progress."""
+        return any(c.slots for c in self.connections)
+
+    def close(self) -> None:
+        """Close the port and every connection."""
+        self.stop_accepting()
+        for c in list(self.connections):
+            c.close("broker stopping")
+
+
+class _Slot:
+    """The answer to one request, in request order: bytes once ready."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes | None = None) -> None:
+        self.data = data
+
+
+class KafkaConnection(asyncio.Protocol):
+    """One Kafka client connection. Also what FerryMQ's handlers see as their connection
+    (:class:`~ferrymq.broker.context.ClientConnection`): authentication is off on a broker
+    with a Kafka port (SASL is a later slice), so it has no principal."""
+
+    def __init__(self, listener: KafkaListener) -> None:
+        self.listener = listener
+        self.server: KafkaHost = listener.host
+        cfg = self.server.config
+        self.decoder = KafkaFrameDecoder(cfg.max_frame_bytes)
+        self.transport: asyncio.Transport | None = None
+        self.peer = "?"
+        self.ip = "?"
+        self.client_id = ""
+        self.principal: str | None = None
+        self.scram: ScramServer | None = None
+        self.authenticated = True
+        self.closed = False
+        self.close_reason: str | None = None
+        self.local_address: tuple[str, int] = listener.address
+        self.slots: deque[_Slot] = deque()
+        self._admitted = False
+        self._read_paused = False
+        self._write_paused = False
+        self._tasks: set[asyncio.Future[Any]] = set()
+
+    @property
+    def conn(self) -> ClientConnection:
+        """This connection, as FerryMQ's handlers see it."""
+        return self
+
+    # -- asyncio.Protocol ------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        self.ip = str(peer[0]) if isinstance(peer, tuple) else self.peer
+        local = transport.get_extra_info("sockname")
+        if isinstance(local, tuple):
+            self.local_address = (str(local[0]), int(local[1]))
+        refused = ("broker is shutting down" if self.server.shutting_down
+                   else self.server.limits.admit(self.ip))
+        if refused is not None:
+            log.warning("refusing Kafka connection from %s: %s", self.peer, refused,
+                        extra={"peer": self.peer})
+            self.closed = True
+            self.transport.close()
+            return
+        self._admitted = True
+        self.listener.connections.add(self)
+        self.transport.set_write_buffer_limits(high=self.server.config.max_write_buffer_bytes)
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            _sockets.tune(sock)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self._admitted:
+            self._admitted = False
+            self.listener.connections.discard(self)
+            self.server.limits.release(self.ip)
+        for t in list(self._tasks):
+            t.cancel()
+        self._tasks.clear()
+        self.slots.clear()
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+        self._update_reading()
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        self._update_reading()
+
+    def data_received(self, data: bytes) -> None:
+        if self.closed:
+            return
+        try:
+            frames = self.decoder.feed(data)
+        except RemoteProtocolError as exc:
+            self.close(str(exc))
+            return
+        for f in frames:
+            self._dispatch(f)
+
+    # -- what FerryMQ's handlers may call ------------------------------------------------------
+
+    def stop_reading(self) -> None:
+        """Read nothing more (FerryMQ handlers call this on a failed handshake)."""
+        if self.transport is not None and not self.closed:
+            self.transport.pause_reading()
+
+    def fail(self, code: ErrorCode, message: str) -> None:
+        """Close with a logged reason (Kafka has no connection-level error frame)."""
+        self.close(f"{code.name}: {message}")
+
+    def authenticated_as(self, user: str) -> None:
+        """Never called: the Kafka port has no authentication yet."""
+        raise RuntimeError("the Kafka port has no authentication")
+
+    def close(self, reason: str) -> None:
+        """Close the connection, logging why."""
+        if self.closed:
+            return
+        log.info("closing Kafka connection %s (client %r): %s", self.peer, self.client_id,
+                 reason, extra={"peer": self.peer})
+        self.closed = True
+        self.close_reason = reason
+        if self.transport is not None:
+            self.transport.close()
+
+    # -- requests ----------------------------------------------------------------------------
+
+    def _dispatch(self, data: bytes) -> None:
+        if self.closed:  # an earlier frame of the same read closed it
+            return
+        try:
+            key, version, correlation_id = peek_header(data)
+        except RemoteProtocolError as exc:
+            self.close(str(exc))
+            return
+        if not apis.is_supported(key, version):
+            self._unsupported(key, version, correlation_id)
+            return
+        req_cls = apis.request_class(key, version)
+        res_cls = apis.response_class(key, version)
+        assert req_cls is not None  # every served version is in kio
+        assert res_cls is not None
+        flexible = bool(res_cls.__flexible__)
+        try:
+            header = decode_request_header(data, flexible=flexible)
+            req = apis.decode_request(req_cls, data, header.body)
+        except RemoteProtocolError as exc:
+            self.close(f"malformed request (api key {key} v{version}): {exc}")
+            return
+        if header.client_id:
+            self.client_id = header.client_id[:256]
+        head = response_header(key, correlation_id, flexible=flexible)
+        try:
+            result = HANDLERS[key](self, res_cls, req)
+        except Exception as exc:  # noqa: BLE001 - every failure is answered
+            result = self._failed(res_cls, exc)
+        if result is None:  # produce with acks=0
+            return
+        if not asyncio.isfuture(result) and not asyncio.iscoroutine(result):
+            self._answer(_Slot(frame(head, apis.encode(result))))
+            return
+        slot = _Slot()
+        self.slots.append(slot)
+        fut = asyncio.ensure_future(result)
+        self._tasks.add(fut)
+        fut.add_done_callback(lambda f: self._completed(slot, head, res_cls, f))
+        self._update_reading()
+
+    def _unsupported(self, key: int, version: int, correlation_id: int) -> None:
+        """Answer an API key or version this listener does not serve (UNSUPPORTED_VERSION)."""
+        log.debug("Kafka client %s asked for api key %d v%d: not served", self.peer, key, version)
+        if key == apis.API_VERSIONS:  # KIP-511: answer v0, which lists what is served
+            body = apis.api_versions_body(KafkaError.unsupported_version, 0)
+            self._answer(_Slot(frame(response_header(key, correlation_id, flexible=False), body)))
+            return
+        cls = apis.response_class(key, version)
+        if cls is None:  # unknown even to kio: the header and the error code alone
+            self._answer(_Slot(frame(response_header(key, correlation_id, flexible=False),
+                                     _UNSUPPORTED)))
+            return
+        body = apis.encode(apis.error_response(cls, KafkaError.unsupported_version))
+        self._answer(_Slot(frame(response_header(key, correlation_id,
+                                                 flexible=bool(cls.__flexible__)), body)))
+
+    def _failed(self, res_cls: type[Any], exc: BaseException) -> Any:
+        if isinstance(exc, BrokerError):
+            error = apis.kafka_error(exc.code)
+            log.info("Kafka request from %s refused: %s", self.peer, exc)
+        else:
+            error = KafkaError.unknown_server_error
+            log.error("Kafka request %s from %s failed", res_cls.__name__, self.peer,
+                      exc_info=exc)
+        return apis.error_response(res_cls, error)
+
+    def _completed(self, slot: _Slot, head: bytes, res_cls: type[Any],
+                   fut: asyncio.Future[Any]) -> None:
+        self._tasks.discard(fut)
+        if fut.cancelled() or self.closed:
+            return
+        exc = fut.exception()
+        value = fut.result() if exc is None else self._failed(res_cls, exc)
+        slot.data = frame(head, apis.encode(value))
+        self._flush()
+
+    def _answer(self, slot: _Slot) -> None:
+        self.slots.append(slot)
+        self._flush()
+
+    def _flush(self) -> None:
+        """Write the answers that are ready, in request order."""
+        slots = self.slots
+        while slots and slots[0].data is not None:
+            data = slots.popleft().data
+            if self.transport is not None and not self.closed and data is not None:
+                self.transport.write(data)
+        self._update_reading()
+
+    def _update_reading(self) -> None:
+        if self.transport is None or self.closed:
+            return
+        pause = (self._write_paused
+                 or len(self.slots) >= self.server.config.max_in_flight_per_connection)
+        if pause and not self._read_paused:
+            self._read_paused = True
+            self.transport.pause_reading()
+        elif not pause and self._read_paused:
+            self._read_paused = False
+            self.transport.resume_reading()

@@ -1,0 +1,169 @@
+"""Kafka clients nobody here wrote (librdkafka through confluent-kafka, kafka-python, aiokafka)
+against a real in-process FerryMQ broker's Kafka port, over real sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ferrymq import Broker, Message, Producer, PullConsumer
+from tests.helpers import free_port
+
+confluent_kafka = pytest.importorskip("confluent_kafka")
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def kbroker(tmp_path: Path) -> Iterator[Broker]:
+    """An in-process broker (sync flush) with its Kafka port on."""
+    b = Broker(tmp_path / "data", port=0, kafka_port=free_port(), default_queues=2).start()
+    try:
+        yield b
+    finally:
+        b.stop()
+
+
+def kafka_address(b: Broker) -> str:
+    assert b.server.kafka is not None
+    host, port = b.server.kafka.address
+    return f"{host}:{port}"
+
+
+def produce_confluent(address: str, topic: str, values: list[bytes], **extra: Any) -> list[Any]:
+    """Produce with acks=all, one partition chosen by the caller's key; the delivery reports."""
+    reports: list[Any] = []
+    p = confluent_kafka.Producer({"bootstrap.servers": address, "acks": "all",
+                                  "linger.ms": 5, **extra})
+    for i, v in enumerate(values):
+        p.produce(topic, v, key=f"k{i}".encode(), partition=0,
+                  headers=[("h", f"v{i}".encode())],
+                  on_delivery=lambda err, msg: reports.append((err, msg)))
+    assert p.flush(30) == 0
+    return reports
+
+
+def consume_confluent(address: str, topic: str, partition: int, n: int,
+                      timeout: float = 30.0) -> list[Any]:
+    """Read ``n`` messages from the start of one partition (assign(), no group)."""
+    c = confluent_kafka.Consumer({"bootstrap.servers": address, "group.id": "unused",
+                                  "enable.auto.commit": False,
+                                  "auto.offset.reset": "earliest"})
+    c.assign([confluent_kafka.TopicPartition(topic, partition, confluent_kafka.OFFSET_BEGINNING)])
+    got: list[Any] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while len(got) < n and time.monotonic() < deadline:
+            msg = c.poll(0.5)
+            if msg is None:
+                continue
+            assert msg.error() is None, msg.error()
+            got.append(msg)
+    finally:
+        c.close()
+    return got
+
+
+@pytest.mark.parametrize("size", [100, 10_000])
+def test_confluent_produce_and_consume(kbroker: Broker, size: int) -> None:
+    address = kafka_address(kbroker)
+    values = [bytes([i % 251]) * size for i in range(50)]
+    reports = produce_confluent(address, "orders", values)
+    assert [err for err, _m in reports] == [None] * 50
+    assert sorted(m.offset() for _e, m in reports) == list(range(50))
+    got = consume_confluent(address, "orders", 0, 50)
+    assert [m.value() for m in got] == values
+    assert [m.offset() for m in got] == list(range(50))
+    assert [m.key() for m in got] == [f"k{i}".encode() for i in range(50)]
+    assert [m.headers() for m in got] == [[("h", f"v{i}".encode())] for i in range(50)]
+    # the broker stored them as FerryMQ messages in queue 0 of topic "orders"
+    assert kbroker.server.topics.queue("orders", 0).log.end_offset == 50
+
+
+def test_kafka_message_read_by_pull_consumer(kbroker: Broker) -> None:
+    address = kafka_address(kbroker)
+    born = int(time.time() * 1000) - 5000
+    reports: list[Any] = []
+    p = confluent_kafka.Producer({"bootstrap.servers": address, "acks": "all",
+                                  "on_delivery": lambda err, _msg: reports.append(err)})
+    p.produce("t", b"from kafka", key=b"order-7", partition=1, timestamp=born,
+              headers=[("source", b"web"), ("ferrymq.tag", b"created"),
+                       ("ferrymq.key", b"o-1"), ("ferrymq.key", b"c-9"),
+                       ("blob", b"\xff\x00\xfe")])
+    p.produce("t", None, key=b"\xff\x01binary", partition=1)  # a tombstone with a binary key
+    assert p.flush(30) == 0
+    assert reports == [None, None]
+    with PullConsumer(kbroker.address, "g", auto_offset_reset="earliest") as c:
+        c.subscribe("t")
+        got: list[Any] = []
+        deadline = time.monotonic() + 15
+        while len(got) < 2 and time.monotonic() < deadline:
+            got += c.poll(0.5)
+    m, tomb = got
+    assert (m.queue, m.offset, m.body) == (1, 0, b"from kafka")
+    assert (m.sharding_key, m.tags, m.keys) == ("order-7", "created", ("o-1", "c-9"))
+    assert m.properties == {"source": "web", "%KAFKA_B64:blob": "/wD+"}
+    assert m.born_ms == born
+    assert (tomb.offset, tomb.body, tomb.sharding_key) == (1, b"", None)
+    assert tomb.properties == {"%KAFKA_KEY_B64": "/wFiaW5hcnk=", "%KAFKA_NULL_VALUE": ""}
+    # and back to a Kafka reader, unchanged
+    [k1, k2] = consume_confluent(address, "t", 1, 2)
+    assert (k1.key(), k1.value(), k1.timestamp()[1]) == (b"order-7", b"from kafka", born)
+    assert sorted(k1.headers()) == sorted([("source", b"web"), ("ferrymq.tag", b"created"),
+                                           ("ferrymq.key", b"o-1"), ("ferrymq.key", b"c-9"),
+                                           ("blob", b"\xff\x00\xfe")])
+    assert (k2.key(), k2.value(), k2.headers()) == (b"\xff\x01binary", None, None)
+
+
+def test_ferrymq_message_read_by_confluent(kbroker: Broker) -> None:
+    with Producer(kbroker.address) as p:
+        r = p.send(Message("native", b"from ferrymq", tags="paid", keys=["o-2"],
+                           sharding_key="cust-1", properties={"source": "batch"}))
+    [k] = consume_confluent(kafka_address(kbroker), "native", r.queue, 1)
+    assert (k.offset(), k.key(), k.value()) == (r.offset, b"cust-1", b"from ferrymq")
+    assert sorted(k.headers()) == [("ferrymq.key", b"o-2"), ("ferrymq.tag", b"paid"),
+                                   ("source", b"batch")]
+
+
+@pytest.mark.parametrize("codec", ["gzip", "snappy", "lz4", "zstd"])
+def test_compressed_batches_accepted(kbroker: Broker, codec: str) -> None:
+    address = kafka_address(kbroker)
+    values = [f"message {i} ".encode() * 20 for i in range(30)]
+    reports = produce_confluent(address, f"c-{codec}", values, **{"compression.type": codec})
+    assert [err for err, _m in reports] == [None] * 30
+    got = consume_confluent(address, f"c-{codec}", 0, 30)
+    assert [m.value() for m in got] == values
+
+
+def test_kafka_python_produces(kbroker: Broker) -> None:
+    kafka = pytest.importorskip("kafka")
+    p = kafka.KafkaProducer(bootstrap_servers=kafka_address(kbroker), acks="all",
+                            enable_idempotence=False)  # InitProducerId: a later slice
+    futures = [p.send("kp", value=f"v{i}".encode(), key=b"k", partition=0) for i in range(20)]
+    metas = [f.get(timeout=30) for f in futures]
+    p.close()
+    assert [m.offset for m in metas] == list(range(20))
+    got = consume_confluent(kafka_address(kbroker), "kp", 0, 20)
+    assert [m.value() for m in got] == [f"v{i}".encode() for i in range(20)]
+
+
+def test_aiokafka_produces(kbroker: Broker) -> None:
+    aiokafka = pytest.importorskip("aiokafka")
+
+    async def main() -> list[int]:
+        p = aiokafka.AIOKafkaProducer(bootstrap_servers=kafka_address(kbroker), acks="all")
+        await p.start()
+        try:
+            return [(await p.send_and_wait("ak", f"v{i}".encode(), partition=1)).offset
+                    for i in range(20)]
+        finally:
+            await p.stop()
+
+    assert asyncio.run(main()) == list(range(20))
+    got = consume_confluent(kafka_address(kbroker), "ak", 1, 20)
+    assert [m.value() for m in got] == [f"v{i}".encode() for i in range(20)]
