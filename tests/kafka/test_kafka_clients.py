@@ -167,3 +167,25 @@ def test_aiokafka_produces(kbroker: Broker) -> None:
     assert asyncio.run(main()) == list(range(20))
     got = consume_confluent(kafka_address(kbroker), "ak", 1, 20)
     assert [m.value() for m in got] == [f"v{i}".encode() for i in range(20)]
+
+
+def test_subprocess_broker_with_kafka_port_flag_keeps_offsets_across_a_restart(
+        tmp_path: Path) -> None:
+    """``ferrymq broker --kafka-port``: what a Kafka client produced is there after a restart,
+    and the next produce continues the offsets."""
+    from ferrymq._launcher import BrokerProcess
+
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    bp = BrokerProcess(tmp_path / "data", extra=["--kafka-port", str(port)]).start()
+    try:
+        first = produce_confluent(address, "durable", [b"a", b"b", b"c"])
+        assert [m.offset() for _e, m in first] == [0, 1, 2]
+        bp.stop()
+        bp.start()
+        second = produce_confluent(address, "durable", [b"d"])
+        assert [m.offset() for _e, m in second] == [3]
+        got = consume_confluent(address, "durable", 0, 4)
+        assert [m.value() for m in got] == [b"a", b"b", b"c", b"d"]
+    finally:
+        bp.stop()

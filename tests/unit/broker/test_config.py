@@ -40,3 +40,24 @@ def test_bad_file_is_a_config_error(tmp_path: Path) -> None:
     f.write_text("port = [")
     with pytest.raises(ConfigError, match="cannot read config file"):
         load(f)
+
+
+def test_kafka_port_is_off_by_default_and_read_from_the_environment() -> None:
+    assert load().kafka_port == 0
+    assert load(env={"FERRYMQ_KAFKA_PORT": "9092"}).kafka_port == 9092
+
+
+@pytest.mark.parametrize(
+    ("overrides", "needle"),
+    [
+        ({"kafka_port": 70000}, "kafka_port must be 0..65535"),
+        ({"kafka_port": 9876, "port": 9876}, "must differ from port"),
+        ({"kafka_port": 9877, "http_port": 9877}, "must differ from port and http_port"),
+        ({"kafka_port": 9092, "users_file": "users.json"}, "SASL and TLS on the Kafka port"),
+        ({"kafka_port": 9092, "metadata": "etcd://127.0.0.1:2379", "broker_id": 1},
+         "single broker"),
+    ],
+)
+def test_kafka_port_limits_are_named(overrides: dict[str, object], needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle):
+        load(overrides=overrides)

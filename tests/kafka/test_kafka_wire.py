@@ -1,0 +1,204 @@
+"""The Kafka port at the byte level, over a real socket to a real broker: what it answers to
+requests it does not serve and to bytes that are not Kafka, and that it survives both."""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import socket
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kio.schema.errors import ErrorCode as KafkaError
+from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopic
+
+from ferrymq import Broker
+from ferrymq.protocol.kafka import apis
+from tests.helpers import free_port
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def kbroker(tmp_path: Path) -> Iterator[Broker]:
+    b = Broker(tmp_path / "data", port=0, kafka_port=free_port(),
+               max_frame_bytes=1024 * 1024, max_message_bytes=512 * 1024,
+               max_fetch_bytes=256 * 1024, max_write_queue_bytes=4 * 1024 * 1024,
+               max_write_buffer_bytes=1024 * 1024).start()
+    try:
+        yield b
+    finally:
+        b.stop()
+
+
+def connect(b: Broker) -> socket.socket:
+    assert b.server.kafka is not None
+    s = socket.create_connection(b.server.kafka.address, timeout=10)
+    return s
+
+
+def request(key: int, version: int, correlation_id: int, body: bytes = b"", *,
+            flexible: bool = False, client_id: bytes = b"wire-test") -> bytes:
+    header = struct.pack(">hhih", key, version, correlation_id, len(client_id)) + client_id
+    if flexible:
+        header += b"\x00"  # no tagged fields
+    payload = header + body
+    return struct.pack(">i", len(payload)) + payload
+
+
+def read_frame(s: socket.socket) -> bytes:
+    size = struct.unpack(">i", recv_exactly(s, 4))[0]
+    return recv_exactly(s, size)
+
+
+def recv_exactly(s: socket.socket, n: int) -> bytes:
+    out = b""
+    while len(out) < n:
+        chunk = s.recv(n - len(out))
+        if not chunk:
+            raise ConnectionError(f"closed after {len(out)} of {n} bytes")
+        out += chunk
+    return out
+
+
+def closed_by_peer(s: socket.socket) -> bool:
+    try:
+        return s.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+def api_versions(s: socket.socket, version: int, correlation_id: int) -> tuple[int, bytes]:
+    """Send ApiVersions at ``version`` (v3 with the client software fields); the answer's
+    correlation id and body (its header is v0 whatever the version)."""
+    body = b"\x05wire\x021\x00" if version >= 3 else b""
+    s.sendall(request(18, version, correlation_id, body, flexible=version >= 3))
+    raw = read_frame(s)
+    return struct.unpack_from(">i", raw)[0], raw[4:]
+
+
+@pytest.mark.parametrize("version", [0, 1, 2, 3])
+def test_api_versions_lists_exactly_what_is_served(kbroker: Broker, version: int) -> None:
+    with connect(kbroker) as s:
+        corr, body = api_versions(s, version, 41)
+    cls = apis.response_class(18, version)
+    assert cls is not None
+    res = apis.decode_request(cls, body, 0)  # kio's reader reads responses too
+    assert corr == 41
+    assert res.error_code == KafkaError.none
+    assert {k.api_key: (k.min_version, k.max_version) for k in res.api_keys} == {
+        0: (3, 9), 1: (4, 12), 2: (1, 6), 3: (0, 12), 18: (0, 3)}
+
+
+def test_newer_api_versions_is_answered_v0_with_the_list(kbroker: Broker) -> None:
+    with connect(kbroker) as s:
+        s.sendall(request(18, 9, 7, b"\x05wire\x021\x00", flexible=True))
+        raw = read_frame(s)
+        assert struct.unpack_from(">ih", raw) == (7, KafkaError.unsupported_version)
+        v0 = apis.response_class(18, 0)
+        assert v0 is not None
+        res = apis.decode_request(v0, raw[4:], 0)
+        assert {k.api_key for k in res.api_keys} == {0, 1, 2, 3, 18}
+        # and the connection is still there
+        assert api_versions(s, 3, 8)[0] == 8
+
+
+def test_unserved_api_key_gets_unsupported_version_and_the_connection_lives(
+        kbroker: Broker) -> None:
+    with connect(kbroker) as s:
+        # FindCoordinator v3 (flexible): an API kio knows, not served yet
+        s.sendall(request(10, 3, 11, b"\x02g\x00\x00", flexible=True))
+        raw = read_frame(s)
+        assert struct.unpack_from(">i", raw)[0] == 11
+        cls = apis.response_class(10, 3)
+        assert cls is not None
+        res = apis.decode_request(cls, raw[5:], 0)  # v1 header: correlation id + tags
+        assert res.error_code == KafkaError.unsupported_version
+        # an API key nobody knows: the header and the error code
+        s.sendall(request(31_000, 0, 12))
+        assert read_frame(s) == struct.pack(">ih", 12, KafkaError.unsupported_version)
+        # a served API at a version not served
+        s.sendall(request(3, 13, 13, b"", flexible=True))
+        raw = read_frame(s)
+        assert struct.unpack_from(">i", raw)[0] == 13
+        assert api_versions(s, 3, 14)[0] == 14
+
+
+def test_responses_come_in_request_order(kbroker: Broker) -> None:
+    """A metadata answer ready at once waits behind a fetch that long-polls."""
+    cls = apis.request_class(3, 12)
+    assert cls is not None
+    meta = apis.encode(MetadataRequest(topics=(MetadataRequestTopic(topic_id=None, name="o"),),
+                                       allow_auto_topic_creation=True,
+                                       include_topic_authorized_operations=False))
+    with connect(kbroker) as s:
+        s.sendall(request(3, 12, 1, meta, flexible=True))
+        read_frame(s)  # creates the topic
+        fetch_cls = apis.request_class(1, 12)
+        assert fetch_cls is not None
+        fetch = apis.encode(apis.build(fetch_cls, {
+            "max_wait": datetime.timedelta(milliseconds=300), "min_bytes": 1,
+            "max_bytes": 1 << 20, "isolation_level": 0,
+            "topics": [{"topic": "o", "partitions": [
+                {"partition": 0, "fetch_offset": 0, "partition_max_bytes": 1 << 20}]}],
+            "forgotten_topics_data": (),
+        }))
+        s.sendall(request(1, 12, 2, fetch, flexible=True) + request(3, 12, 3, meta,
+                                                                       flexible=True))
+        assert [struct.unpack_from(">i", read_frame(s))[0] for _ in range(2)] == [2, 3]
+
+
+def test_oversized_frame_closes_the_connection_with_a_logged_reason(
+        kbroker: Broker, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="ferrymq.kafka")
+    with connect(kbroker) as s:
+        s.sendall(struct.pack(">i", 64 * 1024 * 1024) + b"\x00" * 16)
+        assert closed_by_peer(s)
+    assert any("max_frame_bytes" in r.getMessage() for r in caplog.records)
+    with connect(kbroker) as s:  # the broker lives on
+        assert api_versions(s, 3, 5)[0] == 5
+
+
+@pytest.mark.parametrize("payload", [
+    struct.pack(">i", 3) + b"abc",  # shorter than a request header
+    struct.pack(">i", -5),  # a negative size
+    request(3, 12, 9, b"\xff\xff\xff\xff\xff\xff", flexible=True),  # a body that does not parse
+    request(0, 9, 9, b"\x00", flexible=True),  # a truncated produce
+])
+def test_malformed_requests_close_the_connection_with_a_logged_reason(
+        kbroker: Broker, caplog: pytest.LogCaptureFixture, payload: bytes) -> None:
+    caplog.set_level(logging.INFO, logger="ferrymq.kafka")
+    with connect(kbroker) as s:
+        s.sendall(payload)
+        assert closed_by_peer(s)
+    assert any("closing Kafka connection" in r.getMessage() for r in caplog.records)
+    with connect(kbroker) as s:
+        assert api_versions(s, 3, 6)[0] == 6
+
+
+def test_bad_crc_is_refused_per_partition_and_nothing_is_stored(kbroker: Broker) -> None:
+    from ferrymq.protocol.kafka.records import to_kafka
+    from ferrymq.protocol.records import RecordInput, encode_batch
+
+    batch = bytearray(to_kafka(bytes(encode_batch([RecordInput(b"hello", 1000)]))))
+    batch[-1] ^= 0x01  # one flipped bit in the value
+    produce_cls = apis.request_class(0, 9)
+    assert produce_cls is not None
+    body = apis.encode(apis.build(produce_cls, {
+        "transactional_id": None, "acks": -1,
+        "timeout": datetime.timedelta(seconds=5),
+        "topic_data": [{"name": "crc", "partition_data": [{"index": 0, "records": bytes(batch)}]}],
+    }))
+    kbroker.server.topics.create("crc", 1, {}, 0)
+    with connect(kbroker) as s:
+        s.sendall(request(0, 9, 21, body, flexible=True))
+        raw = read_frame(s)
+    cls = apis.response_class(0, 9)
+    assert cls is not None
+    res = apis.decode_request(cls, raw[5:], 0)
+    [part] = res.responses[0].partition_responses
+    assert part.error_code == KafkaError.corrupt_message
+    assert "CRC-32C" in (part.error_message or "")
+    assert kbroker.server.topics.queue("crc", 0).log.end_offset == 0
