@@ -141,9 +141,9 @@ def test_compressed_batches_accepted(kbroker: Broker, codec: str) -> None:
 
 
 def test_kafka_python_produces(kbroker: Broker) -> None:
+    """kafka-python 3 is idempotent by default: InitProducerId, then sequenced batches."""
     kafka = pytest.importorskip("kafka")
-    p = kafka.KafkaProducer(bootstrap_servers=kafka_address(kbroker), acks="all",
-                            enable_idempotence=False)  # InitProducerId: a later slice
+    p = kafka.KafkaProducer(bootstrap_servers=kafka_address(kbroker), acks="all")
     futures = [p.send("kp", value=f"v{i}".encode(), key=b"k", partition=0) for i in range(20)]
     metas = [f.get(timeout=30) for f in futures]
     p.close()
@@ -189,3 +189,26 @@ def test_subprocess_broker_with_kafka_port_flag_keeps_offsets_across_a_restart(
         assert [m.value() for m in got] == [b"a", b"b", b"c", b"d"]
     finally:
         bp.stop()
+
+
+def test_idempotent_confluent_producer_gets_a_producer_id_and_sequences(kbroker: Broker) -> None:
+    address = kafka_address(kbroker)
+    reports = produce_confluent(address, "idem", [f"m{i}".encode() for i in range(30)],
+                                **{"enable.idempotence": True})
+    assert [err for err, _m in reports] == [None] * 30
+    from ferrymq.protocol.records import iter_batches
+
+    log = kbroker.server.topics.queue("idem", 0).log
+    headers = [h for _p, h in iter_batches(log.read(0, 1 << 20))]
+    assert {h.producer_id for h in headers} != {-1}
+    assert headers[0].base_sequence == 0
+    assert [m.value() for m in consume_confluent(address, "idem", 0, 30)] == [
+        f"m{i}".encode() for i in range(30)]
+
+
+def test_transactional_producer_is_told_transactions_are_not_served(kbroker: Broker) -> None:
+    p = confluent_kafka.Producer({"bootstrap.servers": kafka_address(kbroker),
+                                  "transactional.id": "tx-1"})
+    with pytest.raises(confluent_kafka.KafkaException) as info:
+        p.init_transactions(10)
+    assert "UNSUPPORTED_VERSION" in str(info.value) or "not supported" in str(info.value)

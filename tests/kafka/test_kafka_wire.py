@@ -9,6 +9,7 @@ import socket
 import struct
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kio.schema.errors import ErrorCode as KafkaError
@@ -16,6 +17,8 @@ from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopi
 
 from ferrymq import Broker
 from ferrymq.protocol.kafka import apis
+from ferrymq.protocol.kafka.records import to_kafka
+from ferrymq.protocol.records import RecordInput, encode_batch
 from tests.helpers import free_port
 
 pytestmark = pytest.mark.integration
@@ -89,7 +92,7 @@ def test_api_versions_lists_exactly_what_is_served(kbroker: Broker, version: int
     assert corr == 41
     assert res.error_code == KafkaError.none
     assert {k.api_key: (k.min_version, k.max_version) for k in res.api_keys} == {
-        0: (3, 9), 1: (4, 12), 2: (1, 6), 3: (0, 12), 18: (0, 3)}
+        0: (3, 9), 1: (4, 12), 2: (1, 6), 3: (0, 12), 18: (0, 3), 22: (0, 4)}
 
 
 def test_newer_api_versions_is_answered_v0_with_the_list(kbroker: Broker) -> None:
@@ -100,7 +103,7 @@ def test_newer_api_versions_is_answered_v0_with_the_list(kbroker: Broker) -> Non
         v0 = apis.response_class(18, 0)
         assert v0 is not None
         res = apis.decode_request(v0, raw[4:], 0)
-        assert {k.api_key for k in res.api_keys} == {0, 1, 2, 3, 18}
+        assert {k.api_key for k in res.api_keys} == {0, 1, 2, 3, 18, 22}
         # and the connection is still there
         assert api_versions(s, 3, 8)[0] == 8
 
@@ -179,26 +182,49 @@ def test_malformed_requests_close_the_connection_with_a_logged_reason(
 
 
 def test_bad_crc_is_refused_per_partition_and_nothing_is_stored(kbroker: Broker) -> None:
-    from ferrymq.protocol.kafka.records import to_kafka
-    from ferrymq.protocol.records import RecordInput, encode_batch
-
     batch = bytearray(to_kafka(bytes(encode_batch([RecordInput(b"hello", 1000)]))))
-    batch[-1] ^= 0x01  # one flipped bit in the value
-    produce_cls = apis.request_class(0, 9)
-    assert produce_cls is not None
-    body = apis.encode(apis.build(produce_cls, {
-        "transactional_id": None, "acks": -1,
-        "timeout": datetime.timedelta(seconds=5),
-        "topic_data": [{"name": "crc", "partition_data": [{"index": 0, "records": bytes(batch)}]}],
-    }))
+    batch[-1] ^= 0x01  # one flipped bit in the last record
     kbroker.server.topics.create("crc", 1, {}, 0)
     with connect(kbroker) as s:
-        s.sendall(request(0, 9, 21, body, flexible=True))
-        raw = read_frame(s)
-    cls = apis.response_class(0, 9)
-    assert cls is not None
-    res = apis.decode_request(cls, raw[5:], 0)
-    [part] = res.responses[0].partition_responses
+        part = _produce(s, 21, "crc", bytes(batch))
     assert part.error_code == KafkaError.corrupt_message
     assert "CRC-32C" in (part.error_message or "")
     assert kbroker.server.topics.queue("crc", 0).log.end_offset == 0
+
+
+def _produce(s: socket.socket, correlation_id: int, topic: str, batch: bytes) -> Any:
+    produce_cls = apis.request_class(0, 9)
+    res_cls = apis.response_class(0, 9)
+    assert produce_cls is not None
+    assert res_cls is not None
+    body = apis.encode(apis.build(produce_cls, {
+        "transactional_id": None, "acks": -1, "timeout": datetime.timedelta(seconds=5),
+        "topic_data": [{"name": topic, "partition_data": [{"index": 0, "records": batch}]}],
+    }))
+    s.sendall(request(0, 9, correlation_id, body, flexible=True))
+    [part] = apis.decode_request(res_cls, read_frame(s)[5:], 0).responses[0].partition_responses
+    return part
+
+
+def test_a_retried_idempotent_batch_is_stored_once(kbroker: Broker) -> None:
+    kbroker.server.topics.create("idem", 1, {}, 0)
+    init_cls = apis.request_class(22, 4)
+    init_res = apis.response_class(22, 4)
+    assert init_cls is not None
+    assert init_res is not None
+    with connect(kbroker) as s:
+        s.sendall(request(22, 4, 1, apis.encode(apis.build(init_cls, {
+            "transactional_id": None, "transaction_timeout": datetime.timedelta(seconds=60),
+            "producer_id": -1, "producer_epoch": -1})), flexible=True))
+        got = apis.decode_request(init_res, read_frame(s)[5:], 0)
+        assert got.error_code == KafkaError.none
+        assert got.producer_id >= 0
+        batches = [to_kafka(bytes(encode_batch(
+            [RecordInput(f"m{seq}".encode(), 1000)], producer_id=got.producer_id,
+            producer_epoch=got.producer_epoch, base_sequence=seq))) for seq in range(2)]
+        first = _produce(s, 2, "idem", batches[0])
+        again = _produce(s, 3, "idem", batches[0])  # a retry: same producer, epoch, sequence
+        second = _produce(s, 4, "idem", batches[1])
+    assert [(p.error_code, p.base_offset) for p in (first, again, second)] == [
+        (KafkaError.none, 0), (KafkaError.none, 0), (KafkaError.none, 1)]
+    assert kbroker.server.topics.queue("idem", 0).log.end_offset == 2

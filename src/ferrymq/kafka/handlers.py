@@ -6,7 +6,8 @@ A Kafka request is decoded by ``kio`` (:mod:`ferrymq.protocol.kafka.apis`) and t
 FerryMQ request that means the same: Produce into PRODUCE (each partition's Kafka batch
 converted into a FerryMQ batch, :func:`~ferrymq.protocol.kafka.records.to_ferrymq`), Fetch into
 FETCH (the FerryMQ batches read converted back, :func:`~ferrymq.protocol.kafka.records.to_kafka`),
-ListOffsets into LIST_OFFSETS, Metadata into METADATA. The FerryMQ handler does the work, so
+ListOffsets into LIST_OFFSETS, Metadata into METADATA, InitProducerId (without a transactional
+id) into INIT_PRODUCER. The FerryMQ handler does the work, so
 durability (acks, sync flush, group commit), long polling, watermarks, read_committed and topic
 auto-creation behave exactly as on the native port. Its answer is mapped back to Kafka's
 response of the version the client asked for (:func:`~ferrymq.protocol.kafka.apis.build`).
@@ -18,6 +19,7 @@ This broker is the only Kafka broker clients see (Metadata names it leader of ev
 from __future__ import annotations
 
 import datetime
+import logging
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol
@@ -37,6 +39,8 @@ if TYPE_CHECKING:
 KafkaHandler = Callable[["KafkaPeer", type[Any], Any], "Any | Awaitable[Any] | None"]
 """``(connection, response class, request)`` -> a kio response, an awaitable of one, or None
 (no response: a produce with ``acks=0``)."""
+
+log = logging.getLogger("ferrymq.kafka")
 
 _NO_TIME = datetime.timedelta(0)
 _ACKS = {1: Acks.LEADER, -1: Acks.ALL}
@@ -217,6 +221,22 @@ def list_offsets(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
                             "topics": [{"name": t, "partitions": p} for t, p in rows.items()]})
 
 
+def init_producer_id(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
+    """A fresh producer id (epoch 0) for an idempotent producer, from FerryMQ's allocator (the
+    native INIT_PRODUCER), so Kafka producers' sequence numbers are checked per partition as
+    FerryMQ's are. A transactional id is answered UNSUPPORTED_VERSION: transactions through the
+    Kafka port are a later slice."""
+    if req.transactional_id is not None:
+        log.info("Kafka client %s asked for transactional id %r: transactions are not served "
+                 "on the Kafka port yet", peer.conn.peer, req.transactional_id[:256])
+        return apis.build(cls, {"throttle_time": _NO_TIME,
+                                "error_code": KafkaError.unsupported_version,
+                                "producer_id": -1, "producer_epoch": -1})
+    res = admin.init_producer(peer.conn, m.InitProducerRequest(None))
+    return apis.build(cls, {"throttle_time": _NO_TIME, "error_code": KafkaError.none,
+                            "producer_id": res.producer_id, "producer_epoch": res.producer_epoch})
+
+
 async def _later(answer: Awaitable[Any], respond: Callable[[Any], Any]) -> Any:
     return respond(await answer)
 
@@ -227,6 +247,7 @@ HANDLERS: dict[int, KafkaHandler] = {
     apis.PRODUCE: produce_request,
     apis.FETCH: fetch_request,
     apis.LIST_OFFSETS: list_offsets,
+    apis.INIT_PRODUCER_ID: init_producer_id,
 }
 assert set(HANDLERS) == set(apis.SUPPORTED)
 

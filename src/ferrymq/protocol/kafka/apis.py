@@ -35,6 +35,7 @@ FETCH = 1
 LIST_OFFSETS = 2
 METADATA = 3
 API_VERSIONS = 18
+INIT_PRODUCER_ID = 22
 
 SUPPORTED: dict[int, tuple[int, int]] = {
     PRODUCE: (3, 9),
@@ -42,6 +43,7 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     LIST_OFFSETS: (1, 6),
     METADATA: (0, 12),
     API_VERSIONS: (0, 3),
+    INIT_PRODUCER_ID: (0, 4),
 }
 """The versions served of each API key (ApiVersions lists exactly these). The upper ends stop
 before topic ids replace topic names (Fetch 13, Produce 13) and before features this slice does
