@@ -212,3 +212,90 @@ def test_transactional_producer_is_told_transactions_are_not_served(kbroker: Bro
     with pytest.raises(confluent_kafka.KafkaException) as info:
         p.init_transactions(10)
     assert "UNSUPPORTED_VERSION" in str(info.value) or "not supported" in str(info.value)
+
+
+def test_read_committed_kafka_consumer_skips_ferrymq_aborted_transactions(
+        kbroker: Broker) -> None:
+    """FerryMQ's transaction markers and aborted list, as Kafka control batches and Kafka's
+    aborted-transactions list: a read_committed Kafka consumer sees committed data only, a
+    read_uncommitted one sees everything (and neither sees the markers)."""
+    with Producer(kbroker.address, transactional_id="tx-a") as p:
+        p.begin()
+        p.send(Message("txn", b"committed-1", sharding_key="k"))
+        p.commit()
+        p.begin()
+        p.send(Message("txn", b"aborted", sharding_key="k"))
+        p.abort()
+        p.begin()
+        r = p.send(Message("txn", b"committed-2", sharding_key="k"))
+        p.commit()
+    address = kafka_address(kbroker)
+
+    def read(isolation: str, n: int) -> list[bytes]:
+        c = confluent_kafka.Consumer({"bootstrap.servers": address, "group.id": "unused",
+                                      "enable.auto.commit": False,
+                                      "isolation.level": isolation})
+        c.assign([confluent_kafka.TopicPartition("txn", r.queue, 0)])
+        got: list[bytes] = []
+        deadline = time.monotonic() + 15
+        while len(got) < n and time.monotonic() < deadline:
+            msg = c.poll(0.5)
+            if msg is not None:
+                assert msg.error() is None, msg.error()
+                got.append(msg.value())
+        assert c.poll(1.0) is None  # nothing more: markers are not handed out
+        c.close()
+        return got
+
+    assert read("read_committed", 2) == [b"committed-1", b"committed-2"]
+    assert read("read_uncommitted", 3) == [b"committed-1", b"aborted", b"committed-2"]
+
+
+def test_offsets_in_the_middle_of_a_batch_by_time_and_watermarks(kbroker: Broker) -> None:
+    address = kafka_address(kbroker)
+    values = [f"v{i}".encode() for i in range(40)]
+    produce_confluent(address, "seek", values)  # linger: a few batches of many records
+    c = confluent_kafka.Consumer({"bootstrap.servers": address, "group.id": "unused",
+                                  "enable.auto.commit": False})
+    try:
+        assert c.get_watermark_offsets(confluent_kafka.TopicPartition("seek", 0),
+                                       timeout=10) == (0, 40)
+        c.assign([confluent_kafka.TopicPartition("seek", 0, 25)])
+        got: list[Any] = []
+        deadline = time.monotonic() + 15
+        while len(got) < 15 and time.monotonic() < deadline:
+            msg = c.poll(0.5)
+            if msg is not None and msg.error() is None:
+                got.append(msg)
+        assert [m.offset() for m in got] == list(range(25, 40))
+        born = got[5].timestamp()[1]
+        [found] = c.offsets_for_times([confluent_kafka.TopicPartition("seek", 0, born)],
+                                      timeout=10)
+        assert found.offset <= 30  # the first message stored at or after that time
+        assert found.offset >= 0
+    finally:
+        c.close()
+
+
+def test_acks_0_is_stored_without_an_answer(kbroker: Broker) -> None:
+    address = kafka_address(kbroker)
+    p = confluent_kafka.Producer({"bootstrap.servers": address, "acks": 0})
+    for i in range(10):
+        p.produce("fire", f"f{i}".encode(), partition=0)
+    assert p.flush(30) == 0
+    got = consume_confluent(address, "fire", 0, 10)
+    assert [m.value() for m in got] == [f"f{i}".encode() for i in range(10)]
+
+
+def test_metadata_names_this_broker_and_each_queue_as_a_partition(kbroker: Broker) -> None:
+    address = kafka_address(kbroker)
+    p = confluent_kafka.Producer({"bootstrap.servers": address, "acks": "all"})
+    p.produce("two", b"x", partition=0)
+    assert p.flush(10) == 0
+    with pytest.raises(confluent_kafka.KafkaException, match="Unknown partition"):
+        p.produce("two", b"x", partition=7)  # the client knows there are 2
+    md = p.list_topics(timeout=10)
+    assert sorted(md.topics["two"].partitions) == [0, 1]
+    node = kbroker.server.config.broker_id
+    assert {q.leader for q in md.topics["two"].partitions.values()} == {node}
+    assert (md.brokers[node].host, md.brokers[node].port) == kbroker.server.kafka.address
