@@ -109,7 +109,7 @@ def produce_request(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
     results: list[dict[str, Any] | None] = []  # per partition, None: sent to FerryMQ's produce
     names: list[tuple[str, int]] = []
     entries: list[m.ProduceEntry] = []
-    max_message = peer.conn.server.config.max_message_bytes
+    max_batch = peer.conn.server.config.max_frame_bytes
     acks = _ACKS.get(req.acks)
     for topic in req.topic_data:
         for part in topic.partition_data:
@@ -119,7 +119,7 @@ def produce_request(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
                                               f"acks must be -1, 0 or 1, not {req.acks}"))
                 continue
             try:
-                batch = to_ferrymq(part.records or b"", max_message_bytes=max_message)
+                batch = to_ferrymq(part.records or b"", max_batch_bytes=max_batch)
             except BrokerError as exc:  # the batch is refused, nothing of it stored
                 results.append(_produce_error(part.index, _refused(exc), str(exc)))
                 continue

@@ -78,7 +78,7 @@ def test_ferrymq_to_kafka_and_back_keeps_every_field() -> None:
     assert recs[0].headers == [("ferrymq.tag", b"created"), ("ferrymq.key", b"o-1"),
                                ("ferrymq.key", b"o-2"), ("source", b"web"),
                                ("blob", b"\xff\x00\xfe")]
-    back = decode_records(to_ferrymq(kafka, max_message_bytes=1 << 20))
+    back = decode_records(to_ferrymq(kafka, max_batch_bytes=1 << 20))
     assert [(r.body, r.timestamp, r.tag, r.sharding_key, r.keys, r.properties) for r in back] == [
         (b"one", 1_000, "created", "cust-1", ("o-1", "o-2"),
          {"source": "web", "%KAFKA_B64:blob": "/wD+"}),
@@ -97,7 +97,7 @@ def test_any_changed_byte_is_refused(pos: int) -> None:
     kafka = bytearray(to_kafka(_stamped([RecordInput(b"payload" * 3, 1)], 0)))
     kafka[pos] ^= 0x40
     with pytest.raises(CorruptRecordError):
-        to_ferrymq(bytes(kafka), max_message_bytes=1 << 20)
+        to_ferrymq(bytes(kafka), max_batch_bytes=1 << 20)
 
 
 def test_only_magic_2_and_exactly_one_batch() -> None:
@@ -123,7 +123,7 @@ def test_transactional_and_control_batches_are_refused_for_now() -> None:
         k = bytearray(kafka)
         struct.pack_into(">h", k, 21, bit)
         with pytest.raises(CorruptRecordError, match="transactional and control"):
-            to_ferrymq(_reseal(k), max_message_bytes=1 << 20)
+            to_ferrymq(_reseal(k), max_batch_bytes=1 << 20)
 
 
 def test_gzip_batch_is_read_and_a_bomb_is_refused() -> None:
@@ -132,9 +132,9 @@ def test_gzip_batch_is_read_and_a_bomb_is_refused() -> None:
     packed = bytearray(kafka[:HEADER_SIZE]) + gzip.compress(kafka[HEADER_SIZE:])
     HEADER.pack_into(packed, 0, *h._replace(batch_length=len(packed) - 12,
                                             attributes=COMPRESSION_GZIP))
-    back = decode_records(to_ferrymq(_reseal(packed), max_message_bytes=1 << 20))
+    back = decode_records(to_ferrymq(_reseal(packed), max_batch_bytes=1 << 20))
     assert [r.body for r in back] == [b"z" * 1000] * 3
-    with pytest.raises(MessageTooLargeError, match="max_message_bytes=1000"):
+    with pytest.raises(MessageTooLargeError, match="more than 1000 bytes"):
         decompress(COMPRESSION_GZIP, gzip.compress(b"\x00" * 10_000_000), 1000)
     with pytest.raises(CorruptRecordError, match="gzip"):
         decompress(COMPRESSION_GZIP, b"not gzip", 1000)
@@ -158,7 +158,7 @@ def test_a_batch_spanning_more_than_a_ferrymq_timestamp_delta_is_refused() -> No
     out = bytearray(kafka[:HEADER_SIZE]) + body
     HEADER.pack_into(out, 0, *h._replace(batch_length=len(out) - 12))
     with pytest.raises(InvalidRequestError, match="separate batches"):
-        to_ferrymq(_reseal(out), max_message_bytes=1 << 20)
+        to_ferrymq(_reseal(out), max_batch_bytes=1 << 20)
 
 
 def test_markers_become_kafka_control_batches() -> None:
@@ -208,3 +208,31 @@ def test_request_header_v1_and_v2() -> None:
     assert decode_request_header(v1, flexible=False) == (3, 4, 99, "cli", 13)
     v2 = struct.pack(">hhih", 3, 12, 5, -1) + b"\x01\x00\x02xy" + b"BODY"
     assert decode_request_header(v2, flexible=True) == (3, 12, 5, None, 15)
+
+
+@pytest.mark.parametrize("codec", ["snappy", "snappy-xerial", "lz4", "zstd"])
+def test_cramjam_codecs_are_bounded_before_decompressing(codec: str) -> None:
+    import cramjam
+
+    from ferrymq.protocol.kafka.records import (
+        COMPRESSION_LZ4,
+        COMPRESSION_SNAPPY,
+        COMPRESSION_ZSTD,
+    )
+
+    raw = b"\x00" * 100_000
+    if codec == "snappy":
+        number, packed = COMPRESSION_SNAPPY, bytes(cramjam.snappy.compress_raw(raw))
+    elif codec == "snappy-xerial":
+        block = bytes(cramjam.snappy.compress_raw(raw))
+        number = COMPRESSION_SNAPPY
+        packed = b"\x82SNAPPY\x00" + bytes(8) + struct.pack(">i", len(block)) + block
+    elif codec == "lz4":
+        number, packed = COMPRESSION_LZ4, bytes(cramjam.lz4.compress(raw))
+    else:
+        number, packed = COMPRESSION_ZSTD, bytes(cramjam.zstd.compress(raw))
+    assert decompress(number, packed, 100_000) == raw
+    with pytest.raises(MessageTooLargeError, match="more than 99999 bytes"):
+        decompress(number, packed, 99_999)
+    with pytest.raises(CorruptRecordError, match="cannot be read"):
+        decompress(number, packed[:-9] + b"garbage!!", 100_000)

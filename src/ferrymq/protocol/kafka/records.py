@@ -214,7 +214,9 @@ def check_batch(data: bytes | memoryview) -> KafkaBatchHeader:
 
 
 def decompress(codec: int, data: bytes | memoryview, max_bytes: int) -> bytes:
-    """The records of a compressed batch, at most ``max_bytes`` of them.
+    """The records of a compressed batch, at most ``max_bytes`` of them: the output buffer is
+    bounded before anything is decompressed (a small batch that inflates without bound is
+    refused, never held).
 
     Raises:
         CorruptRecordError: an unknown codec, data the codec cannot read.
@@ -228,36 +230,55 @@ def decompress(codec: int, data: bytes | memoryview, max_bytes: int) -> bytes:
             d = zlib.decompressobj(wbits=47)  # gzip or zlib header
             out = d.decompress(bytes(data), max_bytes + 1)
         else:
-            out = _cramjam_decompress(codec, bytes(data))
-    except (zlib.error, ValueError) as exc:
-        raise CorruptRecordError(f"Kafka record batch: its {name} data cannot be read: {exc}") from None
-    except Exception as exc:  # noqa: BLE001 - cramjam raises its own DecompressionError
-        raise CorruptRecordError(f"Kafka record batch: its {name} data cannot be read: {exc}") from None
+            out = _cramjam_decompress(codec, bytes(data), max_bytes)
+    except MessageTooLargeError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - zlib.error, cramjam's DecompressionError
+        raise CorruptRecordError(f"Kafka record batch: its {name} data cannot be read: "
+                                 f"{exc}") from None
     if len(out) > max_bytes:
-        raise MessageTooLargeError(f"Kafka record batch decompresses to more than "
-                                   f"max_message_bytes={max_bytes} bytes")
+        raise _too_large(max_bytes)
     return out
 
 
+def _too_large(max_bytes: int) -> MessageTooLargeError:
+    return MessageTooLargeError(f"Kafka record batch decompresses to more than "
+                                f"{max_bytes} bytes (max_frame_bytes: a batch must fit a frame)")
+
+
 _XERIAL_MAGIC = b"\x82SNAPPY\x00"
+_CRAMJAM_FULL = ("failed to write whole buffer", "smaller than required")
+"""What cramjam says when the output buffer is too small (the batch inflates past the limit)."""
 
 
-def _cramjam_decompress(codec: int, data: bytes) -> bytes:
+def _cramjam_decompress(codec: int, data: bytes, max_bytes: int) -> bytes:
+    """snappy (raw, or the Java client's xerial framing), lz4 (frame) or zstd into a buffer of
+    ``max_bytes + 1``."""
     import cramjam  # only when a compressed batch arrives
 
-    if codec == COMPRESSION_SNAPPY:
-        if data.startswith(_XERIAL_MAGIC):  # the Java client's framing: (len, block) pairs
-            out = bytearray()
+    out = bytearray(max_bytes + 1)
+    try:
+        if codec == COMPRESSION_SNAPPY and data.startswith(_XERIAL_MAGIC):
+            n = 0  # (i32 length, raw snappy block) pairs after a 16-byte header
             p = 16
-            while p < len(data):
-                (n,) = struct.unpack_from(">i", data, p)
-                out += bytes(cramjam.snappy.decompress_raw(data[p + 4:p + 4 + n]))
-                p += 4 + n
-            return bytes(out)
-        return bytes(cramjam.snappy.decompress_raw(data))
-    if codec == COMPRESSION_LZ4:
-        return bytes(cramjam.lz4.decompress(data))
-    return bytes(cramjam.zstd.decompress(data))
+            while p + 4 <= len(data):
+                (size,) = struct.unpack_from(">i", data, p)
+                block = data[p + 4:p + 4 + size]
+                if n + cramjam.snappy.decompress_raw_len(block) > max_bytes:
+                    raise _too_large(max_bytes)
+                n += cramjam.snappy.decompress_raw_into(block, memoryview(out)[n:])
+                p += 4 + size
+        elif codec == COMPRESSION_SNAPPY:
+            n = cramjam.snappy.decompress_raw_into(data, out)
+        elif codec == COMPRESSION_LZ4:
+            n = cramjam.lz4.decompress_into(data, out)
+        else:
+            n = cramjam.zstd.decompress_into(data, out)
+    except cramjam.DecompressionError as exc:
+        if any(s in str(exc) for s in _CRAMJAM_FULL):
+            raise _too_large(max_bytes) from None
+        raise
+    return bytes(memoryview(out)[:n])
 
 
 def iter_records(h: KafkaBatchHeader, data: bytes | memoryview) -> Iterator[KafkaRecord]:
@@ -301,14 +322,14 @@ def iter_records(h: KafkaBatchHeader, data: bytes | memoryview) -> Iterator[Kafk
 # -- Kafka -> FerryMQ ----------------------------------------------------------------------------
 
 
-def to_ferrymq(data: bytes | memoryview, *, max_message_bytes: int) -> bytearray:
+def to_ferrymq(data: bytes | memoryview, *, max_batch_bytes: int) -> bytearray:
     """Convert one Kafka batch (a produce's data for one partition) into a FerryMQ batch with
     the same producer id, epoch and base sequence; the CRC-32C is checked first.
 
     Raises:
         CorruptRecordError: see :func:`check_batch`, :func:`iter_records`; offset deltas that
             are not 0, 1, 2, ... (a producer's batch has them contiguous).
-        MessageTooLargeError: it decompresses to more than ``max_message_bytes``.
+        MessageTooLargeError: it decompresses to more than ``max_batch_bytes``.
         CorruptRecordError: a control or transactional batch (clients may not write markers,
             and transactions through the Kafka port are not built yet).
         InvalidRequestError: timestamps further apart than a FerryMQ batch can hold.
@@ -319,7 +340,7 @@ def to_ferrymq(data: bytes | memoryview, *, max_message_bytes: int) -> bytearray
                                  "Kafka port yet (transactions are a later slice)")
     body = memoryview(data)[HEADER_SIZE:]
     codec = h.attributes & COMPRESSION_MASK
-    records = iter_records(h, decompress(codec, body, max_message_bytes) if codec else body)
+    records = iter_records(h, decompress(codec, body, max_batch_bytes) if codec else body)
     inputs: list[RecordInput] = []
     for i, r in enumerate(records):
         if r.offset_delta != i:
