@@ -228,3 +228,16 @@ def test_a_retried_idempotent_batch_is_stored_once(kbroker: Broker) -> None:
     assert [(p.error_code, p.base_offset) for p in (first, again, second)] == [
         (KafkaError.none, 0), (KafkaError.none, 0), (KafkaError.none, 1)]
     assert kbroker.server.topics.queue("idem", 0).log.end_offset == 2
+
+
+def test_an_idle_kafka_connection_is_closed_after_idle_timeout(tmp_path: Path) -> None:
+    b = Broker(tmp_path / "data", port=0, kafka_port=free_port(), idle_timeout_ms=300).start()
+    try:
+        with connect(b) as s:
+            assert api_versions(s, 3, 1)[0] == 1
+            s.settimeout(10)
+            assert closed_by_peer(s)  # within idle_timeout_ms and a housekeeping round
+        assert b.server.kafka is not None
+        assert not b.server.kafka.connections
+    finally:
+        b.stop()

@@ -524,6 +524,8 @@ class BrokerServer:
                     elif c.write_paused_since is not None and now - c.write_paused_since > stall_s:
                         c.cut_off(f"stalled reader: no response bytes taken for "
                                   f"write_stall_timeout_ms={cfg.write_stall_timeout_ms}")
+                if self.kafka is not None:
+                    self.kafka.check_connections(now)
                 if self.auth is not None and self.auth.store.reload_if_changed():
                     self.close_removed_users()
                     if self.cluster is not None:  # the cluster's users, not this file's

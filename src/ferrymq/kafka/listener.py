@@ -17,7 +17,8 @@ long poll) is held until the earlier one is written.
 Limits are the native port's: ``max_connections`` and ``max_connections_per_ip`` (counted
 together with native connections), ``max_frame_bytes`` (checked on the size prefix, before
 buffering), ``max_in_flight_per_connection`` (reading stops while that many answers are
-pending) and ``max_write_buffer_bytes`` (reading stops while the transport holds that much).
+pending), ``max_write_buffer_bytes`` (reading stops while the transport holds that much),
+``idle_timeout_ms`` and ``write_stall_timeout_ms`` (:meth:`KafkaListener.check_connections`).
 A frame of a bad size or a request that does not decode ends the connection with a logged
 reason (a Kafka broker does the same; the stream cannot be trusted after it). An API key or
 version not served is answered with UNSUPPORTED_VERSION in that API's response (ApiVersions:
@@ -106,6 +107,20 @@ class KafkaListener:
         """Whether a connection still has a request in progress."""
         return any(c.slots for c in self.connections)
 
+    def check_connections(self, now: float) -> None:
+        """Close connections idle for ``idle_timeout_ms`` (nothing pending) and cut off those
+        whose client took no answer bytes for ``write_stall_timeout_ms`` (the native port's
+        limits; the server's housekeeping calls this with its monotonic clock)."""
+        cfg = self.host.config
+        idle_s = cfg.idle_timeout_ms / 1000
+        stall_s = cfg.write_stall_timeout_ms / 1000
+        for c in list(self.connections):
+            if now - c.last_activity > idle_s and not c.slots:
+                c.close(f"idle for idle_timeout_ms={cfg.idle_timeout_ms}")
+            elif c.write_paused_since is not None and now - c.write_paused_since > stall_s:
+                c.close(f"stalled reader: no answer bytes taken for "
+                        f"write_stall_timeout_ms={cfg.write_stall_timeout_ms}", abort=True)
+
     def close(self) -> None:
         """Close the port and every connection."""
         self.stop_accepting()
@@ -143,6 +158,9 @@ class KafkaConnection(asyncio.Protocol):
         self.close_reason: str | None = None
         self.local_address: tuple[str, int] = listener.address
         self.slots: deque[_Slot] = deque()
+        self.last_activity = self.server.clock.monotonic()
+        self.write_paused_since: float | None = None
+        """When the transport's buffer went above its high-water mark (None: below)."""
         self._admitted = False
         self._read_paused = False
         self._write_paused = False
@@ -191,15 +209,18 @@ class KafkaConnection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self._write_paused = True
+        self.write_paused_since = self.server.clock.monotonic()
         self._update_reading()
 
     def resume_writing(self) -> None:
         self._write_paused = False
+        self.write_paused_since = None
         self._update_reading()
 
     def data_received(self, data: bytes) -> None:
         if self.closed:
             return
+        self.last_activity = self.server.clock.monotonic()
         try:
             frames = self.decoder.feed(data)
         except RemoteProtocolError as exc:
@@ -223,8 +244,8 @@ class KafkaConnection(asyncio.Protocol):
         """Never called: the Kafka port has no authentication yet."""
         raise RuntimeError("the Kafka port has no authentication")
 
-    def close(self, reason: str) -> None:
-        """Close the connection, logging why."""
+    def close(self, reason: str, *, abort: bool = False) -> None:
+        """Close the connection, logging why (``abort``: dropping unsent answers)."""
         if self.closed:
             return
         log.info("closing Kafka connection %s (client %r): %s", self.peer, self.client_id,
@@ -232,7 +253,10 @@ class KafkaConnection(asyncio.Protocol):
         self.closed = True
         self.close_reason = reason
         if self.transport is not None:
-            self.transport.close()
+            if abort:
+                self.transport.abort()
+            else:
+                self.transport.close()
 
     # -- requests ----------------------------------------------------------------------------
 
