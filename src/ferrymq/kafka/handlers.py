@@ -7,7 +7,9 @@ FerryMQ request that means the same: Produce into PRODUCE (each partition's Kafk
 converted into a FerryMQ batch, :func:`~ferrymq.protocol.kafka.records.to_ferrymq`), Fetch into
 FETCH (the FerryMQ batches read converted back, :func:`~ferrymq.protocol.kafka.records.to_kafka`),
 ListOffsets into LIST_OFFSETS, Metadata into METADATA, InitProducerId (without a transactional
-id) into INIT_PRODUCER. The FerryMQ handler does the work, so
+id) into INIT_PRODUCER, OffsetCommit and OffsetFetch into COMMIT_OFFSETS and FETCH_OFFSETS (a
+Kafka group's offsets are the FerryMQ consumer group's of the same name; FindCoordinator names
+this broker). The FerryMQ handler does the work, so
 durability (acks, sync flush, group commit), long polling, watermarks, read_committed and topic
 auto-creation behave exactly as on the native port. Its answer is mapped back to Kafka's
 response of the version the client asked for (:func:`~ferrymq.protocol.kafka.apis.build`).
@@ -237,6 +239,64 @@ def init_producer_id(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
                             "producer_id": res.producer_id, "producer_epoch": res.producer_epoch})
 
 
+def find_coordinator(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
+    """This broker, for a group (key type 0) and for a transactional id (key type 1: its
+    InitProducerId is then answered UNSUPPORTED_VERSION, which clients take as final, where an
+    error here would be retried until they time out)."""
+    host, port = peer.local_address
+    return apis.build(cls, {"throttle_time": _NO_TIME, "error_code": KafkaError.none,
+                            "error_message": None,
+                            "node_id": peer.conn.server.config.broker_id, "host": host,
+                            "port": port})
+
+
+def offset_commit(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
+    """Store a group's offsets through FerryMQ's COMMIT_OFFSETS: the same committed offsets a
+    FerryMQ consumer group of that name has. Without group membership on the Kafka port, only
+    commits outside a generation (-1, what ``assign()`` consumers send) can succeed."""
+    entries = [(t.name, p.partition_index, p.committed_offset)
+               for t in req.topics for p in t.partitions]
+    try:
+        answer: Any = offsets.commit_offsets(peer.conn, m.CommitOffsetsRequest(
+            req.group_id, req.member_id, req.generation_id_or_member_epoch, entries))
+    except BrokerError as exc:
+        answer = m.CommitOffsetsResponse([(t, q, exc.code) for t, q, _o in entries])
+
+    def respond(res: m.CommitOffsetsResponse) -> Any:
+        rows: dict[str, list[dict[str, Any]]] = {}
+        for topic, q, code in res.results:
+            rows.setdefault(topic, []).append({"partition_index": q,
+                                               "error_code": apis.kafka_error(code)})
+        return apis.build(cls, {"throttle_time": _NO_TIME, "topics": [
+            {"name": t, "partitions": p} for t, p in rows.items()]})
+
+    if isinstance(answer, m.CommitOffsetsResponse):
+        return respond(answer)
+    return _later(answer, respond)
+
+
+def offset_fetch(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
+    """A group's committed offsets through FerryMQ's FETCH_OFFSETS (-1: none committed); with
+    ``require_stable``, a partition whose offsets wait in an open transaction is
+    UNSTABLE_OFFSET_COMMIT."""
+    names = None if req.topics is None else [t.name for t in req.topics]
+    res = offsets.fetch_offsets(peer.conn, m.FetchOffsetsRequest(req.group_id, names))
+    committed = {(t, q): o for t, q, o in res.offsets}
+    unstable = set(res.unstable) if getattr(req, "require_stable", False) else set()
+    wanted: list[tuple[str, int]] = (
+        sorted(committed) if req.topics is None
+        else [(t.name, q) for t in req.topics for q in t.partition_indexes])
+    rows: dict[str, list[dict[str, Any]]] = {}
+    for topic, q in wanted:
+        rows.setdefault(topic, []).append({
+            "partition_index": q, "committed_offset": committed.get((topic, q), -1),
+            "committed_leader_epoch": -1, "metadata": "",
+            "error_code": (KafkaError.unstable_offset_commit if (topic, q) in unstable
+                           else KafkaError.none)})
+    return apis.build(cls, {"throttle_time": _NO_TIME, "error_code": KafkaError.none,
+                            "topics": [{"name": t, "partitions": p} for t, p in rows.items()]})
+
+
 async def _later(answer: Awaitable[Any], respond: Callable[[Any], Any]) -> Any:
     return respond(await answer)
 
@@ -248,6 +308,9 @@ HANDLERS: dict[int, KafkaHandler] = {
     apis.FETCH: fetch_request,
     apis.LIST_OFFSETS: list_offsets,
     apis.INIT_PRODUCER_ID: init_producer_id,
+    apis.FIND_COORDINATOR: find_coordinator,
+    apis.OFFSET_COMMIT: offset_commit,
+    apis.OFFSET_FETCH: offset_fetch,
 }
 assert set(HANDLERS) == set(apis.SUPPORTED)
 

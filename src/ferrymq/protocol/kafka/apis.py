@@ -34,6 +34,9 @@ PRODUCE = 0
 FETCH = 1
 LIST_OFFSETS = 2
 METADATA = 3
+OFFSET_COMMIT = 8
+OFFSET_FETCH = 9
+FIND_COORDINATOR = 10
 API_VERSIONS = 18
 INIT_PRODUCER_ID = 22
 
@@ -42,6 +45,9 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     FETCH: (4, 12),
     LIST_OFFSETS: (1, 6),
     METADATA: (0, 12),
+    OFFSET_COMMIT: (2, 8),
+    OFFSET_FETCH: (1, 7),
+    FIND_COORDINATOR: (0, 3),
     API_VERSIONS: (0, 3),
     INIT_PRODUCER_ID: (0, 4),
 }
@@ -81,6 +87,12 @@ _ERRORS: dict[int, KafkaError] = {
     ErrorCode.NOT_ENOUGH_REPLICAS: KafkaError.not_enough_replicas,
     ErrorCode.LEADER_NOT_AVAILABLE: KafkaError.leader_not_available,
     ErrorCode.NOT_COORDINATOR: KafkaError.not_coordinator,
+    ErrorCode.UNKNOWN_GROUP: KafkaError.group_id_not_found,
+    ErrorCode.UNKNOWN_MEMBER: KafkaError.unknown_member_id,
+    ErrorCode.ILLEGAL_GENERATION: KafkaError.illegal_generation,
+    ErrorCode.REBALANCE_IN_PROGRESS: KafkaError.rebalance_in_progress,
+    ErrorCode.NON_EMPTY_GROUP: KafkaError.non_empty_group,
+    ErrorCode.INVALID_OFFSET: KafkaError.offset_out_of_range,
 }
 
 
