@@ -292,7 +292,7 @@ class KafkaConnection(asyncio.Protocol):
         if result is None:  # produce with acks=0
             return
         if not asyncio.isfuture(result) and not asyncio.iscoroutine(result):
-            self._answer(_Slot(frame(head, apis.encode(result))))
+            self._answer(_Slot(frame(head, self._encode(res_cls, result))))
             return
         slot = _Slot()
         self.slots.append(slot)
@@ -334,8 +334,16 @@ class KafkaConnection(asyncio.Protocol):
             return
         exc = fut.exception()
         value = fut.result() if exc is None else self._failed(res_cls, exc)
-        slot.data = frame(head, apis.encode(value))
+        slot.data = frame(head, self._encode(res_cls, value))
         self._flush()
+
+    def _encode(self, res_cls: type[Any], value: Any) -> bytes:
+        """``value`` encoded; a value kio cannot encode (a handler bug) is logged and answered
+        UNKNOWN_SERVER_ERROR."""
+        try:
+            return apis.encode(value)
+        except Exception as exc:  # noqa: BLE001 - the client gets an answer whatever broke
+            return apis.encode(self._failed(res_cls, exc))
 
     def _answer(self, slot: _Slot) -> None:
         self.slots.append(slot)

@@ -236,3 +236,22 @@ def test_cramjam_codecs_are_bounded_before_decompressing(codec: str) -> None:
         decompress(number, packed, 99_999)
     with pytest.raises(CorruptRecordError, match="cannot be read"):
         decompress(number, packed[:-9] + b"garbage!!", 100_000)
+
+
+def test_every_response_kio_knows_can_be_answered_unsupported() -> None:
+    """What an unserved API key or version is answered with encodes for every API and version
+    kio knows (a failure there would drop the connection instead of answering)."""
+    from kio.schema.errors import ErrorCode as KafkaError
+
+    from ferrymq.protocol.kafka import apis
+
+    encoded = 0
+    for key in range(100):
+        for version in range(20):
+            cls = apis.response_class(key, version)
+            if cls is None:
+                continue
+            body = apis.encode(apis.error_response(cls, KafkaError.unsupported_version))
+            assert apis.decode_request(cls, body, 0) is not None
+            encoded += 1
+    assert encoded > 300

@@ -238,7 +238,7 @@ def _empty(f: dataclasses.Field[Any]) -> Any:
     if kind.startswith("timedelta"):
         return datetime.timedelta(0)
     if kind.startswith("datetime"):
-        return None
+        return datetime.datetime.fromtimestamp(0, datetime.UTC)
     if kind == "uuid":
         return uuid.UUID(int=0)
     if kind in ("bytes", "records"):
