@@ -345,3 +345,74 @@ def test_committed_offsets_are_shared_with_ferrymq_groups(kbroker: Broker) -> No
     [tp] = c.committed([confluent_kafka.TopicPartition("resume", 0)], timeout=10)
     assert tp.offset == 10
     c.close()
+
+
+def test_consumer_group_of_three_rebalances_when_one_leaves(kbroker: Broker) -> None:
+    """The classic protocol with librdkafka's own assignor: three members split six partitions,
+    one leaves, the other two take its partitions and read on from the committed offsets."""
+    address = kafka_address(kbroker)
+    kbroker.server.topics.create("grouped", 6, {}, 0)
+
+    def member(n: int) -> Any:
+        c = confluent_kafka.Consumer({"bootstrap.servers": address, "group.id": "g3",
+                                      "client.id": f"m{n}", "auto.offset.reset": "earliest",
+                                      "enable.auto.commit": True,
+                                      "auto.commit.interval.ms": 200,
+                                      "session.timeout.ms": 10_000,
+                                      "heartbeat.interval.ms": 300})
+        c.subscribe(["grouped"])
+        return c
+
+    def produce(first: int, n: int) -> None:
+        p = confluent_kafka.Producer({"bootstrap.servers": address, "acks": "all"})
+        for i in range(first, first + n):
+            p.produce("grouped", f"g{i}".encode(), partition=i % 6)
+        assert p.flush(30) == 0
+
+    def commit_all(consumers: list[Any]) -> None:
+        for c in consumers:
+            try:
+                c.commit(asynchronous=False)
+            except confluent_kafka.KafkaException as exc:  # auto-commit took it already
+                if exc.args[0].code() != confluent_kafka.KafkaError._NO_OFFSET:
+                    raise
+
+    def poll_until(consumers: list[Any], want: set[bytes], seen: dict[bytes, int],
+                   timeout: float = 45.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not want <= set(seen) and time.monotonic() < deadline:
+            for i, c in enumerate(consumers):
+                msg = c.poll(0.1)
+                if msg is not None and msg.error() is None:
+                    seen.setdefault(msg.value(), i)
+
+    consumers = [member(n) for n in range(3)]
+    try:
+        produce(0, 60)
+        seen: dict[bytes, int] = {}
+        poll_until(consumers, {f"g{i}".encode() for i in range(60)}, seen)
+        assert len(seen) == 60
+        assignments = [{tp.partition for tp in c.assignment()} for c in consumers]
+        assert sorted(p for a in assignments for p in a) == list(range(6))  # disjoint, whole
+        assert all(len(a) == 2 for a in assignments)
+        commit_all(consumers)
+        consumers.pop().close()  # LeaveGroup: the other two rebalance
+        produce(60, 60)
+        after: dict[bytes, int] = {}
+        poll_until(consumers, {f"g{i}".encode() for i in range(60, 120)}, after)
+        assert {f"g{i}".encode() for i in range(60, 120)} <= set(after)
+        assert sorted(p for c in consumers for p in (tp.partition for tp in c.assignment())) \
+            == list(range(6))
+        assert not {f"g{i}".encode() for i in range(60)} & set(after)  # resumed from commits
+        # a partition that moved may have been read by its old owner before it heard of the
+        # rebalance (eager rebalancing: at least once): its new owner reads to the end too
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and any(
+                tp.offset != 20 for c in consumers for tp in c.position(c.assignment())):
+            for c in consumers:
+                c.poll(0.1)
+        commit_all(consumers)
+    finally:
+        for c in consumers:
+            c.close()
+    assert kbroker.server.consumer_groups.committed("g3") == {("grouped", q): 20 for q in range(6)}

@@ -9,7 +9,8 @@ FETCH (the FerryMQ batches read converted back, :func:`~ferrymq.protocol.kafka.r
 ListOffsets into LIST_OFFSETS, Metadata into METADATA, InitProducerId (without a transactional
 id) into INIT_PRODUCER, OffsetCommit and OffsetFetch into COMMIT_OFFSETS and FETCH_OFFSETS (a
 Kafka group's offsets are the FerryMQ consumer group's of the same name; FindCoordinator names
-this broker). The FerryMQ handler does the work, so
+this broker). JoinGroup, SyncGroup, Heartbeat and LeaveGroup are the Kafka port's own
+membership (:mod:`ferrymq.kafka.groups`). The FerryMQ handler does the work, so
 durability (acks, sync flush, group commit), long polling, watermarks, read_committed and topic
 auto-creation behave exactly as on the native port. Its answer is mapped back to Kafka's
 response of the version the client asked for (:func:`~ferrymq.protocol.kafka.apis.build`).
@@ -37,6 +38,7 @@ from ferrymq.protocol.messages import Acks, Isolation
 
 if TYPE_CHECKING:
     from ferrymq.broker.context import ClientConnection
+    from ferrymq.kafka.groups import JoinResult, KafkaGroupCoordinator
 
 KafkaHandler = Callable[["KafkaPeer", type[Any], Any], "Any | Awaitable[Any] | None"]
 """``(connection, response class, request)`` -> a kio response, an awaitable of one, or None
@@ -58,6 +60,10 @@ class KafkaPeer(Protocol):
     @property
     def local_address(self) -> tuple[str, int]:
         """Host and port the client reached this listener at (what Metadata advertises)."""
+
+    @property
+    def groups(self) -> KafkaGroupCoordinator:
+        """The Kafka port's group membership."""
 
 
 def api_versions(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
@@ -256,21 +262,26 @@ def offset_commit(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
     commits outside a generation (-1, what ``assign()`` consumers send) can succeed."""
     entries = [(t.name, p.partition_index, p.committed_offset)
                for t in req.topics for p in t.partitions]
-    try:
-        answer: Any = offsets.commit_offsets(peer.conn, m.CommitOffsetsRequest(
-            req.group_id, req.member_id, req.generation_id_or_member_epoch, entries))
-    except BrokerError as exc:
-        answer = m.CommitOffsetsResponse([(t, q, exc.code) for t, q, _o in entries])
+    fenced = peer.groups.check_commit(req.group_id, req.member_id,
+                                      req.generation_id_or_member_epoch)
+    answer: Any = None
+    if fenced == KafkaError.none:
+        try:  # the Kafka generation is checked above: stored outside FerryMQ's generations
+            answer = offsets.commit_offsets(peer.conn, m.CommitOffsetsRequest(
+                req.group_id, "", -1, entries))
+        except BrokerError as exc:
+            answer = m.CommitOffsetsResponse([(t, q, exc.code) for t, q, _o in entries])
 
-    def respond(res: m.CommitOffsetsResponse) -> Any:
+    def respond(res: m.CommitOffsetsResponse | None) -> Any:
         rows: dict[str, list[dict[str, Any]]] = {}
-        for topic, q, code in res.results:
-            rows.setdefault(topic, []).append({"partition_index": q,
-                                               "error_code": apis.kafka_error(code)})
+        results = ([(t, q, apis.kafka_error(code)) for t, q, code in res.results]
+                   if res is not None else [(t, q, fenced) for t, q, _o in entries])
+        for topic, q, error in results:
+            rows.setdefault(topic, []).append({"partition_index": q, "error_code": error})
         return apis.build(cls, {"throttle_time": _NO_TIME, "topics": [
             {"name": t, "partitions": p} for t, p in rows.items()]})
 
-    if isinstance(answer, m.CommitOffsetsResponse):
+    if answer is None or isinstance(answer, m.CommitOffsetsResponse):
         return respond(answer)
     return _later(answer, respond)
 
@@ -297,6 +308,59 @@ def offset_fetch(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
                             "topics": [{"name": t, "partitions": p} for t, p in rows.items()]})
 
 
+def join_group(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
+    """Join (or rejoin) a group; answered when the rebalance completes
+    (:mod:`ferrymq.kafka.groups`)."""
+    cfg = peer.conn.server.config
+    session_ms = cfg.session_timeout_ms(int(req.session_timeout.total_seconds() * 1000))
+    rebalance_ms = int(req.rebalance_timeout.total_seconds() * 1000)
+    fut = peer.groups.join(req.group_id, req.member_id, peer.conn.client_id, req.protocol_type,
+                           [(p.name, p.metadata) for p in req.protocols], session_ms / 1000,
+                           (rebalance_ms if rebalance_ms > 0 else session_ms) / 1000)
+
+    def respond(res: JoinResult) -> Any:
+        return apis.build(cls, {
+            "throttle_time": _NO_TIME, "error_code": res.error,
+            "generation_id": res.generation, "protocol_type": req.protocol_type,
+            "protocol_name": res.protocol, "leader": res.leader, "member_id": res.member_id,
+            "members": [{"member_id": mid, "group_instance_id": None, "metadata": meta}
+                        for mid, meta in res.members]})
+
+    return _later(fut, respond)
+
+
+def sync_group(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
+    """The member's assignment, once the group's leader has sent everyone's."""
+    fut = peer.groups.sync(req.group_id, req.member_id, req.generation_id,
+                           {a.member_id: a.assignment for a in req.assignments})
+
+    def respond(res: tuple[KafkaError, bytes]) -> Any:
+        return apis.build(cls, {
+            "throttle_time": _NO_TIME, "error_code": res[0],
+            "protocol_type": getattr(req, "protocol_type", None),
+            "protocol_name": getattr(req, "protocol_name", None), "assignment": res[1]})
+
+    return _later(fut, respond)
+
+
+def heartbeat(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
+    """NONE, or REBALANCE_IN_PROGRESS (rejoin), UNKNOWN_MEMBER_ID, ILLEGAL_GENERATION."""
+    return apis.build(cls, {"throttle_time": _NO_TIME, "error_code": peer.groups.heartbeat(
+        req.group_id, req.member_id, req.generation_id)})
+
+
+def leave_group(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
+    """Remove the member (v1-2) or members (v3+); the others rebalance."""
+    ids = ([x.member_id for x in req.members] if hasattr(req, "members")
+           else [req.member_id])
+    errors = peer.groups.leave(req.group_id, ids)
+    return apis.build(cls, {
+        "throttle_time": _NO_TIME,
+        "error_code": errors[0] if not hasattr(req, "members") else KafkaError.none,
+        "members": [{"member_id": mid, "group_instance_id": None, "error_code": e}
+                    for mid, e in zip(ids, errors, strict=True)]})
+
+
 async def _later(answer: Awaitable[Any], respond: Callable[[Any], Any]) -> Any:
     return respond(await answer)
 
@@ -311,6 +375,10 @@ HANDLERS: dict[int, KafkaHandler] = {
     apis.FIND_COORDINATOR: find_coordinator,
     apis.OFFSET_COMMIT: offset_commit,
     apis.OFFSET_FETCH: offset_fetch,
+    apis.JOIN_GROUP: join_group,
+    apis.SYNC_GROUP: sync_group,
+    apis.HEARTBEAT: heartbeat,
+    apis.LEAVE_GROUP: leave_group,
 }
 assert set(HANDLERS) == set(apis.SUPPORTED)
 

@@ -37,6 +37,7 @@ from kio.schema.errors import ErrorCode as KafkaError
 from ferrymq import _sockets
 from ferrymq.broker.context import BrokerContext
 from ferrymq.errors import BrokerError, RemoteProtocolError
+from ferrymq.kafka.groups import KafkaGroupCoordinator
 from ferrymq.kafka.handlers import HANDLERS
 from ferrymq.protocol.codes import ErrorCode
 from ferrymq.protocol.kafka import apis
@@ -72,6 +73,8 @@ class KafkaListener:
     def __init__(self, host: KafkaHost) -> None:
         self.host = host
         self.connections: set[KafkaConnection] = set()
+        self.groups = KafkaGroupCoordinator(host.clock.monotonic)
+        """Kafka consumer groups' membership (:mod:`ferrymq.kafka.groups`)."""
         self.address: tuple[str, int] = (host.config.host, host.config.kafka_port)
         self._server: asyncio.Server | None = None
 
@@ -108,9 +111,11 @@ class KafkaListener:
         return any(c.slots for c in self.connections)
 
     def check_connections(self, now: float) -> None:
-        """Close connections idle for ``idle_timeout_ms`` (nothing pending) and cut off those
+        """Expire Kafka group members without heartbeats; close connections idle for
+        ``idle_timeout_ms`` (nothing pending) and cut off those
         whose client took no answer bytes for ``write_stall_timeout_ms`` (the native port's
         limits; the server's housekeeping calls this with its monotonic clock)."""
+        self.groups.expire()
         cfg = self.host.config
         idle_s = cfg.idle_timeout_ms / 1000
         stall_s = cfg.write_stall_timeout_ms / 1000
@@ -124,6 +129,7 @@ class KafkaListener:
     def close(self) -> None:
         """Close the port and every connection."""
         self.stop_accepting()
+        self.groups.close()
         for c in list(self.connections):
             c.close("broker stopping")
 
@@ -170,6 +176,11 @@ class KafkaConnection(asyncio.Protocol):
     def conn(self) -> ClientConnection:
         """This connection, as FerryMQ's handlers see it."""
         return self
+
+    @property
+    def groups(self) -> KafkaGroupCoordinator:
+        """The Kafka port's group membership."""
+        return self.listener.groups
 
     # -- asyncio.Protocol ------------------------------------------------------------------
 

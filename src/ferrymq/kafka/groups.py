@@ -1,0 +1,301 @@
+"""Kafka's classic consumer-group protocol (JoinGroup, SyncGroup, Heartbeat, LeaveGroup) for
+Kafka clients on the Kafka port: membership and generations here, assignment by the clients.
+
+Theory of operation
+-------------------
+Kafka's classic protocol leaves the assignment to the clients: every member sends JoinGroup
+with the assignors it supports and its subscription (opaque bytes); the coordinator waits until
+every known member has (re)joined, or the longest rebalance timeout has passed (members that did
+not rejoin are removed), bumps the generation, picks the first protocol of the leader's list that
+every member supports, and answers every join, the leader's with every member's metadata. The
+leader computes the assignment and sends it in its SyncGroup; the coordinator answers every
+member's SyncGroup with its part. A member that joins or leaves, or whose session expires
+(no heartbeat for its ``session_timeout``), starts a new rebalance: the others learn it from
+their next heartbeat (REBALANCE_IN_PROGRESS) and rejoin.
+
+States: ``EMPTY`` (no members), ``JOINING`` (a rebalance is collecting joins), ``SYNCING``
+(joins answered, waiting for the leader's assignment), ``STABLE``. A first member of an empty
+group is answered after ``INITIAL_REBALANCE_DELAY_S`` so consumers started together land in one
+generation (Kafka's ``group.initial.rebalance.delay.ms``).
+
+This membership is the Kafka port's own: a FerryMQ consumer group of the same name has its own
+members (broker-assigned), but the two share committed offsets (OffsetCommit checks the Kafka
+generation here, then stores through FerryMQ's offsets). Groups live in memory: after a broker
+restart, Kafka members rejoin (UNKNOWN_MEMBER_ID makes them), their offsets are durable.
+Static membership (``group.instance.id``) is not built: such members are treated as dynamic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import itertools
+import logging
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from kio.schema.errors import ErrorCode as KafkaError
+
+log = logging.getLogger("ferrymq.kafka")
+
+INITIAL_REBALANCE_DELAY_S = 0.3
+"""How long the first join of an empty group waits for other members (Kafka: 3 s)."""
+MAX_REBALANCE_TIMEOUT_S = 60.0
+"""The longest a rebalance waits for members to rejoin, whatever they ask for."""
+
+
+class State(enum.Enum):
+    """Where a group is in its rebalance cycle."""
+
+    EMPTY = "Empty"
+    JOINING = "PreparingRebalance"
+    SYNCING = "CompletingRebalance"
+    STABLE = "Stable"
+
+
+@dataclass(frozen=True, slots=True)
+class JoinResult:
+    """The answer to a JoinGroup."""
+
+    error: KafkaError
+    generation: int = -1
+    protocol: str = ""
+    leader: str = ""
+    member_id: str = ""
+    members: tuple[tuple[str, bytes], ...] = ()
+
+
+@dataclass(eq=False, slots=True)
+class Member:
+    """One member of a Kafka group."""
+
+    member_id: str
+    client_id: str
+    session_timeout_s: float
+    rebalance_timeout_s: float
+    protocols: list[tuple[str, bytes]]
+    last_seen: float
+    join: asyncio.Future[JoinResult] | None = None
+    sync: asyncio.Future[tuple[KafkaError, bytes]] | None = None
+    assignment: bytes = b""
+
+
+@dataclass(eq=False, slots=True)
+class KafkaGroup:
+    """One Kafka consumer group."""
+
+    name: str
+    state: State = State.EMPTY
+    generation: int = 0
+    protocol_type: str = ""
+    protocol: str = ""
+    leader: str = ""
+    members: dict[str, Member] = field(default_factory=dict)
+    timer: asyncio.TimerHandle | None = None
+
+
+class KafkaGroupCoordinator:
+    """Every Kafka group of this broker; ``clock`` is monotonic seconds."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self.clock = clock
+        self.groups: dict[str, KafkaGroup] = {}
+        self._ids = itertools.count(1)
+
+    # -- JoinGroup ----------------------------------------------------------------------------
+
+    def join(self, name: str, member_id: str, client_id: str, protocol_type: str,
+             protocols: list[tuple[str, bytes]], session_timeout_s: float,
+             rebalance_timeout_s: float) -> asyncio.Future[JoinResult]:
+        """Join (or rejoin) ``name``; the answer once the rebalance completes."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[JoinResult] = loop.create_future()
+        g = self.groups.setdefault(name, KafkaGroup(name))
+        if not protocols:
+            fut.set_result(JoinResult(KafkaError.inconsistent_group_protocol))
+            return fut
+        if g.members and protocol_type != g.protocol_type:
+            fut.set_result(JoinResult(KafkaError.inconsistent_group_protocol))
+            return fut
+        if member_id and member_id not in g.members:
+            fut.set_result(JoinResult(KafkaError.unknown_member_id, member_id=member_id))
+            return fut
+        if not member_id:
+            member_id = f"{client_id or 'member'}-{next(self._ids)}-{uuid.uuid4().hex[:12]}"
+        m = g.members.get(member_id)
+        if m is None:
+            m = g.members[member_id] = Member(member_id, client_id, session_timeout_s,
+                                              rebalance_timeout_s, protocols, self.clock())
+            log.info("Kafka group %s: member %s joined", name, member_id,
+                     extra={"group": name, "member": member_id})
+        else:
+            m.protocols, m.last_seen = protocols, self.clock()
+            m.session_timeout_s, m.rebalance_timeout_s = session_timeout_s, rebalance_timeout_s
+            if m.join is not None and not m.join.done():  # a retried join replaces the first
+                m.join.set_result(JoinResult(KafkaError.rebalance_in_progress))
+        g.protocol_type = protocol_type
+        m.join = fut
+        if g.state != State.JOINING:
+            self._start_rebalance(g, initial=g.state == State.EMPTY)
+        elif all(x.join is not None for x in g.members.values()):
+            self._complete_join(g)
+        return fut
+
+    def _start_rebalance(self, g: KafkaGroup, *, initial: bool = False) -> None:
+        """Collect joins: wait for every member (or the longest rebalance timeout)."""
+        g.state = State.JOINING
+        for m in g.members.values():
+            if m.sync is not None and not m.sync.done():
+                m.sync.set_result((KafkaError.rebalance_in_progress, b""))
+            m.sync = None
+        if g.timer is not None:
+            g.timer.cancel()
+        wait = (INITIAL_REBALANCE_DELAY_S if initial else
+                min(max((m.rebalance_timeout_s for m in g.members.values()), default=0.0),
+                    MAX_REBALANCE_TIMEOUT_S))
+        g.timer = asyncio.get_running_loop().call_later(wait, self._complete_join, g)
+
+    def _complete_join(self, g: KafkaGroup) -> None:
+        """End the join phase: drop members that did not rejoin, bump the generation, answer
+        every join."""
+        if g.state != State.JOINING:
+            return
+        if g.timer is not None:
+            g.timer.cancel()
+            g.timer = None
+        for mid in [mid for mid, m in g.members.items() if m.join is None]:
+            log.info("Kafka group %s: member %s did not rejoin: removed", g.name, mid,
+                     extra={"group": g.name, "member": mid})
+            del g.members[mid]
+        if not g.members:
+            g.state = State.EMPTY
+            return
+        g.generation += 1
+        if g.leader not in g.members:
+            g.leader = next(iter(g.members))
+        common = set.intersection(*({n for n, _ in m.protocols} for m in g.members.values()))
+        g.protocol = next((n for n, _ in g.members[g.leader].protocols if n in common), "")
+        if not g.protocol:
+            for m in g.members.values():
+                if m.join is not None and not m.join.done():
+                    m.join.set_result(JoinResult(KafkaError.inconsistent_group_protocol))
+            g.members.clear()
+            g.state = State.EMPTY
+            return
+        g.state = State.SYNCING
+        metadata = tuple((m.member_id, dict(m.protocols)[g.protocol])
+                         for m in g.members.values())
+        log.info("Kafka group %s: generation %d, %d members, leader %s, protocol %s", g.name,
+                 g.generation, len(g.members), g.leader, g.protocol, extra={"group": g.name})
+        for m in g.members.values():
+            fut, m.join = m.join, None
+            m.last_seen = self.clock()
+            if fut is not None and not fut.done():
+                fut.set_result(JoinResult(KafkaError.none, g.generation, g.protocol, g.leader,
+                                          m.member_id,
+                                          metadata if m.member_id == g.leader else ()))
+
+    # -- SyncGroup, Heartbeat, LeaveGroup -------------------------------------------------------
+
+    def sync(self, name: str, member_id: str, generation: int,
+             assignments: dict[str, bytes]) -> asyncio.Future[tuple[KafkaError, bytes]]:
+        """The member's assignment, once the leader sent it."""
+        fut: asyncio.Future[tuple[KafkaError, bytes]] = \
+            asyncio.get_running_loop().create_future()
+        g, error = self._check(name, member_id, generation)
+        if error is not None or g is None:
+            fut.set_result((error or KafkaError.unknown_member_id, b""))
+            return fut
+        m = g.members[member_id]
+        m.last_seen = self.clock()
+        if g.state == State.JOINING:
+            fut.set_result((KafkaError.rebalance_in_progress, b""))
+            return fut
+        if g.state == State.STABLE:
+            fut.set_result((KafkaError.none, m.assignment))
+            return fut
+        m.sync = fut
+        if member_id == g.leader:
+            for x in g.members.values():
+                x.assignment = assignments.get(x.member_id, b"")
+            g.state = State.STABLE
+            for x in g.members.values():
+                if x.sync is not None and not x.sync.done():
+                    x.sync.set_result((KafkaError.none, x.assignment))
+                x.sync = None
+        return fut
+
+    def heartbeat(self, name: str, member_id: str, generation: int) -> KafkaError:
+        """NONE, or why the member must rejoin (REBALANCE_IN_PROGRESS, UNKNOWN_MEMBER_ID,
+        ILLEGAL_GENERATION)."""
+        g, error = self._check(name, member_id, generation)
+        if error is not None or g is None:
+            return error or KafkaError.unknown_member_id
+        g.members[member_id].last_seen = self.clock()
+        return KafkaError.rebalance_in_progress if g.state == State.JOINING else KafkaError.none
+
+    def check_commit(self, name: str, member_id: str, generation: int) -> KafkaError:
+        """Whether a commit at ``generation`` may be stored (-1: outside any generation)."""
+        if generation < 0:
+            return KafkaError.none
+        g, error = self._check(name, member_id, generation)
+        if error is not None or g is None:
+            return error or KafkaError.unknown_member_id
+        return KafkaError.rebalance_in_progress if g.state == State.JOINING else KafkaError.none
+
+    def leave(self, name: str, member_ids: list[str]) -> list[KafkaError]:
+        """Remove members; the others rebalance. One error per member id."""
+        g = self.groups.get(name)
+        out: list[KafkaError] = []
+        for mid in member_ids:
+            if g is None or mid not in g.members:
+                out.append(KafkaError.unknown_member_id)
+                continue
+            self._remove(g, mid, "left")
+            out.append(KafkaError.none)
+        return out
+
+    def expire(self) -> None:
+        """Remove members whose session timed out (housekeeping)."""
+        now = self.clock()
+        for g in list(self.groups.values()):
+            for m in list(g.members.values()):
+                if m.join is None and now - m.last_seen > m.session_timeout_s:
+                    self._remove(g, m.member_id, "session timed out")
+            if g.state == State.EMPTY and not g.members:
+                del self.groups[g.name]
+
+    def _remove(self, g: KafkaGroup, member_id: str, why: str) -> None:
+        m = g.members.pop(member_id)
+        log.info("Kafka group %s: member %s %s", g.name, member_id, why,
+                 extra={"group": g.name, "member": member_id})
+        if m.join is not None and not m.join.done():
+            m.join.set_result(JoinResult(KafkaError.unknown_member_id))
+        if m.sync is not None and not m.sync.done():
+            m.sync.set_result((KafkaError.unknown_member_id, b""))
+        if not g.members:
+            if g.timer is not None:
+                g.timer.cancel()
+                g.timer = None
+            g.state = State.EMPTY
+        elif g.state == State.JOINING:
+            if all(x.join is not None for x in g.members.values()):
+                self._complete_join(g)
+        else:
+            self._start_rebalance(g)
+
+    def _check(self, name: str, member_id: str,
+               generation: int) -> tuple[KafkaGroup | None, KafkaError | None]:
+        g = self.groups.get(name)
+        if g is None or member_id not in g.members:
+            return None, KafkaError.unknown_member_id
+        if generation != g.generation:
+            return g, KafkaError.illegal_generation
+        return g, None
+
+    def close(self) -> None:
+        """Stop timers (broker stopping)."""
+        for g in self.groups.values():
+            if g.timer is not None:
+                g.timer.cancel()
