@@ -416,3 +416,51 @@ def test_consumer_group_of_three_rebalances_when_one_leaves(kbroker: Broker) -> 
         for c in consumers:
             c.close()
     assert kbroker.server.consumer_groups.committed("g3") == {("grouped", q): 20 for q in range(6)}
+
+
+def test_aiokafka_and_kafka_python_consumer_groups(kbroker: Broker) -> None:
+    """Two other clients' group implementations (and protocol versions) join, get every
+    partition between them, read everything and commit."""
+    aiokafka = pytest.importorskip("aiokafka")
+    kafka = pytest.importorskip("kafka")
+    address = kafka_address(kbroker)
+    kbroker.server.topics.create("mixed", 4, {}, 0)
+    produce_confluent_spread(address, "mixed", 40, 4)
+
+    kp = kafka.KafkaConsumer("mixed", bootstrap_servers=address, group_id="kpg",
+                             auto_offset_reset="earliest", enable_auto_commit=False,
+                             consumer_timeout_ms=15_000)
+    got_kp = []
+    for msg in kp:
+        got_kp.append(msg.value)
+        if len(got_kp) == 40:
+            break
+    kp.commit()
+    kp.close()
+    assert sorted(got_kp) == sorted(f"s{i}".encode() for i in range(40))
+    assert kbroker.server.consumer_groups.committed("kpg") == {("mixed", q): 10 for q in range(4)}
+
+    async def aio() -> list[bytes]:
+        c = aiokafka.AIOKafkaConsumer("mixed", bootstrap_servers=address, group_id="aiog",
+                                      auto_offset_reset="earliest", enable_auto_commit=False)
+        await c.start()
+        got: list[bytes] = []
+        try:
+            while len(got) < 40:
+                batches = await asyncio.wait_for(c.getmany(timeout_ms=500), 15)
+                got += [m.value for msgs in batches.values() for m in msgs]
+            await c.commit()
+        finally:
+            await c.stop()
+        return got
+
+    assert sorted(asyncio.run(aio())) == sorted(f"s{i}".encode() for i in range(40))
+    assert kbroker.server.consumer_groups.committed("aiog") == {("mixed", q): 10
+                                                                for q in range(4)}
+
+
+def produce_confluent_spread(address: str, topic: str, n: int, partitions: int) -> None:
+    p = confluent_kafka.Producer({"bootstrap.servers": address, "acks": "all"})
+    for i in range(n):
+        p.produce(topic, f"s{i}".encode(), partition=i % partitions)
+    assert p.flush(30) == 0
