@@ -395,6 +395,13 @@ def test_consumer_group_of_three_rebalances_when_one_leaves(kbroker: Broker) -> 
         assignments = [{tp.partition for tp in c.assignment()} for c in consumers]
         assert sorted(p for a in assignments for p in a) == list(range(6))  # disjoint, whole
         assert all(len(a) == 2 for a in assignments)
+        admin = pytest.importorskip("confluent_kafka.admin").AdminClient(
+            {"bootstrap.servers": address})
+        desc = admin.describe_consumer_groups(["g3"])["g3"].result(10)
+        assert str(desc.state).endswith("STABLE")
+        assert sorted(m.client_id for m in desc.members) == ["m0", "m1", "m2"]
+        assert sorted(tp.partition for m in desc.members
+                      for tp in m.assignment.topic_partitions) == list(range(6))
         commit_all(consumers)
         consumers.pop().close()  # LeaveGroup: the other two rebalance
         produce(60, 60)
@@ -457,6 +464,14 @@ def test_aiokafka_and_kafka_python_consumer_groups(kbroker: Broker) -> None:
     assert sorted(asyncio.run(aio())) == sorted(f"s{i}".encode() for i in range(40))
     assert kbroker.server.consumer_groups.committed("aiog") == {("mixed", q): 10
                                                                 for q in range(4)}
+    # the groups as Kafka admin tools see them (ListGroups, DescribeGroups)
+    admin = pytest.importorskip("confluent_kafka.admin").AdminClient(
+        {"bootstrap.servers": address})
+    listed = admin.list_consumer_groups().result(10)
+    assert {"kpg", "aiog"} <= {g.group_id for g in listed.valid}
+    desc = admin.describe_consumer_groups(["aiog"])["aiog"].result(10)
+    assert (desc.group_id, desc.members) == ("aiog", [])
+    assert str(desc.state).endswith("EMPTY")
 
 
 def produce_confluent_spread(address: str, topic: str, n: int, partitions: int) -> None:

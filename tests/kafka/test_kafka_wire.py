@@ -93,7 +93,8 @@ def test_api_versions_lists_exactly_what_is_served(kbroker: Broker, version: int
     assert res.error_code == KafkaError.none
     assert {k.api_key: (k.min_version, k.max_version) for k in res.api_keys} == {
         0: (3, 9), 1: (4, 12), 2: (1, 6), 3: (0, 12), 8: (2, 8), 9: (1, 7), 10: (0, 3),
-        11: (2, 7), 12: (1, 4), 13: (1, 4), 14: (1, 5), 18: (0, 3), 22: (0, 4)}
+        11: (2, 7), 12: (1, 4), 13: (1, 4), 14: (1, 5), 15: (0, 5), 16: (0, 4), 18: (0, 3),
+        22: (0, 4)}
 
 
 def test_newer_api_versions_is_answered_v0_with_the_list(kbroker: Broker) -> None:
@@ -104,7 +105,8 @@ def test_newer_api_versions_is_answered_v0_with_the_list(kbroker: Broker) -> Non
         v0 = apis.response_class(18, 0)
         assert v0 is not None
         res = apis.decode_request(v0, raw[4:], 0)
-        assert {k.api_key for k in res.api_keys} == {0, 1, 2, 3, 8, 9, 10, 11, 12, 13, 14, 18, 22}
+        assert {k.api_key for k in res.api_keys} == {0, 1, 2, 3, 8, 9, 10, 11, 12, 13, 14, 15, 16,
+                                                     18, 22}
         # and the connection is still there
         assert api_versions(s, 3, 8)[0] == 8
 
@@ -112,11 +114,11 @@ def test_newer_api_versions_is_answered_v0_with_the_list(kbroker: Broker) -> Non
 def test_unserved_api_key_gets_unsupported_version_and_the_connection_lives(
         kbroker: Broker) -> None:
     with connect(kbroker) as s:
-        # ListGroups v3 (flexible): an API kio knows, not served yet
-        s.sendall(request(16, 3, 11, b"\x00", flexible=True))
+        # DescribeCluster v0 (flexible): an API kio knows, not served yet
+        s.sendall(request(60, 0, 11, b"\x00\x00", flexible=True))
         raw = read_frame(s)
         assert struct.unpack_from(">i", raw)[0] == 11
-        cls = apis.response_class(16, 3)
+        cls = apis.response_class(60, 0)
         assert cls is not None
         res = apis.decode_request(cls, raw[5:], 0)  # v1 header: correlation id + tags
         assert res.error_code == KafkaError.unsupported_version

@@ -72,6 +72,7 @@ class Member:
 
     member_id: str
     client_id: str
+    client_host: str
     session_timeout_s: float
     rebalance_timeout_s: float
     protocols: list[tuple[str, bytes]]
@@ -107,7 +108,7 @@ class KafkaGroupCoordinator:
 
     def join(self, name: str, member_id: str, client_id: str, protocol_type: str,
              protocols: list[tuple[str, bytes]], session_timeout_s: float,
-             rebalance_timeout_s: float) -> asyncio.Future[JoinResult]:
+             rebalance_timeout_s: float, client_host: str = "") -> asyncio.Future[JoinResult]:
         """Join (or rejoin) ``name``; the answer once the rebalance completes."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[JoinResult] = loop.create_future()
@@ -125,8 +126,9 @@ class KafkaGroupCoordinator:
             member_id = f"{client_id or 'member'}-{next(self._ids)}-{uuid.uuid4().hex[:12]}"
         m = g.members.get(member_id)
         if m is None:
-            m = g.members[member_id] = Member(member_id, client_id, session_timeout_s,
-                                              rebalance_timeout_s, protocols, self.clock())
+            m = g.members[member_id] = Member(member_id, client_id, client_host,
+                                              session_timeout_s, rebalance_timeout_s,
+                                              protocols, self.clock())
             log.info("Kafka group %s: member %s joined", name, member_id,
                      extra={"group": name, "member": member_id})
         else:

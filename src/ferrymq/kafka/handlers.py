@@ -316,7 +316,8 @@ def join_group(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
     rebalance_ms = int(req.rebalance_timeout.total_seconds() * 1000)
     fut = peer.groups.join(req.group_id, req.member_id, peer.conn.client_id, req.protocol_type,
                            [(p.name, p.metadata) for p in req.protocols], session_ms / 1000,
-                           (rebalance_ms if rebalance_ms > 0 else session_ms) / 1000)
+                           (rebalance_ms if rebalance_ms > 0 else session_ms) / 1000,
+                           peer.conn.peer.rsplit(":", 1)[0])
 
     def respond(res: JoinResult) -> Any:
         return apis.build(cls, {
@@ -361,6 +362,42 @@ def leave_group(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
                     for mid, e in zip(ids, errors, strict=True)]})
 
 
+def list_groups(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
+    """The Kafka port's groups (protocol type and state), and the FerryMQ consumer groups that
+    have no Kafka members (protocol type "", as Kafka lists groups that only hold offsets)."""
+    states = set(getattr(req, "states_filter", ()) or ())
+    rows = [{"group_id": g.name, "protocol_type": g.protocol_type,
+             "group_state": g.state.value} for g in peer.groups.groups.values()]
+    rows += [{"group_id": name, "protocol_type": "", "group_state": "Empty"}
+             for name in sorted(peer.conn.server.consumer_groups.groups)
+             if name not in peer.groups.groups]
+    return apis.build(cls, {"throttle_time": _NO_TIME, "error_code": KafkaError.none,
+                            "groups": [r for r in rows
+                                       if not states or r["group_state"] in states]})
+
+
+def describe_groups(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
+    """State, protocol and members of Kafka groups; a FerryMQ group without Kafka members is
+    "Empty", a name neither knows is "Dead" (as Kafka answers)."""
+    out: list[dict[str, Any]] = []
+    for name in req.groups:
+        g = peer.groups.groups.get(name)
+        row: dict[str, Any] = {"error_code": KafkaError.none, "group_id": name,
+                               "protocol_type": "", "protocol_data": "", "members": []}
+        if g is not None:
+            row.update(group_state=g.state.value, protocol_type=g.protocol_type,
+                       protocol_data=g.protocol, members=[{
+                           "member_id": m.member_id, "group_instance_id": None,
+                           "client_id": m.client_id, "client_host": m.client_host,
+                           "member_metadata": dict(m.protocols).get(g.protocol, b""),
+                           "member_assignment": m.assignment} for m in g.members.values()])
+        else:
+            known = name in peer.conn.server.consumer_groups.groups
+            row["group_state"] = "Empty" if known else "Dead"
+        out.append(row)
+    return apis.build(cls, {"throttle_time": _NO_TIME, "groups": out})
+
+
 async def _later(answer: Awaitable[Any], respond: Callable[[Any], Any]) -> Any:
     return respond(await answer)
 
@@ -379,6 +416,8 @@ HANDLERS: dict[int, KafkaHandler] = {
     apis.SYNC_GROUP: sync_group,
     apis.HEARTBEAT: heartbeat,
     apis.LEAVE_GROUP: leave_group,
+    apis.LIST_GROUPS: list_groups,
+    apis.DESCRIBE_GROUPS: describe_groups,
 }
 assert set(HANDLERS) == set(apis.SUPPORTED)
 
