@@ -209,22 +209,31 @@ def _produce(s: socket.socket, correlation_id: int, topic: str, batch: bytes) ->
     return part
 
 
-def test_a_retried_idempotent_batch_is_stored_once(kbroker: Broker) -> None:
-    kbroker.server.topics.create("idem", 1, {}, 0)
+def _init_producer_id(s: socket.socket) -> Any:
     init_cls = apis.request_class(22, 4)
     init_res = apis.response_class(22, 4)
     assert init_cls is not None
     assert init_res is not None
+    s.sendall(request(22, 4, 1, apis.encode(apis.build(init_cls, {
+        "transactional_id": None, "transaction_timeout": datetime.timedelta(seconds=60),
+        "producer_id": -1, "producer_epoch": -1})), flexible=True))
+    got = apis.decode_request(init_res, read_frame(s)[5:], 0)
+    assert got.error_code == KafkaError.none
+    assert got.producer_id >= 0
+    return got
+
+
+def _sequenced(got: Any, seq: int) -> bytes:
+    return to_kafka(bytes(encode_batch([RecordInput(f"m{seq}".encode(), 1000)],
+                                       producer_id=got.producer_id,
+                                       producer_epoch=got.producer_epoch, base_sequence=seq)))
+
+
+def test_a_retried_idempotent_batch_is_stored_once(kbroker: Broker) -> None:
+    kbroker.server.topics.create("idem", 1, {}, 0)
     with connect(kbroker) as s:
-        s.sendall(request(22, 4, 1, apis.encode(apis.build(init_cls, {
-            "transactional_id": None, "transaction_timeout": datetime.timedelta(seconds=60),
-            "producer_id": -1, "producer_epoch": -1})), flexible=True))
-        got = apis.decode_request(init_res, read_frame(s)[5:], 0)
-        assert got.error_code == KafkaError.none
-        assert got.producer_id >= 0
-        batches = [to_kafka(bytes(encode_batch(
-            [RecordInput(f"m{seq}".encode(), 1000)], producer_id=got.producer_id,
-            producer_epoch=got.producer_epoch, base_sequence=seq))) for seq in range(2)]
+        got = _init_producer_id(s)
+        batches = [_sequenced(got, seq) for seq in range(2)]
         first = _produce(s, 2, "idem", batches[0])
         again = _produce(s, 3, "idem", batches[0])  # a retry: same producer, epoch, sequence
         second = _produce(s, 4, "idem", batches[1])
@@ -242,5 +251,29 @@ def test_an_idle_kafka_connection_is_closed_after_idle_timeout(tmp_path: Path) -
             assert closed_by_peer(s)  # within idle_timeout_ms and a housekeeping round
         assert b.server.kafka is not None
         assert not b.server.kafka.connections
+    finally:
+        b.stop()
+
+
+def test_an_idempotent_retry_after_a_broker_restart_is_stored_once(tmp_path: Path) -> None:
+    """The retry of a batch whose answer was lost in a restart is recognised by the restarted
+    broker (its producer state is rebuilt from the log) and answered with the first offset."""
+    port = free_port()
+    b = Broker(tmp_path / "data", port=0, kafka_port=port).start()
+    try:
+        b.server.topics.create("idem", 1, {}, 0)
+        with connect(b) as s:
+            got = _init_producer_id(s)
+            assert _produce(s, 2, "idem", _sequenced(got, 0)).base_offset == 0
+    finally:
+        b.stop()
+    b = Broker(tmp_path / "data", port=0, kafka_port=port).start()
+    try:
+        with connect(b) as s:
+            again = _produce(s, 3, "idem", _sequenced(got, 0))
+            nxt = _produce(s, 4, "idem", _sequenced(got, 1))
+        assert (again.error_code, again.base_offset) == (KafkaError.none, 0)
+        assert (nxt.error_code, nxt.base_offset) == (KafkaError.none, 1)
+        assert b.server.topics.queue("idem", 0).log.end_offset == 2
     finally:
         b.stop()
