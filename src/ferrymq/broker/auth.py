@@ -378,7 +378,7 @@ class Authenticator:
         user = self.store.get(req.user)
         conn.scram = ScramServer(
             req.user, user.credential if user is not None else None, req.client_nonce,
-            secrets.token_bytes(NONCE_BYTES), decoy_credential(req.user, self._process_secret),
+            secrets.token_bytes(NONCE_BYTES), self.decoy(req.user),
         )
         salt, iterations, nonce = conn.scram.challenge()
         return m.AuthStartResponse(salt, iterations, nonce)
@@ -402,6 +402,10 @@ class Authenticator:
         self.successes += 1
         log.info("%s authenticated as %r", conn.peer, user.name)
         return m.AuthFinishResponse(signature, user.name, user.admin)
+
+    def decoy(self, user: str) -> ScramCredential:
+        """The stable decoy credential of an unknown user name (its challenge looks real)."""
+        return decoy_credential(user, self._process_secret)
 
     def failed(self, conn: AuthConnection, user: str, reason: str) -> None:
         """Log a failed attempt (without any secret material)."""

@@ -29,15 +29,17 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from kio.schema.errors import ErrorCode as KafkaError
 
+from ferrymq.broker.acl import authorize as _authorize
+from ferrymq.broker.acl import may
 from ferrymq.broker.handlers import admin, fetch, offsets, produce
-from ferrymq.errors import BrokerError, CorruptRecordError, MessageTooLargeError
+from ferrymq.errors import AccessDeniedError, BrokerError, CorruptRecordError, MessageTooLargeError
+from ferrymq.kafka.sasl import SaslPeer, sasl_authenticate, sasl_handshake
 from ferrymq.protocol import messages as m
 from ferrymq.protocol.kafka import apis
 from ferrymq.protocol.kafka.records import to_ferrymq, to_kafka
-from ferrymq.protocol.messages import Acks, Isolation
+from ferrymq.protocol.messages import Acks, ApiKey, Isolation
 
 if TYPE_CHECKING:
-    from ferrymq.broker.context import ClientConnection
     from ferrymq.kafka.groups import JoinResult, KafkaGroupCoordinator
 
 KafkaHandler = Callable[["KafkaPeer", type[Any], Any], "Any | Awaitable[Any] | None"]
@@ -50,12 +52,8 @@ _NO_TIME = datetime.timedelta(0)
 _ACKS = {1: Acks.LEADER, -1: Acks.ALL}
 
 
-class KafkaPeer(Protocol):
+class KafkaPeer(SaslPeer, Protocol):
     """What the Kafka handlers see of their connection."""
-
-    @property
-    def conn(self) -> ClientConnection:
-        """The connection as FerryMQ's handlers see it."""
 
     @property
     def local_address(self) -> tuple[str, int]:
@@ -64,6 +62,28 @@ class KafkaPeer(Protocol):
     @property
     def groups(self) -> KafkaGroupCoordinator:
         """The Kafka port's group membership."""
+
+
+def authorize(peer: KafkaPeer, api_key: ApiKey, req: Any) -> None:
+    """Check the FerryMQ request a Kafka request became against the user's ACLs, as the native
+    port checks it (nothing when authentication is off).
+
+    Raises:
+        AccessDeniedError: a right is missing (logged with the user and the right).
+    """
+    conn = peer.conn
+    if conn.principal is not None:
+        _authorize(conn.server, conn.principal, conn.peer, api_key, req)
+
+
+def _group_denied(peer: KafkaPeer, group: str) -> bool:
+    """Whether the user lacks the group right on ``group`` (logged)."""
+    conn = peer.conn
+    if may(conn.server, conn.principal, ("group", group)):
+        return False
+    log.warning("access denied: user %r from %s: Kafka group %r needs the group right",
+                conn.principal, conn.peer, group)
+    return True
 
 
 def api_versions(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
@@ -83,13 +103,25 @@ def metadata(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
     if req.topics is not None and (req.topics or cls.__version__ > 0):  # v0: [] means all
         topics = [t.name for t in req.topics if t.name is not None]
     auto = bool(getattr(req, "allow_auto_topic_creation", True))
+    denied: list[str] = []
+    if topics is not None and peer.conn.principal is not None:  # as Kafka: per topic
+        allowed = []
+        for name in topics:
+            try:
+                authorize(peer, ApiKey.METADATA, m.MetadataRequest([name], auto))
+                allowed.append(name)
+            except AccessDeniedError:
+                denied.append(name)
+        topics = allowed
     answer = admin.metadata(peer.conn, m.MetadataRequest(topics, auto))
     if isinstance(answer, m.MetadataResponse):
-        return _metadata_response(peer, cls, answer)
-    return _later(answer, lambda r: _metadata_response(peer, cls, r))
+        return _metadata_response(peer, cls, answer, denied)
+    return _later(answer, lambda r: _metadata_response(peer, cls, r, denied))
 
 
-def _metadata_response(peer: KafkaPeer, cls: type[Any], res: m.MetadataResponse) -> Any:
+def _metadata_response(peer: KafkaPeer, cls: type[Any], res: m.MetadataResponse,
+                       denied: list[str]) -> Any:
+    """``res`` as Kafka's Metadata; ``denied`` topics are TOPIC_AUTHORIZATION_FAILED."""
     node = peer.conn.server.config.broker_id
     host, port = peer.local_address
     return apis.build(cls, {
@@ -107,7 +139,10 @@ def _metadata_response(peer: KafkaPeer, cls: type[Any], res: m.MetadataResponse)
                 "leader_epoch": -1, "replica_nodes": (node,), "isr_nodes": (node,),
                 "offline_replicas": (),
             } for q in range(queues)] if code == 0 else [],
-        } for name, topic_id, queues, code, _dedup in res.topics],
+        } for name, topic_id, queues, code, _dedup in res.topics] + [{
+            "error_code": KafkaError.topic_authorization_failed, "name": name,
+            "topic_id": uuid.UUID(int=0), "is_internal": False, "partitions": []}
+            for name in denied],
     })
 
 
@@ -134,11 +169,11 @@ def produce_request(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
             entries.append((topic.name, part.index, batch))
             results.append(None)
     timeout_ms = int(req.timeout.total_seconds() * 1000)
+    freq = m.ProduceRequest(timeout_ms, entries, acks or Acks.LEADER)
     try:
-        answer: Any = (produce.produce(peer.conn, m.ProduceRequest(timeout_ms, entries,
-                                                                   acks or Acks.LEADER))
-                       if entries else m.ProduceResponse([]))
-    except BrokerError as exc:  # the whole request refused (watermarks)
+        authorize(peer, ApiKey.PRODUCE, freq)
+        answer: Any = produce.produce(peer.conn, freq) if entries else m.ProduceResponse([])
+    except BrokerError as exc:  # the whole request refused (rights, watermarks)
         answer = m.ProduceResponse([(t, q, exc.code, str(exc), -1, -1, -1, 0, -1, [])
                                     for t, q, _b in entries])
 
@@ -186,9 +221,10 @@ def fetch_request(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
         for t in req.topics for p in t.partitions]
     isolation = (Isolation.READ_COMMITTED if getattr(req, "isolation_level", 0) == 1
                  else Isolation.READ_UNCOMMITTED)
-    answer = fetch.fetch(peer.conn, m.FetchRequest(
-        int(req.max_wait.total_seconds() * 1000), req.min_bytes, req.max_bytes, entries,
-        isolation))
+    freq = m.FetchRequest(int(req.max_wait.total_seconds() * 1000), req.min_bytes,
+                          req.max_bytes, entries, isolation)
+    authorize(peer, ApiKey.FETCH, freq)
+    answer = fetch.fetch(peer.conn, freq)
 
     def respond(res: m.FetchResponse) -> Any:
         txn = {(t, q): (lso, aborted) for t, q, lso, aborted in res.txn}
@@ -219,7 +255,9 @@ def list_offsets(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
     entries = [(t.name, p.partition_index, p.timestamp) for t in req.topics
                for p in t.partitions]
     isolation = getattr(req, "isolation_level", 0)
-    res = offsets.list_offsets(peer.conn, m.ListOffsetsRequest(entries, isolation))
+    freq = m.ListOffsetsRequest(entries, isolation)
+    authorize(peer, ApiKey.LIST_OFFSETS, freq)
+    res = offsets.list_offsets(peer.conn, freq)
     rows: dict[str, list[dict[str, Any]]] = {}
     for topic, q, code, offset in res.results:
         rows.setdefault(topic, []).append({
@@ -240,7 +278,9 @@ def init_producer_id(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
         return apis.build(cls, {"throttle_time": _NO_TIME,
                                 "error_code": KafkaError.unsupported_version,
                                 "producer_id": -1, "producer_epoch": -1})
-    res = admin.init_producer(peer.conn, m.InitProducerRequest(None))
+    freq = m.InitProducerRequest(None)
+    authorize(peer, ApiKey.INIT_PRODUCER, freq)
+    res = admin.init_producer(peer.conn, freq)
     return apis.build(cls, {"throttle_time": _NO_TIME, "error_code": KafkaError.none,
                             "producer_id": res.producer_id, "producer_epoch": res.producer_epoch})
 
@@ -266,9 +306,12 @@ def offset_commit(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
                                       req.generation_id_or_member_epoch)
     answer: Any = None
     if fenced == KafkaError.none:
+        freq = m.CommitOffsetsRequest(req.group_id, "", -1, entries)
         try:  # the Kafka generation is checked above: stored outside FerryMQ's generations
-            answer = offsets.commit_offsets(peer.conn, m.CommitOffsetsRequest(
-                req.group_id, "", -1, entries))
+            authorize(peer, ApiKey.COMMIT_OFFSETS, freq)
+            answer = offsets.commit_offsets(peer.conn, freq)
+        except AccessDeniedError:
+            fenced = KafkaError.group_authorization_failed
         except BrokerError as exc:
             answer = m.CommitOffsetsResponse([(t, q, exc.code) for t, q, _o in entries])
 
@@ -291,7 +334,12 @@ def offset_fetch(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
     ``require_stable``, a partition whose offsets wait in an open transaction is
     UNSTABLE_OFFSET_COMMIT."""
     names = None if req.topics is None else [t.name for t in req.topics]
-    res = offsets.fetch_offsets(peer.conn, m.FetchOffsetsRequest(req.group_id, names))
+    freq = m.FetchOffsetsRequest(req.group_id, names)
+    if _group_denied(peer, req.group_id):
+        return apis.build(cls, {"throttle_time": _NO_TIME,
+                                "error_code": KafkaError.group_authorization_failed,
+                                "topics": []})
+    res = offsets.fetch_offsets(peer.conn, freq)
     committed = {(t, q): o for t, q, o in res.offsets}
     unstable = set(res.unstable) if getattr(req, "require_stable", False) else set()
     wanted: list[tuple[str, int]] = (
@@ -311,6 +359,11 @@ def offset_fetch(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
 def join_group(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
     """Join (or rejoin) a group; answered when the rebalance completes
     (:mod:`ferrymq.kafka.groups`)."""
+    if _group_denied(peer, req.group_id):
+        return apis.build(cls, {"throttle_time": _NO_TIME,
+                                "error_code": KafkaError.group_authorization_failed,
+                                "protocol_name": "", "leader": "", "member_id": "",
+                                "members": []})
     cfg = peer.conn.server.config
     session_ms = cfg.session_timeout_ms(int(req.session_timeout.total_seconds() * 1000))
     rebalance_ms = int(req.rebalance_timeout.total_seconds() * 1000)
@@ -373,7 +426,9 @@ def list_groups(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
              if name not in peer.groups.groups]
     return apis.build(cls, {"throttle_time": _NO_TIME, "error_code": KafkaError.none,
                             "groups": [r for r in rows
-                                       if not states or r["group_state"] in states]})
+                                       if (not states or r["group_state"] in states)
+                                       and may(peer.conn.server, peer.conn.principal,
+                                               ("group", r["group_id"]))]})
 
 
 def describe_groups(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
@@ -381,6 +436,11 @@ def describe_groups(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
     "Empty", a name neither knows is "Dead" (as Kafka answers)."""
     out: list[dict[str, Any]] = []
     for name in req.groups:
+        if _group_denied(peer, name):
+            out.append({"error_code": KafkaError.group_authorization_failed, "group_id": name,
+                        "group_state": "", "protocol_type": "", "protocol_data": "",
+                        "members": []})
+            continue
         g = peer.groups.groups.get(name)
         row: dict[str, Any] = {"error_code": KafkaError.none, "group_id": name,
                                "protocol_type": "", "protocol_data": "", "members": []}
@@ -418,6 +478,8 @@ HANDLERS: dict[int, KafkaHandler] = {
     apis.LEAVE_GROUP: leave_group,
     apis.LIST_GROUPS: list_groups,
     apis.DESCRIBE_GROUPS: describe_groups,
+    apis.SASL_HANDSHAKE: sasl_handshake,
+    apis.SASL_AUTHENTICATE: sasl_authenticate,
 }
 assert set(HANDLERS) == set(apis.SUPPORTED)
 

@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     from ferrymq.broker.context import ClientConnection
     from ferrymq.broker.limits import ConnectionLimits
     from ferrymq.protocol.auth import ScramServer
+    from ferrymq.protocol.kafka.scram import KafkaScramServer
 
 log = logging.getLogger("ferrymq.kafka")
 
@@ -145,21 +146,25 @@ class _Slot:
 
 class KafkaConnection(asyncio.Protocol):
     """One Kafka client connection. Also what FerryMQ's handlers see as their connection
-    (:class:`~ferrymq.broker.context.ClientConnection`): authentication is off on a broker
-    with a Kafka port (SASL is a later slice), so it has no principal."""
+    (:class:`~ferrymq.broker.context.ClientConnection`): its principal is the user SASL
+    authenticated (:mod:`ferrymq.kafka.sasl`), None when authentication is off."""
 
     def __init__(self, listener: KafkaListener) -> None:
         self.listener = listener
         self.server: KafkaHost = listener.host
         cfg = self.server.config
-        self.decoder = KafkaFrameDecoder(cfg.max_frame_bytes)
+        self.authenticated = self.server.auth is None
+        """False until SASL succeeds (True at once when authentication is off)."""
+        self.decoder = KafkaFrameDecoder(cfg.max_frame_bytes if self.authenticated
+                                         else cfg.max_pre_auth_frame_bytes)
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
         self.ip = "?"
         self.client_id = ""
         self.principal: str | None = None
         self.scram: ScramServer | None = None
-        self.authenticated = True
+        self.sasl_mechanism: str | None = None
+        self.sasl: KafkaScramServer | None = None
         self.closed = False
         self.close_reason: str | None = None
         self.local_address: tuple[str, int] = listener.address
@@ -168,6 +173,8 @@ class KafkaConnection(asyncio.Protocol):
         self.write_paused_since: float | None = None
         """When the transport's buffer went above its high-water mark (None: below)."""
         self._admitted = False
+        self._closing = False
+        self._auth_timer: asyncio.TimerHandle | None = None
         self._read_paused = False
         self._write_paused = False
         self._tasks: set[asyncio.Future[Any]] = set()
@@ -203,12 +210,17 @@ class KafkaConnection(asyncio.Protocol):
         self._admitted = True
         self.listener.connections.add(self)
         self.transport.set_write_buffer_limits(high=self.server.config.max_write_buffer_bytes)
+        if not self.authenticated:
+            self._auth_timer = asyncio.get_running_loop().call_later(
+                self.server.config.auth_timeout_ms / 1000, self._auth_timed_out)
         sock = transport.get_extra_info("socket")
         if sock is not None:
             _sockets.tune(sock)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        if self._auth_timer is not None:
+            self._auth_timer.cancel()
         if self._admitted:
             self._admitted = False
             self.listener.connections.discard(self)
@@ -252,8 +264,27 @@ class KafkaConnection(asyncio.Protocol):
         self.close(f"{code.name}: {message}")
 
     def authenticated_as(self, user: str) -> None:
-        """Never called: the Kafka port has no authentication yet."""
-        raise RuntimeError("the Kafka port has no authentication")
+        """SASL succeeded: lift the pre-authentication limits."""
+        self.authenticated = True
+        self.principal = user
+        self.decoder.max_frame_bytes = self.server.config.max_frame_bytes
+        if self._auth_timer is not None:
+            self._auth_timer.cancel()
+            self._auth_timer = None
+        log.info("Kafka connection %s authenticated as %r", self.peer, user,
+                 extra={"peer": self.peer})
+
+    def _auth_timed_out(self) -> None:
+        self._auth_timer = None
+        if not self.authenticated:
+            self.close(f"not authenticated within auth_timeout_ms="
+                       f"{self.server.config.auth_timeout_ms}")
+
+    def close_after_answer(self) -> None:
+        """Read nothing more; close once every pending answer is written (a failed SASL
+        exchange)."""
+        self._closing = True
+        self.stop_reading()
 
     def close(self, reason: str, *, abort: bool = False) -> None:
         """Close the connection, logging why (``abort``: dropping unsent answers)."""
@@ -278,6 +309,12 @@ class KafkaConnection(asyncio.Protocol):
             key, version, correlation_id = peek_header(data)
         except RemoteProtocolError as exc:
             self.close(str(exc))
+            return
+        if self._closing:
+            return
+        if not self.authenticated and key not in apis.PRE_AUTH:
+            self.close(f"api key {key} before SASL authentication (this broker has users: "
+                       f"SaslHandshake and SaslAuthenticate first)")
             return
         if not apis.is_supported(key, version):
             self._unsupported(key, version, correlation_id)
@@ -367,12 +404,15 @@ class KafkaConnection(asyncio.Protocol):
             data = slots.popleft().data
             if self.transport is not None and not self.closed and data is not None:
                 self.transport.write(data)
+        if self._closing and not slots:
+            self.close("SASL authentication failed")
+            return
         self._update_reading()
 
     def _update_reading(self) -> None:
         if self.transport is None or self.closed:
             return
-        pause = (self._write_paused
+        pause = (self._write_paused or self._closing
                  or len(self.slots) >= self.server.config.max_in_flight_per_connection)
         if pause and not self._read_paused:
             self._read_paused = True

@@ -43,8 +43,10 @@ LEAVE_GROUP = 13
 SYNC_GROUP = 14
 DESCRIBE_GROUPS = 15
 LIST_GROUPS = 16
+SASL_HANDSHAKE = 17
 API_VERSIONS = 18
 INIT_PRODUCER_ID = 22
+SASL_AUTHENTICATE = 36
 
 SUPPORTED: dict[int, tuple[int, int]] = {
     PRODUCE: (3, 9),
@@ -60,9 +62,13 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     SYNC_GROUP: (1, 5),
     DESCRIBE_GROUPS: (0, 5),
     LIST_GROUPS: (0, 4),
+    SASL_HANDSHAKE: (0, 1),
     API_VERSIONS: (0, 3),
     INIT_PRODUCER_ID: (0, 4),
+    SASL_AUTHENTICATE: (0, 2),
 }
+PRE_AUTH = frozenset((API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE))
+"""The only APIs served on a connection that has not authenticated (on a broker with users)."""
 """The versions served of each API key (ApiVersions lists exactly these). The upper ends stop
 before topic ids replace topic names (Fetch 13, Produce 13) and before features this slice does
 not have; every client negotiates down to them."""
@@ -90,6 +96,7 @@ _ERRORS: dict[int, KafkaError] = {
     ErrorCode.REQUEST_TIMED_OUT: KafkaError.request_timed_out,
     ErrorCode.INVALID_CONFIG: KafkaError.invalid_config,
     ErrorCode.ACCESS_DENIED: KafkaError.topic_authorization_failed,
+    ErrorCode.AUTHENTICATION_FAILED: KafkaError.sasl_authentication_failed,
     ErrorCode.BUSY: KafkaError.throttling_quota_exceeded,
     ErrorCode.POLICY_VIOLATION: KafkaError.policy_violation,
     ErrorCode.INVALID_TXN_STATE: KafkaError.invalid_txn_state,

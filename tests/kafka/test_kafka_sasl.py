@@ -1,0 +1,104 @@
+"""SASL SCRAM-SHA-256 on the Kafka port against the broker's users file, and the users' ACLs,
+with confluent-kafka (librdkafka) as the client."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import struct
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ferrymq import Broker
+from tests.helpers import free_port
+from tests.security_helpers import make_user, write_users
+
+confluent_kafka = pytest.importorskip("confluent_kafka")
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def sbroker(tmp_path: Path) -> Iterator[Broker]:
+    users = write_users(
+        tmp_path / "users.json",
+        make_user("alice", "s3cret-alice", produce=("orders",), consume=("orders",),
+                  groups=("billing",)),
+        make_user("bob", "s3cret-bob", consume=("orders",)),
+    )
+    b = Broker(tmp_path / "data", port=0, kafka_port=free_port(), users_file=str(users),
+               auth_failure_delay_ms=100).start()
+    b.server.topics.create("orders", 1, {}, 0)
+    b.server.topics.create("secret", 1, {}, 0)
+    try:
+        yield b
+    finally:
+        b.stop()
+
+
+def conf(b: Broker, user: str, password: str, **extra: Any) -> dict[str, Any]:
+    assert b.server.kafka is not None
+    return {"bootstrap.servers": "{}:{}".format(*b.server.kafka.address),
+            "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-256",
+            "sasl.username": user, "sasl.password": password, **extra}
+
+
+def produce(b: Broker, user: str, password: str, topic: str) -> list[Any]:
+    errors: list[Any] = []
+    p = confluent_kafka.Producer(conf(b, user, password, acks="all",
+                                      **{"message.timeout.ms": 5000}))
+    p.produce(topic, b"hello", partition=0, on_delivery=lambda err, _m: errors.append(err))
+    p.flush(15)
+    return errors
+
+
+def test_right_password_produces_and_consumes(sbroker: Broker) -> None:
+    assert produce(sbroker, "alice", "s3cret-alice", "orders") == [None]
+    c = confluent_kafka.Consumer(conf(sbroker, "alice", "s3cret-alice", **{
+        "group.id": "billing", "auto.offset.reset": "earliest"}))
+    c.subscribe(["orders"])
+    deadline = time.monotonic() + 20
+    msg = None
+    while msg is None and time.monotonic() < deadline:
+        msg = c.poll(0.5)
+        if msg is not None and msg.error() is not None:
+            msg = None
+    c.close()
+    assert msg is not None
+    assert msg.value() == b"hello"
+
+
+def test_wrong_password_is_refused_and_logged(sbroker: Broker,
+                                              caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="ferrymq.broker")
+    [err] = produce(sbroker, "alice", "wrong", "orders")
+    assert err is not None
+    assert err.code() in (confluent_kafka.KafkaError._MSG_TIMED_OUT,
+                          confluent_kafka.KafkaError._AUTHENTICATION,
+                          confluent_kafka.KafkaError.SASL_AUTHENTICATION_FAILED)
+    assert any("authentication failed" in r.getMessage() for r in caplog.records)
+    assert sbroker.server.topics.queue("orders", 0).log.end_offset == 0
+    assert sbroker.server.auth is not None
+    assert sbroker.server.auth.failures >= 1
+
+
+def test_acls_apply_to_kafka_clients(sbroker: Broker) -> None:
+    [err] = produce(sbroker, "alice", "s3cret-alice", "secret")  # no produce right on it
+    assert err is not None
+    assert err.code() == confluent_kafka.KafkaError.TOPIC_AUTHORIZATION_FAILED
+    [err] = produce(sbroker, "bob", "s3cret-bob", "orders")  # bob may only consume
+    assert err is not None
+    assert err.code() == confluent_kafka.KafkaError.TOPIC_AUTHORIZATION_FAILED
+    assert sbroker.server.topics.queue("orders", 0).log.end_offset == 0
+
+
+def test_requests_before_authentication_close_the_connection(sbroker: Broker) -> None:
+    assert sbroker.server.kafka is not None
+    with socket.create_connection(sbroker.server.kafka.address, timeout=10) as s:
+        header = struct.pack(">hhih", 3, 4, 1, 1) + b"x"  # Metadata v4, no SASL first
+        s.sendall(struct.pack(">i", len(header) + 5) + header + b"\xff\xff\xff\xff\x01")
+        assert s.recv(100) == b""
