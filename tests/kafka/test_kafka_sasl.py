@@ -102,3 +102,32 @@ def test_requests_before_authentication_close_the_connection(sbroker: Broker) ->
         header = struct.pack(">hhih", 3, 4, 1, 1) + b"x"  # Metadata v4, no SASL first
         s.sendall(struct.pack(">i", len(header) + 5) + header + b"\xff\xff\xff\xff\x01")
         assert s.recv(100) == b""
+
+
+def test_sasl_over_tls_with_the_native_ports_certificate(tmp_path: Path) -> None:
+    from tests.security_helpers import make_certs
+
+    certs = make_certs(tmp_path / "pki")
+    users = write_users(tmp_path / "users.json",
+                        make_user("alice", "s3cret-alice", produce=("orders",),
+                                  consume=("orders",)))
+    b = Broker(tmp_path / "data", port=0, kafka_port=free_port(), users_file=str(users),
+               tls_cert_file=str(certs.server_cert), tls_key_file=str(certs.server_key)).start()
+    try:
+        tls = {"security.protocol": "SASL_SSL", "ssl.ca.location": str(certs.ca)}
+        errors: list[Any] = []
+        p = confluent_kafka.Producer({**conf(b, "alice", "s3cret-alice"), **tls,
+                                      "message.timeout.ms": 10_000})
+        p.produce("orders", b"over tls", on_delivery=lambda err, _m: errors.append(err))
+        p.flush(20)
+        assert errors == [None]
+        # a plaintext Kafka client gets nowhere
+        plain: list[Any] = []
+        p = confluent_kafka.Producer({**conf(b, "alice", "s3cret-alice"),
+                                      "message.timeout.ms": 3000})
+        p.produce("orders", b"in clear", on_delivery=lambda err, _m: plain.append(err))
+        p.flush(10)
+        assert plain[0] is not None
+        assert sum(qs.log.end_offset for qs in b.server.topics.get("orders").queues) == 1
+    finally:
+        b.stop()

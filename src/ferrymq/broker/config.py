@@ -342,8 +342,8 @@ class BrokerConfig:
         0, "Kafka: port of the Kafka-protocol listener on host (Kafka clients produce and "
            "consume the same topics, a partition being a queue); 0: off. Served by the "
            "broker's event loop with the wire port's limits (max_frame_bytes, connection "
-           "caps); with users_file, SASL SCRAM-SHA-256 and the same ACLs. Needs TLS off for "
-           "now. See docs/kafka.md.")
+           "caps); with users_file, SASL SCRAM-SHA-256 and the same ACLs; with tls_cert_file, "
+           "TLS (Kafka's SSL / SASL_SSL). See docs/kafka.md.")
     http_max_connections: int = _f(
         64, "HTTP: open connections to the operations listener beyond this are closed at once.")
     http_max_header_bytes: int = _f(
@@ -541,9 +541,6 @@ class BrokerConfig:
             return
         if self.kafka_port in (self.port, self.http_port):
             raise ConfigError(f"kafka_port {self.kafka_port} must differ from port and http_port")
-        if self.tls_cert_file:
-            raise ConfigError("kafka_port needs TLS off (no tls_cert_file): TLS on the Kafka "
-                              "port is not built yet")
         if self.metadata:
             raise ConfigError("kafka_port is for a single broker for now (no metadata): on a "
                               "cluster, Kafka clients would need each partition's leader")

@@ -50,6 +50,8 @@ from ferrymq.protocol.kafka.frames import (
 )
 
 if TYPE_CHECKING:
+    import ssl
+
     from ferrymq.broker.context import ClientConnection
     from ferrymq.broker.limits import ConnectionLimits
     from ferrymq.protocol.auth import ScramServer
@@ -66,6 +68,10 @@ class KafkaHost(BrokerContext, Protocol):
     @property
     def limits(self) -> ConnectionLimits:
         """``max_connections`` and ``max_connections_per_ip``, shared with the native port."""
+
+    @property
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The listeners' TLS (None: plain TCP)."""
 
 
 class KafkaListener:
@@ -87,9 +93,11 @@ class KafkaListener:
         """
         cfg = self.host.config
         loop = asyncio.get_running_loop()
+        tls = self.host.ssl_context  # the native port's TLS (SSL, SASL_SSL for Kafka clients)
         self._server = await loop.create_server(
             lambda: KafkaConnection(self), cfg.host, cfg.kafka_port, reuse_address=True,
-            backlog=1024, start_serving=False)
+            backlog=1024, ssl=tls, start_serving=False,
+            ssl_handshake_timeout=cfg.auth_timeout_ms / 1000 if tls else None)
         sock = self._server.sockets[0].getsockname()
         self.address = (sock[0], sock[1])
 

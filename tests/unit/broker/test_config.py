@@ -53,8 +53,6 @@ def test_kafka_port_is_off_by_default_and_read_from_the_environment() -> None:
         ({"kafka_port": 70000}, "kafka_port must be 0..65535"),
         ({"kafka_port": 9876, "port": 9876}, "must differ from port"),
         ({"kafka_port": 9877, "http_port": 9877}, "must differ from port and http_port"),
-        ({"kafka_port": 9092, "tls_cert_file": "c.pem", "tls_key_file": "k.pem"},
-         "TLS on the Kafka port"),
         ({"kafka_port": 9092, "metadata": "etcd://127.0.0.1:2379", "broker_id": 1},
          "single broker"),
     ],
