@@ -479,3 +479,48 @@ def produce_confluent_spread(address: str, topic: str, n: int, partitions: int) 
     for i in range(n):
         p.produce(topic, f"s{i}".encode(), partition=i % partitions)
     assert p.flush(30) == 0
+
+
+def test_topics_created_and_deleted_by_the_kafka_admin_client(kbroker: Broker) -> None:
+    """CreateTopics and DeleteTopics from confluent-kafka's AdminClient; the topic is described
+    by ``ferrymq topic describe`` (the CLI, a subprocess); DeleteGroups drops a group's
+    offsets."""
+    import json
+    import subprocess
+    import sys
+
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": kafka_address(kbroker)})
+    futures = admin.create_topics([
+        NewTopic("made-by-kafka", num_partitions=3, replication_factor=1,
+                 config={"retention.ms": "3600000"}),
+        NewTopic("replicated", num_partitions=1, replication_factor=3),
+        NewTopic("bad-config", num_partitions=1, config={"cleanup.policy": "compact"}),
+    ])
+    futures["made-by-kafka"].result(10)
+    with pytest.raises(confluent_kafka.KafkaException, match="this broker is alone"):
+        futures["replicated"].result(10)
+    with pytest.raises(confluent_kafka.KafkaException, match="cleanup_policy"):
+        futures["bad-config"].result(10)
+    res = subprocess.run([sys.executable, "-m", "ferrymq.admin.cli", "--server",
+                          kbroker.address, "--json", "topic", "describe", "made-by-kafka"],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    desc = json.loads(res.stdout)
+    assert len(desc["queues"]) == 3
+    assert desc["config"] == {"retention_ms": "3600000"}
+    with pytest.raises(confluent_kafka.KafkaException, match="TOPIC_ALREADY_EXISTS"):
+        admin.create_topics([NewTopic("made-by-kafka", num_partitions=1)])[
+            "made-by-kafka"].result(10)
+    admin.delete_topics(["made-by-kafka"])["made-by-kafka"].result(10)
+    assert "made-by-kafka" not in kbroker.server.topics.topics
+    # a group that only holds offsets
+    kbroker.server.topics.create("t", 1, {}, 0)
+    c = confluent_kafka.Consumer({"bootstrap.servers": kafka_address(kbroker),
+                                  "group.id": "gone"})
+    c.commit(offsets=[confluent_kafka.TopicPartition("t", 0, 0)], asynchronous=False)
+    c.close()
+    assert "gone" in kbroker.server.consumer_groups.groups
+    admin.delete_consumer_groups(["gone"])["gone"].result(10)
+    assert "gone" not in kbroker.server.consumer_groups.groups

@@ -29,10 +29,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from kio.schema.errors import ErrorCode as KafkaError
 
-from ferrymq.broker.acl import authorize as _authorize
 from ferrymq.broker.acl import may
 from ferrymq.broker.handlers import admin, fetch, offsets, produce
 from ferrymq.errors import AccessDeniedError, BrokerError, CorruptRecordError, MessageTooLargeError
+from ferrymq.kafka import admin as kafka_admin
+from ferrymq.kafka.rights import authorize, group_denied
 from ferrymq.kafka.sasl import SaslPeer, sasl_authenticate, sasl_handshake
 from ferrymq.protocol import messages as m
 from ferrymq.protocol.kafka import apis
@@ -62,28 +63,6 @@ class KafkaPeer(SaslPeer, Protocol):
     @property
     def groups(self) -> KafkaGroupCoordinator:
         """The Kafka port's group membership."""
-
-
-def authorize(peer: KafkaPeer, api_key: ApiKey, req: Any) -> None:
-    """Check the FerryMQ request a Kafka request became against the user's ACLs, as the native
-    port checks it (nothing when authentication is off).
-
-    Raises:
-        AccessDeniedError: a right is missing (logged with the user and the right).
-    """
-    conn = peer.conn
-    if conn.principal is not None:
-        _authorize(conn.server, conn.principal, conn.peer, api_key, req)
-
-
-def _group_denied(peer: KafkaPeer, group: str) -> bool:
-    """Whether the user lacks the group right on ``group`` (logged)."""
-    conn = peer.conn
-    if may(conn.server, conn.principal, ("group", group)):
-        return False
-    log.warning("access denied: user %r from %s: Kafka group %r needs the group right",
-                conn.principal, conn.peer, group)
-    return True
 
 
 def api_versions(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
@@ -335,7 +314,7 @@ def offset_fetch(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
     UNSTABLE_OFFSET_COMMIT."""
     names = None if req.topics is None else [t.name for t in req.topics]
     freq = m.FetchOffsetsRequest(req.group_id, names)
-    if _group_denied(peer, req.group_id):
+    if group_denied(peer, req.group_id):
         return apis.build(cls, {"throttle_time": _NO_TIME,
                                 "error_code": KafkaError.group_authorization_failed,
                                 "topics": []})
@@ -359,7 +338,7 @@ def offset_fetch(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
 def join_group(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
     """Join (or rejoin) a group; answered when the rebalance completes
     (:mod:`ferrymq.kafka.groups`)."""
-    if _group_denied(peer, req.group_id):
+    if group_denied(peer, req.group_id):
         return apis.build(cls, {"throttle_time": _NO_TIME,
                                 "error_code": KafkaError.group_authorization_failed,
                                 "protocol_name": "", "leader": "", "member_id": "",
@@ -436,7 +415,7 @@ def describe_groups(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
     "Empty", a name neither knows is "Dead" (as Kafka answers)."""
     out: list[dict[str, Any]] = []
     for name in req.groups:
-        if _group_denied(peer, name):
+        if group_denied(peer, name):
             out.append({"error_code": KafkaError.group_authorization_failed, "group_id": name,
                         "group_state": "", "protocol_type": "", "protocol_data": "",
                         "members": []})
@@ -480,6 +459,9 @@ HANDLERS: dict[int, KafkaHandler] = {
     apis.DESCRIBE_GROUPS: describe_groups,
     apis.SASL_HANDSHAKE: sasl_handshake,
     apis.SASL_AUTHENTICATE: sasl_authenticate,
+    apis.CREATE_TOPICS: kafka_admin.create_topics,
+    apis.DELETE_TOPICS: kafka_admin.delete_topics,
+    apis.DELETE_GROUPS: kafka_admin.delete_groups,
 }
 assert set(HANDLERS) == set(apis.SUPPORTED)
 

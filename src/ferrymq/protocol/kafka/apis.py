@@ -45,8 +45,11 @@ DESCRIBE_GROUPS = 15
 LIST_GROUPS = 16
 SASL_HANDSHAKE = 17
 API_VERSIONS = 18
+CREATE_TOPICS = 19
+DELETE_TOPICS = 20
 INIT_PRODUCER_ID = 22
 SASL_AUTHENTICATE = 36
+DELETE_GROUPS = 42
 
 SUPPORTED: dict[int, tuple[int, int]] = {
     PRODUCE: (3, 9),
@@ -64,8 +67,11 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     LIST_GROUPS: (0, 4),
     SASL_HANDSHAKE: (0, 1),
     API_VERSIONS: (0, 3),
+    CREATE_TOPICS: (2, 5),
+    DELETE_TOPICS: (1, 5),
     INIT_PRODUCER_ID: (0, 4),
     SASL_AUTHENTICATE: (0, 2),
+    DELETE_GROUPS: (0, 2),
 }
 PRE_AUTH = frozenset((API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE))
 """The only APIs served on a connection that has not authenticated (on a broker with users)."""
@@ -106,6 +112,7 @@ _ERRORS: dict[int, KafkaError] = {
     ErrorCode.NOT_ENOUGH_REPLICAS: KafkaError.not_enough_replicas,
     ErrorCode.LEADER_NOT_AVAILABLE: KafkaError.leader_not_available,
     ErrorCode.NOT_COORDINATOR: KafkaError.not_coordinator,
+    ErrorCode.INVALID_REPLICATION_FACTOR: KafkaError.invalid_replication_factor,
     ErrorCode.UNKNOWN_GROUP: KafkaError.group_id_not_found,
     ErrorCode.UNKNOWN_MEMBER: KafkaError.unknown_member_id,
     ErrorCode.ILLEGAL_GENERATION: KafkaError.illegal_generation,

@@ -1,0 +1,108 @@
+"""Kafka's topic and group administration on the Kafka port: CreateTopics, DeleteTopics and
+DeleteGroups, through FerryMQ's own CREATE_TOPIC, DELETE_TOPIC and DELETE_GROUP (the same
+checks, limits and ACLs: admin rights).
+
+A Kafka topic's partitions are FerryMQ queues (``num_partitions`` -1: the broker's
+``default_queues``); a replication factor above 1 is refused (one broker); Kafka's topic
+configs are FerryMQ's topic settings with dots for underscores (``retention.ms`` is
+``retention_ms``, also ``retention.bytes``, ``segment.bytes``, ``segment.ms``,
+``dedup.window.ms``), anything else INVALID_CONFIG naming it. ``validate_only`` runs the checks
+and creates nothing. Deleting a group deletes the FerryMQ group of that name (its committed
+offsets) and the Kafka port's membership record; a group with live Kafka or FerryMQ members is
+NON_EMPTY_GROUP.
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import TYPE_CHECKING, Any
+
+from kio.schema.errors import ErrorCode as KafkaError
+
+from ferrymq.broker.handlers import admin, consumer_groups
+from ferrymq.errors import BrokerError, InvalidReplicationFactorError, UnknownGroupError
+from ferrymq.kafka.rights import authorize
+from ferrymq.protocol import messages as m
+from ferrymq.protocol.codes import ErrorCode
+from ferrymq.protocol.kafka import apis
+from ferrymq.protocol.messages import ApiKey
+
+if TYPE_CHECKING:
+    from ferrymq.kafka.handlers import KafkaPeer
+
+_NO_TIME = datetime.timedelta(0)
+
+
+def _error(exc: BrokerError) -> KafkaError:
+    return apis.kafka_error(exc.code)
+
+
+def create_topics(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
+    """Create each topic (or only check it, ``validate_only``), one result per topic."""
+    srv = peer.conn.server
+    rows: list[dict[str, Any]] = []
+    for t in req.topics:
+        queues = t.num_partitions if t.num_partitions > 0 else srv.config.default_queues
+        config = {c.name.replace(".", "_"): c.value for c in t.configs if c.value is not None}
+        freq = m.CreateTopicRequest(t.name, queues, config)
+        row: dict[str, Any] = {"name": t.name, "error_code": KafkaError.none,
+                               "error_message": None, "num_partitions": queues,
+                               "replication_factor": 1, "configs": ()}
+        try:
+            authorize(peer, ApiKey.CREATE_TOPIC, freq)
+            if t.replication_factor > 1:
+                raise InvalidReplicationFactorError(
+                    f"replication factor {t.replication_factor}: this broker is alone (the "
+                    "Kafka port serves a single broker)")
+            if getattr(req, "validate_only", False):
+                srv.topics.check_new_topic(t.name, queues, config)
+            else:
+                answer = admin.create_topic(peer.conn, freq)
+                assert isinstance(answer, m.CreateTopicResponse)  # a single broker: at once
+        except BrokerError as exc:
+            row.update(error_code=_error(exc), error_message=str(exc)[:1024])
+        rows.append(row)
+    return apis.build(cls, {"throttle_time": _NO_TIME, "topics": rows})
+
+
+def delete_topics(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
+    """Delete each topic with its data and the groups' offsets on it."""
+    rows: list[dict[str, Any]] = []
+    for name in req.topic_names:
+        freq = m.DeleteTopicRequest(name)
+        row: dict[str, Any] = {"name": name, "error_code": KafkaError.none,
+                               "error_message": None}
+        try:
+            authorize(peer, ApiKey.DELETE_TOPIC, freq)
+            admin.delete_topic(peer.conn, freq)
+        except BrokerError as exc:
+            row.update(error_code=_error(exc), error_message=str(exc)[:1024])
+        rows.append(row)
+    return apis.build(cls, {"throttle_time": _NO_TIME, "responses": rows})
+
+
+def delete_groups(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
+    """Delete each group's committed offsets (and its Kafka membership record) when it has no
+    live member."""
+    rows: list[dict[str, Any]] = []
+    for name in req.groups_names:
+        freq = m.DeleteGroupRequest(name, False)
+        error = KafkaError.none
+        try:
+            authorize(peer, ApiKey.DELETE_GROUP, freq)
+            kafka_group = peer.groups.groups.get(name)
+            if kafka_group is not None and kafka_group.members:
+                error = KafkaError.non_empty_group
+            else:
+                peer.groups.groups.pop(name, None)
+                try:
+                    consumer_groups.delete_group(peer.conn, freq)
+                except UnknownGroupError:
+                    if kafka_group is None:
+                        raise
+        except BrokerError as exc:
+            error = _error(exc)
+            if exc.code == ErrorCode.ACCESS_DENIED:
+                error = KafkaError.group_authorization_failed
+        rows.append({"group_id": name, "error_code": error})
+    return apis.build(cls, {"throttle_time": _NO_TIME, "results": rows})
