@@ -49,11 +49,12 @@ def produce_confluent(address: str, topic: str, values: list[bytes], **extra: An
 
 
 def consume_confluent(address: str, topic: str, partition: int, n: int,
-                      timeout: float = 30.0) -> list[Any]:
+                      timeout: float = 30.0, isolation: str = "read_committed") -> list[Any]:
     """Read ``n`` messages from the start of one partition (assign(), no group)."""
     c = confluent_kafka.Consumer({"bootstrap.servers": address, "group.id": "unused",
                                   "enable.auto.commit": False,
-                                  "auto.offset.reset": "earliest"})
+                                  "auto.offset.reset": "earliest",
+                                  "isolation.level": isolation})
     c.assign([confluent_kafka.TopicPartition(topic, partition, confluent_kafka.OFFSET_BEGINNING)])
     got: list[Any] = []
     deadline = time.monotonic() + timeout
@@ -206,12 +207,56 @@ def test_idempotent_confluent_producer_gets_a_producer_id_and_sequences(kbroker:
         f"m{i}".encode() for i in range(30)]
 
 
-def test_transactional_producer_is_told_transactions_are_not_served(kbroker: Broker) -> None:
-    p = confluent_kafka.Producer({"bootstrap.servers": kafka_address(kbroker),
-                                  "transactional.id": "tx-1"})
-    with pytest.raises(confluent_kafka.KafkaException) as info:
-        p.init_transactions(3)  # librdkafka retries until then, then gives the error
-    assert "UNSUPPORTED_VERSION" in str(info.value) or "not supported" in str(info.value)
+def test_kafka_transactions_commit_and_abort_for_both_protocols(kbroker: Broker) -> None:
+    """confluent-kafka's transactional producer on FerryMQ's coordinator: a committed, an
+    aborted, and a read-process-write transaction with offsets; read_committed readers of both
+    protocols see exactly the committed messages, and the group's offset commits with its
+    transaction."""
+    address = kafka_address(kbroker)
+    kbroker.server.topics.create("tx-in", 1, {}, 0)
+    kbroker.server.topics.create("tx-out", 1, {}, 0)
+    produce_confluent(address, "tx-in", [b"in-0", b"in-1"])
+    p = confluent_kafka.Producer({"bootstrap.servers": address, "transactional.id": "tx-1",
+                                  "linger.ms": 5})
+    p.init_transactions(30)
+    p.begin_transaction()
+    for v in (b"c1", b"c2", b"c3"):
+        p.produce("tx-out", v, partition=0)
+    p.commit_transaction(30)
+    p.begin_transaction()
+    for v in (b"a1", b"a2"):
+        p.produce("tx-out", v, partition=0)
+    assert p.flush(30) == 0  # stored, then aborted (abort alone would purge them unsent)
+    p.abort_transaction(30)
+    c = confluent_kafka.Consumer({"bootstrap.servers": address, "group.id": "rpw",
+                                  "enable.auto.commit": False,
+                                  "isolation.level": "read_committed"})
+    c.assign([confluent_kafka.TopicPartition("tx-in", 0, 0)])
+    consumed = []
+    deadline = time.monotonic() + 15
+    while len(consumed) < 2 and time.monotonic() < deadline:
+        msg = c.poll(0.5)
+        if msg is not None and msg.error() is None:
+            consumed.append(msg)
+    p.begin_transaction()
+    for msg in consumed:
+        p.produce("tx-out", msg.value().upper(), partition=0)
+    p.send_offsets_to_transaction([confluent_kafka.TopicPartition("tx-in", 0, 2)],
+                                  c.consumer_group_metadata(), 30)
+    p.commit_transaction(30)
+    c.close()
+    committed = [b"c1", b"c2", b"c3", b"IN-0", b"IN-1"]
+    assert [m.value() for m in consume_confluent(address, "tx-out", 0, 5)] == committed
+    uncommitted = consume_confluent(address, "tx-out", 0, 7, isolation="read_uncommitted")
+    assert [m.value() for m in uncommitted] == [b"c1", b"c2", b"c3", b"a1", b"a2", *committed[3:]]
+    assert kbroker.server.consumer_groups.committed("rpw") == {("tx-in", 0): 2}
+    with PullConsumer(kbroker.address, "native-reader", auto_offset_reset="earliest") as pc:
+        pc.subscribe("tx-out")
+        native: list[Any] = []
+        deadline = time.monotonic() + 15
+        while len(native) < 5 and time.monotonic() < deadline:
+            native += pc.poll(0.5)
+    assert [m.body for m in native] == committed
 
 
 def test_read_committed_kafka_consumer_skips_ferrymq_aborted_transactions(

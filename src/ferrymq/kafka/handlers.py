@@ -33,6 +33,7 @@ from ferrymq.broker.acl import may
 from ferrymq.broker.handlers import admin, fetch, offsets, produce
 from ferrymq.errors import AccessDeniedError, BrokerError, CorruptRecordError, MessageTooLargeError
 from ferrymq.kafka import admin as kafka_admin
+from ferrymq.kafka import txn as kafka_txn
 from ferrymq.kafka.rights import authorize, group_denied
 from ferrymq.kafka.sasl import SaslPeer, sasl_authenticate, sasl_handshake
 from ferrymq.protocol import messages as m
@@ -249,14 +250,9 @@ def list_offsets(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
 def init_producer_id(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
     """A fresh producer id (epoch 0) for an idempotent producer, from FerryMQ's allocator (the
     native INIT_PRODUCER), so Kafka producers' sequence numbers are checked per partition as
-    FerryMQ's are. A transactional id is answered UNSUPPORTED_VERSION: transactions through the
-    Kafka port are a later slice."""
+    FerryMQ's are; with a transactional id, FerryMQ's INIT_TXN (:mod:`ferrymq.kafka.txn`)."""
     if req.transactional_id is not None:
-        log.info("Kafka client %s asked for transactional id %r: transactions are not served "
-                 "on the Kafka port yet", peer.conn.peer, req.transactional_id[:256])
-        return apis.build(cls, {"throttle_time": _NO_TIME,
-                                "error_code": KafkaError.unsupported_version,
-                                "producer_id": -1, "producer_epoch": -1})
+        return kafka_txn.init_transactional(peer, cls, req)
     freq = m.InitProducerRequest(None)
     authorize(peer, ApiKey.INIT_PRODUCER, freq)
     res = admin.init_producer(peer.conn, freq)
@@ -265,9 +261,7 @@ def init_producer_id(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
 
 
 def find_coordinator(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
-    """This broker, for a group (key type 0) and for a transactional id (key type 1: its
-    InitProducerId is then answered UNSUPPORTED_VERSION, which clients take as final, where an
-    error here would be retried until they time out)."""
+    """This broker: the coordinator of every group (key type 0) and transactional id (1)."""
     host, port = peer.local_address
     return apis.build(cls, {"throttle_time": _NO_TIME, "error_code": KafkaError.none,
                             "error_message": None,
@@ -462,6 +456,10 @@ HANDLERS: dict[int, KafkaHandler] = {
     apis.CREATE_TOPICS: kafka_admin.create_topics,
     apis.DELETE_TOPICS: kafka_admin.delete_topics,
     apis.DELETE_GROUPS: kafka_admin.delete_groups,
+    apis.ADD_PARTITIONS_TO_TXN: kafka_txn.add_partitions_to_txn,
+    apis.ADD_OFFSETS_TO_TXN: kafka_txn.add_offsets_to_txn,
+    apis.END_TXN: kafka_txn.end_txn,
+    apis.TXN_OFFSET_COMMIT: kafka_txn.txn_offset_commit,
 }
 assert set(HANDLERS) == set(apis.SUPPORTED)
 

@@ -117,13 +117,21 @@ def _reseal(kafka: bytearray) -> bytes:
     return bytes(kafka)
 
 
-def test_transactional_and_control_batches_are_refused_for_now() -> None:
-    kafka = bytearray(to_kafka(_stamped([RecordInput(b"p", 1)], 0)))
-    for bit in (KAFKA_ATTR_TRANSACTIONAL, KAFKA_ATTR_CONTROL):
-        k = bytearray(kafka)
-        struct.pack_into(">h", k, 21, bit)
-        with pytest.raises(CorruptRecordError, match="transactional and control"):
-            to_ferrymq(_reseal(k), max_batch_bytes=1 << 20)
+def test_transactional_batches_stay_transactional_and_control_ones_are_refused() -> None:
+    from ferrymq.protocol.records import ATTR_TRANSACTIONAL
+    from ferrymq.protocol.records import decode_header as ferry_header
+
+    kafka = bytearray(to_kafka(_stamped([RecordInput(b"p", 1)], 0, producer_id=5,
+                                        producer_epoch=0, base_sequence=0)))
+    k = bytearray(kafka)
+    struct.pack_into(">h", k, 21, KAFKA_ATTR_TRANSACTIONAL)
+    h = ferry_header(to_ferrymq(_reseal(k), max_batch_bytes=1 << 20))
+    assert h.attributes & ATTR_TRANSACTIONAL
+    assert (h.producer_id, h.producer_epoch) == (5, 0)
+    k = bytearray(kafka)
+    struct.pack_into(">h", k, 21, KAFKA_ATTR_TRANSACTIONAL | KAFKA_ATTR_CONTROL)
+    with pytest.raises(CorruptRecordError, match="only the broker writes"):
+        to_ferrymq(_reseal(k), max_batch_bytes=1 << 20)
 
 
 def test_gzip_batch_is_read_and_a_bomb_is_refused() -> None:

@@ -48,6 +48,10 @@ API_VERSIONS = 18
 CREATE_TOPICS = 19
 DELETE_TOPICS = 20
 INIT_PRODUCER_ID = 22
+ADD_PARTITIONS_TO_TXN = 24
+ADD_OFFSETS_TO_TXN = 25
+END_TXN = 26
+TXN_OFFSET_COMMIT = 28
 SASL_AUTHENTICATE = 36
 DELETE_GROUPS = 42
 
@@ -70,6 +74,10 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     CREATE_TOPICS: (2, 5),
     DELETE_TOPICS: (1, 5),
     INIT_PRODUCER_ID: (0, 4),
+    ADD_PARTITIONS_TO_TXN: (0, 3),
+    ADD_OFFSETS_TO_TXN: (0, 3),
+    END_TXN: (0, 3),
+    TXN_OFFSET_COMMIT: (0, 3),
     SASL_AUTHENTICATE: (0, 2),
     DELETE_GROUPS: (0, 2),
 }
@@ -106,6 +114,8 @@ _ERRORS: dict[int, KafkaError] = {
     ErrorCode.BUSY: KafkaError.throttling_quota_exceeded,
     ErrorCode.POLICY_VIOLATION: KafkaError.policy_violation,
     ErrorCode.INVALID_TXN_STATE: KafkaError.invalid_txn_state,
+    ErrorCode.TRANSACTION_TIMED_OUT: KafkaError.invalid_producer_epoch,
+    ErrorCode.INVALID_TXN_TIMEOUT: KafkaError.invalid_transaction_timeout,
     ErrorCode.CONCURRENT_TRANSACTIONS: KafkaError.concurrent_transactions,
     ErrorCode.NOT_LEADER: KafkaError.not_leader_or_follower,
     ErrorCode.FENCED_LEADER_EPOCH: KafkaError.fenced_leader_epoch,

@@ -330,14 +330,13 @@ def to_ferrymq(data: bytes | memoryview, *, max_batch_bytes: int) -> bytearray:
         CorruptRecordError: see :func:`check_batch`, :func:`iter_records`; offset deltas that
             are not 0, 1, 2, ... (a producer's batch has them contiguous).
         MessageTooLargeError: it decompresses to more than ``max_batch_bytes``.
-        CorruptRecordError: a control or transactional batch (clients may not write markers,
-            and transactions through the Kafka port are not built yet).
+        CorruptRecordError: a control batch (only the broker writes markers).
         InvalidRequestError: timestamps further apart than a FerryMQ batch can hold.
     """
     h = check_batch(data)
-    if h.attributes & (KAFKA_ATTR_CONTROL | KAFKA_ATTR_TRANSACTIONAL):
-        raise CorruptRecordError("transactional and control batches are not accepted on the "
-                                 "Kafka port yet (transactions are a later slice)")
+    if h.attributes & KAFKA_ATTR_CONTROL:
+        raise CorruptRecordError("a control batch from a client: only the broker writes "
+                                 "transaction markers")
     body = memoryview(data)[HEADER_SIZE:]
     codec = h.attributes & COMPRESSION_MASK
     records = iter_records(h, decompress(codec, body, max_batch_bytes) if codec else body)
@@ -354,7 +353,9 @@ def to_ferrymq(data: bytes | memoryview, *, max_batch_bytes: int) -> bytearray:
                 "ms (24.8 days); send such records in separate batches")
         inputs.append(_record_input(r))
     return encode_batch(inputs, producer_id=h.producer_id, producer_epoch=h.producer_epoch,
-                        base_sequence=h.base_sequence)
+                        base_sequence=h.base_sequence,
+                        attributes=ATTR_TRANSACTIONAL if h.attributes & KAFKA_ATTR_TRANSACTIONAL
+                        else 0)
 
 
 def _record_input(r: KafkaRecord) -> RecordInput:
