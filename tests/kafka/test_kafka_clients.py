@@ -70,6 +70,17 @@ def consume_confluent(address: str, topic: str, partition: int, n: int,
     return got
 
 
+def pull_native(b: Broker, topic: str, n: int, timeout: float = 15.0) -> list[Any]:
+    """Read ``n`` messages of ``topic`` from its start with FerryMQ's own PullConsumer."""
+    with PullConsumer(b.address, f"native-{topic}", auto_offset_reset="earliest") as c:
+        c.subscribe(topic)
+        got: list[Any] = []
+        deadline = time.monotonic() + timeout
+        while len(got) < n and time.monotonic() < deadline:
+            got += c.poll(0.5)
+    return got
+
+
 @pytest.mark.parametrize("size", [100, 10_000])
 def test_confluent_produce_and_consume(kbroker: Broker, size: int) -> None:
     address = kafka_address(kbroker)
@@ -99,13 +110,7 @@ def test_kafka_message_read_by_pull_consumer(kbroker: Broker) -> None:
     p.produce("t", None, key=b"\xff\x01binary", partition=1)  # a tombstone with a binary key
     assert p.flush(30) == 0
     assert reports == [None, None]
-    with PullConsumer(kbroker.address, "g", auto_offset_reset="earliest") as c:
-        c.subscribe("t")
-        got: list[Any] = []
-        deadline = time.monotonic() + 15
-        while len(got) < 2 and time.monotonic() < deadline:
-            got += c.poll(0.5)
-    m, tomb = got
+    m, tomb = pull_native(kbroker, "t", 2)
     assert (m.queue, m.offset, m.body) == (1, 0, b"from kafka")
     assert (m.sharding_key, m.tags, m.keys) == ("order-7", "created", ("o-1", "c-9"))
     assert m.properties == {"source": "web", "%KAFKA_B64:blob": "/wD+"}
@@ -250,13 +255,7 @@ def test_kafka_transactions_commit_and_abort_for_both_protocols(kbroker: Broker)
     uncommitted = consume_confluent(address, "tx-out", 0, 7, isolation="read_uncommitted")
     assert [m.value() for m in uncommitted] == [b"c1", b"c2", b"c3", b"a1", b"a2", *committed[3:]]
     assert kbroker.server.consumer_groups.committed("rpw") == {("tx-in", 0): 2}
-    with PullConsumer(kbroker.address, "native-reader", auto_offset_reset="earliest") as pc:
-        pc.subscribe("tx-out")
-        native: list[Any] = []
-        deadline = time.monotonic() + 15
-        while len(native) < 5 and time.monotonic() < deadline:
-            native += pc.poll(0.5)
-    assert [m.body for m in native] == committed
+    assert [m.body for m in pull_native(kbroker, "tx-out", 5)] == committed
 
 
 def test_read_committed_kafka_consumer_skips_ferrymq_aborted_transactions(
