@@ -554,6 +554,17 @@ def test_topics_created_and_deleted_by_the_kafka_admin_client(kbroker: Broker) -
     desc = json.loads(res.stdout)
     assert len(desc["queues"]) == 3
     assert desc["config"] == {"retention_ms": "3600000"}
+    from confluent_kafka.admin import ConfigResource
+
+    [(_res, fut)] = admin.describe_configs(
+        [ConfigResource(ConfigResource.Type.TOPIC, "made-by-kafka")]).items()
+    configs = fut.result(10)
+    assert configs["retention.ms"].value == "3600000"
+    assert configs["segment.bytes"].value == str(kbroker.server.config.segment_bytes)
+    assert configs["segment.bytes"].is_default
+    cluster = admin.describe_cluster().result(10) if hasattr(admin, "describe_cluster") else None
+    if cluster is not None:
+        assert [n.port for n in cluster.nodes] == [kbroker.server.kafka.address[1]]
     with pytest.raises(confluent_kafka.KafkaException, match="TOPIC_ALREADY_EXISTS"):
         admin.create_topics([NewTopic("made-by-kafka", num_partitions=1)])[
             "made-by-kafka"].result(10)

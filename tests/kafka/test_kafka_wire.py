@@ -95,7 +95,7 @@ def test_api_versions_lists_exactly_what_is_served(kbroker: Broker, version: int
         0: (3, 9), 1: (4, 12), 2: (1, 6), 3: (0, 12), 8: (2, 8), 9: (1, 7), 10: (0, 3),
         11: (2, 7), 12: (1, 4), 13: (1, 4), 14: (1, 5), 15: (0, 5), 16: (0, 4), 17: (0, 1),
         18: (0, 3), 19: (2, 5), 20: (1, 5), 22: (0, 4), 24: (0, 3), 25: (0, 3), 26: (0, 3),
-        28: (0, 3), 36: (0, 2), 42: (0, 2)}
+        28: (0, 3), 32: (1, 4), 36: (0, 2), 42: (0, 2), 60: (0, 1)}
 
 
 def test_newer_api_versions_is_answered_v0_with_the_list(kbroker: Broker) -> None:
@@ -107,8 +107,8 @@ def test_newer_api_versions_is_answered_v0_with_the_list(kbroker: Broker) -> Non
         assert v0 is not None
         res = apis.decode_request(v0, raw[4:], 0)
         assert {k.api_key for k in res.api_keys} == {0, 1, 2, 3, 8, 9, 10, 11, 12, 13, 14, 15, 16,
-                                                     17, 18, 19, 20, 22, 24, 25, 26, 28, 36,
-                                                     42}
+                                                     17, 18, 19, 20, 22, 24, 25, 26, 28, 32,
+                                                     36, 42, 60}
         # and the connection is still there
         assert api_versions(s, 3, 8)[0] == 8
 
@@ -116,11 +116,11 @@ def test_newer_api_versions_is_answered_v0_with_the_list(kbroker: Broker) -> Non
 def test_unserved_api_key_gets_unsupported_version_and_the_connection_lives(
         kbroker: Broker) -> None:
     with connect(kbroker) as s:
-        # DescribeCluster v0 (flexible): an API kio knows, not served yet
-        s.sendall(request(60, 0, 11, b"\x00\x00", flexible=True))
+        # ListTransactions v0 (flexible): an API kio knows, not served yet
+        s.sendall(request(66, 0, 11, b"\x01\x01\x00", flexible=True))
         raw = read_frame(s)
         assert struct.unpack_from(">i", raw)[0] == 11
-        cls = apis.response_class(60, 0)
+        cls = apis.response_class(66, 0)
         assert cls is not None
         res = apis.decode_request(cls, raw[5:], 0)  # v1 header: correlation id + tags
         assert res.error_code == KafkaError.unsupported_version

@@ -1,15 +1,16 @@
-"""Kafka's topic and group administration on the Kafka port: CreateTopics, DeleteTopics and
-DeleteGroups, through FerryMQ's own CREATE_TOPIC, DELETE_TOPIC and DELETE_GROUP (the same
-checks, limits and ACLs: admin rights).
+"""Kafka's administration APIs on the Kafka port: CreateTopics, DeleteTopics and DeleteGroups
+through FerryMQ's own CREATE_TOPIC, DELETE_TOPIC and DELETE_GROUP (the same checks, limits and
+ACLs: admin rights), DescribeConfigs and DescribeCluster.
 
 A Kafka topic's partitions are FerryMQ queues (``num_partitions`` -1: the broker's
 ``default_queues``); a replication factor above 1 is refused (one broker); Kafka's topic
 configs are FerryMQ's topic settings with dots for underscores (``retention.ms`` is
 ``retention_ms``, also ``retention.bytes``, ``segment.bytes``, ``segment.ms``,
 ``dedup.window.ms``), anything else INVALID_CONFIG naming it. ``validate_only`` runs the checks
-and creates nothing. Deleting a group deletes the FerryMQ group of that name (its committed
-offsets) and the Kafka port's membership record; a group with live Kafka or FerryMQ members is
-NON_EMPTY_GROUP.
+and creates nothing. DescribeConfigs answers a topic's settings under those names (the topic's
+own value, else the broker's default), DescribeCluster this broker. Deleting a group deletes
+the FerryMQ group of that name (its committed offsets) and the Kafka port's membership record;
+a group with live Kafka or FerryMQ members is NON_EMPTY_GROUP.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from kio.schema.errors import ErrorCode as KafkaError
 
 from ferrymq.broker.handlers import admin, consumer_groups
+from ferrymq.broker.topic_settings import BOOLEAN_TOPIC_SETTINGS, TOPIC_SETTINGS
 from ferrymq.errors import BrokerError, InvalidReplicationFactorError, UnknownGroupError
 from ferrymq.kafka.rights import authorize
 from ferrymq.protocol import messages as m
@@ -106,3 +108,58 @@ def delete_groups(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
                 error = KafkaError.group_authorization_failed
         rows.append({"group_id": name, "error_code": error})
     return apis.build(cls, {"throttle_time": _NO_TIME, "results": rows})
+
+
+_TOPIC = 2
+_BROKER = 4
+_SOURCE_TOPIC = 1  # Kafka's ConfigSource.TOPIC_CONFIG
+_SOURCE_DEFAULT = 5  # DEFAULT_CONFIG
+
+
+def describe_configs(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
+    """A topic's settings in Kafka's names (dots for underscores); a broker's: none listed."""
+    srv = peer.conn.server
+    results: list[dict[str, Any]] = []
+    for r in req.resources:
+        row: dict[str, Any] = {"error_code": KafkaError.none, "error_message": None,
+                               "resource_type": r.resource_type,
+                               "resource_name": r.resource_name, "configs": []}
+        if r.resource_type == _TOPIC:
+            try:
+                authorize(peer, ApiKey.DESCRIBE_TOPIC, m.DescribeTopicRequest(r.resource_name))
+                topic = srv.topics.get(r.resource_name)
+            except BrokerError as exc:
+                row.update(error_code=_error(exc), error_message=str(exc)[:1024])
+                results.append(row)
+                continue
+            wanted = set(r.configuration_keys or ())
+            for name in sorted(set(TOPIC_SETTINGS) | BOOLEAN_TOPIC_SETTINGS):
+                kafka_name = name.replace("_", ".")
+                if wanted and kafka_name not in wanted:
+                    continue
+                own = topic.config.get(name)
+                default = getattr(srv.config, name, None)
+                if own is None and default is None:
+                    continue
+                row["configs"].append({
+                    "name": kafka_name, "value": str(own if own is not None else default),
+                    "read_only": True, "is_default": own is None,
+                    "config_source": _SOURCE_TOPIC if own is not None else _SOURCE_DEFAULT,
+                    "is_sensitive": False, "synonyms": (), "config_type": 0,
+                    "documentation": None})
+        elif r.resource_type != _BROKER:
+            row.update(error_code=KafkaError.invalid_request,
+                       error_message=f"resource type {r.resource_type}: only topics (2) and "
+                                     "brokers (4)")
+        results.append(row)
+    return apis.build(cls, {"throttle_time": _NO_TIME, "results": results})
+
+
+def describe_cluster(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
+    """One broker, this one, also the controller."""
+    host, port = peer.local_address
+    node = peer.conn.server.config.broker_id
+    return apis.build(cls, {"throttle_time": _NO_TIME, "error_code": KafkaError.none,
+                            "error_message": None, "cluster_id": "ferrymq",
+                            "controller_id": node, "brokers": [
+                                {"broker_id": node, "host": host, "port": port, "rack": None}]})

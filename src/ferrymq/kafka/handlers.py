@@ -456,6 +456,8 @@ HANDLERS: dict[int, KafkaHandler] = {
     apis.CREATE_TOPICS: kafka_admin.create_topics,
     apis.DELETE_TOPICS: kafka_admin.delete_topics,
     apis.DELETE_GROUPS: kafka_admin.delete_groups,
+    apis.DESCRIBE_CONFIGS: kafka_admin.describe_configs,
+    apis.DESCRIBE_CLUSTER: kafka_admin.describe_cluster,
     apis.ADD_PARTITIONS_TO_TXN: kafka_txn.add_partitions_to_txn,
     apis.ADD_OFFSETS_TO_TXN: kafka_txn.add_offsets_to_txn,
     apis.END_TXN: kafka_txn.end_txn,

@@ -52,8 +52,10 @@ ADD_PARTITIONS_TO_TXN = 24
 ADD_OFFSETS_TO_TXN = 25
 END_TXN = 26
 TXN_OFFSET_COMMIT = 28
+DESCRIBE_CONFIGS = 32
 SASL_AUTHENTICATE = 36
 DELETE_GROUPS = 42
+DESCRIBE_CLUSTER = 60
 
 SUPPORTED: dict[int, tuple[int, int]] = {
     PRODUCE: (3, 9),
@@ -78,8 +80,10 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     ADD_OFFSETS_TO_TXN: (0, 3),
     END_TXN: (0, 3),
     TXN_OFFSET_COMMIT: (0, 3),
+    DESCRIBE_CONFIGS: (1, 4),
     SASL_AUTHENTICATE: (0, 2),
     DELETE_GROUPS: (0, 2),
+    DESCRIBE_CLUSTER: (0, 1),
 }
 PRE_AUTH = frozenset((API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE))
 """The only APIs served on a connection that has not authenticated (on a broker with users)."""
