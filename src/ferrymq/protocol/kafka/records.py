@@ -134,6 +134,10 @@ def read_varint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
     Raises:
         CorruptRecordError: it runs past the buffer or is longer than 10 bytes.
     """
+    if pos < len(buf):
+        b = buf[pos]
+        if b < 0x80:  # one byte: most lengths, deltas and counts
+            return (b >> 1) ^ -(b & 1), pos + 1
     shift = 0
     raw = 0
     n = len(buf)
@@ -337,7 +341,7 @@ def to_ferrymq(data: bytes | memoryview, *, max_batch_bytes: int) -> bytearray:
     if h.attributes & KAFKA_ATTR_CONTROL:
         raise CorruptRecordError("a control batch from a client: only the broker writes "
                                  "transaction markers")
-    body = memoryview(data)[HEADER_SIZE:]
+    body = bytes(memoryview(data)[HEADER_SIZE:])  # bytes: faster to index and slice
     codec = h.attributes & COMPRESSION_MASK
     records = iter_records(h, decompress(codec, body, max_batch_bytes) if codec else body)
     inputs: list[RecordInput] = []
