@@ -113,6 +113,7 @@ def main() -> None:
                                            bp.pid, args.partitions)))
             native = run_produce(bp.address, messages=args.messages, size=args.size,
                                  queues=args.partitions, broker_pid=bp.pid,
+                                 batch=max(1, min(1000, 1_000_000 // args.size)),  # 1 MB
                                  show_progress=False)
             native["workload"] = "native produce (ferrymq AsyncProducer)"
             print(json.dumps({k: native[k] for k in ("workload", "messages", "size", "seconds",
