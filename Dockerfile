@@ -26,7 +26,7 @@ ENV FERRYMQ_HOST=0.0.0.0 \
 USER 10001:10001
 WORKDIR /var/lib/ferrymq
 VOLUME ["/var/lib/ferrymq"]
-EXPOSE 9876 9877
+EXPOSE 9876 9877 9092
 # python's urllib, so the image needs no curl; /healthz answers while the event loop runs
 HEALTHCHECK --interval=10s --timeout=5s --start-period=60s --retries=3 \
     CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:9877/healthz', timeout=4)"]

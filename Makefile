@@ -1,7 +1,8 @@
 # FerryMQ: two commands to start.
 #   make run    create .venv, install FerryMQ, start a broker on 127.0.0.1:9876 (data: ./ferrymq-data;
-#               the web console, /metrics, /healthz, /readyz on http://127.0.0.1:9877/)
-#   make test   install the test dependencies (and etcd and chromium, as root) and run the whole suite (lint, types, tests)
+#               the web console, /metrics, /healthz, /readyz on http://127.0.0.1:9877/; Kafka
+#               clients on 127.0.0.1:9092, KAFKA_PORT=0 turns that off)
+#   make test   install the test dependencies (and etcd, chromium and kcat, as root) and run the whole suite (lint, types, tests)
 #   make cluster   etcd and three brokers on loopback for trying a cluster (data: ./ferrymq-cluster); Ctrl-C stops all
 #   make pipeline  the PySpark example pipeline (examples/pipeline) on an embedded broker
 PYTHON ?= python3
@@ -10,10 +11,11 @@ BIN     = $(VENV)/bin
 HOST   ?= 127.0.0.1
 PORT   ?= 9876
 HTTP_PORT ?= 9877
+KAFKA_PORT ?= 9092
 DATA   ?= ./ferrymq-data
 FLUSH  ?= sync
 
-.PHONY: run cluster test venv install install-test etcd chromium lint typecheck pytest soak bench pipeline fuzz clean
+.PHONY: run cluster test venv install install-test etcd chromium kcat lint typecheck pytest soak bench pipeline fuzz clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -62,10 +64,22 @@ chromium:
 		echo "the browser tests need chromium, which is not installed: sudo apt-get install -y chromium"; \
 	fi
 
+# kcat for the Kafka port's kcat tests (tests/kafka): Debian's kcat, installed when missing if we
+# are root (CI is); otherwise the command is printed and those tests skip
+KCAT_APT = DEBIAN_FRONTEND=noninteractive apt-get install -y -q kcat
+kcat:
+	@if command -v kcat >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing kcat for the Kafka port tests: apt-get install -y kcat"; \
+		$(KCAT_APT) || { apt-get update -q && $(KCAT_APT); }; \
+	else \
+		echo "the kcat tests need kcat, which is not installed: sudo apt-get install -y kcat"; \
+	fi
+
 run: $(VENV)/.installed
 	@echo "In another shell, the CLI and Python with FerryMQ: '. $(VENV)/bin/activate' (then 'ferrymq topic list',"
 	@echo "'python app.py'), or without activating: '$(BIN)/ferrymq topic list', '$(BIN)/python app.py'."
-	$(BIN)/ferrymq broker --host $(HOST) --port $(PORT) --http-port $(HTTP_PORT) --data-dir $(DATA) --flush $(FLUSH)
+	$(BIN)/ferrymq broker --host $(HOST) --port $(PORT) --http-port $(HTTP_PORT) --kafka-port $(KAFKA_PORT) --data-dir $(DATA) --flush $(FLUSH)
 
 # a local cluster: etcd on 127.0.0.1:ETCD_PORT and BROKERS brokers on PORT, PORT+1, ... (ferrymq dev-cluster)
 BROKERS ?= 3
@@ -82,7 +96,7 @@ lint: install-test
 typecheck: install-test
 	$(BIN)/mypy
 
-pytest: install-test etcd chromium
+pytest: install-test etcd chromium kcat
 	$(BIN)/pytest -n 2 -m "not soak" $(PYTEST_ARGS)
 
 test: lint typecheck pytest

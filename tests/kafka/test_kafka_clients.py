@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,26 +12,11 @@ import pytest
 
 from ferrymq import Broker, Message, Producer, PullConsumer
 from tests.helpers import free_port
+from tests.kafka.conftest import kafka_address
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def kbroker(tmp_path: Path) -> Iterator[Broker]:
-    """An in-process broker (sync flush) with its Kafka port on."""
-    b = Broker(tmp_path / "data", port=0, kafka_port=free_port(), default_queues=2).start()
-    try:
-        yield b
-    finally:
-        b.stop()
-
-
-def kafka_address(b: Broker) -> str:
-    assert b.server.kafka is not None
-    host, port = b.server.kafka.address
-    return f"{host}:{port}"
 
 
 def produce_confluent(address: str, topic: str, values: list[bytes], **extra: Any) -> list[Any]:

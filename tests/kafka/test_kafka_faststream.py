@@ -4,26 +4,14 @@ FerryMQ's Kafka port: a subscriber in a consumer group republishes what it gets.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from ferrymq import Broker
-from tests.helpers import free_port
 
 faststream_kafka = pytest.importorskip("faststream.kafka")
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def kbroker(tmp_path: Path) -> Iterator[Broker]:
-    b = Broker(tmp_path / "data", port=0, kafka_port=free_port(), default_queues=1).start()
-    try:
-        yield b
-    finally:
-        b.stop()
 
 
 def test_faststream_app_consumes_and_publishes(kbroker: Broker) -> None:

@@ -279,3 +279,22 @@ def test_an_idempotent_retry_after_a_broker_restart_is_stored_once(tmp_path: Pat
         assert b.server.topics.queue("idem", 0).log.end_offset == 2
     finally:
         b.stop()
+
+
+def test_kafka_advertised_address_is_what_metadata_names(tmp_path: Path) -> None:
+    b = Broker(tmp_path / "data", port=0, kafka_port=free_port(),
+               kafka_advertised_address="kafka.example:19092").start()
+    try:
+        req_cls = apis.request_class(3, 12)
+        res_cls = apis.response_class(3, 12)
+        assert req_cls is not None
+        assert res_cls is not None
+        body = apis.encode(apis.build(req_cls, {"topics": None,
+                                                "allow_auto_topic_creation": False,
+                                                "include_topic_authorized_operations": False}))
+        with connect(b) as s:
+            s.sendall(request(3, 12, 1, body, flexible=True))
+            res = apis.decode_request(res_cls, read_frame(s)[5:], 0)
+        assert [(x.host, x.port) for x in res.brokers] == [("kafka.example", 19092)]
+    finally:
+        b.stop()

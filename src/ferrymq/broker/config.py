@@ -344,6 +344,10 @@ class BrokerConfig:
            "broker's event loop with the wire port's limits (max_frame_bytes, connection "
            "caps); with users_file, SASL SCRAM-SHA-256 and the same ACLs; with tls_cert_file, "
            "TLS (Kafka's SSL / SASL_SSL). See docs/kafka.md.")
+    kafka_advertised_address: str = _f(
+        "", "Kafka: host:port that Kafka clients are told to reach this broker at (Kafka's "
+            "advertised.listeners; in a container, the published address). Empty: the "
+            "address the client connected to.")
     http_max_connections: int = _f(
         64, "HTTP: open connections to the operations listener beyond this are closed at once.")
     http_max_header_bytes: int = _f(
@@ -537,6 +541,11 @@ class BrokerConfig:
     def _validate_kafka(self) -> None:
         if not 0 <= self.kafka_port <= 65535:
             raise ConfigError(f"kafka_port must be 0..65535 (0: off), not {self.kafka_port}")
+        if self.kafka_advertised_address:
+            host, sep, port = self.kafka_advertised_address.rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ConfigError(f"kafka_advertised_address must be host:port, not "
+                                  f"{self.kafka_advertised_address!r}")
         if not self.kafka_port:
             return
         if self.kafka_port in (self.port, self.http_port):

@@ -176,6 +176,8 @@ class KafkaConnection(asyncio.Protocol):
         self.closed = False
         self.close_reason: str | None = None
         self.local_address: tuple[str, int] = listener.address
+        """What Metadata, FindCoordinator and DescribeCluster name as this broker:
+        ``kafka_advertised_address``, else the address the client connected to."""
         self.slots: deque[_Slot] = deque()
         self.last_activity = self.server.clock.monotonic()
         self.write_paused_since: float | None = None
@@ -204,8 +206,12 @@ class KafkaConnection(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         self.ip = str(peer[0]) if isinstance(peer, tuple) else self.peer
+        advertised = self.server.config.kafka_advertised_address
         local = transport.get_extra_info("sockname")
-        if isinstance(local, tuple):
+        if advertised:
+            host, _, port = advertised.rpartition(":")
+            self.local_address = (host, int(port))
+        elif isinstance(local, tuple):
             self.local_address = (str(local[0]), int(local[1]))
         refused = ("broker is shutting down" if self.server.shutting_down
                    else self.server.limits.admit(self.ip))

@@ -55,6 +55,7 @@ def test_kafka_port_is_off_by_default_and_read_from_the_environment() -> None:
         ({"kafka_port": 9877, "http_port": 9877}, "must differ from port and http_port"),
         ({"kafka_port": 9092, "metadata": "etcd://127.0.0.1:2379", "broker_id": 1},
          "single broker"),
+        ({"kafka_advertised_address": "no-port"}, "kafka_advertised_address must be host:port"),
     ],
 )
 def test_kafka_port_limits_are_named(overrides: dict[str, object], needle: str) -> None:
