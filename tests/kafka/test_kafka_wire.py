@@ -298,3 +298,15 @@ def test_kafka_advertised_address_is_what_metadata_names(tmp_path: Path) -> None
         assert [(x.host, x.port) for x in res.brokers] == [("kafka.example", 19092)]
     finally:
         b.stop()
+
+
+def test_a_taken_kafka_port_is_a_clear_start_error(tmp_path: Path) -> None:
+    from ferrymq.errors import ConfigError
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        b = Broker(tmp_path / "data", port=0, kafka_port=port)
+        with pytest.raises(ConfigError, match=f"cannot listen on 127.0.0.1:{port}"):
+            b.start()

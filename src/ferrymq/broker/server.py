@@ -212,6 +212,8 @@ class BrokerServer:
                 await self.stop()
                 raise self._listen_error(exc) from exc
             self._server.close()
+            if self.kafka is not None:
+                self.kafka.close()
             if self.http is not None:
                 await self.http.close()
             self.flusher.stop()
@@ -223,7 +225,11 @@ class BrokerServer:
         for listener in self._server.sockets:
             _sockets.tune_listener(listener)
         if self.kafka is not None:
-            await self.kafka.start()
+            try:
+                await self.kafka.start()
+            except OSError as exc:  # another process listened on it since the bind
+                await self.stop()
+                raise self._listen_error(exc, cfg.kafka_port) from exc
         self.serving = True
         self._tasks.append(loop.create_task(self._housekeeping()))
         self._tasks.append(loop.create_task(self._delivery_ticks()))
