@@ -131,3 +131,19 @@ def test_sasl_over_tls_with_the_native_ports_certificate(tmp_path: Path) -> None
         assert sum(qs.log.end_offset for qs in b.server.topics.get("orders").queues) == 1
     finally:
         b.stop()
+
+
+def test_a_user_removed_from_the_users_file_is_cut_off(sbroker: Broker, tmp_path: Path) -> None:
+    from ferrymq.broker.auth import update_users_file
+
+    assert produce(sbroker, "alice", "s3cret-alice", "orders") == [None]
+    p = confluent_kafka.Producer(conf(sbroker, "bob", "s3cret-bob"))
+    p.list_topics(timeout=10)  # bob's connection is open and authenticated
+    assert sbroker.server.kafka is not None
+    assert any(c.principal == "bob" for c in sbroker.server.kafka.connections)
+    update_users_file(tmp_path / "users.json", {"bob": None})
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(
+            c.principal == "bob" for c in sbroker.server.kafka.connections):
+        time.sleep(0.1)
+    assert not any(c.principal == "bob" for c in sbroker.server.kafka.connections)

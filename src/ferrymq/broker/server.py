@@ -510,6 +510,8 @@ class BrokerServer:
             if c.principal is not None and c.principal not in users and not c.closed:
                 c.fail(ErrorCode.AUTHENTICATION_FAILED,
                        f"user {c.principal!r} was removed from the users file: connection closed")
+        if self.kafka is not None:
+            self.kafka.close_removed_users(users)
 
     async def _housekeeping(self) -> None:
         cfg = self.config

@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from kio.schema.errors import ErrorCode as KafkaError
@@ -134,6 +135,12 @@ class KafkaListener:
             elif c.write_paused_since is not None and now - c.write_paused_since > stall_s:
                 c.close(f"stalled reader: no answer bytes taken for "
                         f"write_stall_timeout_ms={cfg.write_stall_timeout_ms}", abort=True)
+
+    def close_removed_users(self, users: Collection[str]) -> None:
+        """Close the connections of users no longer in ``users`` (the users file changed)."""
+        for c in list(self.connections):
+            if c.principal is not None and c.principal not in users:
+                c.close(f"user {c.principal!r} was removed from the users file")
 
     def close(self) -> None:
         """Close the port and every connection."""
@@ -294,6 +301,11 @@ class KafkaConnection(asyncio.Protocol):
             self.close(f"not authenticated within auth_timeout_ms="
                        f"{self.server.config.auth_timeout_ms}")
 
+    def _user_exists(self) -> bool:
+        auth = self.server.auth
+        return auth is not None and self.principal is not None \
+            and auth.store.get(self.principal) is not None
+
     def close_after_answer(self) -> None:
         """Read nothing more; close once every pending answer is written (a failed SASL
         exchange)."""
@@ -325,6 +337,9 @@ class KafkaConnection(asyncio.Protocol):
             self.close(str(exc))
             return
         if self._closing:
+            return
+        if self.principal is not None and not self._user_exists():
+            self.close(f"user {self.principal!r} no longer exists: connection closed")
             return
         if not self.authenticated and key not in apis.PRE_AUTH:
             self.close(f"api key {key} before SASL authentication (this broker has users: "
