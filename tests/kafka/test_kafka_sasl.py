@@ -147,3 +147,26 @@ def test_a_user_removed_from_the_users_file_is_cut_off(sbroker: Broker, tmp_path
             c.principal == "bob" for c in sbroker.server.kafka.connections):
         time.sleep(0.1)
     assert not any(c.principal == "bob" for c in sbroker.server.kafka.connections)
+
+
+def test_produce_quota_throttles_a_kafka_producer(tmp_path: Path) -> None:
+    users = write_users(tmp_path / "u.json",
+                        make_user("slow", "pw-slow", produce=("q",), produce_bytes_per_s=100_000),
+                        make_user("fast", "pw-fast", produce=("q",)))
+    b = Broker(tmp_path / "d", port=0, kafka_port=free_port(), users_file=str(users),
+               flush="async").start()
+    try:
+        b.server.topics.create("q", 1, {}, 0)
+        timings = {}
+        for user, pw in (("fast", "pw-fast"), ("slow", "pw-slow")):
+            p = confluent_kafka.Producer(conf(b, user, pw, acks="all", **{"linger.ms": 0}))
+            p.list_topics(timeout=10)  # connected and authenticated before the clock starts
+            t0 = time.monotonic()
+            for _ in range(10):  # 10 x 30 KB = 300 KB, one request each; the bucket: 100 KB
+                p.produce("q", b"y" * 30_000, partition=0)
+                assert p.flush(30) == 0
+            timings[user] = time.monotonic() - t0
+        assert timings["fast"] < 1.5, timings
+        assert timings["slow"] >= 1.5, timings  # (300 - 100 - 30) KB at 100 KB/s, at least
+    finally:
+        b.stop()

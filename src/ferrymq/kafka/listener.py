@@ -74,6 +74,9 @@ class KafkaHost(BrokerContext, Protocol):
     def ssl_context(self) -> ssl.SSLContext | None:
         """The listeners' TLS (None: plain TCP)."""
 
+    def produce_throttle(self, user: str, nbytes: int) -> float:
+        """Seconds to stop reading from ``user``'s connection after a produce of ``nbytes``."""
+
 
 class KafkaListener:
     """The Kafka port of one broker."""
@@ -191,6 +194,7 @@ class KafkaConnection(asyncio.Protocol):
         """When the transport's buffer went above its high-water mark (None: below)."""
         self._admitted = False
         self._closing = False
+        self._throttled = False
         self._auth_timer: asyncio.TimerHandle | None = None
         self._read_paused = False
         self._write_paused = False
@@ -362,6 +366,8 @@ class KafkaConnection(asyncio.Protocol):
         if header.client_id:
             self.client_id = header.client_id[:256]
         head = response_header(key, correlation_id, flexible=flexible)
+        if key == apis.PRODUCE and self.principal is not None:  # the user's produce quota
+            self._throttle(self.server.produce_throttle(self.principal, len(data)))
         try:
             result = HANDLERS[key](self, res_cls, req)
         except Exception as exc:  # noqa: BLE001 - every failure is answered
@@ -377,6 +383,20 @@ class KafkaConnection(asyncio.Protocol):
         self._tasks.add(fut)
         fut.add_done_callback(lambda f: self._completed(slot, head, res_cls, f))
         self._update_reading()
+
+    def _throttle(self, delay_s: float) -> None:
+        """Read nothing from this client for ``delay_s`` (its ``produce_bytes_per_s``): the
+        producer slows down, as the native port makes it, and nothing fails."""
+        if delay_s <= 0 or self._throttled:
+            return
+        self._throttled = True
+        self._update_reading()
+
+        def resume() -> None:
+            self._throttled = False
+            self._update_reading()
+
+        asyncio.get_running_loop().call_later(delay_s, resume)
 
     def _unsupported(self, key: int, version: int, correlation_id: int) -> None:
         """Answer an API key or version this listener does not serve (UNSUPPORTED_VERSION)."""
@@ -441,7 +461,7 @@ class KafkaConnection(asyncio.Protocol):
     def _update_reading(self) -> None:
         if self.transport is None or self.closed:
             return
-        pause = (self._write_paused or self._closing
+        pause = (self._write_paused or self._closing or self._throttled
                  or len(self.slots) >= self.server.config.max_in_flight_per_connection)
         if pause and not self._read_paused:
             self._read_paused = True
