@@ -48,6 +48,7 @@ from ferrymq._buffers import thread_scratch
 from ferrymq._hints import AUTH_NEEDED
 from ferrymq.broker.acl import authorize
 from ferrymq.broker.context import BrokerContext, Handler
+from ferrymq.broker.read_gate import ReadGate
 from ferrymq.broker.stats import RequestStats
 from ferrymq.errors import BrokerError, FrameSizeError, RemoteProtocolError
 from ferrymq.protocol.codes import ErrorCode
@@ -83,7 +84,7 @@ class ConnectionHost(BrokerContext, Protocol):
         """Seconds to stop reading from ``user``'s connection after a produce of ``nbytes``."""
 
 
-class BrokerConnection(asyncio.BufferedProtocol):
+class BrokerConnection(ReadGate, asyncio.BufferedProtocol):
     """Protocol instance for one accepted socket."""
 
     def __init__(self, server: ConnectionHost) -> None:
@@ -103,16 +104,13 @@ class BrokerConnection(asyncio.BufferedProtocol):
         self.client_id = ""
         self.in_flight = 0
         self.last_activity = time.monotonic()
-        self.write_paused_since: float | None = None
-        """Monotonic time the transport's buffer went above its high-water mark (None: below)."""
+        self.init_read_gate()
         self.closed = False
         self.close_reason: str | None = None
         """Why the broker closed this connection (None: the client closed it, or not closed)."""
         self._admitted = False
         self._read_paused = False
-        self._write_paused = False
         self._stopped_reading = False
-        self._throttled = False
         self._auth_timer: asyncio.TimerHandle | None = None
         self.pending: set[asyncio.Future[Any]] = set()
         self._backlog: deque[Frame] = deque()  # read past the in-flight cap, not dispatched yet
@@ -159,16 +157,6 @@ class BrokerConnection(asyncio.BufferedProtocol):
             fut.cancel()
         self.pending.clear()
         self._backlog.clear()
-
-    def pause_writing(self) -> None:
-        self._write_paused = True
-        self.write_paused_since = time.monotonic()
-        self._update_reading()
-
-    def resume_writing(self) -> None:
-        self._write_paused = False
-        self.write_paused_since = None
-        self._update_reading()
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self.decoder.get_buffer(sizehint)
@@ -244,18 +232,6 @@ class BrokerConnection(asyncio.BufferedProtocol):
         if self.transport is not None:
             self.transport.abort()
 
-    def _throttle(self, delay_s: float) -> None:
-        if delay_s <= 0 or self._throttled:
-            return
-        self._throttled = True
-        self._update_reading()
-
-        def resume() -> None:
-            self._throttled = False
-            self._update_reading()
-
-        asyncio.get_running_loop().call_later(delay_s, resume)
-
     def _room_for(self, size: int) -> bool:
         """False (and the client cut off) when ``size`` more bytes would pass the write cap."""
         if self.transport is None:
@@ -311,7 +287,7 @@ class BrokerConnection(asyncio.BufferedProtocol):
             if self.principal is not None:
                 authorize(self.server, self.principal, self.peer, frame.api_key, req)
                 if frame.api_key == ApiKey.PRODUCE:
-                    self._throttle(self.server.produce_throttle(self.principal,
+                    self.throttle(self.server.produce_throttle(self.principal,
                                                                 len(frame.payload)))
             result = handler(self, req)
         except Exception as exc:  # noqa: BLE001 - every failure is answered

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any, Protocol, cast
@@ -37,6 +38,7 @@ from kio.schema.errors import ErrorCode as KafkaError
 
 from ferrymq import _sockets
 from ferrymq.broker.context import BrokerContext
+from ferrymq.broker.read_gate import ReadGate
 from ferrymq.errors import BrokerError, RemoteProtocolError
 from ferrymq.kafka.groups import KafkaGroupCoordinator
 from ferrymq.kafka.handlers import HANDLERS
@@ -162,7 +164,7 @@ class _Slot:
         self.data = data
 
 
-class KafkaConnection(asyncio.Protocol):
+class KafkaConnection(ReadGate, asyncio.Protocol):
     """One Kafka client connection. Also what FerryMQ's handlers see as their connection
     (:class:`~ferrymq.broker.context.ClientConnection`): its principal is the user SASL
     authenticated (:mod:`ferrymq.kafka.sasl`), None when authentication is off."""
@@ -189,15 +191,12 @@ class KafkaConnection(asyncio.Protocol):
         """What Metadata, FindCoordinator and DescribeCluster name as this broker:
         ``kafka_advertised_address``, else the address the client connected to."""
         self.slots: deque[_Slot] = deque()
-        self.last_activity = self.server.clock.monotonic()
-        self.write_paused_since: float | None = None
-        """When the transport's buffer went above its high-water mark (None: below)."""
+        self.last_activity = time.monotonic()
+        self.init_read_gate()
         self._admitted = False
         self._closing = False
-        self._throttled = False
         self._auth_timer: asyncio.TimerHandle | None = None
         self._read_paused = False
-        self._write_paused = False
         self._tasks: set[asyncio.Future[Any]] = set()
 
     @property
@@ -255,20 +254,10 @@ class KafkaConnection(asyncio.Protocol):
         self._tasks.clear()
         self.slots.clear()
 
-    def pause_writing(self) -> None:
-        self._write_paused = True
-        self.write_paused_since = self.server.clock.monotonic()
-        self._update_reading()
-
-    def resume_writing(self) -> None:
-        self._write_paused = False
-        self.write_paused_since = None
-        self._update_reading()
-
     def data_received(self, data: bytes) -> None:
         if self.closed:
             return
-        self.last_activity = self.server.clock.monotonic()
+        self.last_activity = time.monotonic()
         try:
             frames = self.decoder.feed(data)
         except RemoteProtocolError as exc:
@@ -367,7 +356,7 @@ class KafkaConnection(asyncio.Protocol):
             self.client_id = header.client_id[:256]
         head = response_header(key, correlation_id, flexible=flexible)
         if key == apis.PRODUCE and self.principal is not None:  # the user's produce quota
-            self._throttle(self.server.produce_throttle(self.principal, len(data)))
+            self.throttle(self.server.produce_throttle(self.principal, len(data)))
         try:
             result = HANDLERS[key](self, res_cls, req)
         except Exception as exc:  # noqa: BLE001 - every failure is answered
@@ -383,20 +372,6 @@ class KafkaConnection(asyncio.Protocol):
         self._tasks.add(fut)
         fut.add_done_callback(lambda f: self._completed(slot, head, res_cls, f))
         self._update_reading()
-
-    def _throttle(self, delay_s: float) -> None:
-        """Read nothing from this client for ``delay_s`` (its ``produce_bytes_per_s``): the
-        producer slows down, as the native port makes it, and nothing fails."""
-        if delay_s <= 0 or self._throttled:
-            return
-        self._throttled = True
-        self._update_reading()
-
-        def resume() -> None:
-            self._throttled = False
-            self._update_reading()
-
-        asyncio.get_running_loop().call_later(delay_s, resume)
 
     def _unsupported(self, key: int, version: int, correlation_id: int) -> None:
         """Answer an API key or version this listener does not serve (UNSUPPORTED_VERSION)."""
