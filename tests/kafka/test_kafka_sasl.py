@@ -170,3 +170,17 @@ def test_produce_quota_throttles_a_kafka_producer(tmp_path: Path) -> None:
         assert timings["slow"] >= 1.5, timings  # (300 - 100 - 30) KB at 100 KB/s, at least
     finally:
         b.stop()
+
+
+def test_a_connection_that_does_not_authenticate_is_closed(tmp_path: Path) -> None:
+    users = write_users(tmp_path / "u.json", make_user("alice", "pw", produce=("q",)))
+    b = Broker(tmp_path / "d", port=0, kafka_port=free_port(), users_file=str(users),
+               auth_timeout_ms=300).start()
+    try:
+        assert b.server.kafka is not None
+        with socket.create_connection(b.server.kafka.address, timeout=10) as s:
+            t0 = time.monotonic()
+            assert s.recv(100) == b""  # closed, nothing sent
+            assert time.monotonic() - t0 < 5
+    finally:
+        b.stop()

@@ -47,6 +47,7 @@ from ferrymq import _sockets
 from ferrymq._buffers import thread_scratch
 from ferrymq._hints import AUTH_NEEDED
 from ferrymq.broker.acl import authorize
+from ferrymq.broker.auth_deadline import AuthDeadline
 from ferrymq.broker.context import BrokerContext, Handler
 from ferrymq.broker.read_gate import ReadGate
 from ferrymq.broker.stats import RequestStats
@@ -84,7 +85,7 @@ class ConnectionHost(BrokerContext, Protocol):
         """Seconds to stop reading from ``user``'s connection after a produce of ``nbytes``."""
 
 
-class BrokerConnection(ReadGate, asyncio.BufferedProtocol):
+class BrokerConnection(ReadGate, AuthDeadline, asyncio.BufferedProtocol):
     """Protocol instance for one accepted socket."""
 
     def __init__(self, server: ConnectionHost) -> None:
@@ -111,7 +112,6 @@ class BrokerConnection(ReadGate, asyncio.BufferedProtocol):
         self._admitted = False
         self._read_paused = False
         self._stopped_reading = False
-        self._auth_timer: asyncio.TimerHandle | None = None
         self.pending: set[asyncio.Future[Any]] = set()
         self._backlog: deque[Frame] = deque()  # read past the in-flight cap, not dispatched yet
 
@@ -134,8 +134,7 @@ class BrokerConnection(ReadGate, asyncio.BufferedProtocol):
         cfg = self.server.config
         transport.set_write_buffer_limits(high=cfg.max_write_buffer_bytes)
         if not self.authenticated:
-            self._auth_timer = asyncio.get_running_loop().call_later(
-                cfg.auth_timeout_ms / 1000, self._auth_timed_out)
+            self.start_auth_deadline(cfg.auth_timeout_ms)
         sock = transport.get_extra_info("socket")
         if sock is not None:
             _sockets.tune(sock)
@@ -148,8 +147,7 @@ class BrokerConnection(ReadGate, asyncio.BufferedProtocol):
                                            else "closed by the client")
             log.debug("connection %s closed (client %r, user %s): %s", self.peer,
                       self.client_id, repr(self.principal) if self.principal else "-", reason)
-        if self._auth_timer is not None:
-            self._auth_timer.cancel()
+        self.cancel_auth_deadline()
         if self._admitted:
             self._admitted = False
             self.server.unregister(self)
@@ -201,21 +199,8 @@ class BrokerConnection(ReadGate, asyncio.BufferedProtocol):
 
     # -- authentication and limits -----------------------------------------------------------
 
-    def authenticated_as(self, user: str) -> None:
-        """The handshake succeeded: lift the pre-auth limits."""
-        self.authenticated = True
-        self.principal = user
+    def _lift_pre_auth_limits(self) -> None:
         self.decoder.max_frame_bytes = self.server.config.max_frame_bytes
-        if self._auth_timer is not None:
-            self._auth_timer.cancel()
-            self._auth_timer = None
-
-    def _auth_timed_out(self) -> None:
-        self._auth_timer = None
-        if not self.authenticated and not self.closed:
-            self.fail(ErrorCode.AUTHENTICATION_REQUIRED,
-                      f"not authenticated within auth_timeout_ms="
-                      f"{self.server.config.auth_timeout_ms}")
 
     def stop_reading(self) -> None:
         """Read nothing more from this client (a failed handshake is being answered)."""

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 from kio.schema.errors import ErrorCode as KafkaError
 
 from ferrymq import _sockets
+from ferrymq.broker.auth_deadline import AuthDeadline
 from ferrymq.broker.context import BrokerContext
 from ferrymq.broker.read_gate import ReadGate
 from ferrymq.errors import BrokerError, RemoteProtocolError
@@ -164,7 +165,7 @@ class _Slot:
         self.data = data
 
 
-class KafkaConnection(ReadGate, asyncio.Protocol):
+class KafkaConnection(ReadGate, AuthDeadline, asyncio.Protocol):
     """One Kafka client connection. Also what FerryMQ's handlers see as their connection
     (:class:`~ferrymq.broker.context.ClientConnection`): its principal is the user SASL
     authenticated (:mod:`ferrymq.kafka.sasl`), None when authentication is off."""
@@ -195,7 +196,6 @@ class KafkaConnection(ReadGate, asyncio.Protocol):
         self.init_read_gate()
         self._admitted = False
         self._closing = False
-        self._auth_timer: asyncio.TimerHandle | None = None
         self._read_paused = False
         self._tasks: set[asyncio.Future[Any]] = set()
 
@@ -235,16 +235,14 @@ class KafkaConnection(ReadGate, asyncio.Protocol):
         self.listener.connections.add(self)
         self.transport.set_write_buffer_limits(high=self.server.config.max_write_buffer_bytes)
         if not self.authenticated:
-            self._auth_timer = asyncio.get_running_loop().call_later(
-                self.server.config.auth_timeout_ms / 1000, self._auth_timed_out)
+            self.start_auth_deadline(self.server.config.auth_timeout_ms)
         sock = transport.get_extra_info("socket")
         if sock is not None:
             _sockets.tune(sock)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        if self._auth_timer is not None:
-            self._auth_timer.cancel()
+        self.cancel_auth_deadline()
         if self._admitted:
             self._admitted = False
             self.listener.connections.discard(self)
@@ -277,22 +275,8 @@ class KafkaConnection(ReadGate, asyncio.Protocol):
         """Close with a logged reason (Kafka has no connection-level error frame)."""
         self.close(f"{code.name}: {message}")
 
-    def authenticated_as(self, user: str) -> None:
-        """SASL succeeded: lift the pre-authentication limits."""
-        self.authenticated = True
-        self.principal = user
+    def _lift_pre_auth_limits(self) -> None:
         self.decoder.max_frame_bytes = self.server.config.max_frame_bytes
-        if self._auth_timer is not None:
-            self._auth_timer.cancel()
-            self._auth_timer = None
-        log.info("Kafka connection %s authenticated as %r", self.peer, user,
-                 extra={"peer": self.peer})
-
-    def _auth_timed_out(self) -> None:
-        self._auth_timer = None
-        if not self.authenticated:
-            self.close(f"not authenticated within auth_timeout_ms="
-                       f"{self.server.config.auth_timeout_ms}")
 
     def _user_exists(self) -> bool:
         auth = self.server.auth

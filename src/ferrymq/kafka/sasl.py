@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import logging
 import secrets
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -28,6 +29,8 @@ from ferrymq.protocol.kafka.scram import MECHANISM, KafkaScramServer, parse_clie
 
 if TYPE_CHECKING:
     from ferrymq.broker.context import ClientConnection
+
+log = logging.getLogger("ferrymq.kafka")
 
 _NO_TIME = datetime.timedelta(0)
 
@@ -83,6 +86,8 @@ def sasl_authenticate(peer: SaslPeer, cls: type[Any], req: Any) -> Any:
             raise AuthenticationFailedError("authentication failed: unknown user or wrong secret")
         conn.authenticated_as(known.name)
         auth.successes += 1
+        log.info("Kafka connection %s authenticated as %r", conn.peer, known.name,
+                 extra={"peer": conn.peer})
         return _answer(cls, KafkaError.none, None, final)
     except AuthenticationFailedError as exc:
         if auth is not None:
