@@ -112,6 +112,8 @@ NEEDS: dict[int, _Rule] = {
     else _topics("describe", set(r.topics)),
     m.ApiKey.REPLICA_FETCH: lambda r, s: [ADMIN],  # brokers of the cluster
     m.ApiKey.OFFSET_FOR_EPOCH: lambda r, s: [ADMIN],
+    m.ApiKey.TXN_ADD_QUEUE: lambda r, s: [ADMIN],  # brokers of the cluster
+    m.ApiKey.TXN_MARKERS: lambda r, s: [ADMIN],
     m.ApiKey.ELECT_PREFERRED_LEADERS: lambda r, s: [ADMIN],
     m.ApiKey.DRAIN_BROKER: lambda r, s: [ADMIN],
     m.ApiKey.REASSIGN_QUEUE: lambda r, s: [ADMIN],

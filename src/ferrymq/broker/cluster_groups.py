@@ -38,8 +38,9 @@ Compaction: the leader of a queue snapshots its groups' offsets into it and dele
 segments the snapshot replaced (:mod:`ferrymq.broker.cluster_offsets_log`), so a new leader
 replays about two segments (``offsets_segment_bytes``), not every commit ever made.
 
-Not yet: offsets committed within a transaction (TXN_OFFSET_COMMIT) are not written here
-(docs/cluster.md).
+Offsets committed within a transaction (TXN_OFFSET_COMMIT) are written here when the
+transaction commits, by its coordinator (:mod:`ferrymq.broker.txn.cluster`: directly, or
+through COMMIT_OFFSETS when another broker coordinates the group).
 """
 
 from __future__ import annotations
@@ -133,22 +134,25 @@ class ClusterGroups:
 
     def _create_soon(self) -> None:
         if self._creating is None or self._creating.done():
-            self._creating = asyncio.get_running_loop().create_task(self._create())
+            self._creating = asyncio.get_running_loop().create_task(self.create_internal(
+                OFFSETS_TOPIC, self.link.server.config.offsets_topic_queues, "consumer groups"))
 
-    async def _create(self) -> None:
+    async def create_internal(self, name: str, queues: int, what: str) -> None:
+        """Create the internal topic ``name`` of a service (``what``) in the cluster, with the
+        cluster's default replicas and min_insync; failures are logged (the service's next
+        request asks again)."""
         node, cfg = self.link.node, self.link.server.config
         try:
-            await create_topic(node.store, node.keys, OFFSETS_TOPIC, cfg.offsets_topic_queues,
+            await create_topic(node.store, node.keys, name, queues,
                                DEFAULT, DEFAULT, {}, self.link.server.clock.wall_ms(),
                                default_replicas_setting=cfg.default_replicas,
                                default_min_insync_setting=cfg.default_min_insync,
                                internal_ok=True)
-            log.info("created %s (%d queues) for consumer groups", OFFSETS_TOPIC,
-                     cfg.offsets_topic_queues)
+            log.info("created %s (%d queues) for %s", name, queues, what)
         except TopicAlreadyExistsError:
             pass
-        except (MetadataError, BrokerError) as exc:  # the next group request asks again
-            log.warning("creating %s failed: %s", OFFSETS_TOPIC, exc)
+        except (MetadataError, BrokerError) as exc:
+            log.warning("creating %s failed: %s", name, exc)
 
     # --- leadership of the log -------------------------------------------------------------------
 

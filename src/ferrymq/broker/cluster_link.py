@@ -6,8 +6,10 @@ Only a broker started with ``--metadata`` has a :class:`ClusterLink`. It owns th
 :class:`~ferrymq.cluster.controller.Controller` campaign, and answers the handlers' cluster
 questions: who leads a queue, creating and deleting topics through the metadata store, the
 CLUSTER_METADATA answer. Consumer groups are coordinated by the leaders of ``%GROUPS%offsets``
-(:mod:`ferrymq.broker.cluster_groups`); :attr:`ClusterLink.groups` hears of this broker's roles
-for that topic.
+(:mod:`ferrymq.broker.cluster_groups`), transactions by the leader of ``%TXN%state``
+(:mod:`ferrymq.broker.txn.cluster`); :attr:`ClusterLink.groups` and :attr:`ClusterLink.txn` hear
+of this broker's roles for those topics. A queue this broker starts leading gets its open
+transactions from its copy's producer state (its LSO holds at them until their markers).
 
 Every broker of a cluster holds every cluster topic with all its queues (the queues it does not
 replicate stay empty and refuse produce and fetch with NOT_LEADER), so the topic registry and
@@ -24,6 +26,7 @@ from ferrymq.broker.cluster_groups import ClusterGroups
 from ferrymq.broker.cluster_users import ClusterUsers
 from ferrymq.broker.tls import peer_context
 from ferrymq.broker.topics import CLUSTER_TOPIC_ID_BASE, INTERNAL_PREFIX
+from ferrymq.broker.txn.cluster import TxnCluster
 from ferrymq.cluster.controller import Controller
 from ferrymq.cluster.isr import change_isr, settle_isr
 from ferrymq.cluster.metadata.store import MetadataStore
@@ -42,7 +45,7 @@ from ferrymq.errors import (
 )
 from ferrymq.protocol import messages as m
 from ferrymq.protocol.codes import ErrorCode
-from ferrymq.protocol.coordinator import OFFSETS_TOPIC
+from ferrymq.protocol.coordinator import OFFSETS_TOPIC, TXN_TOPIC
 
 if TYPE_CHECKING:
     from ferrymq.broker.config import BrokerConfig
@@ -81,6 +84,8 @@ class ClusterLink:
         self.replicas: ReplicaManager | None = None
         self.controller: Controller | None = None
         self.groups = ClusterGroups(self)
+        self.txn = TxnCluster(self)
+        """Transactions, when this broker coordinates them (:mod:`ferrymq.broker.txn.cluster`)."""
         self.users = ClusterUsers(server, self.node)
         """The cluster's users, mirrored into this broker's users file
         (:mod:`ferrymq.broker.cluster_users`)."""
@@ -122,6 +127,7 @@ class ClusterLink:
         """Leave the cluster (the lease is revoked: leadership moves at once)."""
         await self.groups.stop()
         await self.node.stop()
+        self.txn.close()
         if self.replicas is not None:
             await self.replicas.close()
 
@@ -164,6 +170,7 @@ class ClusterLink:
                 srv = self.server  # its copy's dedup keys, before the first produce it serves
                 qs = srv.topics.queue(topic, queue)
                 srv.dedup.rebuild_queue(qs, srv.clock.wall_ms())
+                qs.open_txns = qs.log.ongoing_txns()  # the LSO holds until their markers
                 rm.become_leader(topic, queue, rec, min_insync)
                 srv.scheduler.on_lead(qs)  # fires what its former leader left due
         elif new.role == "follower":
@@ -179,6 +186,8 @@ class ClusterLink:
             rm.stop_replica(topic, queue)
         if topic == OFFSETS_TOPIC:
             self.groups.on_role(queue, new.role == "leader", not same_epoch)
+        elif topic == TXN_TOPIC:
+            self.txn.on_role(new.role == "leader", not same_epoch)
 
     def _on_fence(self, fenced: bool) -> None:
         if self.replicas is not None:

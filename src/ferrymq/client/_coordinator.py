@@ -15,6 +15,10 @@ the request to that queue's leader, and keeps that session for the group's next 
 same happens when the coordinator's connection is lost or it does not answer (it may have
 died: the next leader of the queue takes over), until the request's deadline. There is no
 FIND_COORDINATOR request: docs/design.md says why.
+
+Transactions follow their coordinator the same way: the leader of ``%TXN%state``
+(:data:`~ferrymq.protocol.coordinator.TXN_TOPIC`, one queue), with the transactional id in
+place of the group name (``CoordinatorRoute(cluster, tid, TXN_TOPIC)``).
 """
 
 from __future__ import annotations
@@ -55,11 +59,13 @@ another broker coordinates the group now: find it instead."""
 
 
 class CoordinatorRoute:
-    """The session that reaches ``group``'s coordinator (see the module docstring)."""
+    """The session that reaches ``group``'s coordinator (see the module docstring);
+    ``topic``: the coordinators' internal topic (consumer groups' by default)."""
 
-    def __init__(self, cluster: Cluster, group: str) -> None:
+    def __init__(self, cluster: Cluster, group: str, topic: str = OFFSETS_TOPIC) -> None:
         self._cluster = cluster
         self.group = group
+        self.topic = topic
         self.session: Session = cluster.bootstrap
         """Where the group's requests go now (the bootstrap session until a refusal)."""
 
@@ -96,16 +102,17 @@ class CoordinatorRoute:
             await self.find()
 
     async def find(self) -> None:
-        """Refresh the leaders of ``%GROUPS%offsets`` and route to the group's queue's
+        """Refresh the leaders of the coordinators' topic and route to the group's queue's
         leader (the bootstrap session while none is known: its broker asks the cluster to
         create the topic, and answers NOT_COORDINATOR until then)."""
         cluster = self._cluster
-        await cluster.await_refresh([OFFSETS_TOPIC])  # paced: at most one per interval
-        n = cluster.leaders.queue_count(OFFSETS_TOPIC)
-        s = cluster.route(OFFSETS_TOPIC, coordinator_queue(self.group, n)) if n else None
+        await cluster.await_refresh([self.topic])  # paced: at most one per interval
+        n = cluster.leaders.queue_count(self.topic)
+        s = cluster.route(self.topic, coordinator_queue(self.group, n)) if n else None
         if s is None:
             await asyncio.sleep(cluster.min_refresh_interval_s)
             s = cluster.bootstrap
         if s is not self.session:
-            log.info("group %s: coordinator at %s", self.group, s.addresses)
+            log.info("%s %s: coordinator at %s", "group" if self.topic == OFFSETS_TOPIC
+                     else "transactional id", self.group, s.addresses)
         self.session = s

@@ -16,6 +16,12 @@ States: *ready* (no transaction open), *in transaction*, *fatal* (fenced by a ne
 the same id: nothing more is possible). A transaction the broker aborted on timeout, or one
 aborted after a failed send, makes the next ``begin()`` re-initialise (a new epoch: sequences
 may be out of step), instead of a non-transactional producer's per-queue epoch bump.
+
+Every request goes to the transaction coordinator (:class:`~ferrymq.client._coordinator.
+CoordinatorRoute`: on a cluster the leader of ``%TXN%state``, followed on NOT_COORDINATOR or a
+lost connection). A commit or abort answers the epoch of the next transaction (KIP-890: a new
+epoch per transaction, so a zombie of this one is fenced everywhere); the sender restarts its
+sequences there.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING, Any
 
-from ferrymq.client._session import Session
+from ferrymq.client._coordinator import CoordinatorRoute
 from ferrymq.client.message import Message
 from ferrymq.errors import (
     FerryMQError,
@@ -33,9 +39,11 @@ from ferrymq.errors import (
     error_for_code,
 )
 from ferrymq.protocol import messages as m
+from ferrymq.protocol.coordinator import TXN_TOPIC
 
 if TYPE_CHECKING:
     from ferrymq.client._accumulator import Accumulator
+    from ferrymq.client._cluster import Cluster
     from ferrymq.client._sender import Sender
 
 READY, IN_TXN, FATAL = "ready", "in transaction", "fatal"
@@ -46,16 +54,16 @@ class TxnManager:
     and END_TXN requests.
 
     Args:
-        session: the producer's session.
+        cluster: the producer's cluster view (its bootstrap session first).
         acc: the producer's accumulator (an abort drops what it holds unsent).
         sender: the producer's sender (flushes; holds the producer id and epoch).
         transactional_id: the id (one live producer per id).
         timeout_ms: the broker aborts a transaction open longer than this (0: its default).
     """
 
-    def __init__(self, session: Session, acc: Accumulator, sender: Sender,
+    def __init__(self, cluster: Cluster, acc: Accumulator, sender: Sender,
                  transactional_id: str, timeout_ms: int) -> None:
-        self._session = session
+        self._session = CoordinatorRoute(cluster, transactional_id, TXN_TOPIC)
         self._acc = acc
         self._sender = sender
         self.transactional_id = transactional_id
@@ -173,7 +181,10 @@ class TxnManager:
         sender = self._sender
         req = m.EndTxnRequest(self.transactional_id, sender.producer_id, sender.producer_epoch,
                               int(action), sink_id, batch_id, ttl_ms)
-        await self._fenced_guard(self._session.request(req, m.EndTxnResponse))
+        resp = await self._fenced_guard(self._session.request(req, m.EndTxnResponse))
+        if resp.producer_id >= 0 and (resp.producer_id, resp.producer_epoch) != (
+                sender.producer_id, sender.producer_epoch):
+            sender.restart_sequences(resp.producer_id, resp.producer_epoch)
 
     async def _fenced_guard(self, coro: Any) -> Any:
         try:

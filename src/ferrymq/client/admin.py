@@ -56,6 +56,7 @@ from ferrymq.errors import (
 )
 from ferrymq.protocol import messages as m
 from ferrymq.protocol.codes import ErrorCode
+from ferrymq.protocol.coordinator import TXN_TOPIC
 from ferrymq.protocol.messages import DlqAction, OffsetSpec
 from ferrymq.protocol.records import (
     ATTR_SCHEDULED,
@@ -135,9 +136,16 @@ class AsyncAdminClient(ClusterAdminCalls, UserAdminCalls):
                                 reconnect_timeout_s=reconnect_timeout_s,
                                 auth=auth, tls=tls)
         self._cluster = Cluster(self._session)  # (a group's requests go to its coordinator)
+        self._txn_route: CoordinatorRoute | None = None
 
     def _coordinator(self, group: str) -> CoordinatorRoute:
         return CoordinatorRoute(self._cluster, group)
+
+    def _txn_coordinator(self) -> CoordinatorRoute:
+        """Where transaction requests go (on a cluster: the leader of ``%TXN%state``)."""
+        if self._txn_route is None:
+            self._txn_route = CoordinatorRoute(self._cluster, "", TXN_TOPIC)
+        return self._txn_route
 
     async def __aenter__(self) -> AsyncAdminClient:
         await self._session.connection()
@@ -594,7 +602,7 @@ class AsyncAdminClient(ClusterAdminCalls, UserAdminCalls):
                 batch: nothing was written again (the staged rows were dropped).
             StagedTxnExpiredError: a handle is no longer staged: nothing was committed.
         """
-        resp = await self._session.request(
+        resp = await self._txn_coordinator().request(
             m.CommitStagedRequest(sink_id, batch_id, [(h[0], h[1], h[2]) for h in handles]),
             m.CommitStagedResponse, retry=False)
         return resp.committed_batch_id
@@ -603,7 +611,7 @@ class AsyncAdminClient(ClusterAdminCalls, UserAdminCalls):
                            handles: Sequence[tuple[str, int, int]] = ()) -> int:
         """Abort staged transactions of one sink batch (all of them when ``handles`` is
         empty); returns how many were aborted."""
-        resp = await self._session.request(
+        resp = await self._txn_coordinator().request(
             m.AbortStagedRequest(sink_id, batch_id, [(h[0], h[1], h[2]) for h in handles]),
             m.AbortStagedResponse)
         return resp.aborted
@@ -612,5 +620,5 @@ class AsyncAdminClient(ClusterAdminCalls, UserAdminCalls):
                                     sink_id: str = "") -> TxnsDescription:
         """Transactional ids (state, producer id and epoch, queues and groups of the open
         transaction) and sink fences (last committed batch id per sink)."""
-        return TxnsDescription.from_wire(await self._session.request(
+        return TxnsDescription.from_wire(await self._txn_coordinator().request(
             m.DescribeTxnsRequest(transactional_id, sink_id), m.DescribeTxnsResponse))

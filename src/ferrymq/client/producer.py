@@ -203,7 +203,7 @@ class AsyncProducer:
         self._cluster.on_refresh(self._sender.on_refresh)
         self._txn: TxnManager | None = None
         if transactional_id is not None:
-            self._txn = TxnManager(self._session, self._accumulator, self._sender,
+            self._txn = TxnManager(self._cluster, self._accumulator, self._sender,
                                    transactional_id,
                                    0 if txn_timeout_s is None else int(txn_timeout_s * 1000))
             self._accumulator.txn = self._sender.txn = self._txn

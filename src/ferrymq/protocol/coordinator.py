@@ -16,6 +16,9 @@ import zlib
 
 OFFSETS_TOPIC = "%GROUPS%offsets"
 """The cluster's log of consumer groups' committed offsets (created on first use)."""
+TXN_TOPIC = "%TXN%state"
+"""The transaction coordinator's log (one queue; in a cluster, replicated, and the leader of
+its queue :func:`coordinator_queue` picks for a transactional id is that id's coordinator)."""
 
 
 def coordinator_queue(group: str, queues: int) -> int:

@@ -353,7 +353,7 @@ def test_a_transactional_send_needs_an_open_transaction() -> None:
     async def main() -> None:
         session, acc, wake = _parts()
         sender = _sender(acc, session, wake)
-        txn = TxnManager(session, acc, sender, "tx", 0)
+        txn = TxnManager(Cluster(session), acc, sender, "tx", 0)
         acc.txn = sender.txn = txn
         fut = asyncio.get_running_loop().create_future()
         acc.enqueue(Message("t", b"x"), Unit(1, fut, False), immediate=True)

@@ -70,6 +70,8 @@ HANDLERS: dict[int, Handler] = {
     ApiKey.COMMIT_STAGED: txn.commit_staged,
     ApiKey.ABORT_STAGED: txn.abort_staged,
     ApiKey.DESCRIBE_TXNS: txn.describe_txns,
+    ApiKey.TXN_ADD_QUEUE: txn.txn_add_queue,
+    ApiKey.TXN_MARKERS: txn.txn_markers,
     ApiKey.AUTH_START: auth.auth_start,
     ApiKey.AUTH_FINISH: auth.auth_finish,
     ApiKey.WHOAMI: auth.whoami,

@@ -8,7 +8,10 @@ topic with a dedup window: records whose key the topic stored within the window 
 duplicates and left out, the others appended and their keys remembered
 (:mod:`ferrymq.broker.dedup`). Transactional batches (``ATTR_TRANSACTIONAL``) are admitted by
 the transaction coordinator, which registers the queue with the producer's open transaction
-first (:mod:`ferrymq.broker.txn`). In sync flush mode the response waits until
+first (:mod:`ferrymq.broker.txn`); in a cluster, where the coordinator may be another broker, a
+request with a transactional batch whose transaction is not open on its queue here waits until
+the coordinator registered the queue (:mod:`ferrymq.broker.txn.cluster`), then goes on as any
+other. In sync flush mode the response waits until
 every entry's offsets are fsynced (group commit, see :mod:`ferrymq.broker.flusher`), and for a
 duplicate until the message it duplicates is.
 
@@ -51,6 +54,7 @@ from ferrymq.protocol.records import (
 if TYPE_CHECKING:
     from ferrymq.broker.context import BrokerContext, ClientConnection
     from ferrymq.broker.topics import QueueState
+    from ferrymq.broker.txn.cluster import Verified
 
 
 def produce(
@@ -61,6 +65,11 @@ def produce(
     The queues written to are marked dirty together at the end (also when a later entry
     raised), so one flush round fsyncs them all: the answer waits for every one of them.
     """
+    cluster = conn.server.cluster
+    if cluster is not None:
+        need = cluster.txn.unverified(req)
+        if need:
+            return asyncio.ensure_future(_produce_verified(conn, req, need))
     dirty: list[QueueState] = []
     try:
         return _produce(conn, req, dirty)
@@ -68,8 +77,24 @@ def produce(
         conn.server.flusher.mark_all_dirty(dirty)
 
 
+async def _produce_verified(conn: ClientConnection, req: m.ProduceRequest,
+                            need: list[tuple[QueueState, int, int]]) -> m.ProduceResponse:
+    """A cluster's produce with transactional batches not yet part of an open transaction
+    here: the coordinator registers their queues first (refusals answer those entries)."""
+    cluster = conn.server.cluster
+    assert cluster is not None
+    verified, refused = await cluster.txn.verify(need)
+    dirty: list[QueueState] = []
+    try:
+        out = _produce(conn, req, dirty, verified, refused)
+    finally:
+        conn.server.flusher.mark_all_dirty(dirty)
+    return out if isinstance(out, m.ProduceResponse) else await out
+
+
 def _produce(
-    conn: ClientConnection, req: m.ProduceRequest, dirty: list[QueueState]
+    conn: ClientConnection, req: m.ProduceRequest, dirty: list[QueueState],
+    verified: Verified | None = None, refused: dict[tuple[str, int], BrokerError] | None = None,
 ) -> m.ProduceResponse | asyncio.Future[m.ProduceResponse]:
     """:func:`produce`, noting in ``dirty`` the queues it wrote to."""
     srv = conn.server
@@ -100,7 +125,12 @@ def _produce(
                     raise InvalidRequestError("a transactional batch cannot be a control, dedup "
                                               "or scheduled batch (only the broker writes "
                                               "markers)")
-                txn_end = srv.txn.check_produce(qs, h)
+                if srv.cluster is None:
+                    txn_end = srv.txn.check_produce(qs, h)
+                elif refused and (topic, queue) in refused:
+                    raise refused[(topic, queue)]
+                else:
+                    srv.txn.admit(qs, h, verified)
             plan = srv.dedup.check(qs, batch, h, now_ms) if h.attributes & ATTR_DEDUP else None
             if plan is not None:
                 if plan.batch is None or plan.header is None:  # all duplicates: nothing to store

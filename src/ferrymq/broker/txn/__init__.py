@@ -49,6 +49,6 @@ requests). Everything runs on the event-loop thread.
 """
 
 from ferrymq.broker.txn.coordinator import TxnCoordinator
-from ferrymq.broker.txn.statelog import TXN_TOPIC
+from ferrymq.protocol.coordinator import TXN_TOPIC
 
 __all__ = ["TXN_TOPIC", "TxnCoordinator"]

@@ -8,6 +8,13 @@ queue's LSO released and CompleteX recorded. Only then does the transaction coun
 (:meth:`~.state.TxnBook.complete`). A storage error on the way leaves the decision standing:
 :meth:`Completer.resume` (housekeeping, once space is back), a retried END_TXN or a restart
 (:meth:`Completer.recover`) goes on from there.
+
+In a cluster (:attr:`Completer.remote`, :mod:`.cluster`) the markers of queues led by other
+brokers are written by those leaders (TXN_MARKERS), each releasing its own queue's LSO, and a
+commit's offsets go to the group's coordinator; a new coordinator resumes decided transactions
+from the replicated state log. Every marker written here, or asked for on a queue this broker
+leads, moves :attr:`Completer.mark_seq` (a transactional batch verified before it must not be
+appended after it).
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from ferrymq.protocol.messages import TxnState
 if TYPE_CHECKING:
     from ferrymq.broker.consumer_groups import ConsumerGroupCoordinator
     from ferrymq.broker.topics import QueueState, TopicRegistry
+    from ferrymq.broker.txn.cluster import TxnCluster
     from ferrymq.broker.txn.statelog import StateLog
 
 log = logging.getLogger("ferrymq.broker")
@@ -61,6 +69,12 @@ class Completer:
         """Tids decided whose completion stopped on a storage error (the last one)."""
         self.commits = 0
         self.aborts = 0
+        self.remote: TxnCluster | None = None
+        """A cluster's coordinator: markers and offsets on other brokers."""
+        self.mark_seq = 0
+        """Bumped at every marker written or asked for here."""
+        self.marked: dict[tuple[str, int, int], int] = {}
+        """(topic, queue, producer id) -> :attr:`mark_seq` of its last marker here."""
 
     async def wait(self, meta: TxnMeta) -> None:
         """Wait until the completion of ``meta`` in progress (if any) stops."""
@@ -133,9 +147,13 @@ class Completer:
 
     async def _finish(self, meta: TxnMeta, commit: bool) -> None:
         now = self.clock.wall_ms()
-        self.write_markers(meta, commit, now)
+        remote = self.remote
+        others = [] if remote is None else [q for q in meta.queues if not remote.is_local(*q)]
+        self.write_markers(meta, commit, now, skip=set(others))
         queues = []
         for topic, queue in meta.queues:  # markers written now or by an earlier attempt
+            if (topic, queue) in others:
+                continue
             try:
                 queues.append(self.topics.queue(topic, queue))
             except BrokerError:
@@ -144,13 +162,22 @@ class Completer:
             self.statelog.flusher.check_writable(qs)
         for qs in queues:
             await self.statelog.durable(qs, qs.log.end_offset)
+        if remote is not None and others:
+            await remote.send_markers(meta, commit, self.statelog.queue.log.end_offset - 1,
+                                      others)
         crash_point("txn.markers_durable")
         if commit:
-            self._apply_offsets(meta)
+            if remote is not None:
+                for group, offs in meta.offsets.items():
+                    await remote.apply_offsets(group, offs)
+                    self.book.offsets_done(meta, group)
+            else:
+                self._apply_offsets(meta)
             crash_point("txn.offsets_applied")
         self._complete(meta, commit)
 
-    def write_markers(self, meta: TxnMeta, commit: bool, now: int) -> set[QueueState]:
+    def write_markers(self, meta: TxnMeta, commit: bool, now: int,
+                      skip: set[tuple[str, int]] | None = None) -> set[QueueState]:
         """Append a marker to every queue the transaction touched where it is still open (a
         queue registered whose batch failed needs none, and one that got its marker before a
         full disk stopped the others must not get a second), all in this callback.
@@ -162,6 +189,8 @@ class Completer:
         out: set[QueueState] = set()
         coord = self.statelog.queue.log.end_offset - 1
         for topic, queue in meta.queues:
+            if skip and (topic, queue) in skip:
+                continue
             try:
                 qs = self.topics.queue(topic, queue)
             except BrokerError:
@@ -175,9 +204,15 @@ class Completer:
     def append_marker(self, qs: QueueState, pid: int, epoch: int, commit: bool, tid: str,
                       coord: int, now: int) -> int:
         """Append one COMMIT/ABORT control batch to ``qs``; the end offset to wait for."""
+        self.note_marker(qs, pid)
         batch = encode_marker(producer_id=pid, producer_epoch=epoch, commit=commit,
                               transactional_id=tid, coordinator_offset=coord, timestamp_ms=now)
         return self.statelog.append(qs, batch, now, "a transaction marker")
+
+    def note_marker(self, qs: QueueState, pid: int) -> None:
+        """``pid``'s transaction on ``qs`` ends here now (a marker written or asked for)."""
+        self.mark_seq += 1
+        self.marked[(qs.topic, qs.queue, pid)] = self.mark_seq
 
     def _apply_offsets(self, meta: TxnMeta) -> None:
         """Step 3 (idempotent: a retry or recovery applies them again).

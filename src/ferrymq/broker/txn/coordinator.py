@@ -3,7 +3,8 @@
 It checks each request against :class:`~.state.TxnBook` (which holds and moves every
 transactional id's state), records every change in ``%TXN%state`` (:class:`~.statelog.StateLog`)
 before answering, and hands decided transactions to :class:`~.completion.Completer`. The
-package docstring (:mod:`ferrymq.broker.txn`) has the theory of operation.
+package docstring (:mod:`ferrymq.broker.txn`) has the theory of operation; in a cluster
+:mod:`.cluster` is attached (:meth:`TxnCoordinator.attach`) and says what changes.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from ferrymq._time import Clock
 from ferrymq.broker.consumer_groups import check_group_name, check_offsets
 from ferrymq.broker.txn.completion import Completer
 from ferrymq.broker.txn.state import (
+    DONE_STATES,
     OPEN_STATES,
     PREPARE_STATES,
     TxnBook,
@@ -33,6 +35,8 @@ from ferrymq.errors import (
     InvalidRequestError,
     InvalidTxnStateError,
     InvalidTxnTimeoutError,
+    NotCoordinatorError,
+    ProducerFencedError,
     StagedTxnExpiredError,
     StorageFailureError,
     StorageFullError,
@@ -40,7 +44,7 @@ from ferrymq.errors import (
     UnknownMemberError,
 )
 from ferrymq.protocol import messages as m
-from ferrymq.protocol.messages import Durability, TxnState
+from ferrymq.protocol.messages import Acks, Durability, TxnState
 
 if TYPE_CHECKING:
     from ferrymq.broker.config import BrokerConfig
@@ -48,6 +52,7 @@ if TYPE_CHECKING:
     from ferrymq.broker.flusher import Flusher
     from ferrymq.broker.producer_ids import ProducerIdManager
     from ferrymq.broker.topics import QueueState, TopicRegistry
+    from ferrymq.broker.txn.cluster import TxnCluster, Verified
     from ferrymq.protocol.records import BatchHeader
 
 log = logging.getLogger("ferrymq.broker")
@@ -73,6 +78,14 @@ class TxnCoordinator:
                                  busy_retry_after_ms=config.busy_retry_after_ms)
         self.completer = Completer(self.book, self.statelog, topics, consumer_groups, clock,
                                    busy_retry_after_ms=config.busy_retry_after_ms)
+        self.cluster: TxnCluster | None = None
+        """A cluster's part (None: a single broker, which coordinates everything)."""
+
+    def attach(self, cluster: TxnCluster) -> None:
+        """Coordinate as a broker of a cluster (see :mod:`.cluster`)."""
+        self.cluster = cluster
+        self.completer.remote = cluster
+        self.statelog.cluster = True
 
     @property
     def state_queue(self) -> QueueState:
@@ -94,19 +107,48 @@ class TxnCoordinator:
     def load(self) -> None:
         """Rebuild the state from the snapshot and the state log, finish interrupted
         commits/aborts, abort orphans and seed every queue's open transactions. Runs before
-        the broker listens; writes synchronously and flushes what it wrote."""
+        the broker listens; writes synchronously and flushes what it wrote. A cluster's
+        broker has nothing to load: the coordinator rebuilds when it starts leading
+        ``%TXN%state`` (:meth:`rebuild`)."""
+        if self.config.metadata:
+            return
         self.statelog.load(self.book)
         self.completer.recover()
+
+    def rebuild(self) -> int:
+        """A cluster's new coordinator: the book from the whole state log (every earlier
+        state forgotten); how many transactional ids it holds."""
+        book = self.book
+        book.clear()
+        book.pending_offsets.clear()
+        book.unanswered.clear()
+        self.statelog.replay_all(book)
+        for meta in book.txns.values():
+            if meta.state in OPEN_STATES or meta.state in PREPARE_STATES:
+                for group, offs in meta.offsets.items():
+                    book.add_offsets(meta, group, ((t, q, o) for (t, q), o in offs.items()))
+        return len(book.txns)
+
+    def resume_decided(self, *, force: bool = False) -> None:
+        """Drive every decided transaction whose completion stopped on (``force``: whatever
+        stopped it, e.g. a coordinator that died)."""
+        for meta in list(self.book.txns.values()):
+            if meta.state in PREPARE_STATES and not meta.completing and (
+                    force or self.flusher.space_back):
+                self.completer.resume(meta)
 
     def tick(self) -> None:
         """Abort transactions past their timeout and staged ones past their TTL; forget idle
         transactional ids; write the snapshot when due."""
         now = self.clock.wall_ms()
+        if self.cluster is not None and not self.cluster.leads:
+            return
         for meta in list(self.book.txns.values()):
             if meta.completing:
                 continue
-            if meta.state in PREPARE_STATES:  # stalled on a full disk: go on when space is back
-                if self.flusher.space_back:
+            if meta.state in PREPARE_STATES:  # stalled on a full disk (in a cluster: on
+                # another broker) go on when space is back
+                if self.flusher.space_back or self.cluster is not None:
                     self.completer.resume(meta)
                 continue
             if self.book.expired(meta, now):
@@ -201,6 +243,86 @@ class TxnCoordinator:
             del meta.queues[key]
             raise
 
+    def admit(self, qs: QueueState, h: BatchHeader, verified: Verified | None) -> None:
+        """A cluster's queue leader: admit a transactional batch for ``qs`` (before its
+        append) if its producer's transaction is open here, or the coordinator registered the
+        queue (``verified``) and no marker ended that transaction here since.
+
+        Raises:
+            InvalidTxnStateError: not verified (the transaction ended meanwhile).
+            InvalidRequestError: an internal topic.
+        """
+        if qs.topic.startswith("%"):
+            raise InvalidRequestError("transactions cannot write to internal topics")
+        pid = h.producer_id
+        if pid in qs.open_txns:
+            return  # the queue's producer state fences older epochs
+        got = None if verified is None else verified.get((qs.topic, qs.queue, pid))
+        if got is None or got[0] != h.producer_epoch:
+            raise InvalidTxnStateError(
+                f"producer {pid} epoch {h.producer_epoch} has no transaction registered "
+                f"with {qs}: retry (the coordinator registers it)")
+        if self.completer.marked.get((qs.topic, qs.queue, pid), -1) > got[1]:
+            raise InvalidTxnStateError(
+                f"the transaction of producer {pid} on {qs} ended while this batch was being "
+                "verified: it is not part of it")
+
+    async def add_queue(self, pid: int, epoch: int, topic: str, queue: int) -> None:
+        """TXN_ADD_QUEUE (a cluster's coordinator): register ``topic``/``queue`` with the
+        open transaction of ``pid`` at ``epoch`` (begun if needed), replicated before the
+        answer.
+
+        Raises:
+            NotCoordinatorError, ProducerFencedError, TransactionTimedOutError,
+            InvalidTxnStateError, ConcurrentTransactionsError, BusyError.
+        """
+        if self.cluster is not None:
+            self.cluster.check_coordinator(f"producer {pid}")
+        if topic.startswith("%"):
+            raise InvalidRequestError("transactions cannot write to internal topics")
+        meta = self.book.producer(pid, epoch)
+        self._begin_if_needed(meta)
+        key = (topic, queue)
+        if key not in meta.queues:
+            meta.queues[key] = None
+            try:
+                end = self.statelog.save(meta)
+            except BrokerError:
+                del meta.queues[key]
+                raise
+        else:
+            end = self.state_queue.log.end_offset  # (a retry: the same wait)
+        await self.statelog.durable(self.state_queue, end)
+        if self.cluster is not None and not self.cluster.leads:
+            raise NotCoordinatorError("this broker stopped coordinating transactions")
+
+    async def write_markers_here(self, pid: int, epoch: int, commit: bool, tid: str,
+                                 coord: int, queues: list[tuple[str, int]]
+                                 ) -> list[m.TxnMarkerResult]:
+        """TXN_MARKERS (a cluster's queue leader): end ``pid``'s transaction on each of
+        ``queues`` this broker leads with a marker (none where it is not open), replicated,
+        then release the queue's LSO. One result per queue."""
+        out: list[m.TxnMarkerResult] = []
+        now = self.clock.wall_ms()
+
+        async def one(topic: str, queue: int) -> None:
+            try:
+                qs = self.topics.queue(topic, queue)
+                if qs.replica is not None:
+                    qs.replica.check_produce(Acks.ALL)
+                self.completer.note_marker(qs, pid)
+                if pid in qs.log.ongoing_txns():
+                    end = self.completer.append_marker(qs, pid, epoch, commit, tid, coord, now)
+                    await self.statelog.durable(qs, end)
+                qs.release_txn(pid)
+            except BrokerError as exc:
+                out.append((topic, queue, exc.code, str(exc)[:1024]))
+                return
+            out.append((topic, queue, 0, ""))
+
+        await asyncio.gather(*(one(t, q) for t, q in queues))
+        return out
+
     @staticmethod
     def on_append(qs: QueueState, pid: int, base_offset: int) -> None:
         """A transactional batch was appended: the queue's LSO stops at its transaction."""
@@ -216,7 +338,7 @@ class TxnCoordinator:
         g = self.consumer_groups.groups.get(req.group)
         if g is None:
             self.consumer_groups.check_new(req.group)
-        if req.generation >= 0:
+        if req.generation >= 0 and self._group_here(req.group):
             if g is None or req.member_id not in g.members:
                 raise UnknownMemberError(f"group {req.group!r} has no member {req.member_id!r}")
             if req.generation != g.generation:
@@ -225,12 +347,25 @@ class TxnCoordinator:
                     f"{g.generation}")
         valid, out = check_offsets(
             self.topics, req.entries,
-            lambda t, q: self.book.check_pending(req.group, t, q, meta.tid))
+            lambda t, q: self.book.check_pending(req.group, t, q, meta.tid),
+            local_end=self.cluster is None)
         if valid:
             self._begin_if_needed(meta)
             self.book.add_offsets(meta, req.group, valid)
             await self.statelog.save_durable(meta)
         return m.CommitOffsetsResponse(out)
+
+    def _group_here(self, group: str) -> bool:
+        """Whether this broker coordinates ``group`` (knows its members and generation); in a
+        cluster another broker may (its generation is not checked then: the transaction's
+        epoch fences the producer)."""
+        if self.cluster is None:
+            return True
+        try:
+            self.cluster.link.groups.check_coordinator(group)
+        except NotCoordinatorError:
+            return False
+        return True
 
     def unstable(self, group: str) -> list[tuple[str, int]]:
         """Queues of ``group`` with offsets pending in an open transaction."""
@@ -248,28 +383,50 @@ class TxnCoordinator:
     # -- END_TXN -----------------------------------------------------------------------------
 
     async def end(self, req: m.EndTxnRequest) -> m.EndTxnResponse:
-        """Commit, abort or stage the open transaction."""
-        meta = self.book.meta(req.transactional_id, req.producer_id, req.producer_epoch)
-        durability = Durability.FSYNCED if self.sync else Durability.WRITTEN
-        await self.completer.wait(meta)
+        """Commit, abort or stage the open transaction. A commit or abort moves the
+        transactional id to a new epoch (KIP-890), answered for the producer's next
+        transaction; a retry whose first answer was lost gets the same answer."""
         try:
             action = m.EndTxnAction(req.action)
         except ValueError:
             raise InvalidRequestError(f"unknown END_TXN action {req.action}") from None
+        durability = Durability.FSYNCED if self.sync else Durability.WRITTEN
+        commit = action == m.EndTxnAction.COMMIT
+        try:
+            meta = self.book.meta(req.transactional_id, req.producer_id, req.producer_epoch)
+        except ProducerFencedError:
+            done = self._ended_before(req, commit)
+            if done is None:
+                raise
+            return m.EndTxnResponse(int(done.state), durability, done.pid, done.epoch)
+        await self.completer.wait(meta)
         if action == m.EndTxnAction.STAGE:
             return await self._stage(meta, req, durability)
-        commit = action == m.EndTxnAction.COMMIT
-        if self.book.check_end(meta, commit):
-            return m.EndTxnResponse(int(TxnState.COMPLETE_COMMIT if commit
-                                        else TxnState.COMPLETE_ABORT), durability)
-        try:
-            await self.completer.end(meta, commit)
-        except (StorageFullError, StorageFailureError):
-            if meta.state in PREPARE_STATES:
-                self.book.unanswered[meta.tid] = commit
-            raise
-        self.book.unanswered.pop(meta.tid, None)
-        return m.EndTxnResponse(int(meta.state), durability)
+        if not self.book.check_end(meta, commit):
+            try:
+                await self.completer.end(meta, commit)
+            except (StorageFullError, StorageFailureError):
+                if meta.state in PREPARE_STATES:
+                    self.book.unanswered[meta.tid] = commit
+                raise
+            self.book.unanswered.pop(meta.tid, None)
+        state = TxnState.COMPLETE_COMMIT if commit else TxnState.COMPLETE_ABORT
+        if meta.state in DONE_STATES and (meta.pid, meta.epoch) == (req.producer_id,
+                                                                   req.producer_epoch):
+            self._bump(meta, "end")  # a new epoch per transaction: fences this one's zombies
+            await self.statelog.save_durable(meta)
+        return m.EndTxnResponse(int(state), durability, meta.pid, meta.epoch)
+
+    def _ended_before(self, req: m.EndTxnRequest, commit: bool) -> TxnMeta | None:
+        """The tid's state if ``req`` retries an END_TXN that ended its transaction with the
+        same outcome and moved it to the epoch after (its answer was lost); else None."""
+        meta = self.book.txns.get(req.transactional_id)
+        want = TxnState.COMPLETE_COMMIT if commit else TxnState.COMPLETE_ABORT
+        if (meta is not None and meta.bumped_by == "end" and meta.pid == req.producer_id
+                and meta.epoch == req.producer_epoch + 1 and meta.state == want
+                and req.action != m.EndTxnAction.STAGE):
+            return meta
+        return None
 
     async def _stage(self, meta: TxnMeta, req: m.EndTxnRequest,
                      durability: Durability) -> m.EndTxnResponse:

@@ -5,8 +5,12 @@ msgpack, keyed by the transactional id (TXN: the *full* state of one tid) or the
 a sink batch committed, with the staged members it decides), so replay needs only the newest
 record per tid. The snapshot (``meta/txn_coordinator``, a checkpoint file) holds every tid's
 record, the sink fences and the log offset it covers; start-up loads it and replays the rest
-(:meth:`StateLog.load`) into a :class:`~.state.TxnBook`. The same records could feed a
-replica's book.
+(:meth:`StateLog.load`) into a :class:`~.state.TxnBook`.
+
+In a cluster (:attr:`StateLog.cluster`) the topic is a replicated cluster topic (created through
+the metadata store, never here), a write counts once the queue's high watermark covers it,
+there is no snapshot, and the coordinator replays the whole queue when it starts leading it
+(:meth:`StateLog.replay_all`; :mod:`.cluster`).
 """
 
 from __future__ import annotations
@@ -21,7 +25,13 @@ import msgpack
 from ferrymq._time import Clock
 from ferrymq.broker.flusher import flush_postponed
 from ferrymq.broker.txn.state import TxnBook, TxnMeta
-from ferrymq.errors import CorruptRecordError, StorageFailureError, StorageFullError
+from ferrymq.errors import (
+    CorruptRecordError,
+    NotCoordinatorError,
+    StorageFailureError,
+    StorageFullError,
+)
+from ferrymq.protocol.coordinator import TXN_TOPIC
 from ferrymq.protocol.messages import TxnState
 from ferrymq.protocol.records import RecordInput, decode_records, encode_batch
 from ferrymq.storage.checkpoint import read_checkpoint, write_checkpoint
@@ -32,8 +42,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ferrymq.broker")
 
-TXN_TOPIC = "%TXN%state"
-"""The coordinator's log: one queue, internal, never fetched by clients."""
 SNAPSHOT_INTERVAL_S = 1.0
 READ_BYTES = 1 << 20
 
@@ -113,6 +121,8 @@ class StateLog:
         self.snap_offset = 0
         self.dirty = False
         self._last_snapshot = 0.0
+        self.cluster = False
+        """A cluster's coordinator: the topic is replicated, writes wait for its HW."""
 
     @property
     def exists(self) -> bool:
@@ -124,6 +134,8 @@ class StateLog:
         """``%TXN%state``'s one queue (created on first use)."""
         topic = self.topics.topics.get(TXN_TOPIC)
         if topic is None:
+            if self.cluster:
+                raise NotCoordinatorError(f"{TXN_TOPIC} does not exist yet; retry")
             topic = self.topics.create(TXN_TOPIC, 1, {}, self.clock.wall_ms(), internal_ok=True)
         return topic.queues[0]
 
@@ -164,21 +176,36 @@ class StateLog:
         except OSError as exc:
             raise self.flusher.write_error(exc, f"{what} to {qs}") from None
         self.flusher.mark_dirty(qs)
-        if not self.sync:
+        if not self.sync or qs.replica is not None:  # a replica role wakes its followers
             qs.advance(qs.log.end_offset)
         return res.last_offset + 1
 
     async def durable(self, qs: QueueState, end: int) -> None:
-        """Wait until ``qs`` is durable up to ``end`` (sync flush mode; async: written).
+        """Wait until ``qs`` is durable up to ``end`` (sync flush mode; async: written; a
+        cluster's replicated queue: until its high watermark covers ``end``).
 
         Raises:
             StorageFullError: not fsynced for lack of space (retriable).
             StorageFailureError: the fsync failed otherwise.
             BusyError: postponed for lack of descriptors.
+            NotLeaderError, NotEnoughReplicasError, RequestTimedOutError: a cluster's queue
+                not replicated.
         """
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        rep = qs.replica
+        if rep is not None:
+            def acked(exc: BaseException | None) -> None:
+                if not fut.done():
+                    if exc is None:
+                        fut.set_result(None)
+                    else:
+                        fut.set_exception(exc)
+
+            rep.wait_acks(end, 0, acked)
+            await fut
+            return
         if not self.sync:
             return
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
         def done(exc: BaseException | None) -> None:
             if fut.done():
@@ -202,6 +229,11 @@ class StateLog:
         await self.durable(self.queue, self.save(meta))
 
     # -- start-up ----------------------------------------------------------------------------------
+
+    def replay_all(self, book: TxnBook) -> None:
+        """Fill ``book`` (empty) from the whole log (a cluster's new coordinator)."""
+        if self.exists:
+            self._replay(book, self.queue.log.start_offset)
 
     def load(self, book: TxnBook) -> None:
         """Fill ``book`` from the snapshot and the records after it."""
@@ -260,7 +292,7 @@ class StateLog:
     def snapshot(self, book: TxnBook, *, force: bool = False) -> None:
         """Write the snapshot if anything changed (at most about once a second) and no
         completion is in flight (its PrepareX must be replayed from the log)."""
-        if not self.dirty or not self.exists:
+        if not self.dirty or not self.exists or self.cluster:
             return
         now = self.clock.monotonic()
         if not force and now - self._last_snapshot < SNAPSHOT_INTERVAL_S:
@@ -284,4 +316,5 @@ class StateLog:
         if not self.exists:
             return {}
         qs = self.queue
-        return {(qs.topic_id, qs.queue): self.snap_offset}
+        # a cluster's coordinator replays the whole log (not compacted yet): keep all of it
+        return {(qs.topic_id, qs.queue): 0 if self.cluster else self.snap_offset}

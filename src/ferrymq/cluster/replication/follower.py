@@ -108,6 +108,26 @@ class PeerLogin:
     """The TLS context of the connections; None: plain TCP."""
 
 
+async def connect_peer(addr: tuple[str, int], login: PeerLogin, client_id: str,
+                       timeout_s: float) -> Transport:
+    """A connection to another broker of the cluster, logged in as ``login`` says.
+
+    Raises:
+        ConnectionClosedError, FerryMQTimeoutError, OSError: not reached.
+        BrokerError: the login was refused.
+    """
+    t = await Transport.connect(addr[0], addr[1], timeout_s, login.tls)
+    try:
+        hs = ClientHandshake(client_id, __version__, login.auth,
+                             login.auth and secrets.token_bytes(NONCE_BYTES))
+        while (req := hs.next_request()) is not None:
+            hs.receive(await t.request(req, req.RESPONSE, timeout_s))
+    except BaseException:
+        t.close()
+        raise
+    return t
+
+
 class FollowerHost(Protocol):
     """What a :class:`Fetcher` needs of the replica manager."""
 
@@ -283,18 +303,9 @@ class Fetcher:
         addr = self.host.address_of(self.leader)
         if addr is None:
             return None
-        timeout = self.host.connect_timeout_s
-        login = self.host.peer_login
-        t = await Transport.connect(addr[0], addr[1], timeout, login.tls)
-        try:
-            hs = ClientHandshake(f"ferrymq-replica-{self.host.broker_id}", __version__,
-                                 login.auth, login.auth and secrets.token_bytes(NONCE_BYTES))
-            while (req := hs.next_request()) is not None:
-                hs.receive(await t.request(req, req.RESPONSE, timeout))
-        except BaseException:
-            t.close()
-            raise
-        return t
+        return await connect_peer(addr, self.host.peer_login,
+                                  f"ferrymq-replica-{self.host.broker_id}",
+                                  self.host.connect_timeout_s)
 
     async def _rest(self, seconds: float) -> None:
         """Sleep, or less if the queues change."""

@@ -85,6 +85,8 @@ class ApiKey(enum.IntEnum):
     ELECT_PREFERRED_LEADERS = 53
     DRAIN_BROKER = 54
     REASSIGN_QUEUE = 55
+    TXN_ADD_QUEUE = 64
+    TXN_MARKERS = 65
 
 
 # --- schema ---------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from ferrymq.protocol.messages.consumer_groups import CommitOffsetsResponse
 from ferrymq.protocol.messages.schema import (
+    BOOL,
     INT,
     STR,
     ApiKey,
@@ -65,11 +66,15 @@ class InitTxnRequest(Request):
 
 @dataclass(frozen=True, slots=True)
 class EndTxnResponse(Body):
-    """The transaction's state after the call (:class:`TxnState`) and how durable it is."""
+    """The transaction's state after the call (:class:`TxnState`) and how durable it is.
+    After a commit or abort, the producer id and epoch the producer's next transaction uses
+    (KIP-890: a new epoch per transaction; -1: unchanged, as from an older broker)."""
 
     state: int
     durability: int
-    SCHEMA = (INT, INT)
+    producer_id: int = -1
+    producer_epoch: int = -1
+    SCHEMA = (INT, INT, INT, INT)
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,3 +182,56 @@ class DescribeTxnsRequest(Request):
     API_KEY = ApiKey.DESCRIBE_TXNS
     RESPONSE = DescribeTxnsResponse
     SCHEMA = (STR, STR)
+
+
+@dataclass(frozen=True, slots=True)
+class TxnAddQueueResponse(Body):
+    """Empty: the queue is registered with the open transaction (errors come as error codes)."""
+
+    SCHEMA = ()
+
+
+@dataclass(frozen=True, slots=True)
+class TxnAddQueueRequest(Request):
+    """Between brokers of a cluster (KIP-890's verification): a queue's leader asks the
+    transaction coordinator to register ``topic``/``queue`` with the open transaction of
+    producer ``producer_id`` at ``producer_epoch`` (beginning it if needed) before it appends
+    that producer's first transactional batch there. Refused (PRODUCER_FENCED, ...) for a
+    zombie; answered once the registration is replicated."""
+
+    producer_id: int
+    producer_epoch: int
+    topic: str
+    queue: int
+    API_KEY = ApiKey.TXN_ADD_QUEUE
+    RESPONSE = TxnAddQueueResponse
+    SCHEMA = (INT, INT, STR, INT)
+
+
+TxnMarkerResult = tuple[str, int, int, str]
+"""(topic, queue, error code, error message)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TxnMarkersResponse(Body):
+    """Per queue: written (or nothing to write) and replicated, or an error."""
+
+    results: list[TxnMarkerResult]
+    SCHEMA = (lst(tup(STR, INT, INT, STR)),)
+
+
+@dataclass(frozen=True, slots=True)
+class TxnMarkersRequest(Request):
+    """Between brokers of a cluster: the transaction coordinator asks a queue's leader to end
+    producer ``producer_id``'s transaction on ``queues`` with a COMMIT (``commit``) or ABORT
+    marker at ``producer_epoch`` (none where it is not open), answered once replicated."""
+
+    producer_id: int
+    producer_epoch: int
+    commit: bool
+    transactional_id: str
+    coordinator_offset: int
+    queues: list[tuple[str, int]]
+    API_KEY = ApiKey.TXN_MARKERS
+    RESPONSE = TxnMarkersResponse
+    SCHEMA = (INT, INT, BOOL, STR, INT, lst(tup(STR, INT)))
