@@ -75,3 +75,13 @@ def test_failover_of_the_commit_service_kills_the_groups_coordinator() -> None:
     assert kill["new_leader"] != kill["victim"]
     assert kill["victim"] not in kill["isr_after_kill"]
     assert 0 < res["unavailable_p50_s"] == res["unavailable_max_s"] < 30
+
+
+def test_failover_of_the_txn_service_kills_the_transaction_coordinator() -> None:
+    (res,) = _bench("failover", "--service", "txn", "--kills", "1", "--rate", "20",
+                    "--lease-ms", "2000")
+    assert res["service"] == "txn" and res["kills"] == 1 and res["succeeded"] > 0
+    (kill,) = res["kills_detail"]
+    assert kill["new_leader"] != kill["victim"]
+    assert kill["victim"] not in kill["isr_after_kill"]
+    assert 0 < res["unavailable_p50_s"] == res["unavailable_max_s"] < 30

@@ -19,8 +19,10 @@ replicas), ``commit`` (a pull consumer's offset commits of a growing offset: onl
 their path) and ``delayed``
 (delayed delivery: an operation waits for a delayed message whose copy was stored after it
 began, which after a kill only the queue's new leader stores; :class:`DelayedService` also
-reports the acknowledged delayed messages lost or delivered twice). More register themselves in
-:data:`SERVICES`.
+reports the acknowledged delayed messages lost or delivered twice), and ``txn`` (a
+transactional producer's one-message transactions into a three-queue topic: begin, send,
+commit; the owner is the transaction coordinator, the leader of ``%TXN%state``). More register
+themselves in :data:`SERVICES`.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from ferrymq.client.admin import AsyncAdminClient
 from ferrymq.client.consumer import AsyncPullConsumer
 from ferrymq.client.message import Message
 from ferrymq.client.producer import AsyncProducer
-from ferrymq.protocol.coordinator import OFFSETS_TOPIC, coordinator_queue
+from ferrymq.protocol.coordinator import OFFSETS_TOPIC, TXN_TOPIC, coordinator_queue
 from ferrymq.protocol.schedule import SCHEDULED_ID
 
 __all__ = ["SERVICES", "FailoverService", "describe_cluster", "queue_state", "run_service_failover",
@@ -289,10 +291,57 @@ class DelayedService:
                 "delayed_twice": len(twice), "delayed_twice_examples": twice[:5]}
 
 
+@dataclass
+class TxnService:
+    """One-message transactions (begin, send, commit) of a transactional producer into a
+    three-queue topic: the commit reaches the transaction coordinator, the leader of
+    ``%TXN%state``, and the markers every touched queue's leader."""
+
+    size: int = 100
+    name: str = "txn"
+    parallel: bool = False
+    topic: str = ""
+    producer: AsyncProducer | None = None
+    n: int = 0
+
+    async def start(self, bootstrap: str, resume_timeout_s: float) -> None:
+        self.topic = await _create_topic(bootstrap, 3, prefix="bench-txn", replication=RF3)
+        self.producer = AsyncProducer(bootstrap, client_id="ferrymq-bench-txn-failover",
+                                      transactional_id=f"bench-txn-{os.getpid()}", linger_ms=0,
+                                      request_timeout_s=resume_timeout_s,
+                                      delivery_timeout_s=resume_timeout_s)
+        await self.producer.start()  # INIT_TXN: %TXN%state exists from here on
+        await self.operate()
+
+    def owner(self) -> tuple[str, int]:
+        return TXN_TOPIC, 0
+
+    async def operate(self) -> None:
+        p = self.producer
+        assert p is not None
+        self.n += 1
+        await p.begin()
+        try:
+            await p.send(Message(self.topic, os.urandom(self.size), sharding_key=str(self.n)))
+            await p.commit()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await p.abort()
+            raise
+
+    async def close(self) -> None:
+        if self.producer is not None:
+            await self.producer.close()
+
+    def figures(self) -> dict[str, Any]:
+        return {}
+
+
 SERVICES: dict[str, Callable[[int], FailoverService]] = {
     "produce": lambda size: ProduceService(size=size),
     "commit": lambda size: CommitService(),
     "delayed": lambda size: DelayedService(),
+    "txn": lambda size: TxnService(size=size),
 }
 """The services :func:`run_service_failover` knows, by name (called with the message size)."""
 

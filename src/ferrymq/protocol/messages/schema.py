@@ -79,14 +79,14 @@ class ApiKey(enum.IntEnum):
     COMMIT_STAGED = 46
     ABORT_STAGED = 47
     DESCRIBE_TXNS = 48
+    TXN_ADD_QUEUE = 49
     CLUSTER_METADATA = 50
     REPLICA_FETCH = 51
     OFFSET_FOR_EPOCH = 52
     ELECT_PREFERRED_LEADERS = 53
     DRAIN_BROKER = 54
     REASSIGN_QUEUE = 55
-    TXN_ADD_QUEUE = 64
-    TXN_MARKERS = 65
+    TXN_MARKERS = 64
 
 
 # --- schema ---------------------------------------------------------------------------------
