@@ -21,13 +21,14 @@ from pathlib import Path
 
 import pytest
 
+from ferrymq._faults import Faults
 from ferrymq.broker.txn import TXN_TOPIC
 from ferrymq.client import AdminClient, Message, Producer, PullConsumer
 from ferrymq.client.partitioner import queue_for_key
 from ferrymq.errors import FerryMQError, ProducerFencedError, TxnUsageError
 from ferrymq.testing import ClusterProcess
 from tests.cluster.conftest import needs_etcd
-from tests.cluster.test_cluster_etcd import FAST, describe
+from tests.cluster.test_cluster_etcd import FAST, describe, wait_until
 
 pytestmark = [pytest.mark.integration, needs_etcd]
 
@@ -179,3 +180,36 @@ def _check_zombie_fenced(c: ClusterProcess) -> None:
 def _alive(c: ClusterProcess) -> set[int]:
     return {i for i, b in c.brokers.items() if b.proc is not None and b.proc.poll() is None}
 
+
+
+@pytest.mark.timeout(150)
+def test_a_commit_decided_before_the_coordinator_dies_stands(tmp_path: Path) -> None:
+    """The coordinator dies (SIGKILL at the crash point right after its PrepareCommit is
+    replicated) before any marker is written: the next coordinator finishes the commit, the
+    producer's retried commit succeeds there, and every queue shows the transaction."""
+    with ClusterProcess(3, tmp_path / "c", cluster="txn", env=FAST) as c:
+        c.brokers[1].faults = Faults(crash_at="txn.prepare_durable")
+        c.kill9(1)
+        c.restart(1)  # the one broker that dies at the decision
+        with AdminClient(c.bootstrap) as admin:
+            admin.create_topic("out", QUEUES, replicas=3, min_insync=2)
+        key = {queue_for_key(str(i), QUEUES): str(i) for i in range(100)}
+        with Producer(c.bootstrap, transactional_id="decided", request_timeout_s=30,
+                      delivery_timeout_s=60) as tp:
+            with AdminClient(c.bootstrap) as admin:  # broker 1 coordinates
+                wait_until(lambda: len(describe(c)[(TXN_TOPIC, 0)][1]) == 3,
+                           "%TXN%state in sync on all three brokers")
+                admin.reassign_queue(TXN_TOPIC, 0, [1, 2, 3])
+                wait_until(lambda: _moved_to_1(admin), "broker 1 leading %TXN%state")
+            tp.begin()
+            for q in range(QUEUES):
+                tp.send(Message("out", f"d{q}".encode(), sharding_key=key[q]))
+            tp.commit()  # broker 1 decides, dies; the next coordinator finishes it
+        wait_until(lambda: not c.brokers[1].running(), "broker 1 dead at its crash point")
+        committed = _read_all(c.bootstrap, "read_committed", expect=QUEUES)
+        assert sorted(committed) == [b"d0", b"d1", b"d2"]
+
+
+def _moved_to_1(admin: AdminClient) -> bool:
+    admin.elect_preferred_leaders([TXN_TOPIC])
+    return any(q.topic == TXN_TOPIC and q.leader == 1 for q in admin.cluster_describe().queues)
