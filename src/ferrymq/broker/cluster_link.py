@@ -7,9 +7,11 @@ Only a broker started with ``--metadata`` has a :class:`ClusterLink`. It owns th
 questions: who leads a queue, creating and deleting topics through the metadata store, the
 CLUSTER_METADATA answer. Consumer groups are coordinated by the leaders of ``%GROUPS%offsets``
 (:mod:`ferrymq.broker.cluster_groups`), transactions by the leader of ``%TXN%state``
-(:mod:`ferrymq.broker.txn.cluster`); :attr:`ClusterLink.groups` and :attr:`ClusterLink.txn` hear
-of this broker's roles for those topics. A queue this broker starts leading gets its open
-transactions from its copy's producer state (its LSO holds at them until their markers).
+(:mod:`ferrymq.broker.txn.cluster`), half messages by the leader of ``%HALF%transactions``
+(:mod:`ferrymq.broker.half_messages.cluster`); :attr:`ClusterLink.groups`, :attr:`ClusterLink.txn`
+and :attr:`ClusterLink.halves` hear of this broker's roles for those topics. A queue this
+broker starts leading gets its open transactions from its copy's producer state (its LSO holds
+at them until their markers).
 
 Every broker of a cluster holds every cluster topic with all its queues (the queues it does not
 replicate stay empty and refuse produce and fetch with NOT_LEADER), so the topic registry and
@@ -24,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from ferrymq.broker.cluster_groups import ClusterGroups
 from ferrymq.broker.cluster_users import ClusterUsers
+from ferrymq.broker.half_messages.cluster import HalfCluster
 from ferrymq.broker.tls import peer_context
 from ferrymq.broker.topics import CLUSTER_TOPIC_ID_BASE, INTERNAL_PREFIX
 from ferrymq.broker.txn.cluster import TxnCluster
@@ -46,6 +49,7 @@ from ferrymq.errors import (
 from ferrymq.protocol import messages as m
 from ferrymq.protocol.codes import ErrorCode
 from ferrymq.protocol.coordinator import OFFSETS_TOPIC, TXN_TOPIC
+from ferrymq.protocol.half_messages import HALF_TOPIC
 
 if TYPE_CHECKING:
     from ferrymq.broker.config import BrokerConfig
@@ -86,6 +90,8 @@ class ClusterLink:
         self.groups = ClusterGroups(self)
         self.txn = TxnCluster(self)
         """Transactions, when this broker coordinates them (:mod:`ferrymq.broker.txn.cluster`)."""
+        self.halves = HalfCluster(self)
+        """Half messages, when this broker owns them (:mod:`ferrymq.broker.half_messages.cluster`)."""
         self.users = ClusterUsers(server, self.node)
         """The cluster's users, mirrored into this broker's users file
         (:mod:`ferrymq.broker.cluster_users`)."""
@@ -188,6 +194,8 @@ class ClusterLink:
             self.groups.on_role(queue, new.role == "leader", not same_epoch)
         elif topic == TXN_TOPIC:
             self.txn.on_role(new.role == "leader", not same_epoch)
+        elif topic == HALF_TOPIC:
+            self.halves.on_role(new.role == "leader", not same_epoch)
 
     def _on_fence(self, fenced: bool) -> None:
         if self.replicas is not None:

@@ -18,6 +18,10 @@ first check comes ``check_after`` seconds after the half message was stored, the
 ``check_interval``, at most ``max_checks`` times; then the broker rolls it back. A checker that
 raises counts as UNKNOWN. Synchronous checkers run in a worker thread.
 
+On a cluster the half messages are owned by the leader of the half topic: the requests go there
+(:class:`~ferrymq.client._coordinator.CoordinatorRoute`, following it on NOT_COORDINATOR or a
+lost connection), and the check-back poll moves to the new owner after a failover.
+
 Tracing (:mod:`ferrymq.tracing`): the prepare is the message's ``send <topic>`` span; its W3C
 ``traceparent`` goes into the half message's properties, which the committed message keeps, so
 its consumers continue the producer's trace.
@@ -35,6 +39,8 @@ from typing import Any
 
 from ferrymq import _deprecated, tracing
 from ferrymq._time import SYSTEM_CLOCK, Clock
+from ferrymq.client._cluster import Cluster
+from ferrymq.client._coordinator import CoordinatorRoute
 from ferrymq.client._session import Auth, Session, TLSOption
 from ferrymq.client.message import (
     DURABILITY_BY_WIRE,
@@ -53,7 +59,7 @@ from ferrymq.errors import (
     UnknownQueueError,
 )
 from ferrymq.protocol import messages as m
-from ferrymq.protocol.half_messages import COMMITTED, HALF_ID, PREPARED
+from ferrymq.protocol.half_messages import COMMITTED, HALF_ID, HALF_TOPIC, PREPARED
 from ferrymq.protocol.messages import HalfState
 from ferrymq.protocol.records import (
     ATTR_SCHEDULED,
@@ -179,6 +185,8 @@ class AsyncHalfMessageProducer:
                                 connect_timeout_s=connect_timeout_s,
                                 reconnect_timeout_s=reconnect_timeout_s,
                                 auth=auth, tls=tls)
+        self._owner = CoordinatorRoute(Cluster(self._session), group, HALF_TOPIC)
+        """Where half-message requests go (on a cluster: the leader of the half topic)."""
         self._request_timeout_s = request_timeout_s
         self._selector = queue_selector
         self._auto_create = auto_create_topics
@@ -247,7 +255,7 @@ class AsyncHalfMessageProducer:
             raise InvalidRequestError(str(exc)) from None
         scheduled = msg._due is not None and msg.scheduled_delay_ms(now) is not None
         batch = bytes(encode_batch([rec], attributes=ATTR_SCHEDULED if scheduled else 0))
-        resp = await self._session.request(
+        resp = await self._owner.request(
             m.PrepareHalfRequest(self.group, self.client_id, msg.topic, q, batch,
                                  self._check_after_ms, self._check_interval_ms, self._max_checks),
             m.PrepareHalfResponse, retry=False)
@@ -261,7 +269,7 @@ class AsyncHalfMessageProducer:
             UnknownHalfMessageError: no such half message in this group.
             HalfMessageResolvedError: it was already resolved the other way.
         """
-        resp = await self._session.request(
+        resp = await self._owner.request(
             m.EndHalfRequest(self.group, half_id, int(state), from_check, reason),
             m.EndHalfResponse)
         result = None
@@ -312,7 +320,7 @@ class AsyncHalfMessageProducer:
         wait_ms = round(self._poll_wait_s * 1000)
         while not self._closed:
             try:
-                resp = await self._session.request(
+                resp = await self._owner.request(
                     m.HalfCheckPollRequest(self.group, self.client_id, wait_ms, 100),
                     m.HalfCheckPollResponse, timeout_s=self._poll_wait_s + self._request_timeout_s)
             except FerryMQError as exc:

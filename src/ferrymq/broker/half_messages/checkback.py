@@ -99,6 +99,10 @@ class Pollers:
     def stop(self) -> None:
         """Answer every waiting poll now, and every later one at once (shutdown)."""
         self.closed = True
+        self.release()
+
+    def release(self) -> None:
+        """Answer every waiting poll now (a cluster's owner that stops owning)."""
         for pollers in self._by_group.values():
             for p in pollers:
                 answer(p)

@@ -4,6 +4,8 @@ Half messages and their op records are appended to the half topic's one queue (c
 use: a broker that never saw a half message lists no half topic). The *floor* checkpoint
 (``<data-dir>/transactions/floor``) says where a start reads it from: below it every half
 message is resolved. This module does the I/O; what the records mean is :mod:`.state`'s.
+In a cluster (:attr:`HalfLog.cluster`) the half topic is a replicated cluster topic, created
+through the metadata store (:mod:`.cluster`), never here, and written only by its leader.
 """
 
 from __future__ import annotations
@@ -17,7 +19,13 @@ from typing import TYPE_CHECKING
 from ferrymq._time import Clock
 from ferrymq.broker.delivery.letters import StoredRecord, stored_record
 from ferrymq.broker.half_messages.state import Outcome, outcome_of
-from ferrymq.errors import BrokerError, CorruptRecordError, InvalidRequestError, LogClosedError
+from ferrymq.errors import (
+    BrokerError,
+    CorruptRecordError,
+    InvalidRequestError,
+    LogClosedError,
+    NotCoordinatorError,
+)
 from ferrymq.protocol.half_messages import (
     HALF_GROUP,
     HALF_OFFSET,
@@ -67,6 +75,8 @@ class HalfLog:
         self.clock = clock
         self.sync = sync
         self.dir = data_dir / "transactions"
+        self.cluster = False
+        """A cluster's: the topic is replicated; appends wake the followers."""
 
     @property
     def exists(self) -> bool:
@@ -78,6 +88,8 @@ class HalfLog:
         """The half topic's one queue (created on first use)."""
         topic = self.topics.topics.get(HALF_TOPIC)
         if topic is None:
+            if self.cluster:
+                raise NotCoordinatorError(f"{HALF_TOPIC} does not exist yet; retry")
             topic = self.topics.create(HALF_TOPIC, 1, {}, self.clock.wall_ms(), internal_ok=True)
         return topic.queues[0]
 
@@ -112,6 +124,7 @@ class HalfLog:
             StorageFullError, StorageFailureError, BusyError: the queue cannot be written.
         """
         qs = self.queue
+        qs.check_own_write()
         self.flusher.check_writable(qs)
         try:
             return qs.log.append(batch, now_ms=now)
@@ -122,6 +135,11 @@ class HalfLog:
         """Append one op record; False when it could not be written."""
         qs = self.queue
         if qs in self.flusher.failed or qs in self.flusher.full:
+            return False
+        try:
+            qs.check_own_write()
+        except BrokerError as exc:
+            log.warning("half messages: cannot write an op record to %s: %s", qs, exc)
             return False
         try:
             qs.log.append(encode_batch([RecordInput(b"", now, properties=encode_properties(props))]),
@@ -139,7 +157,7 @@ class HalfLog:
     def written(self, qs: QueueState) -> None:
         """``qs`` was appended to: the flusher fsyncs it; async mode shows it at once."""
         self.flusher.mark_dirty(qs)
-        if not self.sync:
+        if not self.sync or qs.replica is not None:  # a replica role wakes its followers
             qs.advance(qs.log.end_offset)
 
     def write_error(self, exc: OSError) -> BrokerError:

@@ -3,7 +3,8 @@
 It drives :class:`~.state.HalfBook` (which decides) over :class:`~.halflog.HalfLog` (which
 writes and reads the half topic) and :class:`~.checkback.Pollers` (which holds the producers'
 long polls). The package docstring (:mod:`ferrymq.broker.half_messages`) has the theory of
-operation.
+operation; in a cluster :mod:`.cluster` is attached (:meth:`HalfMessageManager.attach`) and says
+what changes.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from ferrymq._time import Clock
 from ferrymq.broker.flusher import flush_postponed
@@ -31,6 +32,7 @@ from ferrymq.errors import (
     HalfMessageResolvedError,
     InvalidRequestError,
     LogClosedError,
+    NotCoordinatorError,
     StorageFailureError,
     StorageFullError,
     UnknownHalfMessageError,
@@ -71,6 +73,7 @@ from ferrymq.protocol.schedule import DELAY, DELIVER_AT
 if TYPE_CHECKING:
     from ferrymq.broker.config import BrokerConfig
     from ferrymq.broker.flusher import Flusher
+    from ferrymq.broker.half_messages.cluster import HalfCluster
     from ferrymq.broker.scheduler import Scheduler
     from ferrymq.broker.topics import QueueState, TopicRegistry
 
@@ -81,6 +84,7 @@ TICK_S = 0.05
 CHECKPOINT_INTERVAL_S = 1.0
 """How often the floor checkpoint is rewritten (when it moved)."""
 
+R = TypeVar("R", m.PrepareHalfResponse, m.EndHalfResponse)
 _ANSWERS = {HalfState.COMMIT: HalfEvent.COMMIT,
             HalfState.ROLLBACK: HalfEvent.ROLLBACK,
             HalfState.UNKNOWN: HalfEvent.UNKNOWN}
@@ -111,6 +115,15 @@ class HalfMessageManager:
         """Op records not written for lack of space (half offset -> half, properties)."""
         self.committed = 0
         self.rolled_back = 0
+        self.cluster: HalfCluster | None = None
+        """A cluster's part (None: a single broker, which owns every half message)."""
+        self._copies: set[asyncio.Task[None]] = set()
+        """A cluster's committed copies on their way to other brokers."""
+
+    def attach(self, cluster: HalfCluster) -> None:
+        """Own half messages as a broker of a cluster (see :mod:`.cluster`)."""
+        self.cluster = cluster
+        self.halflog.cluster = True
 
     @property
     def pending(self) -> dict[int, PendingHalf]:
@@ -125,13 +138,38 @@ class HalfMessageManager:
         return self.halflog.queue
 
     def load(self) -> None:
-        """Rebuild the pending set from the half topic's log (if there is one)."""
+        """Rebuild the pending set from the half topic's log (if there is one). A cluster's
+        broker has nothing to load: the owner reads the half queue when it starts leading it
+        (:meth:`rebuild`)."""
         self.halflog.dir.mkdir(parents=True, exist_ok=True)
-        if not self.halflog.exists:
+        if not self.halflog.exists or self.config.metadata:
             return
         floor = self.halflog.read_floor()
+        self._read(max(floor, self.half.log.start_offset))
+        self._floor_saved = floor
+
+    def rebuild(self) -> None:
+        """A cluster's new owner: the pending set from the whole half queue (everything known
+        before forgotten)."""
+        self.forget()
+        if self.halflog.exists:
+            self._read(self.half.log.start_offset)
+
+    def forget(self) -> None:
+        """Forget every half message (a cluster's owner that stops owning) and answer the
+        waiting polls."""
+        self.book = HalfBook(self.config.half_max_pending)
+        self._ops_due.clear()
+        for fut in self._ending.values():
+            if not fut.done():
+                fut.set_exception(NotCoordinatorError("this broker stopped owning half "
+                                                      "messages during the commit; retry"))
+        self._ending.clear()
+        self.pollers.release()
+
+    def _read(self, start: int) -> None:
+        """Half records without an op from ``start`` on are pending; the others resolved."""
         qs = self.half
-        start = max(floor, qs.log.start_offset)
         now = self.clock.monotonic()
         wall = self.clock.wall_ms()
         pending = self.book.pending
@@ -155,7 +193,6 @@ class HalfMessageManager:
                 self.book.remember(half_off, outcome_of(h.group, h.topic, h.queue, props,
                                                         append_ms))
         self.book.restore(pending.values())
-        self._floor_saved = floor
         log.info("half messages: read %s from offset %d: %d half messages, %d outcomes, %d "
                  "pending", qs, start, halves, ops, len(pending))
 
@@ -197,7 +234,10 @@ class HalfMessageManager:
             self._floor_saved = floor
 
     def retention_floors(self) -> dict[tuple[int, int], int]:
-        """Retention must keep the half topic from the oldest pending half message."""
+        """Retention must keep the half topic from the oldest pending half message (a cluster's
+        broker that does not own them: all of it, as it may own them next)."""
+        if self.cluster is not None and not self.cluster.leads and self.halflog.exists:
+            return {(self.half.topic_id, 0): 0}
         if not self.book.pending and not self._ops_due:
             return {}
         qs = self.half
@@ -252,6 +292,9 @@ class HalfMessageManager:
                                   self.clock.monotonic() + after / 1000))
         self.halflog.written(qs)
         half_id = encode_msg_id(qs.topic_id, qs.queue, off)
+        if self.cluster is not None:
+            return asyncio.ensure_future(self._replicated(
+                res.last_offset + 1, m.PrepareHalfResponse(half_id, Durability.REPLICATED)))
         if not self.sync:
             return m.PrepareHalfResponse(half_id, Durability.WRITTEN)
         fut: asyncio.Future[m.PrepareHalfResponse] = (
@@ -267,6 +310,19 @@ class HalfMessageManager:
 
         qs.when_durable(res.last_offset + 1, durable)
         return fut
+
+    async def _replicated(self, end: int, answer: R) -> R:
+        """``answer`` once the half queue's high watermark covers ``end`` (a cluster's)."""
+        assert self.cluster is not None
+        await self.cluster.replicated(self.half, end)
+        return answer
+
+    def _answer(self, out: Outcome) -> m.EndHalfResponse | asyncio.Future[m.EndHalfResponse]:
+        """END_HALF's answer for ``out``: in a cluster once its op record is replicated."""
+        if self.cluster is None:
+            return _response(out, self.sync)
+        return asyncio.ensure_future(self._replicated(
+            self.half.log.end_offset, _response(out, self.sync)))
 
     # -- end -------------------------------------------------------------------------------------
 
@@ -295,7 +351,7 @@ class HalfMessageManager:
                 raise HalfMessageResolvedError(
                     f"half message {req.half_id} was already {out.state.lower().replace('_', ' ')}"
                     f" ({out.source}: {out.reason or '-'})")
-            return _response(out, self.sync)
+            return self._answer(out)
         if h.group != req.group:
             raise UnknownHalfMessageError(
                 f"no half message {req.half_id} in producer group {req.group!r}")
@@ -315,8 +371,8 @@ class HalfMessageManager:
             h.last_answer = f"{source} answered UNKNOWN" + (f": {reason}" if reason else "")
             return m.EndHalfResponse(PREPARED, "", h.topic, h.queue, -1, 0)
         if event == HalfEvent.ROLLBACK:
-            return _response(self._rollback(h, source, reason or f"rolled back by the {source}"),
-                             self.sync)
+            return self._answer(self._rollback(h, source,
+                                               reason or f"rolled back by the {source}"))
         return self._commit(h, source, reason)
 
     def _commit(self, h: PendingHalf, source: str, reason: str
@@ -328,7 +384,7 @@ class HalfMessageManager:
             if h.queue >= len(topic.queues):
                 raise InvalidRequestError(f"{h.topic} has no queue {h.queue} any more")
         except (BrokerError, LogClosedError) as exc:
-            return _response(self._rollback(h, "broker", f"cannot commit: {exc}"), self.sync)
+            return self._answer(self._rollback(h, "broker", f"cannot commit: {exc}"))
         qs = topic.queues[h.queue]
         props = committed_properties(rec.properties, half_id)
         scheduled = DELAY in props or DELIVER_AT in props
@@ -336,6 +392,8 @@ class HalfMessageManager:
                                           rec.keys, encode_properties(props))],
                              attributes=ATTR_SCHEDULED if scheduled else 0)
         now = self.clock.wall_ms()
+        if self.cluster is not None and not self.cluster.is_local(qs):
+            return self._commit_remote(h, qs, batch, source, reason)
         qs.check_own_write()  # a cluster's queue led elsewhere: NOT_LEADER, nothing written
         self.flusher.check_writable(qs)
         dues = None
@@ -376,16 +434,71 @@ class HalfMessageManager:
                 out = self._outcome(h.offset)
             else:
                 out = self._write_op(h, OP_COMMIT, source, reason, res.base_offset, copy_id)
-            if not fut.done():
-                if out is None:
-                    fut.set_exception(UnknownHalfMessageError(f"half message {half_id} vanished"))
-                else:
-                    fut.set_result(_response(out, self.sync))
+            self._settle(fut, out, half_id)
 
-        if self.sync:
+        if self.cluster is not None and qs.replica is not None:
+            qs.replica.wait_acks(res.last_offset + 1, 0, copied)
+        elif self.sync:
             qs.when_durable(res.last_offset + 1, copied)
         else:
             copied(None)
+        return fut
+
+    def _settle(self, fut: asyncio.Future[m.EndHalfResponse], out: Outcome | None,
+                half_id: str) -> None:
+        """Answer a commit with its outcome (in a cluster once its op record is replicated)."""
+        if fut.done():
+            return
+        if out is None:
+            fut.set_exception(UnknownHalfMessageError(f"half message {half_id} vanished"))
+            return
+        answer = self._answer(out)
+        if isinstance(answer, m.EndHalfResponse):
+            fut.set_result(answer)
+            return
+
+        def done(a: asyncio.Future[m.EndHalfResponse]) -> None:
+            if fut.done():
+                return
+            if a.exception() is not None:
+                fut.set_exception(a.exception())  # type: ignore[arg-type]
+            else:
+                fut.set_result(a.result())
+
+        answer.add_done_callback(done)
+
+    def _commit_remote(self, h: PendingHalf, qs: QueueState, batch: bytes | bytearray,
+                       source: str, reason: str) -> asyncio.Future[m.EndHalfResponse]:
+        """A cluster's commit into a queue led by another broker: the copy is sent there
+        (``acks="all"``), then the op record written here."""
+        cluster = self.cluster
+        assert cluster is not None
+        half_id = encode_msg_id(self.half.topic_id, 0, h.offset)
+        fut: asyncio.Future[m.EndHalfResponse] = asyncio.get_running_loop().create_future()
+        self.book.step(h, HalfEvent.COMMIT)
+        self._ending[h.offset] = fut
+
+        async def copy() -> None:
+            try:
+                offset = await cluster.produce(qs, batch)
+            except BrokerError as exc:
+                self._ending.pop(h.offset, None)
+                if self.book.get(h.offset) is h:  # pending again: a later commit or check
+                    self.book.step(h, HalfEvent.COPY_LOST)
+                if not fut.done():
+                    fut.set_exception(exc)
+                return
+            self._ending.pop(h.offset, None)
+            if self.book.get(h.offset) is not h:
+                out = self._outcome(h.offset)
+            else:
+                out = self._write_op(h, OP_COMMIT, source, reason, offset,
+                                     encode_msg_id(qs.topic_id, qs.queue, offset))
+            self._settle(fut, out, half_id)
+
+        task = asyncio.get_running_loop().create_task(copy())
+        self._copies.add(task)
+        task.add_done_callback(self._copies.discard)
         return fut
 
     def _rollback(self, h: PendingHalf, source: str, reason: str) -> Outcome:
@@ -433,6 +546,8 @@ class HalfMessageManager:
 
     def tick(self) -> None:
         """Hand out due checks; roll back half messages that ran out of checks."""
+        if self.cluster is not None and not self.cluster.leads:
+            return
         answered: list[Poller] = []
         for h, out_of_checks in self.book.due(self.clock.monotonic()):
             if out_of_checks:

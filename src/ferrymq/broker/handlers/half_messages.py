@@ -1,6 +1,8 @@
 """PREPARE_HALF, END_HALF, HALF_CHECK_POLL: the wire side of
 :mod:`ferrymq.broker.half_messages`; and MESSAGE_STATUS for half ids,
-which it answers itself before handing other ids to the delivery handler."""
+which it answers itself before handing other ids to the delivery handler. In a cluster only
+the owner of half messages (the leader of the half topic) answers the first three
+(:mod:`ferrymq.broker.half_messages.cluster`)."""
 
 from __future__ import annotations
 
@@ -21,8 +23,7 @@ def prepare_half(
     """Store a half message (invisible until committed); refused like a produce while memory
     or disk is past its watermark."""
     srv = conn.server
-    if srv.shutting_down:
-        raise BrokerShuttingDownError("broker is shutting down")
+    _open(conn, req.group)
     srv.watermarks.check_produce()
     try:
         return srv.half_messages.prepare(req)
@@ -35,8 +36,7 @@ def end_half(
     conn: ClientConnection, req: m.EndHalfRequest
 ) -> m.EndHalfResponse | asyncio.Future[m.EndHalfResponse]:
     """Commit or roll back a half message (or report UNKNOWN)."""
-    if conn.server.shutting_down:
-        raise BrokerShuttingDownError("broker is shutting down")
+    _open(conn, req.group)
     return conn.server.half_messages.end(req)
 
 
@@ -44,7 +44,19 @@ def half_check_poll(
     conn: ClientConnection, req: m.HalfCheckPollRequest
 ) -> m.HalfCheckPollResponse | asyncio.Future[m.HalfCheckPollResponse]:
     """Long poll for check-backs of a producer group."""
+    cluster = conn.server.cluster
+    if cluster is not None:
+        cluster.halves.check_owner(f"the half messages of producer group {req.group[:249]!r}")
     return conn.server.half_messages.poll(req)
+
+
+def _open(conn: ClientConnection, group: str) -> None:
+    """Refuse while shutting down, and (in a cluster) unless this broker owns half messages."""
+    if conn.server.shutting_down:
+        raise BrokerShuttingDownError("broker is shutting down")
+    cluster = conn.server.cluster
+    if cluster is not None:
+        cluster.halves.check_owner(f"the half messages of producer group {group[:249]!r}")
 
 
 def message_status(conn: ClientConnection, req: m.MessageStatusRequest) -> m.MessageStatusResponse:
