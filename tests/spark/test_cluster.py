@@ -14,7 +14,7 @@ import pytest
 
 from ferrymq import AdminClient, Message, Producer, PullConsumer
 from ferrymq.errors import UnknownGroupError
-from ferrymq.protocol.coordinator import OFFSETS_TOPIC, coordinator_queue
+from ferrymq.protocol.coordinator import OFFSETS_TOPIC, TXN_TOPIC, coordinator_queue
 from ferrymq.testing import ETCD_INSTALL_HINT, ClusterProcess, etcd_binary
 from tests.spark.helpers import checkpoint
 
@@ -218,15 +218,26 @@ def test_the_driver_s_offset_look_up_waits_while_the_brokers_still_name_a_killed
         cluster.restart(victim)
 
 
-def test_a_transactional_write_is_refused_at_the_start_with_what_to_use(
+def test_a_transactional_write_commits_exactly_once_across_a_coordinator_kill(
         spark: Any, cluster: ClusterProcess) -> None:
+    """``deliveryMode=transactional`` (the default) on a cluster: tasks write to the three
+    leaders and stage, the driver commits at the transaction coordinator; a second write after
+    the coordinator was killed (-9) finds the new one. read_committed sees every row once."""
     replicated_topic(cluster, "stxn")
-    df = spark.sql("SELECT CAST(id AS STRING) AS value FROM range(0, 10)")
-    with pytest.raises(Exception, match="deliveryMode=transactional is not supported on a "
-                       r"cluster yet .*use option deliveryMode=idempotent"):
-        (df.write.format("ferrymq").option("servers", cluster.bootstrap)
+    first = spark.sql("SELECT CONCAT('a', CAST(id AS STRING)) AS value FROM range(0, 300, 1, 3)")
+    (first.write.format("ferrymq").option("servers", cluster.addresses[1])
+     .option("topic", "stxn").mode("append").save())
+    victim = leaders(cluster, TXN_TOPIC)[0]
+    cluster.kill9(victim)
+    try:
+        second = spark.sql("SELECT CONCAT('b', CAST(id AS STRING)) AS value "
+                           "FROM range(0, 300, 1, 3)")
+        (second.write.format("ferrymq").option("servers", cluster.bootstrap)
          .option("topic", "stxn").mode("append").save())
-    assert read_all(cluster, "stxn", 1) == []  # nothing written
+    finally:
+        cluster.restart(victim)
+    got = read_all(cluster, "stxn", 600)
+    assert sorted(got) == sorted([f"a{i}" for i in range(300)] + [f"b{i}" for i in range(300)])
 
 
 def test_a_streaming_idempotent_sink_records_its_batches_with_the_fence_leader(

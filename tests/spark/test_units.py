@@ -338,3 +338,13 @@ def test_a_retry_window_runs_from_the_first_failure_and_ends_with_the_last_error
     window.failed(NotLeaderError("moved"))  # a success closed the run: a new window
     with pytest.raises(LeaderNotAvailableError, match=r"after 0 s .*: no leader"):
         RetryWindow("list offsets", 0).failed(LeaderNotAvailableError("no leader"))
+
+
+def test_the_cluster_refusal_s_old_name_is_a_deprecated_alias() -> None:
+    """``refuse_transactions_on_a_cluster`` (transactions were refused on a cluster before they
+    failed over) still imports, as ``check_brokers``, with a DeprecationWarning."""
+    import ferrymq.spark.sink as sink
+
+    with pytest.warns(DeprecationWarning, match="check_brokers"):
+        old = sink.refuse_transactions_on_a_cluster
+    assert old is sink.check_brokers

@@ -15,7 +15,9 @@ the same security options.
 A consumer group's requests (FETCH_OFFSETS, COMMIT_OFFSETS) go to its coordinator
 (:meth:`Router.group_request`): the bootstrap connection first, as on a single broker; on
 NOT_COORDINATOR or a lost connection, the leader of the group's queue of the offsets topic
-(:mod:`ferrymq.protocol.coordinator`), as the asyncio clients find it.
+(:mod:`ferrymq.protocol.coordinator`), as the asyncio clients find it. Transaction requests
+(INIT_TXN, END_TXN, DESCRIBE_TXNS, COMMIT_STAGED, ABORT_STAGED) go to the transaction
+coordinator the same way (:meth:`Router.txn_request`: the leader of ``%TXN%state``).
 
 Callers refresh (:meth:`Router.refresh`) when an answer says the view is stale
 (:data:`~ferrymq.protocol.leaders.STALE_VIEW_CODES`) or a leader's connection is lost, and send
@@ -51,7 +53,7 @@ from ferrymq.errors import (
     error_for_code,
 )
 from ferrymq.protocol import messages as m
-from ferrymq.protocol.coordinator import OFFSETS_TOPIC, coordinator_queue
+from ferrymq.protocol.coordinator import OFFSETS_TOPIC, TXN_TOPIC, coordinator_queue
 from ferrymq.protocol.leaders import (
     MIN_REFRESH_INTERVAL_S,
     STALE_VIEW_CODES,
@@ -230,6 +232,22 @@ class Router:
             NotCoordinatorError, ConnectionClosedError, FerryMQTimeoutError: still no
                 coordinator answered in time; BrokerError: the coordinator's refusal.
         """
+        return self._coordinator_request(OFFSETS_TOPIC, group, req, resp_type, timeout_s)
+
+    def txn_request(self, req: m.Request, resp_type: type[B], *, timeout_s: float) -> B:
+        """Send ``req`` to the transaction coordinator (the leader of ``%TXN%state``), as
+        :meth:`group_request` does for a group. A request that is not safe to repeat is sent
+        again only after NOT_COORDINATOR (nothing done) or a lost connection (its callers
+        take the second answer for the first: a repeated COMMIT_STAGED is
+        BATCH_ALREADY_COMMITTED, a repeated stage or abort is answered as the first).
+
+        Raises:
+            As :meth:`group_request`.
+        """
+        return self._coordinator_request(TXN_TOPIC, "", req, resp_type, timeout_s)
+
+    def _coordinator_request(self, topic: str, key: str, req: m.Request, resp_type: type[B],
+                             timeout_s: float) -> B:
         deadline = time.monotonic() + timeout_s
         conn = _wire.connection(self.wire)
         while True:
@@ -239,10 +257,10 @@ class Router:
                 if time.monotonic() >= deadline:
                     raise
             time.sleep(0.1)
-            self.refresh_quietly([OFFSETS_TOPIC])
-            n = self.leaders.queue_count(OFFSETS_TOPIC)
+            self.refresh_quietly([topic])
+            n = self.leaders.queue_count(topic)
             try:
-                coordinator = (self.connection(OFFSETS_TOPIC, coordinator_queue(group, n))
+                coordinator = (self.connection(topic, coordinator_queue(key, n))
                                if n else None)
             except (ConnectionClosedError, FerryMQTimeoutError):
                 coordinator = None  # gone: the bootstrap broker, then look again

@@ -11,7 +11,9 @@ transactions, the driver's :func:`commit_staged` commits every handle of a micro
 ``deliveryMode=idempotent`` a streaming sink's driver records each committed micro-batch
 (:func:`record_commit`, one produce to ``SINKS_TOPIC`` keyed :func:`fence_key`), and a task
 asks :func:`batch_committed` before writing. The whole protocol: :mod:`ferrymq.spark.sink` and
-docs/exactly-once.md.
+docs/exactly-once.md. Transaction requests go to the transaction coordinator
+(:meth:`~ferrymq.spark._route.Router.txn_request`): on a cluster the leader of ``%TXN%state``,
+followed through a failover.
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ from pyspark.sql.datasource import WriterCommitMessage
 
 from ferrymq.errors import (
     BatchAlreadyCommittedError,
-    ConfigError,
     TopicAlreadyExistsError,
     error_for_code,
 )
@@ -37,6 +38,9 @@ log = logging.getLogger("ferrymq.spark")
 SINKS_TOPIC = "__ferrymq_spark_sinks"
 """Where streaming sinks record committed micro-batches (keys ``sinkId#batchId``)."""
 PRODUCE_TIMEOUT_MS = 30_000
+TXN_TIMEOUT_S = 60.0
+"""How long a transaction request looks for the transaction coordinator (a cluster's may be
+failing over: seconds)."""
 MAX_SINK_CHARS = 200
 """Longest sink id used as is on the broker (names have at most ``MAX_NAME_CHARS`` = 249
 characters, and the transactional ids add ``#partition.attempt``); longer ones are shortened
@@ -76,7 +80,8 @@ def transactional_id(sink: str, partition_id: int, attempt: int) -> str:
 
 def last_committed_batch(wire: _wire.WireConfig, sink: str) -> int:
     """The last batch id the broker committed for ``sink`` (-1: none)."""
-    resp = _wire.connection(wire).request(m.DescribeTxnsRequest("", sink), m.DescribeTxnsResponse)
+    resp = _route.router(wire).txn_request(m.DescribeTxnsRequest("", sink),
+                                           m.DescribeTxnsResponse, timeout_s=TXN_TIMEOUT_S)
     return max((b for s, b, _at in resp.sinks if s == sink), default=-1)
 
 
@@ -94,8 +99,8 @@ def commit_staged(wire: _wire.WireConfig, sink: str, batch_id: int,
     if not handles:
         return
     try:
-        _wire.connection(wire).request(m.CommitStagedRequest(sink, batch_id, handles),
-                                       m.CommitStagedResponse)
+        _route.router(wire).txn_request(m.CommitStagedRequest(sink, batch_id, handles),
+                                        m.CommitStagedResponse, timeout_s=TXN_TIMEOUT_S)
     except BatchAlreadyCommittedError as exc:
         log.info("sink %s: batch %d was committed before (a replay): %d staged rows dropped (%s)",
                  sink, batch_id, sum(msg.rows for msg in done), exc)
@@ -106,8 +111,8 @@ def commit_staged(wire: _wire.WireConfig, sink: str, batch_id: int,
 
 def abort_staged(wire: _wire.WireConfig, sink: str, batch_id: int) -> int:
     """Abort every staged transaction of (``sink``, ``batch_id``) (never committed data)."""
-    resp = _wire.connection(wire).request(m.AbortStagedRequest(sink, batch_id, []),
-                                          m.AbortStagedResponse)
+    resp = _route.router(wire).txn_request(m.AbortStagedRequest(sink, batch_id, []),
+                                           m.AbortStagedResponse, timeout_s=TXN_TIMEOUT_S)
     return resp.aborted
 
 
@@ -130,21 +135,15 @@ def batch_committed(wire: _wire.WireConfig, sink_id: str, batch_id: int) -> bool
     return bool(resp.messages)
 
 
-def refuse_transactions_on_a_cluster(wire: _wire.WireConfig) -> None:
-    """Fail at the start of a ``deliveryMode=transactional`` write to a cluster, which does
-    not support it yet: a transaction lives on the broker INIT_TXN reached, and the leaders of
-    other queues refuse its batches (docs/cluster.md).
+def check_brokers(wire: _wire.WireConfig) -> None:
+    """Fail at the start of a ``deliveryMode=transactional`` write when no broker answers or
+    the login is refused (a cluster's transaction coordinator is found at the first request).
 
     Raises:
-        ConfigError: the brokers form a cluster.
         ConnectionClosedError: no broker answered.
+        BrokerError: the login was refused.
     """
-    resp = _wire.connection(wire).request(m.ClusterMetadataRequest([]), m.ClusterMetadataResponse)
-    if resp.cluster:
-        raise ConfigError(
-            f"deliveryMode=transactional is not supported on a cluster yet ({wire} is cluster "
-            f"{resp.cluster!r}): a transaction lives on one broker, and the leaders of other "
-            "queues refuse its batches; use option deliveryMode=idempotent (docs/cluster.md)")
+    _wire.connection(wire).request(m.ClusterMetadataRequest([]), m.ClusterMetadataResponse)
 
 
 def ensure_sinks_topic(wire: _wire.WireConfig) -> None:

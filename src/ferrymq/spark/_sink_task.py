@@ -48,6 +48,7 @@ from ferrymq.spark import _route, _wire
 from ferrymq.spark._sink_batches import MAX_BATCH_BYTES, encode_batches, route
 from ferrymq.spark._sink_commit import (
     PRODUCE_TIMEOUT_MS,
+    TXN_TIMEOUT_S,
     SinkCommitMessage,
     batch_committed,
     last_committed_batch,
@@ -132,9 +133,9 @@ class TaskProducer:
         """INIT_TXN: this task's producer id and a new epoch; fences older instances of the id
         and aborts what they left open."""
         assert self.transactional_id is not None
-        r = self.conn.request(
+        r = self.router.txn_request(
             m.InitTxnRequest(self.transactional_id, self.opts.transaction_timeout_ms or 0, -1, -1),
-            m.InitTxnResponse)
+            m.InitTxnResponse, timeout_s=TXN_TIMEOUT_S)
         self.producer_id, self.epoch = r.producer_id, r.producer_epoch
 
     @property
@@ -150,26 +151,28 @@ class TaskProducer:
             return None
         assert self.transactional_id is not None
         handle = (self.transactional_id, self.producer_id, self.epoch)
-        self.conn.request(m.EndTxnRequest(*handle, int(m.EndTxnAction.STAGE), sink, batch_id,
-                                          self.opts.staged_ttl_ms or 0), m.EndTxnResponse)
+        self.router.txn_request(m.EndTxnRequest(*handle, int(m.EndTxnAction.STAGE), sink,
+                                                batch_id, self.opts.staged_ttl_ms or 0),
+                                m.EndTxnResponse, timeout_s=TXN_TIMEOUT_S)
         self.producer_id = NO_PRODUCER_ID
         return handle
 
     def abort_txn(self) -> None:
-        """Abort the open transaction, best effort, on a fresh connection (the cached one may
-        have an answer in flight). A transaction left open (this fails too, or the worker is
-        killed) is aborted by the next INIT_TXN of its id or at its timeout."""
+        """Abort the open transaction, best effort, at the coordinator (the caller closed the
+        connections that may have an answer in flight). A transaction left open (this fails
+        too, or the worker is killed) is aborted by the next INIT_TXN of its id or at its
+        timeout."""
         if not self.in_txn:
             return
         assert self.transactional_id is not None
-        conn = _wire.BlockingConnection(self.opts.wire)
         try:
-            conn.request(m.EndTxnRequest(self.transactional_id, self.producer_id, self.epoch,
-                                         int(m.EndTxnAction.ABORT), "", -1, 0), m.EndTxnResponse)
+            self.router.txn_request(
+                m.EndTxnRequest(self.transactional_id, self.producer_id, self.epoch,
+                                int(m.EndTxnAction.ABORT), "", -1, 0), m.EndTxnResponse,
+                timeout_s=TXN_TIMEOUT_S)
         except (FerryMQError, OSError) as exc:
             log.warning("could not abort transaction %s: %s", self.transactional_id, exc)
         finally:
-            conn.close()
             self.producer_id = NO_PRODUCER_ID
 
     def add(self, rb: pa.RecordBatch) -> None:
@@ -381,10 +384,12 @@ def abort_open_attempts(wire: _wire.WireConfig, sink: str, task: TaskInfo) -> No
     died mid-write), so they stop holding the queues' last stable offset back: INIT_TXN of
     their ids aborts and fences them. Staged ones are left alone (the driver's commit aborts
     those it does not name)."""
-    conn = _wire.connection(wire)
+    router = _route.router(wire)
     for attempt in range(task.attempt):
         tid = transactional_id(sink, task.partition_id, attempt)
-        txns = conn.request(m.DescribeTxnsRequest(tid, ""), m.DescribeTxnsResponse).txns
+        txns = router.txn_request(m.DescribeTxnsRequest(tid, ""), m.DescribeTxnsResponse,
+                                  timeout_s=TXN_TIMEOUT_S).txns
         if any(t[0] == tid and t[3] == m.TxnState.ONGOING for t in txns):
             log.info("aborting the open transaction of failed attempt %s", tid)
-            conn.request(m.InitTxnRequest(tid, 0, -1, -1), m.InitTxnResponse)
+            router.txn_request(m.InitTxnRequest(tid, 0, -1, -1), m.InitTxnResponse,
+                               timeout_s=TXN_TIMEOUT_S)

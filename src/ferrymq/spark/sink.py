@@ -62,6 +62,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from ferrymq import _deprecated
 from ferrymq.errors import ConfigError, ConnectionClosedError
 from ferrymq.spark import _wire
 from ferrymq.spark._sink_batches import MAX_BATCH_BYTES, check_sink_schema, encode_batches, route
@@ -70,16 +71,17 @@ from ferrymq.spark._sink_commit import (
     MAX_SINK_CHARS,
     PRODUCE_TIMEOUT_MS,
     SINKS_TOPIC,
+    TXN_TIMEOUT_S,
     SinkCommitMessage,
     abort_staged,
     batch_committed,
     broker_sink_id,
+    check_brokers,
     commit_staged,
     ensure_sinks_topic,
     fence_key,
     last_committed_batch,
     record_commit,
-    refuse_transactions_on_a_cluster,
     transactional_id,
 )
 from ferrymq.spark._sink_task import (
@@ -96,9 +98,9 @@ from ferrymq.spark.options import SinkOptions
 log = logging.getLogger("ferrymq.spark")
 
 
-def _refuse_transactions_on_a_cluster(wire: _wire.WireConfig) -> None:
+def _check_brokers(wire: _wire.WireConfig) -> None:
     try:
-        refuse_transactions_on_a_cluster(wire)
+        check_brokers(wire)
     except ConnectionClosedError as exc:
         raise ConnectionClosedError(f"{exc} (option 'servers')") from None
 
@@ -113,7 +115,7 @@ class FerryMQBatchWriter(DataSourceArrowWriter):
         check_sink_schema(schema, self.opts)
         self.sink: str | None = None
         if self.opts.delivery_mode == "transactional":
-            _refuse_transactions_on_a_cluster(self.opts.wire)
+            _check_brokers(self.opts.wire)
             self.sink = broker_sink_id(f"{self.opts.sink_id or 'spark-write'}-{uuid.uuid4().hex}")
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommitMessage:
@@ -153,7 +155,7 @@ class FerryMQStreamWriter(DataSourceStreamArrowWriter):
             if mode == "transactional":
                 assert self.opts.sink_id is not None
                 self.sink = broker_sink_id(self.opts.sink_id)
-                refuse_transactions_on_a_cluster(self.opts.wire)  # also fails at start when
+                check_brokers(self.opts.wire)  # fails at start when
                 # the broker is unreachable or refuses the login
             elif mode == "idempotent":
                 self.fence = self.opts.sink_id
@@ -198,6 +200,7 @@ __all__ = [
     "SINKS_TOPIC",
     "FerryMQBatchWriter",
     "FerryMQStreamWriter",
+    "TXN_TIMEOUT_S",
     "SinkCommitMessage",
     "TaskInfo",
     "TaskProducer",
@@ -205,6 +208,7 @@ __all__ = [
     "abort_staged",
     "batch_committed",
     "broker_sink_id",
+    "check_brokers",
     "check_sink_schema",
     "commit_staged",
     "encode_batches",
@@ -212,9 +216,13 @@ __all__ = [
     "fence_key",
     "last_committed_batch",
     "record_commit",
-    "refuse_transactions_on_a_cluster",
     "route",
     "task_info",
     "transactional_id",
     "write_rows",
 ]
+
+__getattr__ = _deprecated.module_getattr(
+    __name__, {"refuse_transactions_on_a_cluster": "check_brokers"})
+"""``refuse_transactions_on_a_cluster`` (before transactions failed over on a cluster: it
+refused them there) is ``check_brokers`` now, with a DeprecationWarning."""
