@@ -15,6 +15,7 @@ instance of its transactional id cannot add a queue led by any broker, nor commi
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -76,7 +77,9 @@ def _run_rpw(c: ClusterProcess, inputs: int, kills: int) -> None:
     attempt = 0
     kill_at = [5, 15][:kills]  # after so many acknowledged commits
     killed: list[int] = []
-    with PullConsumer(c.bootstrap, group=GROUP, auto_offset_reset="earliest") as consumer, \
+    restarts: list[threading.Thread] = []
+    with PullConsumer(c.bootstrap, group=GROUP, auto_offset_reset="earliest",
+                      auto_commit=False) as consumer, \
             Producer(c.bootstrap, transactional_id="rpw", request_timeout_s=30,
                      delivery_timeout_s=60) as tp:
         consumer.assign([("in", q) for q in range(QUEUES)])
@@ -112,11 +115,18 @@ def _run_rpw(c: ClusterProcess, inputs: int, kills: int) -> None:
                 _rewind(consumer)
             if kill_at and len(acked) >= kill_at[0]:
                 kill_at.pop(0)
+                for t in restarts:  # the broker killed before is back (else no ISR of 2)
+                    t.join()
                 coord = describe(c)[(TXN_TOPIC, 0)][0]
                 c.kill9(coord)  # the coordinator, mid-run
                 killed.append(coord)
+                t = threading.Thread(target=c.restart, args=(coord,))  # back for the next kill
+                t.start()
+                restarts.append(t)
         done = sum(consumer.committed().values())
         assert done >= inputs, f"only {done} of {inputs} inputs committed in time"
+    for t in restarts:
+        t.join()
     assert len(killed) == kills
     committed = _read_all(c.bootstrap, "read_committed", expect=inputs)
     everything = _read_all(c.bootstrap, "read_uncommitted", expect=len(committed))
