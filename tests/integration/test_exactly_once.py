@@ -346,3 +346,51 @@ def test_empty_transactions_end_either_way(broker: Broker) -> None:
         p.send_async(Message("t", b"dropped before it was sent"))
         p.abort()
     assert bodies(read_topic(broker.address, "t", 1)) == [b"kept"]
+
+
+def test_each_transaction_ends_at_a_new_epoch(broker: Broker) -> None:
+    """KIP-890: a commit (or abort) moves the transactional id to the next epoch, which the
+    producer uses from then on. END_TXN sent again with the old epoch (its answer was lost) gets
+    the same answer; the opposite outcome at the old epoch, and a batch of the old epoch (a late
+    zombie of the transaction just ended), are fenced."""
+    import asyncio
+
+    from ferrymq.protocol.records import RecordInput, encode_batch
+
+    with AdminClient(broker.address) as a:
+        a.create_topic("t", 1)
+    with Producer(broker.address, transactional_id="per-txn") as p:
+        pid, first = p.producer_id, p._async.producer_epoch
+        p.begin()
+        p.send(Message("t", b"one"))
+        p.commit()
+        assert (p.producer_id, p._async.producer_epoch) == (pid, first + 1)
+        p.begin()
+        p.send(Message("t", b"two"))
+        p.abort()
+        assert p._async.producer_epoch == first + 2
+
+        async def raw() -> None:
+            s = Session(broker.address)
+            try:
+                again = await s.request(m.EndTxnRequest("per-txn", pid, first + 1, int(
+                    m.EndTxnAction.ABORT), "", -1, 0), m.EndTxnResponse, retry=False)
+                assert (again.state, again.producer_epoch) == (int(m.TxnState.COMPLETE_ABORT),
+                                                               first + 2)
+                with pytest.raises(ProducerFencedError):
+                    await s.request(m.EndTxnRequest("per-txn", pid, first + 1, int(
+                        m.EndTxnAction.COMMIT), "", -1, 0), m.EndTxnResponse, retry=False)
+                late = encode_batch([RecordInput(b"late", 0)], producer_id=pid,
+                                    producer_epoch=first, base_sequence=1,
+                                    attributes=ATTR_TRANSACTIONAL)
+                resp = await s.request(m.ProduceRequest(5000, [("t", 0, bytes(late))]),
+                                       m.ProduceResponse, retry=False)
+                assert resp.results[0][2] == ProducerFencedError.code
+            finally:
+                await s.close()
+
+        asyncio.run(raw())
+        p.begin()
+        p.send(Message("t", b"three"))
+        p.commit()
+    assert bodies(read_topic(broker.address, "t", 2)) == [b"one", b"three"]

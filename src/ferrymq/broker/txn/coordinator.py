@@ -398,6 +398,7 @@ class TxnCoordinator:
             done = self._ended_before(req, commit)
             if done is None:
                 raise
+            await self.statelog.save_durable(done)  # the new epoch is answered once durable
             return m.EndTxnResponse(int(done.state), durability, done.pid, done.epoch)
         await self.completer.wait(meta)
         if action == m.EndTxnAction.STAGE:
@@ -414,6 +415,8 @@ class TxnCoordinator:
         if meta.state in DONE_STATES and (meta.pid, meta.epoch) == (req.producer_id,
                                                                    req.producer_epoch):
             self._bump(meta, "end")  # a new epoch per transaction: fences this one's zombies
+            # (if this save fails the producer retries: _ended_before answers the new epoch
+            # once a save of it is durable)
             await self.statelog.save_durable(meta)
         return m.EndTxnResponse(int(state), durability, meta.pid, meta.epoch)
 
