@@ -44,9 +44,7 @@ def half_check_poll(
     conn: ClientConnection, req: m.HalfCheckPollRequest
 ) -> m.HalfCheckPollResponse | asyncio.Future[m.HalfCheckPollResponse]:
     """Long poll for check-backs of a producer group."""
-    cluster = conn.server.cluster
-    if cluster is not None:
-        cluster.halves.check_owner(f"the half messages of producer group {req.group[:249]!r}")
+    _check_owner(conn, req.group)
     return conn.server.half_messages.poll(req)
 
 
@@ -54,6 +52,11 @@ def _open(conn: ClientConnection, group: str) -> None:
     """Refuse while shutting down, and (in a cluster) unless this broker owns half messages."""
     if conn.server.shutting_down:
         raise BrokerShuttingDownError("broker is shutting down")
+    _check_owner(conn, group)
+
+
+def _check_owner(conn: ClientConnection, group: str) -> None:
+    """In a cluster: NOT_COORDINATOR unless this broker owns half messages."""
     cluster = conn.server.cluster
     if cluster is not None:
         cluster.halves.check_owner(f"the half messages of producer group {group[:249]!r}")
