@@ -184,6 +184,40 @@ def test_a_long_poll_is_woken_by_the_append_not_a_timer(tmp_path: Path) -> None:
     run(main)
 
 
+def test_an_append_woken_by_a_fetch_that_moved_the_hw_wakes_that_fetch_s_long_poll(
+        tmp_path: Path) -> None:
+    """The follower's long poll moves the HW when it arrives, which wakes whoever waited for
+    acks (a transaction coordinator, which then appends at once: a marker after its decision);
+    that append must wake the long poll the same request goes on to wait in, not be missed
+    until the poll times out (it was: ~replica_fetch_wait_ms per transaction commit)."""
+    async def main() -> None:
+        async with cluster(tmp_path, 2, flush="async", replica_fetch_wait_ms=20_000) as nodes:
+            leader = nodes[0]
+            assign(nodes, record(1, 1, [1, 2]), min_insync=2)
+            async with connect(leader) as t:
+                await produce(t, 0)
+                await asyncio.sleep(0.2)  # the follower is long-polling
+                qs = leader.qs
+                loop = asyncio.get_running_loop()
+
+                def append(i: int) -> asyncio.Future[BaseException | None]:
+                    res = qs.log.append(batch(i), now_ms=int(time.time() * 1000))
+                    leader.server.flusher.mark_dirty(qs)
+                    qs.advance(qs.log.end_offset)
+                    acked: asyncio.Future[BaseException | None] = loop.create_future()
+                    qs.replica.wait_acks(res.last_offset + 1, 30_000,
+                                         lambda e: acked.done() or acked.set_result(e))
+                    return acked
+
+                assert await append(1) is None  # resumed by the HW move itself (no wait_for:
+                # that would resume this a loop step later, after the poll's task started)
+                started = time.monotonic()
+                assert await asyncio.wait_for(append(2), 10) is None
+                took = time.monotonic() - started
+            assert took < 2.0, f"the append right after the HW moved was acked in {took:.2f} s"
+    run(main)
+
+
 def test_a_caught_up_follower_reports_its_fsync_with_its_next_long_poll(tmp_path: Path) -> None:
     """Sync mode: a follower that copied up to the leader's end sends its next long poll once
     its flush made the copy durable, so the long poll carries the durable offset: one answer per

@@ -19,8 +19,11 @@ and its durable offset. Per entry, in order:
 Nothing to send and a wait asked: one future on each queue's ``fetch_waiters``, woken by the
 next append, or by a newer long poll of the same follower (which supersedes this one: a
 follower has one long poll at a time, so a queue it starts following is fetched at once); then
-it reads once more and answers. A request with ``max_bytes`` 0 is a position report: it reads
-nothing and never waits (the follower sends one when its flush made more of its log durable).
+it reads once more and answers. The future is in place before the handler returns: an append
+made by what the request's positions set off (a waiter of the HW that appends at once, as a
+transaction coordinator writes its markers after its decision) wakes it too. A request with
+``max_bytes`` 0 is a position report: it reads nothing and never waits (the follower sends one
+when its flush made more of its log durable).
 
 OFFSET_FOR_EPOCH: where the asked epoch ends on this leader
 (:meth:`~ferrymq.storage.epochs.LeaderEpochCache.end_offset_for`), for a follower at this
@@ -69,14 +72,17 @@ class ReplicaServer:
             old.set_result(None)  # superseded: it answers now
         if total or not waitable or self.closing:
             return resp
-        return asyncio.ensure_future(self._long_poll(req, waitable))
-
-    async def _long_poll(self, req: m.ReplicaFetchRequest,
-                         waitable: list[LeaderQueue]) -> m.ReplicaFetchResponse:
+        # the waiter is in place before this callback ends: what the positions just reported
+        # set off (acks waiting for the HW, and an append they make at once) runs before the
+        # poll's task would have started, and its wake-up must not be missed
         w: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._polls[req.replica_id] = w
         for lq in waitable:
             lq.fetch_waiters.add(w)
+        return asyncio.ensure_future(self._long_poll(req, waitable, w))
+
+    async def _long_poll(self, req: m.ReplicaFetchRequest, waitable: list[LeaderQueue],
+                         w: asyncio.Future[None]) -> m.ReplicaFetchResponse:
         try:
             await asyncio.wait_for(w, min(req.max_wait_ms, self.max_wait_ms) / 1000)
         except TimeoutError:
