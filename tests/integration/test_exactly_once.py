@@ -374,12 +374,14 @@ def test_each_transaction_ends_at_a_new_epoch(broker: Broker) -> None:
             s = Session(broker.address)
             try:
                 again = await s.request(m.EndTxnRequest("per-txn", pid, first + 1, int(
-                    m.EndTxnAction.ABORT), "", -1, 0), m.EndTxnResponse, retry=False)
+                    m.EndTxnAction.ABORT), "", -1, 0, new_epoch=True), m.EndTxnResponse,
+                    retry=False)
                 assert (again.state, again.producer_epoch) == (int(m.TxnState.COMPLETE_ABORT),
                                                                first + 2)
                 with pytest.raises(ProducerFencedError):
                     await s.request(m.EndTxnRequest("per-txn", pid, first + 1, int(
-                        m.EndTxnAction.COMMIT), "", -1, 0), m.EndTxnResponse, retry=False)
+                        m.EndTxnAction.COMMIT), "", -1, 0, new_epoch=True), m.EndTxnResponse,
+                        retry=False)
                 late = encode_batch([RecordInput(b"late", 0)], producer_id=pid,
                                     producer_epoch=first, base_sequence=1,
                                     attributes=ATTR_TRANSACTIONAL)
@@ -394,3 +396,4 @@ def test_each_transaction_ends_at_a_new_epoch(broker: Broker) -> None:
         p.send(Message("t", b"three"))
         p.commit()
     assert bodies(read_topic(broker.address, "t", 2)) == [b"one", b"three"]
+

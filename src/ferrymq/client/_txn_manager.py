@@ -180,7 +180,7 @@ class TxnManager:
                    ttl_ms: int = 0) -> None:
         sender = self._sender
         req = m.EndTxnRequest(self.transactional_id, sender.producer_id, sender.producer_epoch,
-                              int(action), sink_id, batch_id, ttl_ms)
+                              int(action), sink_id, batch_id, ttl_ms, new_epoch=True)
         resp = await self._fenced_guard(self._session.request(req, m.EndTxnResponse))
         if resp.producer_id >= 0 and (resp.producer_id, resp.producer_epoch) != (
                 sender.producer_id, sender.producer_epoch):

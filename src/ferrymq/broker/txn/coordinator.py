@@ -383,9 +383,10 @@ class TxnCoordinator:
     # -- END_TXN -----------------------------------------------------------------------------
 
     async def end(self, req: m.EndTxnRequest) -> m.EndTxnResponse:
-        """Commit, abort or stage the open transaction. A commit or abort moves the
-        transactional id to a new epoch (KIP-890), answered for the producer's next
-        transaction; a retry whose first answer was lost gets the same answer."""
+        """Commit, abort or stage the open transaction. A commit or abort asked with
+        ``new_epoch`` moves the transactional id to a new epoch (KIP-890), answered for the
+        producer's next transaction; a retry whose first answer was lost gets the same answer.
+        Without it (an older client, a Kafka client) the epoch stays."""
         try:
             action = m.EndTxnAction(req.action)
         except ValueError:
@@ -412,8 +413,8 @@ class TxnCoordinator:
                 raise
             self.book.unanswered.pop(meta.tid, None)
         state = TxnState.COMPLETE_COMMIT if commit else TxnState.COMPLETE_ABORT
-        if meta.state in DONE_STATES and (meta.pid, meta.epoch) == (req.producer_id,
-                                                                   req.producer_epoch):
+        if req.new_epoch and meta.state in DONE_STATES and (meta.pid, meta.epoch) == (
+                req.producer_id, req.producer_epoch):
             self._bump(meta, "end")  # a new epoch per transaction: fences this one's zombies
             # (if this save fails the producer retries: _ended_before answers the new epoch
             # once a save of it is durable)
@@ -425,7 +426,8 @@ class TxnCoordinator:
         same outcome and moved it to the epoch after (its answer was lost); else None."""
         meta = self.book.txns.get(req.transactional_id)
         want = TxnState.COMPLETE_COMMIT if commit else TxnState.COMPLETE_ABORT
-        if (meta is not None and meta.bumped_by == "end" and meta.pid == req.producer_id
+        if (req.new_epoch and meta is not None and meta.bumped_by == "end"
+                and meta.pid == req.producer_id
                 and meta.epoch == req.producer_epoch + 1 and meta.state == want
                 and req.action != m.EndTxnAction.STAGE):
             return meta

@@ -80,7 +80,11 @@ class EndTxnResponse(Body):
 @dataclass(frozen=True, slots=True)
 class EndTxnRequest(Request):
     """Commit, abort or stage (:class:`EndTxnAction`) the open transaction. Stage needs a
-    ``sink_id`` and ``batch_id``; ``staged_ttl_ms`` 0 takes the broker's default."""
+    ``sink_id`` and ``batch_id``; ``staged_ttl_ms`` 0 takes the broker's default.
+    ``new_epoch``: the producer takes the next epoch the answer names for its next transaction
+    (KIP-890's transactions v2; FerryMQ's own producer asks for it; a client that does not,
+    an older one or a Kafka client, keeps its epoch, and an older broker ignores the field and
+    answers -1: unchanged)."""
 
     transactional_id: str
     producer_id: int
@@ -89,9 +93,10 @@ class EndTxnRequest(Request):
     sink_id: str
     batch_id: int
     staged_ttl_ms: int
+    new_epoch: bool = False
     API_KEY = ApiKey.END_TXN
     RESPONSE = EndTxnResponse
-    SCHEMA = (STR, INT, INT, INT, STR, INT, INT)
+    SCHEMA = (STR, INT, INT, INT, STR, INT, INT, BOOL)
 
 
 @dataclass(frozen=True, slots=True)
