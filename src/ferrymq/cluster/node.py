@@ -120,6 +120,8 @@ class ClusterNode:
         self.fenced = False
         self._last_renewal = 0.0
         self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = False
+        """Set by :meth:`stop`: the background loops end."""
         self._revision = 0
         self._topics_changed = asyncio.Event()
         self.roles: dict[tuple[str, int], QueueRole] = {}
@@ -171,6 +173,9 @@ class ClusterNode:
     async def stop(self) -> None:
         """Leave the cluster: stop the tasks and revoke the lease (the controller moves the
         queues this broker led at once instead of after the lease's TTL)."""
+        self._stopping = True  # the loops end by themselves too: on Python 3.11 a cancel that
+        # lands as an asyncio.wait_for inside them gets its result is lost (CPython gh-86296),
+        # and the loop would go on sleeping while this waits for it
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
@@ -407,6 +412,8 @@ class ClusterNode:
         interval = self.lease_ttl_s / 3
         while True:
             await asyncio.sleep(min(interval, 0.5) if self.fenced else interval)
+            if self._stopping:
+                return
             try:
                 await asyncio.wait_for(self.store.keep_alive(self.lease), interval)
                 self._last_renewal = self._monotonic()
@@ -450,7 +457,7 @@ class ClusterNode:
         self.on_fence(False)
 
     async def _follow(self) -> None:
-        while True:
+        while not self._stopping:
             try:
                 async for events in self.store.watch(self.keys.root, self._revision + 1):
                     self._apply_events(events)
