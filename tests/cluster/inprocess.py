@@ -12,6 +12,7 @@ from typing import Any
 
 from ferrymq.broker.config import BrokerConfig
 from ferrymq.broker.server import BrokerServer
+from ferrymq.client import AsyncProducer, Message
 from ferrymq.cluster.metadata.memory import MemoryMetadataStore
 from tests.helpers import free_port
 
@@ -73,6 +74,23 @@ async def cluster(tmp: Path, n: int = 3, **cfg: Any) -> AsyncIterator[Cluster]:
     finally:
         for i in list(c.brokers):
             await c.stop(i)
+
+
+def address(c: Cluster, broker_id: int) -> str:
+    """``host:port`` of broker ``broker_id``."""
+    host, port = c.brokers[broker_id].address
+    return f"{host}:{port}"
+
+
+async def produce(c: Cluster, topic: str, n: int, start: int = 0) -> list[bytes]:
+    """Send ``m<start>`` .. ``m<start+n-1>`` to ``topic`` (each its own sharding key)."""
+    sent = []
+    async with AsyncProducer(c.bootstrap, delivery_timeout_s=30) as p:
+        for i in range(start, start + n):
+            body = f"m{i}".encode()
+            await p.send(Message(topic, body, sharding_key=str(i)))
+            sent.append(body)
+    return sent
 
 
 def leader_of(c: Cluster, topic: str, queue: int) -> int:

@@ -22,16 +22,11 @@ from ferrymq.protocol import messages as m
 from ferrymq.protocol.coordinator import OFFSETS_TOPIC, coordinator_queue
 from ferrymq.testing import ClusterProcess
 from tests.cluster.conftest import needs_etcd
-from tests.cluster.inprocess import Cluster, cluster, leader_of, run
+from tests.cluster.inprocess import Cluster, address, cluster, leader_of, produce, run
 
 pytestmark = pytest.mark.integration
 
 FAST = {"metadata_lease_ms": 2000, "replica_lag_ms": 2000, "offsets_topic_queues": 4}
-
-
-def address(c: Cluster, broker_id: int) -> str:
-    host, port = c.brokers[broker_id].address
-    return f"{host}:{port}"
 
 
 async def coordinator_of(c: Cluster, group: str) -> int:
@@ -46,16 +41,6 @@ async def coordinator_of(c: Cluster, group: str) -> int:
     q = coordinator_queue(group, len(srv.topics.topics[OFFSETS_TOPIC].queues))
     await c.wait(lambda: leader_of(c, OFFSETS_TOPIC, q) in c.brokers, "a coordinator")
     return leader_of(c, OFFSETS_TOPIC, q)
-
-
-async def produce(c: Cluster, topic: str, n: int, start: int = 0) -> list[bytes]:
-    sent = []
-    async with AsyncProducer(c.bootstrap, delivery_timeout_s=30) as p:
-        for i in range(start, start + n):
-            body = f"m{i}".encode()
-            await p.send(Message(topic, body, sharding_key=str(i)))
-            sent.append(body)
-    return sent
 
 
 def test_members_bootstrapping_through_different_brokers_form_one_group(tmp_path: Path) -> None:

@@ -78,6 +78,25 @@ COMPACT_CHECK_S = 1.0
 whether it is time to compact."""
 Offsets = dict[tuple[str, int], int]
 
+
+async def create_internal_topic(link: ClusterLink, name: str, queues: int, what: str) -> None:
+    """Create the internal cluster topic ``name`` (the cluster's default replicas and
+    ``min_insync``) for ``what``; nothing when it exists. A failure is logged: the next request
+    that needs it asks again."""
+    node, cfg = link.node, link.server.config
+    try:
+        await create_topic(node.store, node.keys, name, queues, DEFAULT, DEFAULT, {},
+                           link.server.clock.wall_ms(),
+                           default_replicas_setting=cfg.default_replicas,
+                           default_min_insync_setting=cfg.default_min_insync,
+                           internal_ok=True)
+        log.info("created %s (%d queues) for %s", name, queues, what)
+    except TopicAlreadyExistsError:
+        pass
+    except (MetadataError, BrokerError) as exc:
+        log.warning("creating %s failed: %s", name, exc)
+
+
 class ClusterGroups:
     """The consumer groups this broker coordinates (see the module docstring)."""
 
@@ -138,21 +157,9 @@ class ClusterGroups:
                 OFFSETS_TOPIC, self.link.server.config.offsets_topic_queues, "consumer groups"))
 
     async def create_internal(self, name: str, queues: int, what: str) -> None:
-        """Create the internal topic ``name`` of a service (``what``) in the cluster, with the
-        cluster's default replicas and min_insync; failures are logged (the service's next
-        request asks again)."""
-        node, cfg = self.link.node, self.link.server.config
-        try:
-            await create_topic(node.store, node.keys, name, queues,
-                               DEFAULT, DEFAULT, {}, self.link.server.clock.wall_ms(),
-                               default_replicas_setting=cfg.default_replicas,
-                               default_min_insync_setting=cfg.default_min_insync,
-                               internal_ok=True)
-            log.info("created %s (%d queues) for %s", name, queues, what)
-        except TopicAlreadyExistsError:
-            pass
-        except (MetadataError, BrokerError) as exc:
-            log.warning("creating %s failed: %s", name, exc)
+        """Create the internal topic ``name`` of a service (``what``) in the cluster
+        (:func:`create_internal_topic`)."""
+        await create_internal_topic(self.link, name, queues, what)
 
     # --- leadership of the log -------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
+from ferrymq.broker.cluster_delivery import ClusterDelivery
 from ferrymq.broker.cluster_groups import ClusterGroups
 from ferrymq.broker.cluster_users import ClusterUsers
 from ferrymq.broker.half_messages.cluster import HalfCluster
@@ -50,6 +51,7 @@ from ferrymq.protocol import messages as m
 from ferrymq.protocol.codes import ErrorCode
 from ferrymq.protocol.coordinator import OFFSETS_TOPIC, TXN_TOPIC
 from ferrymq.protocol.half_messages import HALF_TOPIC
+from ferrymq.protocol.letters import RETRY_TOPIC_PREFIX
 
 if TYPE_CHECKING:
     from ferrymq.broker.config import BrokerConfig
@@ -88,14 +90,17 @@ class ClusterLink:
         self.replicas: ReplicaManager | None = None
         self.controller: Controller | None = None
         self.groups = ClusterGroups(self)
+        """The consumer groups this broker coordinates (:mod:`ferrymq.broker.cluster_groups`)."""
         self.txn = TxnCluster(self)
         """Transactions, when this broker coordinates them (:mod:`ferrymq.broker.txn.cluster`)."""
         self.halves = HalfCluster(self)
         """Half messages, when this broker owns them (:mod:`ferrymq.broker.half_messages.cluster`)."""
+        self.delivery = ClusterDelivery(self)
+        """The delivery groups this broker coordinates
+        (:mod:`ferrymq.broker.cluster_delivery`)."""
         self.users = ClusterUsers(server, self.node)
         """The cluster's users, mirrored into this broker's users file
         (:mod:`ferrymq.broker.cluster_users`)."""
-        """The consumer groups this broker coordinates (:mod:`ferrymq.broker.cluster_groups`)."""
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -157,6 +162,7 @@ class ClusterLink:
         if self.replicas is not None:
             for q in range(len(topic.queues)):
                 self.replicas.stop_replica(name, q)
+        self.delivery.on_topic_dropped(name)
         srv.topics.delete(name)
         srv.consumer_groups.forget_topic(name)
         srv.dedup.forget(topic.topic_id)
@@ -196,6 +202,8 @@ class ClusterLink:
             self.txn.on_role(new.role == "leader", not same_epoch)
         elif topic == HALF_TOPIC:
             self.halves.on_role(new.role == "leader", not same_epoch)
+        elif topic.startswith(RETRY_TOPIC_PREFIX):
+            self.delivery.on_role(topic, queue, new.role == "leader", not same_epoch)
 
     def _on_fence(self, fenced: bool) -> None:
         if self.replicas is not None:

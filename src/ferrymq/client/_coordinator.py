@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import TypeVar
 
 from ferrymq.client._cluster import Cluster
@@ -38,7 +39,8 @@ from ferrymq.errors import (
 )
 from ferrymq.protocol import messages as m
 from ferrymq.protocol.codes import ErrorCode
-from ferrymq.protocol.coordinator import OFFSETS_TOPIC, coordinator_queue
+from ferrymq.protocol.coordinator import OFFSETS_TOPIC, TXN_TOPIC, coordinator_queue
+from ferrymq.protocol.letters import RETRY_TOPIC_PREFIX
 
 log = logging.getLogger("ferrymq.client")
 B = TypeVar("B", bound=m.Body)
@@ -59,13 +61,17 @@ another broker coordinates the group now: find it instead."""
 
 
 class CoordinatorRoute:
-    """The session that reaches ``group``'s coordinator (see the module docstring);
-    ``topic``: the coordinators' internal topic (consumer groups' by default)."""
+    """The session that reaches ``group``'s coordinator (see the module docstring): the leader
+    of queue ``coordinator_queue(group, n)`` of ``topic`` (of ``n`` queues), by default the
+    group's queue of ``%GROUPS%offsets``; a delivery group's is its retry queue
+    (:func:`delivery_route`)."""
 
-    def __init__(self, cluster: Cluster, group: str, topic: str = OFFSETS_TOPIC) -> None:
+    def __init__(self, cluster: Cluster, group: str, topic: str = OFFSETS_TOPIC, *,
+                 queue_of: Callable[[str, int], int] = coordinator_queue) -> None:
         self._cluster = cluster
         self.group = group
         self.topic = topic
+        self._queue_of = queue_of
         self.session: Session = cluster.bootstrap
         """Where the group's requests go now (the bootstrap session until a refusal)."""
 
@@ -101,18 +107,36 @@ class CoordinatorRoute:
                     raise
             await self.find()
 
+    @property
+    def request_timeout_s(self) -> float:
+        """The bootstrap session's request timeout."""
+        return self._cluster.bootstrap.request_timeout_s
+
+    @property
+    def client_id(self) -> str:
+        """The bootstrap session's client id."""
+        return self._cluster.bootstrap.client_id
+
     async def find(self) -> None:
         """Refresh the leaders of the coordinators' topic and route to the group's queue's
         leader (the bootstrap session while none is known: its broker asks the cluster to
         create the topic, and answers NOT_COORDINATOR until then)."""
         cluster = self._cluster
-        await cluster.await_refresh([self.topic])  # paced: at most one per interval
-        n = cluster.leaders.queue_count(self.topic)
-        s = cluster.route(self.topic, coordinator_queue(self.group, n)) if n else None
+        topic = self.topic
+        await cluster.await_refresh([topic])  # paced: at most one per interval
+        n = cluster.leaders.queue_count(topic)
+        s = cluster.route(topic, self._queue_of(self.group, n)) if n else None
         if s is None:
             await asyncio.sleep(cluster.min_refresh_interval_s)
             s = cluster.bootstrap
         if s is not self.session:
-            log.info("%s %s: coordinator at %s", "group" if self.topic == OFFSETS_TOPIC
-                     else "transactional id", self.group, s.addresses)
+            log.info("%s %s: coordinator at %s", "transactional id" if self.topic == TXN_TOPIC
+                     else "group", self.group, s.addresses)
         self.session = s
+
+
+def delivery_route(cluster: Cluster, group: str) -> CoordinatorRoute:
+    """The route to delivery group ``group``'s coordinator: the leader of its retry queue
+    ``%RETRY%<group>`` (one queue; :mod:`ferrymq.broker.cluster_delivery`)."""
+    return CoordinatorRoute(cluster, group, topic=RETRY_TOPIC_PREFIX + group,
+                            queue_of=lambda _group, _n: 0)

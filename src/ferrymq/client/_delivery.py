@@ -22,6 +22,8 @@ import contextlib
 import logging
 from collections.abc import Sequence
 
+from ferrymq.client._cluster import Cluster
+from ferrymq.client._coordinator import CoordinatorRoute, delivery_route
 from ferrymq.client._missing_topics import MissingTopics
 from ferrymq.client._session import Session
 from ferrymq.client.message import BatchContext, ReceivedMessage
@@ -187,6 +189,11 @@ class DeliveryCore:
             raise ConfigError("max_reconsume must be >= 0")
         self.session = session
         self.group = group
+        self._cluster = Cluster(session)
+        self.route: CoordinatorRoute = delivery_route(self._cluster, group)
+        """Where the group's requests go: the bootstrap broker, which coordinates every group
+        of a single broker; in a cluster, the leader of the group's retry queue, found again
+        after a refusal or a lost connection (:mod:`ferrymq.client._coordinator`)."""
         self.session_timeout_ms = int(session_timeout_s * 1000)
         self.heartbeat_interval_s = heartbeat_interval_s or min(3.0, session_timeout_s / 3)
         self.retry_delays_ms = (
@@ -224,7 +231,7 @@ class DeliveryCore:
 
     async def heartbeat(self) -> None:
         """Register or refresh this member (and the group's retry policy)."""
-        resp = await self.session.request(
+        resp = await self.route.request(
             m.DeliveryHeartbeatRequest(
                 self.group, self.member_id, self.session.client_id,
                 sorted(self.subscriptions.items()), self.session_timeout_ms,
@@ -276,7 +283,7 @@ class DeliveryCore:
                                max_bytes, int(invisible_s * 1000), int(wait_s * 1000))
         for attempt in range(2):
             try:
-                resp = await self.session.request(
+                resp = await self.route.request(
                     req, m.ReceiveResponse,
                     timeout_s=wait_s + self.session.request_timeout_s,
                 )
@@ -309,7 +316,7 @@ class DeliveryCore:
             if offs is None:
                 offs = groups[k] = []
             offs.append(x._roff)
-        resp = await self.session.request(
+        resp = await self.route.request(
             m.AckRequest(self.group, self.member_id,
                          [(t, q, lease, offs) for (t, q, lease), offs in groups.items()]),
             m.AckResponse,
@@ -334,7 +341,7 @@ class DeliveryCore:
             raise ConfigError("delay must be >= 0")
         delay_ms = -1 if delay_s is None else int(delay_s * 1000)
         entries = [(*x.receipt, delay_ms, reason[:1024], counts) for x in msgs]
-        resp = await self.session.request(
+        resp = await self.route.request(
             m.NackRequest(self.group, self.member_id, entries), m.ReceiptResponse
         )
         return _results(resp.results)
@@ -348,7 +355,7 @@ class DeliveryCore:
         if invisible_s <= 0:
             raise ConfigError("invisible duration must be positive")
         ms = int(invisible_s * 1000)
-        resp = await self.session.request(
+        resp = await self.route.request(
             m.ChangeInvisibleRequest(self.group, self.member_id,
                                      [(*x.receipt[:4], ms) for x in msgs]),
             m.ReceiptResponse,
@@ -369,10 +376,13 @@ class DeliveryCore:
         member_id, self.member_id = self.member_id, ""
         if leave and member_id:
             with contextlib.suppress(BrokerError, ConnectionClosedError, FerryMQTimeoutError):
-                await self.session.request(
+                await self.route.request(
                     m.DeliveryLeaveRequest(self.group, member_id), m.Empty, timeout_s=5.0,
                     retry=False,
                 )
+        await self._cluster.close()  # sessions to other brokers; a new start() finds them again
+        self._cluster = Cluster(self.session)
+        self.route = delivery_route(self._cluster, self.group)
 
 
 def raise_first(results: list[BrokerError | None], what: str) -> None:

@@ -28,6 +28,12 @@ RESERVED_PREFIX = "%"
 RETRY_TOPIC_PREFIX = "%RETRY%"
 DLQ_TOPIC_PREFIX = "%DLQ%"
 MAX_REASON_CHARS = 1024
+STATE_PRODUCER_ID = -2
+"""The producer id of a batch that holds a delivery group's own state, not a letter: in a
+cluster a group's journal and snapshots are records of its retry queue (one record per batch,
+tag :data:`STATE_TAG`, written only by the group's coordinator). Readers of letters skip such
+batches by their header."""
+STATE_TAG = b"%STATE"
 DELIVERY_GROUP_NAME = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
 """What may name a delivery group (the name is part of its retry and dead-letter topics')."""
 

@@ -8,18 +8,25 @@ share is named here, and nothing else is shared. Everything runs on the event-lo
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ferrymq._time import Clock
+from ferrymq.broker.delivery.store import DeliveryStore, GroupStore
+from ferrymq.protocol.letters import DLQ_TOPIC_PREFIX, RETRY_TOPIC_PREFIX
 
 if TYPE_CHECKING:
     from ferrymq.broker.config import BrokerConfig
     from ferrymq.broker.delivery.group import DeliveryGroup
-    from ferrymq.broker.delivery.store import GroupStore
     from ferrymq.broker.flusher import Flusher
     from ferrymq.broker.scheduler import Scheduler
     from ferrymq.broker.topics import TopicRegistry
+
+
+StoreOpener = Callable[[str], tuple[DeliveryStore, "dict[str, Any] | None", list[Any]]]
+"""Opens group ``name``'s store: the store, its snapshot (None: none yet) and the journal
+records after it."""
 
 
 class DeliveryContext:
@@ -42,8 +49,34 @@ class DeliveryContext:
         self.dir = data_dir / "delivery"
         self.handles = topics.handles  # the journals' descriptors share the segments' cache
         self.groups: dict[str, DeliveryGroup] = {}
-        self.stores: dict[str, GroupStore] = {}
+        self.stores: dict[str, DeliveryStore] = {}
         self.next_lease = 1
+        self.open_store: StoreOpener = self._open_files
+        """How a group's store is opened: its files here; in a cluster, its replicated retry
+        queue (set by :class:`~ferrymq.broker.cluster_delivery.ClusterDelivery`)."""
+        self.remove_topics: Callable[[str], None] = self._remove_local_topics
+        """How a deleted group's retry and dead-letter topics are removed (cluster: see
+        ``open_store``)."""
+        self.replicated = False
+        """Whether the stores are replicated logs: answers then wait for replication whatever
+        the flush mode (a cluster)."""
+        self.load_local = not config.metadata
+        """Whether groups are loaded from ``<data_dir>/delivery`` at start (a single broker;
+        a cluster broker loads a group when it becomes its coordinator)."""
+
+    @property
+    def answers_wait(self) -> bool:
+        """Whether an answer reporting a change waits until the change is durable: in sync
+        flush mode (fsynced), and in a cluster (replicated, whatever the flush mode)."""
+        return self.sync or self.replicated
+
+    def _open_files(self, name: str) -> tuple[DeliveryStore, dict[str, Any] | None, list[Any]]:
+        return GroupStore.load(self.dir / name, self.handles)
+
+    def _remove_local_topics(self, name: str) -> None:
+        for topic in (RETRY_TOPIC_PREFIX + name, DLQ_TOPIC_PREFIX + name):
+            if topic in self.topics.topics:
+                self.topics.delete(topic)
 
     def now(self) -> int:
         """Monotonic milliseconds (leases, sessions and backoffs are measured in them)."""

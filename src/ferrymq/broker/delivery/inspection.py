@@ -20,7 +20,7 @@ from ferrymq.broker.delivery.queues import GroupQueues, batches_between
 from ferrymq.broker.scheduler import CANCELLED_STATE, NOT_SCHEDULED
 from ferrymq.errors import BrokerError, CorruptRecordError, InvalidRequestError
 from ferrymq.protocol import messages as m
-from ferrymq.protocol.letters import Letter
+from ferrymq.protocol.letters import STATE_PRODUCER_ID, Letter
 from ferrymq.protocol.records import ATTR_SCHEDULED, encode_msg_id, iter_batches
 
 log = logging.getLogger("ferrymq.broker")
@@ -124,7 +124,7 @@ class Inspection:
             for _p0, h in iter_batches(data):  # headers only
                 if h.last_offset < pos:
                     continue
-                if not h.attributes & ATTR_SCHEDULED:
+                if not h.attributes & ATTR_SCHEDULED and h.producer_id != STATE_PRODUCER_ID:
                     rc.ahead += h.last_offset - max(h.base_offset, pos) + 1
                 pos = h.last_offset + 1
             if pos == before:

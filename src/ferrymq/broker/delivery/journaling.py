@@ -19,7 +19,7 @@ from typing import Any
 from ferrymq.broker.delivery.context import DeliveryContext
 from ferrymq.broker.delivery.group import DeliveryGroup
 from ferrymq.broker.delivery.shortage import Shortage
-from ferrymq.broker.delivery.store import Callback, GroupStore
+from ferrymq.broker.delivery.store import Callback, DeliveryStore
 from ferrymq.errors import BrokerError, StorageFailureError
 
 
@@ -47,14 +47,14 @@ class Journaling:
             pos = store.append(record)
         except OSError as exc:
             raise self.flusher.write_error(exc, f"the delivery journal of {g.name}") from exc
-        self.flusher.mark_dirty(store)
+        self.flusher.mark_dirty(store.flushable)
         return pos
 
-    def check_store(self, g: DeliveryGroup, store: GroupStore) -> None:
+    def check_store(self, g: DeliveryGroup, store: DeliveryStore) -> None:
         """Raise unless the group's journal takes writes now (see :meth:`journal`)."""
         if store.failed is not None:
             raise StorageFailureError(f"delivery journal of {g.name} had an fsync failure")
-        self.flusher.check_writable(store)
+        self.flusher.check_writable(store.flushable)
 
     @contextlib.contextmanager
     def writing(self, g: DeliveryGroup) -> Iterator[None]:
@@ -67,15 +67,14 @@ class Journaling:
         """
         store = self.stores[g.name]
         self.check_store(g, store)
-        journal = store.journal
         try:
-            journal.hold()
+            store.hold()
         except OSError as exc:
             raise self.flusher.write_error(exc, f"the delivery journal of {g.name}") from exc
         try:
             yield
         finally:
-            journal.release()
+            store.release()
 
     def journal_or_defer(self, g: DeliveryGroup, record: list[Any],
                          cb: Callback | None = None) -> int:

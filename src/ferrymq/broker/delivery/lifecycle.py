@@ -55,8 +55,6 @@ from ferrymq.errors import (
 from ferrymq.protocol import messages as m
 from ferrymq.protocol.letters import (
     DELIVERY_GROUP_NAME,
-    DLQ_TOPIC_PREFIX,
-    RETRY_TOPIC_PREFIX,
     delivery_group_name_problem,
 )
 from ferrymq.protocol.tags import parse_tag_expression
@@ -104,7 +102,8 @@ class Lifecycle:
         deleted: list[Path] = []
         for d in sorted(d0.iterdir()):
             if d.is_dir() and DELIVERY_GROUP_NAME.fullmatch(d.name):
-                self.recovery.load_group(d)
+                if self.ctx.load_local:
+                    self.recovery.load_group(d.name)
             elif d.is_dir() and d.name.endswith(DELETED_SUFFIX):
                 deleted.append(d)
         for d in deleted:
@@ -145,7 +144,7 @@ class Lifecycle:
                 "group delete)")
         d = self.ctx.dir / name
         try:
-            g = self.recovery.load_group(d)
+            g = self.recovery.load_group(name)
         except BaseException:
             shutil.rmtree(d, ignore_errors=True)
             raise
@@ -421,11 +420,8 @@ class Lifecycle:
         """Remove a deleted group's retry and dead-letter topics, then its directory (unless a
         group of that name exists again: its topics are its own)."""
         name = d.name[:-len(DELETED_SUFFIX)]
-        topics = self.ctx.topics
         if name not in self.groups:
-            for topic in (RETRY_TOPIC_PREFIX + name, DLQ_TOPIC_PREFIX + name):
-                if topic in topics.topics:
-                    topics.delete(topic)
+            self.ctx.remove_topics(name)
         shutil.rmtree(d, ignore_errors=True)
         fsync_directory(self.ctx.dir)
 

@@ -56,7 +56,7 @@ from ferrymq.broker.delivery.receiving import Receiving
 from ferrymq.broker.delivery.recovery import Recovery
 from ferrymq.broker.delivery.settling import Settling
 from ferrymq.broker.delivery.shortage import Shortage
-from ferrymq.broker.delivery.store import GroupStore
+from ferrymq.broker.delivery.store import DeliveryStore
 from ferrymq.errors import BrokerError, StorageFailureError
 from ferrymq.protocol import messages as m
 
@@ -79,7 +79,7 @@ class DeliveryManager:
     ) -> None:
         ctx = self.ctx = DeliveryContext(config, topics, flusher, clock, data_dir, scheduler)
         self.groups: dict[str, DeliveryGroup] = ctx.groups
-        self.stores: dict[str, GroupStore] = ctx.stores
+        self.stores: dict[str, DeliveryStore] = ctx.stores
         shortage = self.shortage = Shortage(flusher)
         journaling = self.journaling = Journaling(ctx, shortage)
         queues = self.queues = GroupQueues(ctx)
@@ -110,6 +110,11 @@ class DeliveryManager:
     def close(self) -> None:
         """Snapshot and close every group (clean shutdown)."""
         self.recovery.close()
+
+    @property
+    def answers_wait(self) -> bool:
+        """Whether answers wait for :meth:`when_durable` (see DeliveryContext.answers_wait)."""
+        return self.ctx.answers_wait
 
     def when_durable(self, group: str, pos: int, cb: Callable[[BaseException | None], None]) -> None:
         """Run ``cb`` once journal position ``pos`` of ``group`` is durable."""

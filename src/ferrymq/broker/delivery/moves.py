@@ -112,6 +112,7 @@ class Moves:
         assert qs is not None
         flusher = ctx.flusher
         flusher.check_writable(qs)
+        qs.check_own_write()  # a cluster's retry queue: only its leader, the coordinator, writes
         res = qs.log.append(batch, now_ms=wall)  # OSError: nothing stored, nothing changed
         # the copy is written: the original is finished here (journaled once the copy is
         # durable: a crash in between delivers the message twice, never zero times)

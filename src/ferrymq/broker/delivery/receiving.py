@@ -32,6 +32,7 @@ from ferrymq.broker.delivery.shortage import Shortage
 from ferrymq.broker.delivery.state import Lease, SourceCursor
 from ferrymq.errors import BrokerError, CorruptRecordError
 from ferrymq.protocol import messages as m
+from ferrymq.protocol.letters import STATE_PRODUCER_ID
 from ferrymq.protocol.records import ATTR_SCHEDULED, filter_batch, iter_batches, iter_raw_records
 from ferrymq.protocol.tags import parse_tag_expression
 
@@ -86,7 +87,7 @@ class Receiving:
                 raise
             if not out:
                 raise err from exc
-            return out, self.ctx.stores[g.name].journal.size  # all of it journaled
+            return out, self.ctx.stores[g.name].position()  # all of it journaled
 
     def _receive(
         self, g: DeliveryGroup, member_id: str, subscriptions: list[tuple[str, str]],
@@ -226,7 +227,8 @@ class Receiving:
             for p0, h in iter_batches(mv):
                 if h.last_offset < rc.next:
                     continue
-                if h.attributes & ATTR_SCHEDULED:  # a letter not due yet: the scheduler's
+                if h.attributes & ATTR_SCHEDULED or h.producer_id == STATE_PRODUCER_ID:
+                    # a letter not due yet (the scheduler's), or the group's own state record
                     rc.passed(rc.next, h.last_offset, plain=False)
                     continue
                 if len(rc.ready) >= limit or len(found) >= want:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from pathlib import Path
 from typing import Any
 
 from ferrymq.broker.delivery.context import DeliveryContext
@@ -27,7 +26,6 @@ from ferrymq.broker.delivery.orderly import OrderlyCursor
 from ferrymq.broker.delivery.queues import GroupQueues
 from ferrymq.broker.delivery.replay import Replay, snapshot
 from ferrymq.broker.delivery.shortage import Shortage
-from ferrymq.broker.delivery.store import GroupStore
 from ferrymq.errors import BrokerError, CorruptRecordError
 from ferrymq.protocol.letters import Letter
 
@@ -44,16 +42,18 @@ class Recovery:
         self.shortage = shortage
         self.queues = queues
 
-    def load_group(self, d: Path) -> DeliveryGroup:
-        """Load (or create, for a new directory) the group stored in ``d`` and register it.
+    def load_group(self, name: str) -> DeliveryGroup:
+        """Load (or create, when it has no store yet) the group ``name`` from its store (see
+        :attr:`DeliveryContext.open_store`) and register it.
 
         Raises:
             CorruptRecordError: its snapshot is damaged.
             OSError: a file cannot be read or created.
+            NotCoordinatorError: (cluster) this broker does not coordinate the group.
         """
         ctx = self.ctx
-        store, snap, records = GroupStore.load(d, ctx.handles)
-        g = DeliveryGroup(d.name, list(DEFAULT_RETRY_DELAYS_MS), DEFAULT_MAX_RECONSUME)
+        store, snap, records = ctx.open_store(name)
+        g = DeliveryGroup(name, list(DEFAULT_RETRY_DELAYS_MS), DEFAULT_MAX_RECONSUME)
         replay = Replay(ctx.to_mono, ctx.config.delivery_ack_history, ctx.next_lease)
         if snap is not None:
             replay.apply_snapshot(g, snap)
@@ -118,11 +118,11 @@ class Recovery:
         limit = ctx.config.delivery_journal_bytes
         full = ctx.flusher.full
         for name, store in ctx.stores.items():
-            if not force and store.journal.size <= limit:
+            if not force and store.size <= limit:
                 continue
             g = ctx.groups[name]
-            if g.pending_moves or store.waiters or store.failed is not None or store.deferred \
-                    or store in full:
+            if g.pending_moves or store.busy() or store.failed is not None or store.deferred \
+                    or store.flushable in full:
                 continue
             try:
                 store.rotate(self.snapshot(g))
@@ -142,7 +142,8 @@ class Recovery:
                 if store.deferred:
                     with contextlib.suppress(BrokerError):
                         self.journaling.journal_deferred(g)
-                if g.pending_moves == 0 and store.failed is None and not store.deferred:
+                if g.pending_moves == 0 and store.failed is None and not store.deferred \
+                        and store.snapshot_on_close:
                     store.rotate(self.snapshot(g))
             except OSError as exc:
                 if self.shortage.classify(exc, "") is None:

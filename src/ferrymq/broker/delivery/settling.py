@@ -113,7 +113,7 @@ class Settling:
                     results.append((_BAD_RECEIPT, -1))
                     continue
                 fut: asyncio.Future[None] | None = None
-                if self.ctx.sync:
+                if self.ctx.answers_wait:
                     fut = asyncio.get_running_loop().create_future()
                 try:
                     self.moves.fail(g, lease.key, offset, lease, counts=counts,

@@ -30,7 +30,7 @@ import logging
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgpack
 
@@ -52,6 +52,62 @@ READABLE_VERSIONS = (1, 2)
 
 Callback = Callable[[BaseException | None], None]
 
+if TYPE_CHECKING:
+    from ferrymq.broker.flusher import Flushable
+
+
+class DeliveryStore(Protocol):
+    """Where a delivery group's changes are kept: :class:`GroupStore` (files of a single
+    broker) or, in a cluster, :class:`~ferrymq.broker.delivery.logstore.LogGroupStore` (records
+    of the group's replicated retry queue). The delivery code sees only this."""
+
+    deferred: list[tuple[list[Any], Callback | None]]
+    failed: BaseException | None
+    snapshot_on_close: bool
+    """Whether a clean shutdown folds the journal into a snapshot."""
+
+    @property
+    def flushable(self) -> Flushable:
+        """What the broker's flusher fsyncs for this store."""
+        ...
+
+    @property
+    def size(self) -> int:
+        """Bytes journaled since the last snapshot (compaction passes a limit)."""
+        ...
+
+    def position(self) -> int:
+        """The position to wait for so that everything journaled so far is durable."""
+        ...
+
+    def busy(self) -> bool:
+        """Whether someone waits for a journaled position (no snapshot then)."""
+        ...
+
+    def append(self, record: list[Any]) -> int:
+        """Journal one change; the position to wait for."""
+        ...
+
+    def hold(self) -> None:
+        """Keep what the appends need open until :meth:`release` (see Journaling.writing)."""
+        ...
+
+    def release(self) -> None:
+        """Undo one :meth:`hold`."""
+        ...
+
+    def when_durable(self, pos: int, cb: Callback, *, sync: bool) -> None:
+        """Run ``cb`` once ``pos`` is durable."""
+        ...
+
+    def rotate(self, snapshot: dict[str, Any]) -> None:
+        """Write ``snapshot`` and start an empty journal after it."""
+        ...
+
+    def close(self) -> None:
+        """Release the store's files (clean shutdown, a deleted or handed-over group)."""
+        ...
+
 
 class GroupStore:
     """The snapshot and journal of one delivery group."""
@@ -64,6 +120,7 @@ class GroupStore:
         self.handles = handles
         self.waiters: deque[tuple[int, Callback]] = deque()
         self.failed: BaseException | None = None
+        self.snapshot_on_close = True
         self.deferred: list[tuple[list[Any], Callback | None]] = []
         """Records whose change is already in the group's memory but could not be journaled
         (no descriptor, no space), with who waits for them: journaled again at every tick
@@ -103,9 +160,39 @@ class GroupStore:
                         journal.dropped_bytes)
         return cls(directory, gen, journal, handles), snap, records
 
+    @property
+    def flushable(self) -> GroupStore:
+        """The store itself: the flusher fsyncs its journal."""
+        return self
+
+    @property
+    def size(self) -> int:
+        """The journal's size in bytes."""
+        return self.journal.size
+
+    def position(self) -> int:
+        """The journal's end."""
+        return self.journal.size
+
+    def busy(self) -> bool:
+        """Whether a callback waits for an fsync."""
+        return bool(self.waiters)
+
     def append(self, record: list[Any]) -> int:
         """Journal one change; the position to wait for."""
         return self.journal.append(record)
+
+    def hold(self) -> None:
+        """Keep the journal's descriptor open until :meth:`release`.
+
+        Raises:
+            OSError: it cannot be opened (EMFILE, ...).
+        """
+        self.journal.hold()
+
+    def release(self) -> None:
+        """Undo one :meth:`hold`."""
+        self.journal.release()
 
     def when_durable(self, pos: int, cb: Callback, *, sync: bool) -> None:
         """Run ``cb(None)`` once ``pos`` is fsynced (sync mode) or at once (async mode)."""

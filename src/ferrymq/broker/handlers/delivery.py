@@ -29,8 +29,9 @@ this often (nothing wakes it when a topic is created)."""
 
 
 def _after(srv: BrokerContext, group: str, pos: int, resp: B) -> B | asyncio.Future[B]:
-    """``resp`` now, or once journal position ``pos`` is durable."""
-    if pos < 0 or not srv.sync_flush:
+    """``resp`` now, or once journal position ``pos`` is durable (fsynced in sync flush mode;
+    in a cluster, replicated)."""
+    if pos < 0 or not srv.delivery.answers_wait:
         return resp
     fut: asyncio.Future[B] = asyncio.get_running_loop().create_future()
 
@@ -46,11 +47,19 @@ def _after(srv: BrokerContext, group: str, pos: int, resp: B) -> B | asyncio.Fut
     return fut
 
 
+def _coordinated(srv: BrokerContext, group: str) -> None:
+    """Raise NOT_COORDINATOR unless this broker serves ``group`` (always, on a single broker;
+    in a cluster, the leader of its retry queue: :mod:`ferrymq.broker.cluster_delivery`)."""
+    if srv.cluster is not None:
+        srv.cluster.delivery.check_coordinator(group)
+
+
 def delivery_heartbeat(
     conn: ClientConnection, req: m.DeliveryHeartbeatRequest
 ) -> m.DeliveryHeartbeatResponse | asyncio.Future[m.DeliveryHeartbeatResponse]:
     """Register or keep alive a member; set the group's retry policy."""
     srv = conn.server
+    _coordinated(srv, req.group)
     timeout = srv.config.session_timeout_ms(req.session_timeout_ms)
     if len(req.subscriptions) > MAX_SUBSCRIPTIONS:
         raise InvalidRequestError(f"at most {MAX_SUBSCRIPTIONS} subscriptions")
@@ -68,6 +77,7 @@ def receive(
 ) -> m.ReceiveResponse | asyncio.Future[m.ReceiveResponse]:
     """Lease messages now, or long-poll until some arrive or ``max_wait_ms`` passes."""
     srv = conn.server
+    _coordinated(srv, req.group)
     cfg = srv.config
     g, mem = srv.delivery.member(req.group, req.member_id)
     invisible = req.invisible_ms or cfg.default_invisible_ms
@@ -98,6 +108,7 @@ async def _long_poll(
         # Receive, then register for wake-ups, in one step: what became visible after the
         # handler's first receive and before this task ran (a flush, a retry letter's copy)
         # woke nobody, so it is looked for here, not waited for.
+        _coordinated(srv, req.group)
         g = srv.delivery.group(req.group)
         if req.member_id not in g.members:
             raise UnknownMemberError(f"member {req.member_id[:100]!r} was evicted; heartbeat")
@@ -120,6 +131,7 @@ def ack(
 ) -> m.AckResponse | asyncio.Future[m.AckResponse]:
     """Finish leased messages (the refused ones come back with INVALID_RECEIPT)."""
     srv = conn.server
+    _coordinated(srv, req.group)
     g = srv.delivery.group(req.group)
     failed, pos = srv.delivery.ack(g, req.entries)
     return _after(srv, g.name, pos, m.AckResponse(failed))
@@ -129,6 +141,7 @@ def nack(conn: ClientConnection, req: m.NackRequest
          ) -> m.ReceiptResponse | asyncio.Future[m.ReceiptResponse]:
     """Give leased messages back for a later attempt; in sync mode answered once their new
     state is durable."""
+    _coordinated(conn.server, req.group)
     g = conn.server.delivery.group(req.group)
     results, waits = conn.server.delivery.nack(g, req.entries)
     resp = m.ReceiptResponse(results)
@@ -147,6 +160,7 @@ def change_invisible(
 ) -> m.ReceiptResponse | asyncio.Future[m.ReceiptResponse]:
     """Renew or shorten leases; each answer carries the new lease id."""
     srv = conn.server
+    _coordinated(srv, req.group)
     g = srv.delivery.group(req.group)
     results, pos = srv.delivery.change_invisible(g, req.member_id, req.entries)
     return _after(srv, g.name, pos, m.ReceiptResponse(results))
@@ -154,6 +168,7 @@ def change_invisible(
 
 def delivery_leave(conn: ClientConnection, req: m.DeliveryLeaveRequest) -> m.Empty:
     """Leave; held leases go back to the group at once."""
+    _coordinated(conn.server, req.group)
     conn.server.delivery.leave(req.group, req.member_id)
     return m.Empty()
 
@@ -162,6 +177,7 @@ def describe_delivery(
     conn: ClientConnection, req: m.DescribeDeliveryRequest
 ) -> m.DescribeDeliveryResponse:
     """Members, progress, lag, retry and DLQ sizes of one delivery group."""
+    _coordinated(conn.server, req.group)
     return conn.server.delivery.describe(req.group)
 
 
@@ -191,6 +207,7 @@ def message_status(conn: ClientConnection, req: m.MessageStatusRequest) -> m.Mes
 
 def skip_message(conn: ClientConnection, req: m.SkipMessageRequest) -> m.Empty:
     """Dead-letter a stuck message of an orderly group on purpose (its key moves on)."""
+    _coordinated(conn.server, req.group)
     conn.server.delivery.skip(req.group, req.msg_id)
     return m.Empty()
 
@@ -200,6 +217,7 @@ def dlq_admin(
 ) -> m.DlqAdminResponse | asyncio.Future[m.DlqAdminResponse]:
     """Redrive or purge dead letters."""
     srv = conn.server
+    _coordinated(srv, req.group)
     if req.max_messages < 0:
         raise InvalidRequestError("max_messages must be >= 0")
     if req.offset < -1:

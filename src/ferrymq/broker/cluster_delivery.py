@@ -1,0 +1,217 @@
+"""Delivery groups in a cluster: which broker coordinates a group, and its state replicated.
+
+Theory of operation
+-------------------
+CLUSTER.md's pattern ("Stateful services") for the delivery groups of push and simple
+consumers. A group's state (leases, cursors, retry cursor, orderly failures, policy, ack
+history: the journal and snapshots of :mod:`ferrymq.broker.delivery`) and its retry letters
+live in **one** replicated log: the group's retry queue ``%RETRY%<group>``, in a cluster a
+cluster topic of one queue (the cluster's default replicas and ``min_insync``), created through
+the metadata store by the first broker asked about the group. The group's **coordinator** is
+that queue's leader: it alone serves the group's requests (DELIVERY_HEARTBEAT, RECEIVE, ACK,
+NACK, CHANGE_INVISIBLE, DELIVERY_LEAVE, DESCRIBE_DELIVERY, SKIP_MESSAGE, DLQ_ADMIN); another
+broker answers NOT_COORDINATOR (retriable: the client asks for the leader of the retry queue,
+:mod:`ferrymq.client._coordinator`, and goes there).
+
+Why the retry queue and not a shared internal topic hashed by group name (as
+``%GROUPS%offsets`` is): a failed message is *moved* to the retry queue and then finished in
+the state; with both in one log and one writer, a failover truncates them at the same point, so
+the state a new coordinator rebuilds never names a letter it does not have, and no write ever
+has to reach another broker. A shared state topic would need the letters replicated
+separately, under another leader.
+
+Writes: every journal record is appended to the retry queue
+(:class:`~ferrymq.broker.delivery.logstore.LogGroupStore`) and every answer that reports a change
+(a lease, an ack, a nack) waits until the queue's high watermark covers it, whatever the flush
+mode: a lease a member holds is always in the replicated state.
+
+Failover: when this broker becomes the leader of a retry queue (a new epoch) it replays the
+queue's state records (the last snapshot and the records after it) into the group, exactly as a
+single broker loads a group after kill -9 (:mod:`ferrymq.broker.delivery.recovery`): leases come
+back with their wall-clock deadlines, members come back with their member ids (their next
+request gets UNKNOWN_MEMBER, they heartbeat and keep their ids), so a lease granted before the
+failover is honoured until its deadline; an expired one is redelivered with
+``reconsume_times`` + 1. When it stops leading the queue it forgets the group (nothing is
+written). docs/delivery.md states the bound on double delivery.
+
+The coordinator reads the group's source queues from its own copies (leader or follower: both
+are readable up to the high watermark): a source queue it holds no replica of is not delivered
+by it (see docs/cluster.md). Dead letters go to ``%DLQ%<group>`` on the coordinator's broker,
+not replicated yet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+from ferrymq.broker.cluster_groups import create_internal_topic
+from ferrymq.broker.delivery.lifecycle import check_delivery_group_name
+from ferrymq.broker.delivery.logstore import GroupLog, LogGroupStore, read_state
+from ferrymq.broker.topics import CLUSTER_TOPIC_ID_BASE
+from ferrymq.cluster.model import NO_LEADER
+from ferrymq.errors import MetadataError, NotCoordinatorError, UnknownTopicError
+from ferrymq.protocol.letters import DLQ_TOPIC_PREFIX, RETRY_TOPIC_PREFIX
+
+if TYPE_CHECKING:
+    from ferrymq.broker.cluster_link import ClusterLink
+    from ferrymq.broker.delivery.store import DeliveryStore
+
+log = logging.getLogger("ferrymq.broker")
+
+
+class ClusterDelivery:
+    """The delivery groups this broker coordinates (see the module docstring)."""
+
+    def __init__(self, link: ClusterLink) -> None:
+        self.link = link
+        srv = link.server
+        self.manager = srv.delivery
+        ctx = self.manager.ctx
+        ctx.open_store = self._open_store
+        ctx.remove_topics = self._remove_topics
+        ctx.replicated = True
+        self.led: set[str] = set()
+        """Groups whose retry queue this broker leads (loaded when it holds state)."""
+        self._replayed: dict[str, GroupLog] = {}
+        self._stores: dict[str, LogGroupStore] = {}
+        self._deleting: dict[str, int] = {}
+        """Deleted groups -> the id of the retry topic whose cluster delete is under way."""
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # --- who coordinates -------------------------------------------------------------------------
+
+    def check_coordinator(self, group: str) -> None:
+        """Raise unless this broker coordinates ``group`` (asking the cluster to create the
+        group's retry queue when it does not exist yet).
+
+        Raises:
+            InvalidRequestError: not a group name.
+            NotCoordinatorError: another broker does, or none yet.
+        """
+        if group in self.led and group not in self._deleting:
+            return
+        check_delivery_group_name(group)
+        topic = RETRY_TOPIC_PREFIX + group
+        t = self.link.server.topics.topics.get(topic)
+        gone = self._deleting.get(group)
+        if gone is not None:
+            if t is not None and t.topic_id == gone:
+                raise NotCoordinatorError(f"delivery group {group!r} is being deleted; retry")
+            del self._deleting[group]
+        if t is None:
+            self._spawn(self._create(topic))
+            raise NotCoordinatorError(f"delivery group {group!r} has no coordinator yet: the "
+                                      f"cluster is creating {topic}; retry")
+        if t.topic_id < CLUSTER_TOPIC_ID_BASE:
+            raise NotCoordinatorError(f"delivery group {group!r}: {topic} is a local topic of "
+                                      f"broker {self.link.node.broker_id} (from before it joined "
+                                      "a cluster): delete the group there first")
+        if group not in self.led:
+            rec = self.link.node.view.queues.get((topic, 0))
+            leader = rec.leader if rec is not None else NO_LEADER
+            now = f"broker {leader} leads it" if leader != NO_LEADER else "it has no leader now"
+            raise NotCoordinatorError(
+                f"broker {self.link.node.broker_id} does not coordinate delivery group "
+                f"{group!r}: its state is in {topic} and {now}")
+
+    async def _create(self, topic: str) -> None:
+        await create_internal_topic(self.link, topic, 1, "a delivery group")
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # --- leadership of retry queues ------------------------------------------------------------
+
+    def on_role(self, topic: str, queue: int, leads: bool, new_epoch: bool) -> None:
+        """This broker now leads retry queue ``topic`` (``new_epoch``: it did not lead it at
+        this epoch before: load the group from it) or not (forget the group)."""
+        if queue != 0 or not topic.startswith(RETRY_TOPIC_PREFIX):
+            return
+        name = topic[len(RETRY_TOPIC_PREFIX):]
+        if leads and (new_epoch or name not in self.led):
+            self._forget(name)
+            self.led.add(name)
+            qs = self.link.server.topics.queue(topic, 0)
+            state = read_state(qs)
+            if state.deleted:  # deleted, and the cluster's delete of the topic not seen yet
+                self._deleting[name] = qs.topic_id
+                self._spawn(self._delete(topic))
+            if not state.found:
+                return  # a new group (created at its first heartbeat), or a deleted one
+            self._replayed[name] = state
+            mgr = self.manager
+            g = mgr.recovery.load_group(name)
+            if g.ephemeral:  # its members have their session to come back, as after a restart
+                mgr.lifecycle.idle_ephemeral[name] = (mgr.ctx.now()
+                                                      + mgr.ctx.config.max_session_timeout_ms)
+            log.info("coordinating delivery group %s from %s: %d leases, %d queues", name,
+                     topic, len(g.leases), len(g.sources))
+        elif not leads and name in self.led:
+            self.led.discard(name)
+            self._forget(name)
+
+    def on_topic_dropped(self, topic: str) -> None:
+        """The cluster deleted ``topic``: if it was a retry queue led here, forget its group."""
+        if topic.startswith(RETRY_TOPIC_PREFIX):
+            name = topic[len(RETRY_TOPIC_PREFIX):]
+            if name in self.led:
+                self.led.discard(name)
+                self._forget(name)
+
+    def _forget(self, name: str) -> None:
+        """Drop the group from memory (another broker coordinates it now; nothing written)."""
+        ctx = self.manager.ctx
+        self._replayed.pop(name, None)
+        self._stores.pop(name, None)
+        g = ctx.groups.pop(name, None)
+        store = ctx.stores.pop(name, None)
+        self.manager.lifecycle.idle_ephemeral.pop(name, None)
+        if g is not None:
+            g.wake()
+            log.info("delivery group %s: no longer its coordinator", name)
+        if store is not None:
+            store.close()
+
+    # --- the delivery manager's hooks ----------------------------------------------------------
+
+    def _open_store(self, name: str) -> tuple[DeliveryStore, dict[str, Any] | None, list[Any]]:
+        if name not in self.led:
+            raise NotCoordinatorError(f"broker {self.link.node.broker_id} does not coordinate "
+                                      f"delivery group {name!r}")
+        srv = self.link.server
+        qs = srv.topics.queue(RETRY_TOPIC_PREFIX + name, 0)
+        state = self._replayed.pop(name, None)
+        (self.manager.ctx.dir / name).mkdir(parents=True, exist_ok=True)  # deletes rename it
+        store = LogGroupStore(name, qs, srv.flusher, srv.clock,
+                              gen=state.gen if state else 0, size=state.size if state else 0)
+        self._stores[name] = store
+        if state is None:
+            return store, None, []
+        return store, state.snapshot, state.records
+
+    def _remove_topics(self, name: str) -> None:
+        """A deleted group: record the delete in its retry queue, delete the retry topic from
+        the cluster, and the local dead-letter topic here."""
+        topics = self.link.server.topics
+        store = self._stores.pop(name, None)
+        if store is not None:
+            store.tombstone()
+        dlq = DLQ_TOPIC_PREFIX + name
+        if dlq in topics.topics:
+            topics.delete(dlq)
+        retry = topics.topics.get(RETRY_TOPIC_PREFIX + name)
+        if retry is not None:
+            self._deleting[name] = retry.topic_id
+            self._spawn(self._delete(retry.name))
+
+    async def _delete(self, topic: str) -> None:
+        try:
+            await self.link.delete_topic(topic)
+        except UnknownTopicError:
+            pass
+        except MetadataError as exc:  # its coordinator replays the delete and tries again
+            log.warning("deleting %s from the cluster failed: %s", topic, exc)

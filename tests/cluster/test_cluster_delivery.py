@@ -1,0 +1,118 @@
+"""Delivery groups (simple and push consumers) on a cluster: one coordinator per group, the
+leader of its retry queue ``%RETRY%<group>``, whose records hold the group's state; leases, acks
+and retries that survive the loss of that broker (docs/delivery.md, "In a cluster")."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from ferrymq.client import AsyncAdminClient, AsyncSimpleConsumer
+from ferrymq.client._session import Session
+from ferrymq.errors import NotCoordinatorError
+from ferrymq.protocol import messages as m
+from ferrymq.protocol.letters import RETRY_TOPIC_PREFIX
+from tests.cluster.inprocess import Cluster, address, cluster, leader_of, produce, run
+
+pytestmark = pytest.mark.integration
+
+FAST = {"metadata_lease_ms": 2000, "replica_lag_ms": 2000}
+
+
+async def receive_all(sc: AsyncSimpleConsumer, n: int, invisible: float = 60.0,
+                      timeout: float = 30.0) -> list:  # type: ignore[type-arg]
+    got: list = []  # type: ignore[type-arg]
+    deadline = time.monotonic() + timeout
+    while len(got) < n:
+        assert time.monotonic() < deadline, f"received {len(got)} of {n}"
+        got += await sc.receive(max_messages=n - len(got), invisible_duration=invisible, wait=0.5)
+    return got
+
+
+def coordinator(c: Cluster, group: str) -> int:
+    return leader_of(c, RETRY_TOPIC_PREFIX + group, 0)
+
+
+def test_members_through_different_brokers_share_one_group_at_its_coordinator(
+        tmp_path: Path) -> None:
+    """Two members bootstrapping through two brokers join one group, held only by the leader
+    of its retry queue; each message goes to one of them; the others refuse the group's
+    requests with NOT_COORDINATOR."""
+    async def body() -> None:
+        async with cluster(tmp_path, **FAST) as c:
+            async with AsyncAdminClient(c.bootstrap) as admin:
+                await admin.create_topic("orders", 3, replicas=3, min_insync=2)
+            sent = await produce(c, "orders", 60)
+            a = AsyncSimpleConsumer(address(c, 1), group="g", await_duration=0.5)
+            b = AsyncSimpleConsumer(address(c, 2), group="g", await_duration=0.5)
+            async with a, b:
+                await a.subscribe("orders")
+                await b.subscribe("orders")
+                got: list[bytes] = []
+                deadline = time.monotonic() + 30
+                while len(got) < len(sent):
+                    assert time.monotonic() < deadline
+                    for sc in (a, b):
+                        msgs = await sc.receive(max_messages=7, wait=0.2)
+                        got += [x.body for x in msgs]
+                        await sc.ack_batch(msgs)
+                assert sorted(got) == sorted(sent)
+                coord = coordinator(c, "g")
+                holders = [i for i, s in c.brokers.items() if "g" in s.delivery.groups]
+                assert holders == [coord]
+                other = next(i for i in c.brokers if i != coord)
+                s = Session([address(c, other)])
+                try:
+                    with pytest.raises(NotCoordinatorError):
+                        await s.request(m.DescribeDeliveryRequest("g"),
+                                        m.DescribeDeliveryResponse, retry=False)
+                finally:
+                    await s.close()
+
+    run(body)
+
+
+def test_leases_acks_and_retries_survive_the_coordinators_loss(tmp_path: Path) -> None:
+    """Before the loss: 10 messages acked, 10 leased for a minute, 5 nacked twice (retry at
+    once) and 5 leased for 1 s. The coordinator's broker stops; at the new coordinator the member's
+    old receipts of the minute-long leases are still current (the lease is honoured: its acks
+    are accepted), the nacked messages come again with reconsume_times 1, the short leases
+    expire and come again with reconsume_times 1, and nothing acked comes back."""
+    async def body() -> None:
+        async with cluster(tmp_path, **FAST) as c:
+            async with AsyncAdminClient(c.bootstrap) as admin:
+                await admin.create_topic("orders", 2, replicas=3, min_insync=2)
+            sent = await produce(c, "orders", 30)
+            sc = AsyncSimpleConsumer(c.bootstrap, group="g", retry_delays=[0],
+                                     await_duration=0.5, session_timeout_s=20)
+            async with sc:
+                await sc.subscribe("orders")
+                first = await receive_all(sc, 25, invisible=60)
+                acked, held, nacked = first[:10], first[10:20], first[20:25]
+                await sc.ack_batch(acked)
+                for x in nacked:
+                    await sc.nack(x, delay=0)
+                short = await receive_all(sc, 10, invisible=1)
+                short_ids = {x.msg_id for x in short if x.reconsume_times == 0}
+                assert len(short_ids) == 5  # the 5 not delivered yet (and the 5 nacked again)
+                for x in short:
+                    if x.reconsume_times:
+                        await sc.nack(x, delay=0)  # nacked twice: reconsume 2 next time
+                coord = coordinator(c, "g")
+                await c.stop(coord)
+                await c.wait(lambda: coordinator(c, "g") in c.brokers, "a new coordinator")
+                await sc.ack_batch(held)  # old receipts, new coordinator: honoured
+                again = await receive_all(sc, 10, invisible=60)
+                by_id = {x.msg_id: x for x in again}
+                assert set(by_id) == short_ids | {x.msg_id for x in nacked}
+                for x in again:
+                    want = 1 if x.msg_id in short_ids else 2
+                    assert x.reconsume_times == want, (x.msg_id, x.reconsume_times)
+                await sc.ack_batch(again)
+                assert await sc.receive(max_messages=10, wait=1.5) == []
+            done = [x.body for x in acked + held + again]
+            assert sorted(done) == sorted(sent)  # each acked once, none lost
+
+    run(body)
