@@ -51,7 +51,12 @@ from ferrymq.broker.delivery.lifecycle import check_delivery_group_name
 from ferrymq.broker.delivery.logstore import GroupLog, LogGroupStore, read_state
 from ferrymq.broker.topics import CLUSTER_TOPIC_ID_BASE
 from ferrymq.cluster.model import NO_LEADER
-from ferrymq.errors import MetadataError, NotCoordinatorError, UnknownTopicError
+from ferrymq.errors import (
+    MetadataError,
+    NotCoordinatorError,
+    UnknownGroupError,
+    UnknownTopicError,
+)
 from ferrymq.protocol.letters import DLQ_TOPIC_PREFIX, RETRY_TOPIC_PREFIX
 
 if TYPE_CHECKING:
@@ -82,13 +87,14 @@ class ClusterDelivery:
 
     # --- who coordinates -------------------------------------------------------------------------
 
-    def check_coordinator(self, group: str) -> None:
-        """Raise unless this broker coordinates ``group`` (asking the cluster to create the
-        group's retry queue when it does not exist yet).
+    def check_coordinator(self, group: str, *, create: bool = False) -> None:
+        """Raise unless this broker coordinates ``group``; with ``create`` (a heartbeat), ask
+        the cluster to create the group's retry queue when it does not exist yet.
 
         Raises:
             InvalidRequestError: not a group name.
             NotCoordinatorError: another broker does, or none yet.
+            UnknownGroupError: no such group (its retry queue does not exist; not ``create``).
         """
         if group in self.led and group not in self._deleting:
             return
@@ -101,6 +107,8 @@ class ClusterDelivery:
                 raise NotCoordinatorError(f"delivery group {group!r} is being deleted; retry")
             del self._deleting[group]
         if t is None:
+            if not create:
+                raise UnknownGroupError(f"unknown delivery group {group[:200]!r}")
             self._spawn(self._create(topic))
             raise NotCoordinatorError(f"delivery group {group!r} has no coordinator yet: the "
                                       f"cluster is creating {topic}; retry")

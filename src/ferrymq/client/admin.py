@@ -44,7 +44,7 @@ from ferrymq.client._admin_results import (
 )
 from ferrymq.client._admin_users import UserAdminCalls
 from ferrymq.client._cluster import SAME_BROKER_RETRY_CODES, Cluster
-from ferrymq.client._coordinator import CoordinatorRoute
+from ferrymq.client._coordinator import CoordinatorRoute, delivery_route
 from ferrymq.client._session import Auth, Session, TLSOption
 from ferrymq.client.message import BatchContext, ReceivedMessage
 from ferrymq.errors import (
@@ -146,6 +146,9 @@ class AsyncAdminClient(ClusterAdminCalls, UserAdminCalls):
         if self._txn_route is None:
             self._txn_route = CoordinatorRoute(self._cluster, "", TXN_TOPIC)
         return self._txn_route
+
+    def _delivery(self, group: str) -> CoordinatorRoute:
+        return delivery_route(self._cluster, group)
 
     async def __aenter__(self) -> AsyncAdminClient:
         await self._session.connection()
@@ -324,7 +327,7 @@ class AsyncAdminClient(ClusterAdminCalls, UserAdminCalls):
         Raises:
             UnknownGroupError: no delivery group has this name.
         """
-        return DeliveryGroupDescription.from_wire(await self._session.request(
+        return DeliveryGroupDescription.from_wire(await self._delivery(group).request(
             m.DescribeDeliveryRequest(group), m.DescribeDeliveryResponse))
 
     async def skip_message(self, group: str, msg_id: str) -> None:
@@ -336,7 +339,7 @@ class AsyncAdminClient(ClusterAdminCalls, UserAdminCalls):
                 in this orderly group.
             UnknownGroupError: no delivery group has this name.
         """
-        await self._session.request(m.SkipMessageRequest(group, msg_id), m.Empty)
+        await self._delivery(group).request(m.SkipMessageRequest(group, msg_id), m.Empty)
 
     async def message_status(self, msg_id: str) -> MessageStatus:
         """Where a message is, and its state in each delivery group that reads its topic:
@@ -516,7 +519,7 @@ class AsyncAdminClient(ClusterAdminCalls, UserAdminCalls):
         if offset is not None and not 0 <= offset <= MAX_DLQ_OFFSET:
             raise ConfigError(f"offset must be 0..{MAX_DLQ_OFFSET} (a dead letter's offset), "
                               f"not {offset}")
-        return await self._session.request(
+        return await self._delivery(group).request(
             m.DlqAdminRequest(group, int(action), max_messages, dry_run,
                               -1 if offset is None else offset),
             m.DlqAdminResponse, retry=dry_run,

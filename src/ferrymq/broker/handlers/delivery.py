@@ -47,11 +47,12 @@ def _after(srv: BrokerContext, group: str, pos: int, resp: B) -> B | asyncio.Fut
     return fut
 
 
-def _coordinated(srv: BrokerContext, group: str) -> None:
+def _coordinated(srv: BrokerContext, group: str, *, create: bool = False) -> None:
     """Raise NOT_COORDINATOR unless this broker serves ``group`` (always, on a single broker;
-    in a cluster, the leader of its retry queue: :mod:`ferrymq.broker.cluster_delivery`)."""
+    in a cluster, the leader of its retry queue: :mod:`ferrymq.broker.cluster_delivery`, which
+    creates that queue for a heartbeat, ``create``)."""
     if srv.cluster is not None:
-        srv.cluster.delivery.check_coordinator(group)
+        srv.cluster.delivery.check_coordinator(group, create=create)
 
 
 def delivery_heartbeat(
@@ -59,7 +60,7 @@ def delivery_heartbeat(
 ) -> m.DeliveryHeartbeatResponse | asyncio.Future[m.DeliveryHeartbeatResponse]:
     """Register or keep alive a member; set the group's retry policy."""
     srv = conn.server
-    _coordinated(srv, req.group)
+    _coordinated(srv, req.group, create=True)
     timeout = srv.config.session_timeout_ms(req.session_timeout_ms)
     if len(req.subscriptions) > MAX_SUBSCRIPTIONS:
         raise InvalidRequestError(f"at most {MAX_SUBSCRIPTIONS} subscriptions")

@@ -1,0 +1,139 @@
+"""Push consumers ride through kill -9 of their delivery group's coordinator (1 etcd + 3 broker
+processes): producers send throughout, two push consumers handle with acks and retries, the
+broker that coordinates the group (the leader of its retry queue) is killed; the history
+checker (:mod:`tests.cluster.delivery_history`) then finds nothing lost, no message held by two
+handlers at once, and a message handled twice only within the bound of docs/delivery.md.
+
+``DELIVERY_KILLS`` (default 1) kills in turn that many coordinators (the killed broker is
+started again before the next kill); ``make soak`` runs more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+import zlib
+from pathlib import Path
+
+import pytest
+
+from ferrymq.client import (
+    AsyncAdminClient,
+    AsyncProducer,
+    AsyncPushConsumer,
+    ConsumeResult,
+    Message,
+)
+from ferrymq.client._delivery import LeasedMessage
+from ferrymq.errors import FerryMQError
+from ferrymq.protocol.letters import RETRY_TOPIC_PREFIX
+from ferrymq.testing import ClusterProcess
+from tests.cluster.conftest import needs_etcd
+from tests.cluster.delivery_history import DeliveryHistory, check
+
+pytestmark = [pytest.mark.integration, pytest.mark.crash]
+
+KILLS = int(os.environ.get("DELIVERY_KILLS", "1"))
+GROUP = "workers"
+BOUND_S = 5.0
+"""How long before a kill's recovery a first success may be, for its message to be handled again
+(docs/delivery.md: acks in flight during the failover)."""
+ENV = {"FERRYMQ_METADATA_LEASE_MS": "2000", "FERRYMQ_REPLICA_LAG_MS": "2000"}
+
+
+async def coordinator(boot: str) -> int:
+    async with AsyncAdminClient(boot) as admin:
+        d = await admin.cluster_describe()
+    return next(r.leader for r in d.queues if (r.topic, r.queue) == (RETRY_TOPIC_PREFIX + GROUP, 0))
+
+
+async def produce(boot: str, hist: DeliveryHistory, stop: asyncio.Event, prefix: str) -> None:
+    async with AsyncProducer(boot, delivery_timeout_s=60) as p:
+        i = 0
+        while not stop.is_set():
+            body = f"{prefix}{i}".encode()
+            hist.attempted.add(body)
+            try:
+                await p.send(Message("jobs", body, sharding_key=str(i)))
+                hist.sent.add(body)
+            except FerryMQError:
+                pass  # not acknowledged: may or may not be there
+            i += 1
+            await asyncio.sleep(0.004)
+
+
+def consumer(boot: str, name: str, hist: DeliveryHistory) -> AsyncPushConsumer:
+    pc = AsyncPushConsumer(boot, group=GROUP, retry_delays=[0], max_reconsume=1000,
+                           invisible_duration=30, concurrency=4, prefetch=32,
+                           session_timeout_s=10, request_timeout_s=20)
+
+    async def handle(msg: LeasedMessage) -> ConsumeResult:
+        h = hist.begin(msg.body, name, msg.reconsume_times)
+        await asyncio.sleep(0.002)
+        # a tenth of the first attempts fail: retried at once from the retry queue
+        fail = msg.reconsume_times == 0 and zlib.crc32(msg.body) % 10 == 0
+        h.ok = not fail
+        h.end = time.monotonic()
+        return ConsumeResult.LATER if fail else ConsumeResult.SUCCESS
+
+    pc.subscribe("jobs", "*", handle)
+    return pc
+
+
+@needs_etcd
+def test_push_consumers_ride_through_kill9_of_the_coordinator(tmp_path: Path) -> None:
+    with ClusterProcess(3, tmp_path / "c", env=ENV) as procs:
+        async def body() -> None:
+            boot = procs.bootstrap
+            async with AsyncAdminClient(boot) as admin:
+                await admin.create_topic("jobs", 3, replicas=3, min_insync=2)
+            hist = DeliveryHistory()
+            stop = asyncio.Event()
+            consumers = [consumer(boot, f"c{i}", hist) for i in (1, 2)]
+            for pc in consumers:
+                await pc.start()
+            producers = [asyncio.create_task(produce(boot, hist, stop, f"p{i}-"))
+                         for i in (1, 2)]
+            try:
+                for _ in range(KILLS):
+                    await asyncio.sleep(3)
+                    victim = await coordinator(boot)
+                    procs.kill9(victim)
+                    killed = time.monotonic()
+                    deadline = killed + 30
+                    while not any(h.ok and h.start > killed + 0.5
+                                  for hs in list(hist.holdings.values()) for h in hs):
+                        assert time.monotonic() < deadline, "no handler success after the kill"
+                        await asyncio.sleep(0.05)
+                    hist.kills.append((killed, time.monotonic()))
+                    await asyncio.sleep(2)
+                    procs.restart(victim)
+                await asyncio.sleep(2)
+            finally:
+                stop.set()
+                await asyncio.gather(*producers)
+            deadline = time.monotonic() + 60
+            while hist.sent - hist.done() and time.monotonic() < deadline:
+                await asyncio.sleep(0.2)
+            async with AsyncAdminClient(boot) as admin:  # every success was acked in the end
+                while time.monotonic() < deadline:
+                    d = await admin.describe_delivery(GROUP)
+                    if sum(d.lag) == 0 and d.retry_pending == d.retry_in_flight == 0:
+                        break
+                    await asyncio.sleep(0.2)
+            for pc in consumers:
+                with contextlib.suppress(FerryMQError):
+                    await pc.close(timeout=10)
+            v = check(hist, BOUND_S)
+            assert v.lost == [], f"{len(v.lost)} acknowledged messages never handled"
+            assert v.phantom == []
+            assert v.overlapping == [], "a message held by two handlers at once"
+            assert v.redone_outside_bound == [], "handled twice outside the documented bound"
+            assert sum(d.lag) == 0, d
+            assert len(hist.sent) > 500
+            print(f"\nsent {len(hist.sent)}, handled again {len(v.redone)}, recovery "
+                  f"{[round(r - k, 2) for k, r in hist.kills]} s")
+
+        asyncio.run(asyncio.wait_for(body(), 150))
