@@ -85,3 +85,20 @@ def test_failover_of_the_txn_service_kills_the_transaction_coordinator() -> None
     assert kill["new_leader"] != kill["victim"]
     assert kill["victim"] not in kill["isr_after_kill"]
     assert 0 < res["unavailable_p50_s"] == res["unavailable_max_s"] < 30
+
+
+def test_failover_of_the_delivery_service_kills_the_groups_coordinator() -> None:
+    (res,) = _bench("failover", "--service", "delivery", "--kills", "1", "--rate", "20",
+                    "--lease-ms", "2000")
+    assert res["service"] == "delivery" and res["kills"] == 1 and res["succeeded"] > 0
+    (kill,) = res["kills_detail"]
+    assert kill["new_leader"] != kill["victim"]
+    assert 0 < res["unavailable_p50_s"] == res["unavailable_max_s"] < 30
+
+
+def test_matrix_runs_the_push_workload_on_a_cluster_and_alone() -> None:
+    rows = _bench("matrix", "--flush", "async", "--setups", "single,rf3-all", "--workloads",
+                  "push", "--rounds", "1", "--messages", "2000", "--batch", "100")
+    assert not [r for r in rows if "error" in r], rows
+    assert {r["setup"] for r in rows} == {"single", "rf3-all"}
+    assert all(r["workload"] == "push" and r["msg_per_s"] > 0 for r in rows)

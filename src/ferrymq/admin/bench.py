@@ -26,6 +26,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ferrymq.admin.bench_cluster import (
+    EXTRA_WORKLOADS,
     SETUPS,
     WORKLOADS,
     bench_cluster,
@@ -237,7 +238,8 @@ def _lease_option(f: Any) -> Any:
 @click.option("--flush", type=click.Choice(["sync", "async"]), default="sync", show_default=True)
 @click.option("--setups", default=",".join(SETUPS), show_default=True,
               help=f"Comma-separated, of: {', '.join(SETUPS)}.")
-@click.option("--workloads", default=",".join(WORKLOADS), show_default=True)
+@click.option("--workloads", default=",".join(WORKLOADS), show_default=True,
+              help=f"Comma-separated, of: {', '.join(WORKLOADS + EXTRA_WORKLOADS)}.")
 @click.option("--rounds", type=int, default=3, show_default=True,
               help="Each setup runs each workload once per round, setups alternating.")
 @click.option("--messages", type=int, default=500_000, show_default=True)
@@ -254,7 +256,7 @@ def cluster_matrix(flush: str, setups: str, workloads: str, rounds: int, message
     """Produce, consume and e2e latency of a standalone broker, RF1 and RF3 (acks leader and
     all) on a cluster, in alternating rounds; medians and ratios to RF1."""
     names = _names(setups, SETUPS, "--setups")
-    works = _names(workloads, dict.fromkeys(WORKLOADS), "--workloads")
+    works = _names(workloads, dict.fromkeys(WORKLOADS + EXTRA_WORKLOADS), "--workloads")
     with bench_cluster(flush, single="single" in names) as b:
         results = run_matrix(b, names, works, rounds=rounds, messages=messages, size=size,
                              batch=batch, inflight=inflight, queues=queues, rate=rate,

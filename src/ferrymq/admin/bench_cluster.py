@@ -57,11 +57,12 @@ from ferrymq.admin.bench_workloads import (
     run_consume,
     run_e2e,
     run_produce,
+    run_push,
 )
 from ferrymq.client.admin import AsyncAdminClient
 
-__all__ = ["METRICS", "SETUPS", "WORKLOADS", "BenchCluster", "PeerRun", "Setup",
-           "bench_cluster", "medians", "paired_ratios", "run_catchup", "run_failover",
+__all__ = ["EXTRA_WORKLOADS", "METRICS", "SETUPS", "WORKLOADS", "BenchCluster", "PeerRun",
+           "Setup", "bench_cluster", "medians", "paired_ratios", "run_catchup", "run_failover",
            "run_matrix", "runs_of"]
 
 BROKERS = 3
@@ -85,6 +86,10 @@ SETUPS: dict[str, Setup] = {
 """The setups :func:`run_matrix` knows, by name."""
 
 WORKLOADS = ("produce", "consume", "e2e")
+"""The workloads :func:`run_matrix` runs by default (those its peers have too)."""
+EXTRA_WORKLOADS = ("push",)
+"""Workloads run only when named: ``push``, a push consumer handling and acking what was sent
+(its delivery group coordinated by the leader of the group's retry queue on a cluster)."""
 
 
 @dataclass
@@ -203,8 +208,13 @@ def _run_setup(bench: BenchCluster, setup: Setup, workload: str, *, messages: in
     elif workload == "e2e":
         res = run_e2e(address, rate=rate, duration=duration, size=size, queues=queues,
                       broker_pid=pid, show_progress=False, replication=repl)
+    elif workload == "push":
+        res = run_push(address, messages=messages, size=size, batch=batch, queues=queues,
+                       inflight=inflight, broker_pid=pid, show_progress=False,
+                       compare_pull=False, replication=repl)
     else:
-        raise ValueError(f"unknown workload {workload!r}: one of {', '.join(WORKLOADS)}")
+        raise ValueError(f"unknown workload {workload!r}: one of "
+                         f"{', '.join(WORKLOADS + EXTRA_WORKLOADS)}")
     res["brokers_cpu_s"] = used() - cpu0  # the whole run, the untimed parts included
     res["replicas"] = repl.replicas
     res["acks"] = repl.acks

@@ -21,8 +21,10 @@ their path) and ``delayed``
 began, which after a kill only the queue's new leader stores; :class:`DelayedService` also
 reports the acknowledged delayed messages lost or delivered twice), and ``txn`` (a
 transactional producer's one-message transactions into a three-queue topic: begin, send,
-commit; the owner is the transaction coordinator, the leader of ``%TXN%state``). More register
-themselves in :data:`SERVICES`.
+commit; the owner is the transaction coordinator, the leader of ``%TXN%state``) and
+``delivery`` (a simple consumer's receive and ack: send one, receive, ack; the owner is the
+group's coordinator, the leader of ``%RETRY%<group>``). More register themselves in
+:data:`SERVICES`.
 """
 
 from __future__ import annotations
@@ -41,7 +43,9 @@ from ferrymq.client.admin import AsyncAdminClient
 from ferrymq.client.consumer import AsyncPullConsumer
 from ferrymq.client.message import Message
 from ferrymq.client.producer import AsyncProducer
+from ferrymq.client.simple import AsyncSimpleConsumer
 from ferrymq.protocol.coordinator import OFFSETS_TOPIC, TXN_TOPIC, coordinator_queue
+from ferrymq.protocol.letters import RETRY_TOPIC_PREFIX
 from ferrymq.protocol.schedule import SCHEDULED_ID
 
 __all__ = ["SERVICES", "FailoverService", "describe_cluster", "queue_state", "run_service_failover",
@@ -337,11 +341,65 @@ class TxnService:
         return {}
 
 
+@dataclass
+class DeliveryService:
+    """A simple consumer of a delivery group: send a message, receive it and ack it. Receive
+    and ack reach the group's coordinator, the leader of its retry queue ``%RETRY%<group>``."""
+
+    size: int = 100
+    name: str = "delivery"
+    parallel: bool = False
+    group: str = field(default_factory=lambda: f"bench-delivery-{os.getpid()}")
+    topic: str = ""
+    consumer: AsyncSimpleConsumer | None = None
+    producer: AsyncProducer | None = None
+
+    async def start(self, bootstrap: str, resume_timeout_s: float) -> None:
+        self.topic = await _create_topic(bootstrap, 3, prefix="bench-delivery", replication=RF3)
+        self.producer = AsyncProducer(bootstrap, acks="all", linger_ms=0,
+                                      delivery_timeout_s=resume_timeout_s + 30)
+        await self.producer.start()
+        self.consumer = AsyncSimpleConsumer(bootstrap, self.group, invisible_duration=30,
+                                            await_duration=1.0, request_timeout_s=10)
+        await self.consumer.start()
+        await self.consumer.subscribe(self.topic)
+        deadline = time.perf_counter() + resume_timeout_s
+        while True:  # the group exists (and so does its retry queue) once one went through
+            with contextlib.suppress(Exception):
+                await self.operate()
+                break
+            if time.perf_counter() > deadline:
+                raise RuntimeError(f"group {self.group}: no receive within {resume_timeout_s} s")
+            await asyncio.sleep(0.1)
+
+    def owner(self) -> tuple[str, int]:
+        return RETRY_TOPIC_PREFIX + self.group, 0
+
+    async def operate(self) -> None:
+        assert self.consumer is not None
+        assert self.producer is not None
+        await self.producer.send(Message(self.topic, os.urandom(self.size)))
+        msgs = await self.consumer.receive(max_messages=64)
+        if not msgs:
+            raise RuntimeError("nothing received")
+        await self.consumer.ack_batch(msgs)
+
+    async def close(self) -> None:
+        if self.consumer is not None:
+            await self.consumer.close()
+        if self.producer is not None:
+            await self.producer.close()
+
+    def figures(self) -> dict[str, Any]:
+        return {}
+
+
 SERVICES: dict[str, Callable[[int], FailoverService]] = {
     "produce": lambda size: ProduceService(size=size),
     "commit": lambda size: CommitService(),
     "delayed": lambda size: DelayedService(),
     "txn": lambda size: TxnService(size=size),
+    "delivery": lambda size: DeliveryService(size=size),
 }
 """The services :func:`run_service_failover` knows, by name (called with the message size)."""
 

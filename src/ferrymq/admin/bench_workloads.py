@@ -265,14 +265,15 @@ async def _pull_all(address: str, topic: str, queues: int, total: int, label: st
 def run_push(address: str, *, messages: int = 1_000_000, size: int = 100, batch: int = 1000,
              queues: int = 4, inflight: int = 8, broker_pid: int | None = None,
              show_progress: bool = True, concurrency: int = 16, prefetch: int = 2048,
-             compare_pull: bool = True) -> dict[str, Any]:
+             compare_pull: bool = True,
+             replication: Replication = DEFAULT_REPLICATION) -> dict[str, Any]:
     """Produce ``messages`` (untimed), then time a push consumer handling and acking them all
     (and, with ``compare_pull``, a pull consumer reading them)."""
     install_uvloop()
 
     async def main() -> dict[str, Any]:
         topic, total = await _filled_topic(address, queues, messages, size, batch, inflight,
-                                           show_progress)
+                                           show_progress, replication)
         cpu = CpuTime(broker_pid)
         handled = 0
         nbytes = 0
