@@ -4,8 +4,8 @@ broker that coordinates the group (the leader of its retry queue) is killed; the
 checker (:mod:`tests.cluster.delivery_history`) then finds nothing lost, no message held by two
 handlers at once, and a message handled twice only within the bound of docs/delivery.md.
 
-``DELIVERY_KILLS`` (default 1) kills in turn that many coordinators (the killed broker is
-started again before the next kill); ``make soak`` runs more.
+The CI test kills one coordinator; the soak (``make soak``, ``FERRYMQ_DELIVERY_KILLS``,
+default 20) kills that many in turn, the killed broker started again before the next kill.
 """
 
 from __future__ import annotations
@@ -33,9 +33,8 @@ from ferrymq.testing import ClusterProcess
 from tests.cluster.conftest import needs_etcd
 from tests.cluster.delivery_history import DeliveryHistory, check
 
-pytestmark = [pytest.mark.integration, pytest.mark.crash]
+pytestmark = [pytest.mark.integration, pytest.mark.crash, needs_etcd]
 
-KILLS = int(os.environ.get("DELIVERY_KILLS", "1"))
 GROUP = "workers"
 BOUND_S = 5.0
 """How long before a kill's recovery a first success may be, for its message to be handled again
@@ -82,8 +81,20 @@ def consumer(boot: str, name: str, hist: DeliveryHistory) -> AsyncPushConsumer:
     return pc
 
 
-@needs_etcd
 def test_push_consumers_ride_through_kill9_of_the_coordinator(tmp_path: Path) -> None:
+    ride_through_kills(tmp_path, 1, timeout_s=100)
+
+
+@pytest.mark.soak
+@pytest.mark.timeout(0)
+def test_soak_kill9_of_twenty_coordinators(tmp_path: Path) -> None:
+    kills = int(os.environ.get("FERRYMQ_DELIVERY_KILLS", "20"))
+    ride_through_kills(tmp_path, kills, timeout_s=60 + 20 * kills)
+
+
+def ride_through_kills(tmp_path: Path, kills: int, timeout_s: float) -> None:
+    """Producers and two push consumers throughout ``kills`` kills of the group's coordinator
+    (each restarted before the next), then the checker."""
     with ClusterProcess(3, tmp_path / "c", env=ENV) as procs:
         async def body() -> None:
             boot = procs.bootstrap
@@ -97,7 +108,7 @@ def test_push_consumers_ride_through_kill9_of_the_coordinator(tmp_path: Path) ->
             producers = [asyncio.create_task(produce(boot, hist, stop, f"p{i}-"))
                          for i in (1, 2)]
             try:
-                for _ in range(KILLS):
+                for _ in range(kills):
                     await asyncio.sleep(3)
                     victim = await coordinator(boot)
                     procs.kill9(victim)
@@ -136,4 +147,4 @@ def test_push_consumers_ride_through_kill9_of_the_coordinator(tmp_path: Path) ->
             print(f"\nsent {len(hist.sent)}, handled again {len(v.redone)}, recovery "
                   f"{[round(r - k, 2) for k, r in hist.kills]} s")
 
-        asyncio.run(asyncio.wait_for(body(), 150))
+        asyncio.run(asyncio.wait_for(body(), timeout_s))
