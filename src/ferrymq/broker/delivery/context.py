@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from ferrymq._time import Clock
 from ferrymq.broker.delivery.store import DeliveryStore, GroupStore
+from ferrymq.broker.topics import CLUSTER_TOPIC_ID_BASE
 from ferrymq.protocol.letters import DLQ_TOPIC_PREFIX, RETRY_TOPIC_PREFIX
 
 if TYPE_CHECKING:
@@ -75,7 +76,8 @@ class DeliveryContext:
 
     def _remove_local_topics(self, name: str) -> None:
         for topic in (RETRY_TOPIC_PREFIX + name, DLQ_TOPIC_PREFIX + name):
-            if topic in self.topics.topics:
+            t = self.topics.topics.get(topic)
+            if t is not None and t.topic_id < CLUSTER_TOPIC_ID_BASE:  # (a cluster's are its)
                 self.topics.delete(topic)
 
     def now(self) -> int:
