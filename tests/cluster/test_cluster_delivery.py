@@ -9,7 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from ferrymq.client import AsyncAdminClient, AsyncSimpleConsumer
+from ferrymq.client import (
+    AsyncAdminClient,
+    AsyncProducer,
+    AsyncPushConsumer,
+    AsyncSimpleConsumer,
+    Message,
+)
+from ferrymq.client._delivery import LeasedMessage
 from ferrymq.client._session import Session
 from ferrymq.errors import NotCoordinatorError
 from ferrymq.protocol import messages as m
@@ -114,5 +121,68 @@ def test_leases_acks_and_retries_survive_the_coordinators_loss(tmp_path: Path) -
                 assert await sc.receive(max_messages=10, wait=1.5) == []
             done = [x.body for x in acked + held + again]
             assert sorted(done) == sorted(sent)  # each acked once, none lost
+
+    run(body)
+
+
+def test_an_orderly_groups_failing_head_keeps_its_key_blocked_across_the_loss(
+        tmp_path: Path) -> None:
+    """An orderly group: the head of key k fails (nacked) before the coordinator's broker
+    stops; at the new coordinator the head comes again (reconsume_times 1), and k's next
+    message only after the head's ack, while another key flows."""
+    async def body() -> None:
+        async with cluster(tmp_path, **FAST) as c:
+            async with AsyncAdminClient(c.bootstrap) as admin:
+                await admin.create_topic("orders", 1, replicas=3, min_insync=2)
+            async with AsyncProducer(c.bootstrap, delivery_timeout_s=30) as p:
+                for body_, key in ((b"k1", "k"), (b"k2", "k"), (b"o1", "o")):
+                    await p.send(Message("orders", body_, sharding_key=key))
+            sc = AsyncSimpleConsumer(c.bootstrap, group="og", orderly=True, await_duration=0.5,
+                                     session_timeout_s=20)
+            async with sc:
+                await sc.subscribe("orders")
+                first = await receive_all(sc, 2)
+                assert sorted(x.body for x in first) == [b"k1", b"o1"]
+                await sc.nack(next(x for x in first if x.body == b"k1"), delay=0)
+                await sc.ack(next(x for x in first if x.body == b"o1"))
+                await c.stop(coordinator(c, "og"))
+                await c.wait(lambda: coordinator(c, "og") in c.brokers, "a new coordinator")
+                (again,) = await receive_all(sc, 1)
+                assert (again.body, again.reconsume_times) == (b"k1", 1)
+                assert await sc.receive(max_messages=5, wait=1.0) == []  # k2 waits for k1
+                await sc.ack(again)
+                (nxt,) = await receive_all(sc, 1)
+                assert nxt.body == b"k2"
+                await sc.ack(nxt)
+
+    run(body)
+
+
+def test_an_ephemeral_groups_retry_queue_leaves_the_cluster_with_it(tmp_path: Path) -> None:
+    """A broadcasting push consumer without an instance name has an ephemeral group: its retry
+    queue is created in the cluster when it joins and deleted from the cluster when it
+    leaves."""
+    async def body() -> None:
+        async with cluster(tmp_path, **FAST) as c:
+            async with AsyncAdminClient(c.bootstrap) as admin:
+                await admin.create_topic("orders", 2, replicas=3, min_insync=2)
+            await produce(c, "orders", 5)
+            got: list[bytes] = []
+
+            async def handle(msg: LeasedMessage) -> None:
+                got.append(msg.body)
+
+            pc = AsyncPushConsumer(c.bootstrap, group="b", mode="broadcasting",
+                                   start_from="earliest")
+            pc.subscribe("orders", "*", handle)
+            await pc.start()
+            retry = RETRY_TOPIC_PREFIX + pc.delivery_group
+            srv = c.brokers[1]
+            await c.wait(lambda: len(got) == 5, "5 messages handled")
+            assert retry in srv.topics.topics
+            await pc.close()
+            await c.wait(lambda: all(retry not in s.topics.topics for s in c.brokers.values()),
+                         "the retry topic deleted from every broker")
+            assert not any(pc.delivery_group in s.delivery.groups for s in c.brokers.values())
 
     run(body)
