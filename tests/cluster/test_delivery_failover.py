@@ -4,8 +4,9 @@ broker that coordinates the group (the leader of its retry queue) is killed; the
 checker (:mod:`tests.cluster.delivery_history`) then finds nothing lost, no message held by two
 handlers at once, and a message handled twice only within the bound of docs/delivery.md.
 
-The CI test kills one coordinator; the soak (``make soak``, ``FERRYMQ_DELIVERY_KILLS``,
-default 20) kills that many in turn, the killed broker started again before the next kill.
+The CI tests kill one coordinator and pause another (SIGSTOP past its lease: a zombie); the
+soak (``make soak``, ``FERRYMQ_DELIVERY_KILLS``, default 20) injects that many faults in turn,
+kills and pauses alternating, a killed broker started again before the next fault.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import time
 import zlib
 from pathlib import Path
@@ -40,6 +42,8 @@ BOUND_S = 5.0
 """How long before a kill's recovery a first success may be, for its message to be handled again
 (docs/delivery.md: acks in flight during the failover)."""
 ENV = {"FERRYMQ_METADATA_LEASE_MS": "2000", "FERRYMQ_REPLICA_LAG_MS": "2000"}
+PAUSE_S = 6.0
+"""How long a paused coordinator stays stopped (three broker leases)."""
 
 
 async def coordinator(boot: str) -> int:
@@ -66,7 +70,7 @@ async def produce(boot: str, hist: DeliveryHistory, stop: asyncio.Event, prefix:
 def consumer(boot: str, name: str, hist: DeliveryHistory) -> AsyncPushConsumer:
     pc = AsyncPushConsumer(boot, group=GROUP, retry_delays=[0], max_reconsume=1000,
                            invisible_duration=30, concurrency=4, prefetch=32,
-                           session_timeout_s=10, request_timeout_s=20)
+                           session_timeout_s=10, request_timeout_s=8)
 
     async def handle(msg: LeasedMessage) -> ConsumeResult:
         h = hist.begin(msg.body, name, msg.reconsume_times)
@@ -82,19 +86,28 @@ def consumer(boot: str, name: str, hist: DeliveryHistory) -> AsyncPushConsumer:
 
 
 def test_push_consumers_ride_through_kill9_of_the_coordinator(tmp_path: Path) -> None:
-    ride_through_kills(tmp_path, 1, timeout_s=100)
+    ride_through(tmp_path, ["kill"], timeout_s=100)
+
+
+def test_a_paused_coordinator_leases_nothing_twice(tmp_path: Path) -> None:
+    """SIGSTOP of the coordinator for three times its broker lease (a zombie: another broker
+    takes the group over meanwhile), then SIGCONT: what the zombie does when it wakes, before
+    it learns it was deposed, hands no message to a second member."""
+    ride_through(tmp_path, ["pause"], timeout_s=100)
 
 
 @pytest.mark.soak
 @pytest.mark.timeout(0)
 def test_soak_kill9_of_twenty_coordinators(tmp_path: Path) -> None:
     kills = int(os.environ.get("FERRYMQ_DELIVERY_KILLS", "20"))
-    ride_through_kills(tmp_path, kills, timeout_s=60 + 20 * kills)
+    ride_through(tmp_path, ["kill", "pause"] * (kills // 2) + ["kill"] * (kills % 2),
+                 timeout_s=60 + 20 * kills)
 
 
-def ride_through_kills(tmp_path: Path, kills: int, timeout_s: float) -> None:
-    """Producers and two push consumers throughout ``kills`` kills of the group's coordinator
-    (each restarted before the next), then the checker."""
+def ride_through(tmp_path: Path, faults: list[str], timeout_s: float) -> None:
+    """Producers and two push consumers throughout ``faults`` of the group's coordinator, one
+    after the other: ``kill`` (kill -9, restarted before the next fault) or ``pause``
+    (SIGSTOP for 3 lease times, then SIGCONT); then the checker."""
     with ClusterProcess(3, tmp_path / "c", env=ENV) as procs:
         async def body() -> None:
             boot = procs.bootstrap
@@ -108,10 +121,15 @@ def ride_through_kills(tmp_path: Path, kills: int, timeout_s: float) -> None:
             producers = [asyncio.create_task(produce(boot, hist, stop, f"p{i}-"))
                          for i in (1, 2)]
             try:
-                for _ in range(kills):
+                for fault in faults:
                     await asyncio.sleep(3)
                     victim = await coordinator(boot)
-                    procs.kill9(victim)
+                    pid = procs.broker(victim).pid
+                    assert pid is not None
+                    if fault == "kill":
+                        procs.kill9(victim)
+                    else:
+                        os.kill(pid, signal.SIGSTOP)
                     killed = time.monotonic()
                     deadline = killed + 30
                     while not any(h.ok and h.start > killed + 0.5
@@ -119,8 +137,13 @@ def ride_through_kills(tmp_path: Path, kills: int, timeout_s: float) -> None:
                         assert time.monotonic() < deadline, "no handler success after the kill"
                         await asyncio.sleep(0.05)
                     hist.kills.append((killed, time.monotonic()))
-                    await asyncio.sleep(2)
-                    procs.restart(victim)
+                    if fault == "kill":
+                        await asyncio.sleep(2)
+                        await asyncio.to_thread(procs.restart, victim)
+                    else:
+                        await asyncio.sleep(max(0.0, killed + PAUSE_S - time.monotonic()))
+                        os.kill(pid, signal.SIGCONT)
+                        await asyncio.sleep(3)  # the zombie wakes up among the live
                 await asyncio.sleep(2)
             finally:
                 stop.set()
