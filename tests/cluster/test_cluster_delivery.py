@@ -186,3 +186,42 @@ def test_an_ephemeral_groups_retry_queue_leaves_the_cluster_with_it(tmp_path: Pa
             assert not any(pc.delivery_group in s.delivery.groups for s in c.brokers.values())
 
     run(body)
+
+
+def test_message_status_is_answered_through_any_broker_and_survives_the_loss(
+        tmp_path: Path) -> None:
+    """``message_status`` asks every broker (each answers for the groups it coordinates): an
+    acked message is CONSUMED with its ack time and a leased one DELIVERED, through a broker
+    that does not coordinate the group, before and after the coordinator's loss."""
+    async def body() -> None:
+        async with cluster(tmp_path, **FAST) as c:
+            async with AsyncAdminClient(c.bootstrap) as admin:
+                await admin.create_topic("orders", 1, replicas=3, min_insync=2)
+            await produce(c, "orders", 2)
+            sc = AsyncSimpleConsumer(c.bootstrap, group="sg", await_duration=0.5,
+                                     session_timeout_s=20)
+            async with sc:
+                await sc.subscribe("orders")
+                acked, leased = sorted(await receive_all(sc, 2), key=lambda x: x.offset)
+                await sc.ack(acked)
+
+                async def states(via: int) -> dict[str, tuple[str, int]]:
+                    async with AsyncAdminClient(address(c, via)) as admin:
+                        out = {}
+                        for x in (acked, leased):
+                            (st,) = (await admin.message_status(x.msg_id)).statuses
+                            assert st.group == "sg"
+                            out[x.msg_id] = (st.state, st.at_ms)
+                        return out
+
+                coord = coordinator(c, "sg")
+                other = next(i for i in c.brokers if i != coord)
+                before = await states(other)
+                assert before[acked.msg_id][0] == "CONSUMED" and before[acked.msg_id][1] > 0
+                assert before[leased.msg_id][0] == "DELIVERED"
+                await c.stop(coord)
+                await c.wait(lambda: coordinator(c, "sg") in c.brokers, "a new coordinator")
+                via = next(i for i in c.brokers if i != coordinator(c, "sg"))
+                assert await states(via) == before
+
+    run(body)

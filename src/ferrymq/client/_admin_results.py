@@ -17,7 +17,7 @@ it was made from. Answers that had named fields only (``create_topic``, ``delete
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -378,6 +378,21 @@ class MessageStatus:
         """From the broker's MESSAGE_STATUS answer."""
         return cls(resp.topic, resp.queue, resp.offset,
                    [DeliveryStatus._make(x) for x in resp.statuses])
+
+
+def merge_message_statuses(answers: Sequence[m.MessageStatusResponse]) -> m.MessageStatusResponse:
+    """Several brokers' MESSAGE_STATUS answers as one (a cluster: each broker answers for the
+    delivery groups it coordinates): one row per group, the first answer's that has one, by
+    group name; a placeholder row (group ``-``) only when no broker had a group row."""
+    rows: dict[str, m.MessageGroupStatus] = {}
+    for a in answers:
+        for row in a.statuses:
+            rows.setdefault(row[0], row)
+    if len(rows) > 1:
+        rows.pop("-", None)
+    first = answers[0]
+    return m.MessageStatusResponse(first.topic, first.queue, first.offset,
+                                   [rows[g] for g in sorted(rows)])
 
 
 class KeyMatch(NamedTuple):

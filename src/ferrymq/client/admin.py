@@ -41,6 +41,7 @@ from ferrymq.client._admin_results import (
     TxnsDescription,
     UserInfo,
     merge_group_listings,
+    merge_message_statuses,
 )
 from ferrymq.client._admin_users import UserAdminCalls
 from ferrymq.client._cluster import SAME_BROKER_RETRY_CODES, Cluster
@@ -351,12 +352,26 @@ class AsyncAdminClient(ClusterAdminCalls, UserAdminCalls):
             UnknownTopicError: its topic was deleted.
             NotLeaderError: a cluster's scheduled message whose queue no broker leads now.
 
-        On a cluster a scheduled message's state is answered by its queue's leader (the
-        broker asked says NOT_LEADER, and the others are asked in turn).
+        On a cluster every live broker is asked and the answers merged: each answers for the
+        delivery groups it coordinates, and a scheduled message's state is answered by its
+        queue's leader (the others say NOT_LEADER).
         """
-        return MessageStatus.from_wire(await self._cluster.ask_leader(lambda s: s.request(
-            m.MessageStatusRequest(msg_id), m.MessageStatusResponse,
-            retry_codes=SAME_BROKER_RETRY_CODES)))
+        req = m.MessageStatusRequest(msg_id)
+        sessions = await self._cluster.every_broker()
+        if len(sessions) == 1:
+            return MessageStatus.from_wire(await sessions[0].request(
+                req, m.MessageStatusResponse, retry_codes=SAME_BROKER_RETRY_CODES))
+        # a cluster: each broker knows the delivery groups it coordinates (a scheduled
+        # message's state only its queue's leader: the others answer NOT_LEADER)
+        answers = await asyncio.gather(*(s.request(req, m.MessageStatusResponse,
+                                                   retry_codes=SAME_BROKER_RETRY_CODES)
+                                         for s in sessions), return_exceptions=True)
+        ok = [a for a in answers if isinstance(a, m.MessageStatusResponse)]
+        if not ok:
+            first = answers[0]
+            assert isinstance(first, BaseException)
+            raise first
+        return MessageStatus.from_wire(merge_message_statuses(ok))
 
     async def cancel_scheduled(self, msg_id: str) -> None:
         """Cancel a scheduled message that is not yet due (as ``Producer.cancel``).

@@ -8,6 +8,7 @@ import io
 import json
 
 from ferrymq.admin.output import Printer
+from ferrymq.client._admin_results import merge_message_statuses
 from ferrymq.client.admin import (
     DeliveryGroupDescription,
     GroupDescription,
@@ -103,3 +104,17 @@ def test_delivery_group_rendering_uses_the_estimated_lag() -> None:
     assert member_row.split() == ["m1", "-", "-", "1m30s", "ago", "3"]
     d = json.loads(_render(True, "groups_described", None, old))
     assert (d["lag"], d["queues"][0]["lag"], d["queues"][0]["next"]) == (10, 5, 7)
+
+
+def test_message_statuses_of_several_brokers_merge_into_one_row_per_group() -> None:
+    none = ("-", "SCHEDULED", "", -1, 0, 5, "not due yet", -1)
+    a = ("a", "CONSUMED", "", -1, 0, -1, "", 7)
+    b = ("b", "DELIVERED", "m1", 9, 1, -1, "", -1)
+    merged = merge_message_statuses([
+        m.MessageStatusResponse("t", 0, 3, [b]),
+        m.MessageStatusResponse("t", 0, 3, [none]),
+        m.MessageStatusResponse("t", 0, 3, [a, ("b", "WAITING", "", -1, 0, -1, "", -1)]),
+    ])
+    assert merged == m.MessageStatusResponse("t", 0, 3, [a, b])
+    alone = merge_message_statuses([m.MessageStatusResponse("t", 0, 3, [none])] * 2)
+    assert alone.statuses == [none]
