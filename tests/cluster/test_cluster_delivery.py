@@ -225,3 +225,37 @@ def test_message_status_is_answered_through_any_broker_and_survives_the_loss(
                 assert await states(via) == before
 
     run(body)
+
+
+def test_dead_letters_survive_the_coordinators_loss(tmp_path: Path) -> None:
+    """The dead-letter queue is a cluster topic led by the group's coordinator: letters
+    dead-lettered before the coordinator's broker stops are listed, counted and shown DEAD
+    after it, and the new coordinator takes the queue's leadership over."""
+    async def body() -> None:
+        async with cluster(tmp_path, **FAST) as c:
+            async with AsyncAdminClient(c.bootstrap) as admin:
+                await admin.create_topic("orders", 1, replicas=3, min_insync=2)
+            await produce(c, "orders", 3)
+            sc = AsyncSimpleConsumer(c.bootstrap, group="dg", max_reconsume=0,
+                                     await_duration=0.5, session_timeout_s=20)
+            async with sc:
+                await sc.subscribe("orders")
+                msgs = await receive_all(sc, 3)
+                for x in msgs:
+                    await sc.nack(x, delay=0, reason="poison")
+            dlq = "%DLQ%dg"
+            coord = coordinator(c, "dg")
+            assert leader_of(c, dlq, 0) == coord
+            await c.stop(coord)
+            await c.wait(lambda: coordinator(c, "dg") in c.brokers, "a new coordinator")
+            await c.wait(lambda: leader_of(c, dlq, 0) == coordinator(c, "dg"),
+                         "the dead-letter queue led by the new coordinator")
+            async with AsyncAdminClient(c.bootstrap) as admin:
+                assert (await admin.describe_delivery("dg")).dlq_size == 3
+                letters = await admin.dlq_list("dg")
+                assert sorted(d.msg_id for d in letters) == sorted(x.msg_id for x in msgs)
+                assert all("poison" in d.reason for d in letters)
+                (st,) = (await admin.message_status(msgs[0].msg_id)).statuses
+                assert st.state == "DEAD"
+
+    run(body)

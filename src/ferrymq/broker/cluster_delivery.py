@@ -36,8 +36,14 @@ written). docs/delivery.md states the bound on double delivery.
 
 The coordinator reads the group's source queues from its own copies (leader or follower: both
 are readable up to the high watermark): a source queue it holds no replica of is not delivered
-by it (see docs/cluster.md). Dead letters go to ``%DLQ%<group>`` on the coordinator's broker,
-not replicated yet.
+by it (see docs/cluster.md).
+
+Dead letters: ``%DLQ%<group>`` is a cluster topic of one queue too, created with the retry
+queue. The coordinator makes itself its leader (:func:`~ferrymq.cluster.operations.elect_leader`,
+a compare-and-swap like the preferred-leader election's, when it is in the queue's ISR), so the
+dead-letter code reads and writes it locally as on one broker; until then a move to it is BUSY
+(retried: the message stays leased). A dead letter is replicated before the finish of its
+original is written.
 """
 
 from __future__ import annotations
@@ -51,7 +57,9 @@ from ferrymq.broker.delivery.lifecycle import check_delivery_group_name
 from ferrymq.broker.delivery.logstore import GroupLog, LogGroupStore, read_state
 from ferrymq.broker.topics import CLUSTER_TOPIC_ID_BASE
 from ferrymq.cluster.model import NO_LEADER
+from ferrymq.cluster.operations import elect_leader
 from ferrymq.errors import (
+    BusyError,
     MetadataError,
     NotCoordinatorError,
     UnknownGroupError,
@@ -62,8 +70,12 @@ from ferrymq.protocol.letters import DLQ_TOPIC_PREFIX, RETRY_TOPIC_PREFIX
 if TYPE_CHECKING:
     from ferrymq.broker.cluster_link import ClusterLink
     from ferrymq.broker.delivery.store import DeliveryStore
+    from ferrymq.broker.topics import Topic
 
 log = logging.getLogger("ferrymq.broker")
+
+DLQ_FOLLOW_S = 0.5
+"""How often a coordinator looks again whether it leads its group's dead-letter queue."""
 
 
 class ClusterDelivery:
@@ -76,6 +88,7 @@ class ClusterDelivery:
         ctx = self.manager.ctx
         ctx.open_store = self._open_store
         ctx.remove_topics = self._remove_topics
+        ctx.create_internal = self._create_internal
         ctx.replicated = True
         self.led: set[str] = set()
         """Groups whose retry queue this broker leads (loaded when it holds state)."""
@@ -84,6 +97,8 @@ class ClusterDelivery:
         self._deleting: dict[str, int] = {}
         """Deleted groups -> the id of the retry topic whose cluster delete is under way."""
         self._tasks: set[asyncio.Task[None]] = set()
+        self._dlq_moves: set[str] = set()
+        """Groups whose dead-letter queue's leadership is being moved here."""
 
     # --- who coordinates -------------------------------------------------------------------------
 
@@ -125,7 +140,47 @@ class ClusterDelivery:
                 f"{group!r}: its state is in {topic} and {now}")
 
     async def _create(self, topic: str) -> None:
+        name = topic[len(RETRY_TOPIC_PREFIX):]
         await create_internal_topic(self.link, topic, 1, "a delivery group")
+        await create_internal_topic(self.link, DLQ_TOPIC_PREFIX + name, 1,
+                                    "a delivery group's dead letters")
+
+    def _create_internal(self, name: str) -> Topic:
+        """A group's internal topic used before it exists (a dead-letter queue of a group
+        created before it had one): the cluster creates it; BUSY until then."""
+        self._spawn(create_internal_topic(self.link, name, 1, "a delivery group"))
+        raise BusyError(f"{name} is being created in the cluster; retry",
+                        retry_after_ms=self.link.server.config.busy_retry_after_ms)
+
+    # --- the dead-letter queue follows the coordinator -------------------------------------------
+
+    def _follow_dlq(self, name: str) -> None:
+        """Make this broker, the group's coordinator, the leader of the group's dead-letter
+        queue too (in the background, until it is or stops coordinating the group)."""
+        if name in self.led and name not in self._dlq_moves:
+            self._dlq_moves.add(name)
+            self._spawn(self._lead_dlq(name))
+
+    async def _lead_dlq(self, name: str) -> None:
+        link = self.link
+        me = link.node.broker_id
+        topic = DLQ_TOPIC_PREFIX + name
+        try:
+            while name in self.led:
+                t = link.server.topics.topics.get(topic)
+                rec = link.node.view.queues.get((topic, 0))
+                if t is None or t.topic_id < CLUSTER_TOPIC_ID_BASE:
+                    await create_internal_topic(link, topic, 1, "a delivery group")
+                elif rec is not None and rec.leader == me:
+                    return
+                elif rec is not None and me in rec.isr:
+                    try:
+                        await elect_leader(link.node.store, link.node.keys, topic, 0, me)
+                    except MetadataError as exc:
+                        log.warning("%s: moving its leadership here failed: %s", topic, exc)
+                await asyncio.sleep(DLQ_FOLLOW_S)
+        finally:
+            self._dlq_moves.discard(name)
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -136,13 +191,21 @@ class ClusterDelivery:
 
     def on_role(self, topic: str, queue: int, leads: bool, new_epoch: bool) -> None:
         """This broker now leads retry queue ``topic`` (``new_epoch``: it did not lead it at
-        this epoch before: load the group from it) or not (forget the group)."""
-        if queue != 0 or not topic.startswith(RETRY_TOPIC_PREFIX):
+        this epoch before: load the group from it) or not (forget the group); or a group's
+        dead-letter queue changed leaders (the coordinator takes it over)."""
+        if queue != 0:
+            return
+        if topic.startswith(DLQ_TOPIC_PREFIX):
+            if not leads:
+                self._follow_dlq(topic[len(DLQ_TOPIC_PREFIX):])
+            return
+        if not topic.startswith(RETRY_TOPIC_PREFIX):
             return
         name = topic[len(RETRY_TOPIC_PREFIX):]
         if leads and (new_epoch or name not in self.led):
             self._forget(name)
             self.led.add(name)
+            self._follow_dlq(name)
             qs = self.link.server.topics.queue(topic, 0)
             state = read_state(qs)
             if state.deleted:  # deleted, and the cluster's delete of the topic not seen yet
@@ -208,9 +271,12 @@ class ClusterDelivery:
         store = self._stores.pop(name, None)
         if store is not None:
             store.tombstone()
-        dlq = DLQ_TOPIC_PREFIX + name
-        if dlq in topics.topics:
-            topics.delete(dlq)
+        dlq = topics.topics.get(DLQ_TOPIC_PREFIX + name)
+        if dlq is not None:
+            if dlq.topic_id < CLUSTER_TOPIC_ID_BASE:
+                topics.delete(dlq.name)
+            else:
+                self._spawn(self._delete(dlq.name))
         retry = topics.topics.get(RETRY_TOPIC_PREFIX + name)
         if retry is not None:
             self._deleting[name] = retry.topic_id

@@ -51,7 +51,7 @@ from ferrymq.protocol import messages as m
 from ferrymq.protocol.codes import ErrorCode
 from ferrymq.protocol.coordinator import OFFSETS_TOPIC, TXN_TOPIC
 from ferrymq.protocol.half_messages import HALF_TOPIC
-from ferrymq.protocol.letters import RETRY_TOPIC_PREFIX
+from ferrymq.protocol.letters import DLQ_TOPIC_PREFIX, RETRY_TOPIC_PREFIX
 
 if TYPE_CHECKING:
     from ferrymq.broker.config import BrokerConfig
@@ -202,7 +202,7 @@ class ClusterLink:
             self.txn.on_role(new.role == "leader", not same_epoch)
         elif topic == HALF_TOPIC:
             self.halves.on_role(new.role == "leader", not same_epoch)
-        elif topic.startswith(RETRY_TOPIC_PREFIX):
+        elif topic.startswith((RETRY_TOPIC_PREFIX, DLQ_TOPIC_PREFIX)):
             self.delivery.on_role(topic, queue, new.role == "leader", not same_epoch)
 
     def _on_fence(self, fenced: bool) -> None:

@@ -8,6 +8,7 @@ re-exported here), made from the broker's wire answers.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 from collections.abc import AsyncIterator, Sequence
 
@@ -50,6 +51,7 @@ from ferrymq.client._session import Auth, Session, TLSOption
 from ferrymq.client.message import BatchContext, ReceivedMessage
 from ferrymq.errors import (
     ConfigError,
+    FerryMQError,
     InvalidRequestError,
     OffsetOutOfRangeError,
     UnknownTopicError,
@@ -443,11 +445,19 @@ class AsyncAdminClient(ClusterAdminCalls, UserAdminCalls):
 
     async def _fetch_one(self, topic: str, queue: int, offset: int,
                          max_bytes: int) -> m.FetchResult:
-        resp = await self._session.request(
-            m.FetchRequest(0, 0, max_bytes, [(topic, queue, offset, max_bytes, "*")]),
-            m.FetchResponse,
-        )
-        return resp.results[0]
+        """One read of ``topic``/``queue`` from its leader (a cluster: asked again once after a
+        refresh when the broker asked no longer leads it)."""
+        req = m.FetchRequest(0, 0, max_bytes, [(topic, queue, offset, max_bytes, "*")])
+        cluster = self._cluster
+        with contextlib.suppress(FerryMQError):  # an unknown topic: the fetch says so
+            await cluster.ensure(topic)
+        for attempt in range(2):
+            session = cluster.route(topic, queue) or self._session
+            res = (await session.request(req, m.FetchResponse)).results[0]
+            if attempt or res[2] not in (ErrorCode.NOT_LEADER, ErrorCode.LEADER_NOT_AVAILABLE):
+                return res
+            await cluster.await_refresh([topic])
+        raise AssertionError("unreachable")
 
     # -- dead letters ------------------------------------------------------------------------
 

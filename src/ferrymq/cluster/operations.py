@@ -101,6 +101,36 @@ async def elect_preferred_leaders(store: MetadataStore, keys: Keys,
         # it decided on fresher facts; the next run decides again
     return moved
 
+async def elect_leader(store: MetadataStore, keys: Keys, topic: str, queue: int,
+                       broker_id: int) -> bool:
+    """Give the leadership of ``topic``/``queue`` to ``broker_id`` if it is alive and in the
+    ISR (a new epoch); whether it leads it now. Safe from any broker (see the module
+    docstring): a write that lost a race changes nothing, and the caller asks again.
+
+    Raises:
+        MetadataUnavailableError: the store cannot be reached.
+    """
+    snap = await read_cluster(store, keys)
+    record = snap.queues.get((topic, queue))
+    if record is None:
+        return False
+    if record.leader == broker_id:
+        return True
+    reg = snap.brokers.get(broker_id)
+    if reg is None or broker_id not in record.isr:
+        return False
+    new = record.with_leader(broker_id)
+    key = keys.queue(topic, queue)
+    rev = await store.commit([Check(key, record.version), Check(keys.controller, snap.seat),
+                              Check(keys.broker(broker_id), reg.mod_revision)],
+                             [Put(key, new.encode())])
+    if rev is None:
+        return False
+    log.info("%s/%d: leadership moved to broker %d (was %d, epoch %d)", topic, queue,
+             broker_id, record.leader, new.leader_epoch)
+    return True
+
+
 async def drain_leaders(store: MetadataStore, keys: Keys, broker_id: int) -> tuple[int, int]:
     """Move the leadership of every queue ``broker_id`` leads to another replica alive and in
     its ISR (:func:`decide_drained`), before maintenance of that broker: (queues moved, queues

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from ferrymq.broker.delivery.group import DeliveryGroup
     from ferrymq.broker.flusher import Flusher
     from ferrymq.broker.scheduler import Scheduler
-    from ferrymq.broker.topics import TopicRegistry
+    from ferrymq.broker.topics import Topic, TopicRegistry
 
 
 StoreOpener = Callable[[str], tuple[DeliveryStore, "dict[str, Any] | None", list[Any]]]
@@ -58,6 +58,9 @@ class DeliveryContext:
         self.remove_topics: Callable[[str], None] = self._remove_local_topics
         """How a deleted group's retry and dead-letter topics are removed (cluster: see
         ``open_store``)."""
+        self.create_internal: Callable[[str], Topic] = self._create_local
+        """Creates a group's internal topic of one queue (retry, dead letters) on first use:
+        here; in a cluster through the metadata store (BUSY until it exists)."""
         self.replicated = False
         """Whether the stores are replicated logs: answers then wait for replication whatever
         the flush mode (a cluster)."""
@@ -73,6 +76,9 @@ class DeliveryContext:
 
     def _open_files(self, name: str) -> tuple[DeliveryStore, dict[str, Any] | None, list[Any]]:
         return GroupStore.load(self.dir / name, self.handles)
+
+    def _create_local(self, name: str) -> Topic:
+        return self.topics.create(name, 1, {}, self.clock.wall_ms(), internal_ok=True)
 
     def _remove_local_topics(self, name: str) -> None:
         for topic in (RETRY_TOPIC_PREFIX + name, DLQ_TOPIC_PREFIX + name):

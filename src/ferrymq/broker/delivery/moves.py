@@ -27,7 +27,7 @@ from ferrymq.broker.delivery.queues import GroupQueues
 from ferrymq.broker.delivery.state import Lease
 from ferrymq.broker.delivery.store import Callback
 from ferrymq.broker.flusher import flush_postponed
-from ferrymq.errors import BrokerError, CorruptRecordError
+from ferrymq.errors import BrokerError, BusyError, CorruptRecordError, NotLeaderError
 from ferrymq.protocol.letters import MAX_REASON_CHARS, Letter
 from ferrymq.protocol.records import encode_msg_id
 
@@ -112,7 +112,12 @@ class Moves:
         assert qs is not None
         flusher = ctx.flusher
         flusher.check_writable(qs)
-        qs.check_own_write()  # a cluster's retry queue: only its leader, the coordinator, writes
+        try:  # a cluster's queues: only their leader writes (the coordinator, see below)
+            qs.check_own_write()
+        except NotLeaderError as exc:
+            raise BusyError(f"delivery group {g.name}: {target} is led by another broker for "
+                            f"now ({exc.message})",
+                            retry_after_ms=ctx.config.busy_retry_after_ms) from None
         res = qs.log.append(batch, now_ms=wall)  # OSError: nothing stored, nothing changed
         # the copy is written: the original is finished here (journaled once the copy is
         # durable: a crash in between delivers the message twice, never zero times)
@@ -127,7 +132,7 @@ class Moves:
         end = res.last_offset + 1
 
         def moved(exc: BaseException | None) -> None:
-            if flush_postponed(exc) and qs not in flusher.failed:
+            if flush_postponed(exc) and qs not in flusher.failed and qs.replica is None:
                 qs.wait_durable(end, moved)  # durable once the flusher wrote its tail again
                 return
             g.pending_moves -= 1
@@ -150,7 +155,11 @@ class Moves:
                     on_durable(e)
             g.advance_floor(key)
 
-        if ctx.sync:
+        if qs.replica is not None and dead:
+            # a cluster's dead-letter queue is a log of its own: the letter must be replicated
+            # before the finish is (the retry queue holds the finish itself, after its letter)
+            qs.replica.wait_acks(end, 0, moved)
+        elif ctx.sync:
             qs.wait_durable(end, moved)
         else:
             moved(None)

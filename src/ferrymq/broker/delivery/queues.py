@@ -109,7 +109,7 @@ class GroupQueues:
         if t is None:
             if not create:
                 return None
-            t = self.topics.create(name, 1, {}, self.ctx.clock.wall_ms(), internal_ok=True)
+            t = self.ctx.create_internal(name)
         return t.queues[0]
 
     def retry_queue(self, g: DeliveryGroup) -> QueueState:
