@@ -151,10 +151,12 @@ class LogGroupStore:
 
     @property
     def size(self) -> int:
-        """Record bytes since the last snapshot; past an hour since it, reported as huge so that
-        compaction writes a new one (see :data:`SNAPSHOT_EVERY_MS`)."""
-        if self._size and self.clock.monotonic() * 1000 - self._last_snapshot_ms \
-                > SNAPSHOT_EVERY_MS:
+        """Record bytes since the last snapshot; reported as huge, so that compaction writes a
+        new snapshot, once the last one is older than :data:`SNAPSHOT_EVERY_MS` and anything
+        came after it in the queue (a record, a letter, a scheduled letter's copy: what may
+        roll the snapshot's segment towards retention)."""
+        if (self._size or self.qs.log.end_offset > self._end) \
+                and self.clock.monotonic() * 1000 - self._last_snapshot_ms > SNAPSHOT_EVERY_MS:
             return 1 << 62
         return self._size
 
