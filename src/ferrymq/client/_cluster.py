@@ -287,6 +287,14 @@ class Cluster:
         candidates = [s for s in self.sessions.values() if s.open_connection is not None]
         if boot.open_connection is not None:
             candidates.insert(0, boot)
+        if candidates and not self._closed:
+            # then the other brokers the last answer listed: a bootstrap broker that hangs (its
+            # connection open, no answer) must not hide the live ones from the client
+            own = boot.hello.broker_id if boot.hello is not None else None
+            candidates += [self.sessions.get(bid) or self._session_for(bid)
+                           for bid in sorted(self.leaders.brokers) if bid != own
+                           and (bid not in self.sessions
+                                or self.sessions[bid].open_connection is None)]
         last: FerryMQError | None = None
         for s in candidates:
             try:  # a connected broker answers at once: a silent one must not hold the refresh

@@ -13,8 +13,10 @@ metadata of that topic (through the client's :class:`~ferrymq.client._cluster.Cl
 and coalesced with its other refreshes), computes the group's queue from the group name, sends
 the request to that queue's leader, and keeps that session for the group's next requests. The
 same happens when the coordinator's connection is lost or it does not answer (it may have
-died: the next leader of the queue takes over), until the request's deadline. There is no
-FIND_COORDINATOR request: docs/design.md says why.
+died: the next leader of the queue takes over), until the request's deadline; a request that
+ran out of time so makes the next one look for the coordinator first (a broker that hangs with
+its connection open, the bootstrap one too, would otherwise take every request's whole
+timeout). There is no FIND_COORDINATOR request: docs/design.md says why.
 
 Transactions follow their coordinator the same way: the leader of ``%TXN%state``
 (:data:`~ferrymq.protocol.coordinator.TXN_TOPIC`, one queue), with the transactional id in
@@ -24,6 +26,7 @@ place of the group name (``CoordinatorRoute(cluster, tid, TXN_TOPIC)``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 from typing import TypeVar
@@ -33,6 +36,7 @@ from ferrymq.client._session import Session
 from ferrymq.errors import (
     BrokerError,
     ConnectionClosedError,
+    FerryMQError,
     FerryMQTimeoutError,
     NotCoordinatorError,
     error_for_code,
@@ -74,6 +78,9 @@ class CoordinatorRoute:
         self._queue_of = queue_of
         self.session: Session = cluster.bootstrap
         """Where the group's requests go now (the bootstrap session until a refusal)."""
+        self._lost = False
+        """A request to :attr:`session` got no answer or lost its connection: the next one
+        looks for the coordinator first (it may have moved; the old one may hang)."""
 
     async def request(self, req: m.Request, resp_type: type[B], *,
                       timeout_s: float | None = None, retry: bool = True,
@@ -93,6 +100,10 @@ class CoordinatorRoute:
         deadline = loop.time() + total
         codes = SAME_COORDINATOR_RETRY_CODES if retry_codes is None else (
             retry_codes - {ErrorCode.NOT_COORDINATOR})
+        if self._lost:
+            self._lost = False
+            with contextlib.suppress(FerryMQError):
+                await self.find()
         while True:
             s = self.session
             try:
@@ -102,9 +113,11 @@ class CoordinatorRoute:
                 if loop.time() >= deadline:
                     raise
             except (ConnectionClosedError, FerryMQTimeoutError):
-                if s is boot or not retry or loop.time() >= deadline:
-                    self.session = boot  # a lost coordinator: start again from the bootstrap
+                if not retry or loop.time() >= deadline:
+                    self._lost = True  # the next request looks for the coordinator first
                     raise
+                # a coordinator lost or silent (the bootstrap's broker too: it may hang with
+                # its connection open): the next leader of the group's queue takes over
             await self.find()
 
     @property

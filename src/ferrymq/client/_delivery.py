@@ -230,7 +230,10 @@ class DeliveryCore:
             await self.awaiting.check(topic, require=require)
 
     async def heartbeat(self) -> None:
-        """Register or refresh this member (and the group's retry policy)."""
+        """Register or refresh this member (and the group's retry policy). Waits at most half
+        the session timeout for the answer (or the request timeout, if shorter): a member whose
+        heartbeat takes longer is about to be evicted, and the heartbeat loop then looks for
+        the coordinator again."""
         resp = await self.route.request(
             m.DeliveryHeartbeatRequest(
                 self.group, self.member_id, self.session.client_id,
@@ -239,6 +242,7 @@ class DeliveryCore:
                 self.exclusive, self.ephemeral,
             ),
             m.DeliveryHeartbeatResponse,
+            timeout_s=min(self.session.request_timeout_s, self.session_timeout_ms / 2000),
         )
         if self.ephemeral and not resp.ephemeral and not self.member_id:
             log.warning("delivery group %s is kept by the broker after this consumer leaves "
@@ -269,6 +273,12 @@ class DeliveryCore:
                 raise
             except FerryMQError as exc:
                 log.warning("heartbeat of group %s failed: %s", self.group, exc)
+                if isinstance(exc, (ConnectionClosedError, FerryMQTimeoutError)):
+                    # the coordinator is gone or silent (it may hang with its connection
+                    # open): look for the group's coordinator now, so that the next requests
+                    # go to the new one instead of waiting out their timeouts on the old one
+                    with contextlib.suppress(FerryMQError):
+                        await self.route.find()
 
     async def receive(
         self, max_messages: int, invisible_s: float, wait_s: float, max_bytes: int = 4 << 20,
