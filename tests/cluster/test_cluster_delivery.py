@@ -101,12 +101,14 @@ def test_leases_acks_and_retries_survive_the_coordinators_loss(tmp_path: Path) -
                 await sc.ack_batch(acked)
                 for x in nacked:
                     await sc.nack(x, delay=0)
-                short = await receive_all(sc, 10, invisible=1)
+                short = await receive_all(sc, 10, invisible=60)
                 short_ids = {x.msg_id for x in short if x.reconsume_times == 0}
                 assert len(short_ids) == 5  # the 5 not delivered yet (and the 5 nacked again)
                 for x in short:
                     if x.reconsume_times:
                         await sc.nack(x, delay=0)  # nacked twice: reconsume 2 next time
+                    else:
+                        await sc.change_invisible_duration(x, 1.0)  # a lease that will end
                 coord = coordinator(c, "g")
                 await c.stop(coord)
                 await c.wait(lambda: coordinator(c, "g") in c.brokers, "a new coordinator")
@@ -257,5 +259,33 @@ def test_dead_letters_survive_the_coordinators_loss(tmp_path: Path) -> None:
                 assert all("poison" in d.reason for d in letters)
                 (st,) = (await admin.message_status(msgs[0].msg_id)).statuses
                 assert st.state == "DEAD"
+
+    run(body)
+
+
+def test_a_delayed_retry_pending_at_the_loss_comes_from_the_new_coordinator(
+        tmp_path: Path) -> None:
+    """A message nacked with a 2 s delay just before the coordinator's broker stops: its
+    scheduled retry letter is replicated with the retry queue, indexed by every replica, and
+    fired by the new coordinator when due (not before), with reconsume_times 1."""
+    async def body() -> None:
+        async with cluster(tmp_path, **FAST) as c:
+            async with AsyncAdminClient(c.bootstrap) as admin:
+                await admin.create_topic("orders", 1, replicas=3, min_insync=2)
+            await produce(c, "orders", 1)
+            sc = AsyncSimpleConsumer(c.bootstrap, group="rg", await_duration=0.5,
+                                     session_timeout_s=20)
+            async with sc:
+                await sc.subscribe("orders")
+                (msg,) = await receive_all(sc, 1)
+                nacked = time.monotonic()
+                await sc.nack(msg, delay=2.0)
+                await c.stop(coordinator(c, "rg"))
+                await c.wait(lambda: coordinator(c, "rg") in c.brokers, "a new coordinator")
+                (again,) = await receive_all(sc, 1)
+                assert time.monotonic() - nacked >= 1.9  # never early
+                assert (again.msg_id, again.reconsume_times) == (msg.msg_id, 1)
+                await sc.ack(again)
+                assert await sc.receive(max_messages=5, wait=1.0) == []
 
     run(body)
