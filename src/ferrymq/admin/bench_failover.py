@@ -412,16 +412,25 @@ async def describe_cluster(bootstrap: str) -> Any:
         return await admin.cluster_describe()
 
 
-async def queue_state(bootstrap: str, topic: str, queue: int) -> Any:
+async def queue_state(bootstrap: str, topic: str, queue: int, *,
+                      timeout_s: float = 120.0) -> Any:
     """The queue's state (leader, ISR) as a live broker of ``bootstrap`` sees it (retried
-    until one answers)."""
-    while True:
-        with contextlib.suppress(Exception):
+    until one answers, at most ``timeout_s``: a bench whose brokers are all gone fails, it does
+    not hang)."""
+    deadline = time.perf_counter() + timeout_s
+    last: BaseException | None = None
+    while time.perf_counter() < deadline:
+        try:
             desc = await describe_cluster(bootstrap)
+        except Exception as exc:  # noqa: BLE001 - a broker down: ask again
+            last = exc
+        else:
             for q in desc.queues:
                 if q.topic == topic and q.queue == queue:
                     return q
         await asyncio.sleep(0.05)
+    raise RuntimeError(f"{topic}/{queue}: no broker of {bootstrap} described it within "
+                       f"{timeout_s:.0f} s (last error: {last!r})")
 
 
 async def wait_isr(bootstrap: str, topic: str, queue: int, size: int, timeout_s: float,
