@@ -17,9 +17,10 @@ pytestmark = [pytest.mark.integration, needs_etcd]
 
 
 def _bench(*args: str) -> list[dict[str, Any]]:
-    out = subprocess.run([sys.executable, "-m", "ferrymq.admin.cli", "bench", "cluster", *args,
-                          "--json"], capture_output=True, text=True, timeout=300,
-                         check=True).stdout
+    proc = subprocess.run([sys.executable, "-m", "ferrymq.admin.cli", "bench", "cluster",
+                           *args, "--json"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"exit {proc.returncode}:\n{proc.stderr[-4000:]}"
+    out = proc.stdout
     return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
 
 

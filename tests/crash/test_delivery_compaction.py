@@ -36,8 +36,10 @@ def test_compaction_then_kill9_keeps_acks_and_leases(tmp_path: Path) -> None:
             c.ack_batch(acked[i : i + 5])
         gen_dir = tmp_path / "data" / "delivery" / "g"
         deadline = time.monotonic() + 10  # compaction runs on the delivery tick, not inline
+        # rotation creates journal.<G+1> first and writes the snapshot after it: wait for both
         journals = sorted(p.name for p in gen_dir.glob("journal.*"))
-        while journals == ["journal.0"] and time.monotonic() < deadline:
+        while (journals == ["journal.0"] or not (gen_dir / "state").exists()) \
+                and time.monotonic() < deadline:
             time.sleep(0.05)
             journals = sorted(p.name for p in gen_dir.glob("journal.*"))
         assert journals and journals != ["journal.0"], "the journal should have been rotated"

@@ -24,6 +24,13 @@ unfiltered read stays one ``Log.read``. The broker filters transactional data it
 it already walks batches: tag-filtered reads (control and aborted batches join the skip runs),
 and LEGACY fetches (clients that do not send an isolation and do not know control batches),
 which get control batches stripped, and only from segments that ever held one.
+
+Out of range means below the log start or beyond the log's end, not beyond ``visible_end``
+(Kafka's rule). A consumer may hold an offset between the two: a new cluster leader learns the
+high watermark its predecessor had advanced only from its followers' next fetches, so for a
+moment its ``visible_end`` is below offsets consumers already read. Such a fetch waits (and
+answers empty) instead of sending the consumer to its ``auto_offset_reset``, which would read
+everything again (``earliest``) or skip messages (``latest``).
 """
 
 from __future__ import annotations
@@ -109,9 +116,10 @@ def _read_all(
                 srv.cluster.check_serves(qs)
             lg = qs.log
             visible = qs.visible_end
-            if offset < lg.start_offset or offset > visible:
+            if offset < lg.start_offset or offset > max(visible, lg.end_offset):
                 raise OffsetOutOfRangeError(
-                    f"offset {offset} is outside {lg.start_offset}..{visible} of {topic}/{queue}"
+                    f"offset {offset} is outside {lg.start_offset}..{lg.end_offset} of "
+                    f"{topic}/{queue}"
                 )
             end = qs.lso if committed and qs.open_txns else visible
             data: bytes | memoryview = b""
