@@ -22,8 +22,8 @@ began, which after a kill only the queue's new leader stores; :class:`DelayedSer
 reports the acknowledged delayed messages lost or delivered twice), and ``txn`` (a
 transactional producer's one-message transactions into a three-queue topic: begin, send,
 commit; the owner is the transaction coordinator, the leader of ``%TXN%state``) and
-``delivery`` (a simple consumer's receive and ack: send one, receive, ack; the owner is the
-group's coordinator, the leader of ``%RETRY%<group>``). More register themselves in
+``delivery`` (a simple consumer's receive and ack of what a producer task keeps sending; the
+owner is the group's coordinator, the leader of ``%RETRY%<group>``). More register themselves in
 :data:`SERVICES`.
 """
 
@@ -172,6 +172,51 @@ class CommitService:
 
 
 @dataclass
+class _Feeder:
+    """Sends ``make()`` every ``1 / rate`` s, each send its own task: a send stuck on a dead
+    leader does not hold the next ones back (a keyless one goes to another queue). Counts the
+    acknowledged (their ids) and the failed."""
+
+    producer: AsyncProducer
+    make: Callable[[], Message]
+    rate: float
+    acked: set[str] = field(default_factory=set)
+    failed: int = 0
+    _stop: asyncio.Event = field(default_factory=asyncio.Event)
+    _task: asyncio.Task[None] | None = None
+    _sends: set[asyncio.Task[None]] = field(default_factory=set)
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _one(self) -> None:
+        try:
+            r = await self.producer.send(self.make())
+        except Exception:  # noqa: BLE001 - a failed send is a figure
+            self.failed += 1
+            return
+        self.acked.add(r.msg_id)
+
+    async def _run(self) -> None:
+        interval = 1.0 / self.rate
+        nxt = time.perf_counter()
+        while not self._stop.is_set():
+            task = asyncio.get_running_loop().create_task(self._one())
+            self._sends.add(task)
+            task.add_done_callback(self._sends.discard)
+            nxt = max(nxt + interval, time.perf_counter() - 1.0)
+            await asyncio.sleep(max(0.001, nxt - time.perf_counter()))
+
+    async def stop(self, timeout_s: float) -> None:
+        """Stop sending and wait (at most ``timeout_s``) for the sends in flight."""
+        self._stop.set()
+        if self._task is not None:
+            await self._task
+        if self._sends:
+            await asyncio.wait(set(self._sends), timeout=timeout_s)
+
+
+@dataclass
 class DelayedService:
     """Delayed delivery: messages delayed by ``delay_s`` are sent at ``send_rate`` per second
     (``acks="all"``) to a one-queue topic of three replicas throughout, and a consumer reads
@@ -185,10 +230,8 @@ class DelayedService:
     name: str = "delayed"
     parallel: bool = False
     topic: str = ""
-    producer: AsyncProducer | None = None
+    feeder: _Feeder | None = None
     consumer: AsyncPullConsumer | None = None
-    acked: set[str] = field(default_factory=set)
-    failed_sends: int = 0
     copies: dict[str, set[int]] = field(default_factory=dict)
     """Original id -> offsets of its copies received."""
     newest_stored_ms: int = -1
@@ -197,45 +240,26 @@ class DelayedService:
     """(perf_counter when received, append time in wall ms) of each copy."""
     resume_timeout_s: float = 60.0
     _arrived: asyncio.Event = field(default_factory=asyncio.Event)
-    _stop: asyncio.Event = field(default_factory=asyncio.Event)
-    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
-    _sends: set[asyncio.Task[None]] = field(default_factory=set)
+    _reader: asyncio.Task[None] | None = None
 
     async def start(self, bootstrap: str, resume_timeout_s: float) -> None:
         self.resume_timeout_s = resume_timeout_s
         self.topic = await _create_topic(bootstrap, 1, prefix="bench-delayed", replication=RF3)
-        self.producer = AsyncProducer(bootstrap, client_id="ferrymq-bench-delayed", acks="all",
-                                      linger_ms=0, delivery_timeout_s=resume_timeout_s + 30)
-        await self.producer.start()
+        producer = AsyncProducer(bootstrap, client_id="ferrymq-bench-delayed", acks="all",
+                                 linger_ms=0, delivery_timeout_s=resume_timeout_s + 30)
+        await producer.start()
+        self.feeder = _Feeder(producer, lambda: Message(self.topic, b"d", delay=self.delay_s),
+                              self.send_rate)
         self.consumer = AsyncPullConsumer(bootstrap, client_id="ferrymq-bench-delayed",
                                           auto_commit=False, auto_offset_reset="earliest")
         await self.consumer.start()
         await self.consumer.assign([(self.topic, 0)])
-        loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self._send()), loop.create_task(self._read())]
+        self.feeder.start()
+        self._reader = asyncio.get_running_loop().create_task(self._read())
         await self.operate()  # copies flow
 
     def owner(self) -> tuple[str, int]:
         return self.topic, 0
-
-    async def _send_one(self) -> None:
-        assert self.producer is not None
-        try:
-            r = await self.producer.send(Message(self.topic, b"d", delay=self.delay_s))
-        except Exception:  # noqa: BLE001 - a failed send is a figure
-            self.failed_sends += 1
-            return
-        self.acked.add(r.msg_id)
-
-    async def _send(self) -> None:
-        interval = 1.0 / self.send_rate
-        nxt = time.perf_counter()
-        while not self._stop.is_set():
-            task = asyncio.get_running_loop().create_task(self._send_one())
-            self._sends.add(task)
-            task.add_done_callback(self._sends.discard)
-            nxt = max(nxt + interval, time.perf_counter() - 1.0)
-            await asyncio.sleep(max(0.001, nxt - time.perf_counter()))
 
     async def _read(self) -> None:
         assert self.consumer is not None
@@ -269,29 +293,29 @@ class DelayedService:
             await self._arrived.wait()
 
     async def close(self) -> None:
-        self._stop.set()
-        if self._tasks:
-            await self._tasks[0]
-        if self._sends:
-            await asyncio.wait(set(self._sends), timeout=self.resume_timeout_s)
+        acked: set[str] = set()
+        if self.feeder is not None:
+            await self.feeder.stop(self.resume_timeout_s)
+            acked = self.feeder.acked
         with contextlib.suppress(TimeoutError):  # lost ones are counted by figures()
-            await asyncio.wait_for(self._arrivals(lambda: not self.acked - set(self.copies)),
+            await asyncio.wait_for(self._arrivals(lambda: not acked - set(self.copies)),
                                    self.delay_s + self.resume_timeout_s)
         await asyncio.sleep(1.0)  # and a little longer, to catch a second copy
-        for t in self._tasks[1:]:
-            t.cancel()
+        if self._reader is not None:
+            self._reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await t
+                await self._reader
         if self.consumer is not None:
             await self.consumer.close()
-        if self.producer is not None:
-            await self.producer.close()
+        if self.feeder is not None:
+            await self.feeder.producer.close()
 
     def figures(self) -> dict[str, Any]:
         twice = sorted((o, sorted(offs)) for o, offs in self.copies.items() if len(offs) > 1)
-        return {"delay_s": self.delay_s, "delayed_sent": len(self.acked),
-                "delayed_failed_sends": self.failed_sends,
-                "delayed_lost": len(self.acked - set(self.copies)),
+        acked = self.feeder.acked if self.feeder is not None else set()
+        return {"delay_s": self.delay_s, "delayed_sent": len(acked),
+                "delayed_failed_sends": self.feeder.failed if self.feeder is not None else 0,
+                "delayed_lost": len(acked - set(self.copies)),
                 "delayed_twice": len(twice), "delayed_twice_examples": twice[:5]}
 
 
@@ -343,26 +367,37 @@ class TxnService:
 
 @dataclass
 class DeliveryService:
-    """A simple consumer of a delivery group: send a message, receive it and ack it. Receive
-    and ack reach the group's coordinator, the leader of its retry queue ``%RETRY%<group>``."""
+    """A simple consumer of a delivery group: an operation receives what is there and acks it.
+    Receive and ack reach the group's coordinator, the leader of its retry queue
+    ``%RETRY%<group>``. A producer task keeps sending keyless messages into the three-queue
+    topic (``feed_rate`` per second) outside the measured operation: its own failover is the
+    ``produce`` service's, and in the operation it measured a send stuck on a killed queue
+    leader instead of the coordinator (a third of the kills took ~10 s that way)."""
 
     size: int = 100
+    feed_rate: float = 50.0
     name: str = "delivery"
     parallel: bool = False
     group: str = field(default_factory=lambda: f"bench-delivery-{os.getpid()}")
     topic: str = ""
     consumer: AsyncSimpleConsumer | None = None
-    producer: AsyncProducer | None = None
+    feeder: _Feeder | None = None
+    resume_timeout_s: float = 60.0
+    received: int = 0
 
     async def start(self, bootstrap: str, resume_timeout_s: float) -> None:
+        self.resume_timeout_s = resume_timeout_s
         self.topic = await _create_topic(bootstrap, 3, prefix="bench-delivery", replication=RF3)
-        self.producer = AsyncProducer(bootstrap, acks="all", linger_ms=0,
-                                      delivery_timeout_s=resume_timeout_s + 30)
-        await self.producer.start()
+        producer = AsyncProducer(bootstrap, acks="all", linger_ms=0,
+                                 delivery_timeout_s=resume_timeout_s + 30)
+        await producer.start()
+        self.feeder = _Feeder(producer, lambda: Message(self.topic, os.urandom(self.size)),
+                              self.feed_rate)
         self.consumer = AsyncSimpleConsumer(bootstrap, self.group, invisible_duration=30,
                                             await_duration=1.0, request_timeout_s=10)
         await self.consumer.start()
         await self.consumer.subscribe(self.topic)
+        self.feeder.start()
         deadline = time.perf_counter() + resume_timeout_s
         while True:  # the group exists (and so does its retry queue) once one went through
             with contextlib.suppress(Exception):
@@ -377,21 +412,24 @@ class DeliveryService:
 
     async def operate(self) -> None:
         assert self.consumer is not None
-        assert self.producer is not None
-        await self.producer.send(Message(self.topic, os.urandom(self.size)))
         msgs = await self.consumer.receive(max_messages=64)
         if not msgs:
             raise RuntimeError("nothing received")
         await self.consumer.ack_batch(msgs)
+        self.received += len(msgs)
 
     async def close(self) -> None:
+        if self.feeder is not None:
+            await self.feeder.stop(self.resume_timeout_s)
         if self.consumer is not None:
             await self.consumer.close()
-        if self.producer is not None:
-            await self.producer.close()
+        if self.feeder is not None:
+            await self.feeder.producer.close()
 
     def figures(self) -> dict[str, Any]:
-        return {}
+        f = self.feeder
+        return {"feed_sent": len(f.acked) if f else 0, "feed_failed_sends": f.failed if f else 0,
+                "received": self.received}
 
 
 SERVICES: dict[str, Callable[[int], FailoverService]] = {
