@@ -54,6 +54,7 @@ import msgpack
 
 from ferrymq.broker.cluster_offsets_log import OffsetsReplay, snapshot_batches
 from ferrymq.broker.consumer_groups import Member
+from ferrymq.broker.topics import replicated
 from ferrymq.cluster.model import NO_LEADER
 from ferrymq.cluster.topics import DEFAULT, create_topic
 from ferrymq.errors import (
@@ -336,18 +337,7 @@ class ClusterGroups:
             if last >= 0:
                 srv.flusher.mark_dirty(qs)
                 qs.advance(qs.log.end_offset)
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-        def acked(exc: BaseException | None) -> None:
-            if done.done():
-                return
-            if exc is None:
-                done.set_result(None)
-            else:
-                done.set_exception(exc)
-
-        rep.wait_acks(last + 1, 0, acked)
-        await done
+        await replicated(rep, last + 1)
 
     # --- compaction ----------------------------------------------------------------------------
 

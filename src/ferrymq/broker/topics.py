@@ -116,6 +116,25 @@ class ReplicaRole(Protocol):
         ...
 
 
+async def replicated(rep: ReplicaRole, end: int, timeout_ms: int = 0) -> None:
+    """:meth:`ReplicaRole.wait_acks` as a coroutine: return once the high watermark covers
+    ``end``; raise what it reports (NotLeaderError when the leadership moved first,
+    NotEnoughReplicasError, RequestTimedOutError after ``timeout_ms``; 0: no timeout). What
+    the broker's internal topics (group offsets, transaction state, half messages) wait for
+    before they answer."""
+    fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def acked(exc: BaseException | None) -> None:
+        if not fut.done():
+            if exc is None:
+                fut.set_result(None)
+            else:
+                fut.set_exception(exc)
+
+    rep.wait_acks(end, timeout_ms, acked)
+    await fut
+
+
 @dataclass(eq=False)
 class QueueState:
     """One queue: its log plus the broker's bookkeeping around it."""

@@ -32,6 +32,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
+from ferrymq.broker.topics import replicated
 from ferrymq.cluster.model import NO_LEADER
 from ferrymq.errors import (
     BrokerError,
@@ -117,17 +118,7 @@ class HalfCluster:
         rep = qs.replica
         if rep is None:
             raise NotLeaderError(f"{qs} has no replica role here")
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-        def acked(exc: BaseException | None) -> None:
-            if not fut.done():
-                if exc is None:
-                    fut.set_result(None)
-                else:
-                    fut.set_exception(exc)
-
-        rep.wait_acks(end, 0, acked)
-        await fut
+        await replicated(rep, end)
 
     async def produce(self, qs: QueueState, batch: bytes | bytearray) -> int:
         """Send a committed copy to ``qs``'s leader (another broker), ``acks="all"``; its

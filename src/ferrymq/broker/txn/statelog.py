@@ -24,6 +24,7 @@ import msgpack
 
 from ferrymq._time import Clock
 from ferrymq.broker.flusher import flush_postponed
+from ferrymq.broker.topics import replicated
 from ferrymq.broker.txn.state import TxnBook, TxnMeta
 from ferrymq.errors import (
     CorruptRecordError,
@@ -191,21 +192,12 @@ class StateLog:
             NotLeaderError, NotEnoughReplicasError, RequestTimedOutError: a cluster's queue
                 not replicated.
         """
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        rep = qs.replica
-        if rep is not None:
-            def acked(exc: BaseException | None) -> None:
-                if not fut.done():
-                    if exc is None:
-                        fut.set_result(None)
-                    else:
-                        fut.set_exception(exc)
-
-            rep.wait_acks(end, 0, acked)
-            await fut
+        if qs.replica is not None:
+            await replicated(qs.replica, end)
             return
         if not self.sync:
             return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
         def done(exc: BaseException | None) -> None:
             if fut.done():
