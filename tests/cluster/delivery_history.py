@@ -20,6 +20,8 @@ class Holding:
     start: float
     end: float = float("inf")
     ok: bool = False
+    where: str = ""
+    """Which copy: ``topic/queue@offset`` and the lease (two offsets: stored twice)."""
 
 
 @dataclass
@@ -34,8 +36,8 @@ class DeliveryHistory:
     kills: list[tuple[float, float]] = field(default_factory=list)
     """Per kill: when, and when the first handler run after it succeeded (its recovery)."""
 
-    def begin(self, body: bytes, consumer: str, reconsume: int) -> Holding:
-        h = Holding(consumer, reconsume, time.monotonic())
+    def begin(self, body: bytes, consumer: str, reconsume: int, where: str = "") -> Holding:
+        h = Holding(consumer, reconsume, time.monotonic(), where=where)
         self.holdings.setdefault(body, []).append(h)
         return h
 
@@ -82,3 +84,16 @@ def check(hist: DeliveryHistory, bound_s: float) -> Verdict:
                 outside.append(body)
     return Verdict(sorted(hist.sent - done), sorted(set(hist.holdings) - hist.attempted),
                    sorted(overlapping), sorted(redone), sorted(outside))
+
+
+def explain(hist: DeliveryHistory, bodies: list[bytes], limit: int = 3) -> str:
+    """The holdings of ``bodies`` and the faults, relative to the first fault (a failure's
+    message)."""
+    t0 = hist.kills[0][0] if hist.kills else 0.0
+    lines = [f"faults (start, recovered) s: {[(round(k - t0, 3), round(r - t0, 3)) for k, r in hist.kills]}"]
+    for b in bodies[:limit]:
+        lines.append(f"{b!r}: " + "; ".join(
+            f"{h.consumer} rc={h.reconsume} {h.where} {h.start - t0:.3f}..{h.end - t0:.3f} ok={h.ok}"
+            for h in sorted(hist.holdings.get(b, []), key=lambda h: h.start)))
+    return "\n".join(lines)
+

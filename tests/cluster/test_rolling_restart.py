@@ -2,7 +2,8 @@
 in turn is stopped gracefully and started again, waiting for it to be back in every ISR, while an
 ``acks="all"`` producer and a consumer group run. Nothing acknowledged is lost, and neither
 client raises: a graceful stop hands leadership over at once and the clients follow it.
-(Push and simple consumers are not part of it yet: their state fails over in issue 22.)"""
+Push consumers through a rolling restart: ``test_delivery_failover.py`` (the history checker of
+delivery groups)."""
 
 from __future__ import annotations
 
