@@ -133,10 +133,12 @@ class ClusterLink:
                                      lease_of=lambda: node.lease)
         node.start_background(self.controller.run)
         self.groups.start()
+        self.txn.start()
 
     async def stop(self) -> None:
         """Leave the cluster (the lease is revoked: leadership moves at once)."""
         await self.groups.stop()
+        await self.txn.stop()
         await self.node.stop()
         self.txn.close()
         if self.replicas is not None:

@@ -404,6 +404,12 @@ class BrokerConfig:
                           "its leader writes a snapshot of its groups' committed offsets and "
                           "deletes the segments the snapshot replaced, so a new coordinator "
                           "replays about two segments.")
+    txn_state_segment_bytes: int = _f(
+        16 * 1024 * 1024, "Segment size of %TXN%state, the transaction coordinator's log. In a "
+                          "cluster, when it has grown by this much since its last compaction, "
+                          "the coordinator writes a snapshot of every transactional id's state "
+                          "and deletes the segments the snapshot replaced (one broker keeps a "
+                          "snapshot file instead and lets retention delete them).")
     replica_lag_ms: int = _f(
         10_000, "Cluster: a follower that has not caught up with the leader's end for this long "
                 "is dropped from the in-sync replicas (it rejoins by itself once caught up).")
@@ -460,7 +466,7 @@ class BrokerConfig:
             "busy_retry_after_ms", "max_topics", "max_total_queues",
             "auto_create_topics_per_minute", "max_delivery_groups", "max_consumer_groups",
             "replica_lag_ms", "replica_fetch_wait_ms", "replica_fetch_bytes", "metadata_lease_ms",
-            "offsets_segment_bytes",
+            "offsets_segment_bytes", "txn_state_segment_bytes",
             "http_max_connections", "http_max_header_bytes", "http_max_body_bytes",
             "http_idle_timeout_ms", "console_session_timeout_ms", "console_max_sessions",
             "console_page_rows", "console_body_preview_bytes",
@@ -521,9 +527,10 @@ class BrokerConfig:
                                   f"{self.advertised_address!r}")
         if self.default_replicas < 0 or self.default_min_insync < 0:
             raise ConfigError("default_replicas and default_min_insync must be >= 0 (0: auto)")
-        if self.offsets_segment_bytes > MAX_SEGMENT_BYTES:
-            raise ConfigError(f"offsets_segment_bytes must be 1..{MAX_SEGMENT_BYTES}, not "
-                              f"{self.offsets_segment_bytes}")
+        for name in ("offsets_segment_bytes", "txn_state_segment_bytes"):
+            if getattr(self, name) > MAX_SEGMENT_BYTES:
+                raise ConfigError(f"{name} must be 1..{MAX_SEGMENT_BYTES}, not "
+                                  f"{getattr(self, name)}")
         if not 1 <= self.offsets_topic_queues <= MAX_OFFSETS_TOPIC_QUEUES:
             raise ConfigError(f"offsets_topic_queues must be 1..{MAX_OFFSETS_TOPIC_QUEUES}, not "
                               f"{self.offsets_topic_queues}")

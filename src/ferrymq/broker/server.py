@@ -66,7 +66,7 @@ from ferrymq.broker.txn import TxnCoordinator
 from ferrymq.broker.watermarks import Watermarks
 from ferrymq.errors import ConfigError
 from ferrymq.protocol.codes import ErrorCode
-from ferrymq.protocol.coordinator import OFFSETS_TOPIC
+from ferrymq.protocol.coordinator import OFFSETS_TOPIC, TXN_TOPIC
 from ferrymq.protocol.messages import ApiKey
 from ferrymq.storage import LogConfig
 from ferrymq.storage.files import fsync_directory
@@ -395,7 +395,8 @@ class BrokerServer:
                                           self.clock.monotonic),
             handles=FileHandles(self.descriptors.open_segments),
             internal_logs={OFFSETS_TOPIC: replace(base, segment_bytes=cfg.offsets_segment_bytes,
-                                                  retention_ms=None, retention_bytes=None)})
+                                                  retention_ms=None, retention_bytes=None),
+                           TXN_TOPIC: replace(base, segment_bytes=cfg.txn_state_segment_bytes)})
         self.topics.open_all(self.clock.wall_ms())
         self.dedup = Deduplicator(self.topics, max_keys=cfg.dedup_max_keys)
         self.dedup.load(self.clock.wall_ms())

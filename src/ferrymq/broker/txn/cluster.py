@@ -43,10 +43,14 @@ CLUSTER.md's pattern for stateful services (Kafka's ``__transaction_state``):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import TYPE_CHECKING, TypeVar, cast
 
+from ferrymq.broker.cluster_groups import COMPACT_CHECK_S
 from ferrymq.broker.peers import Peers
+from ferrymq.broker.topics import replicated
+from ferrymq.broker.txn.statelog import StateReplay
 from ferrymq.cluster.model import NO_LEADER
 from ferrymq.errors import (
     BrokerError,
@@ -96,7 +100,17 @@ class TxnCluster:
         self.leads = False
         """This broker leads ``%TXN%state`` and rebuilt its book from it."""
         self._creating: asyncio.Task[None] | None = None
+        self._replay: StateReplay | None = None
+        """The led log's records up to its high watermark (compaction's view; built at the
+        first check after this broker starts leading)."""
+        self._compacted_at = 0
+        """The log's size in bytes after its last compaction here (0 before the first)."""
+        self._compactor: asyncio.Task[None] | None = None
         self.txn.attach(self)
+
+    def start(self) -> None:
+        """Start compacting ``%TXN%state`` while this broker leads it."""
+        self._compactor = asyncio.get_running_loop().create_task(self._compact_forever())
 
     # --- who coordinates -------------------------------------------------------------------------
 
@@ -138,8 +152,11 @@ class TxnCluster:
             self.leads = True
             log.info("coordinating transactions from %s: %d transactional ids", TXN_TOPIC, n)
             self.txn.resume_decided(force=True)
+        if leads and new_epoch:
+            self._replay = None  # built again from this epoch's log
         elif not leads and self.leads:
             self.leads = False
+            self._replay = None
             self.txn.book.clear()
             self.txn.book.pending_offsets.clear()
             self.txn.book.unanswered.clear()
@@ -301,6 +318,57 @@ class TxnCluster:
                 if not exc.retriable or loop.time() >= deadline:
                     raise
                 await asyncio.sleep(RETRY_S)
+
+    # --- compaction of the state log (statelog's module docstring) -----------------------------
+
+    async def _compact_forever(self) -> None:
+        while True:
+            await asyncio.sleep(COMPACT_CHECK_S)
+            try:
+                await self.compact()
+            except (BrokerError, OSError) as exc:  # tried again at the next check
+                log.warning("compacting %s failed: %s", TXN_TOPIC, exc)
+
+    async def compact(self, *, force: bool = False) -> bool:
+        """Read the new replicated records of ``%TXN%state`` (led here); when it grew by
+        ``txn_state_segment_bytes`` since its last compaction (or ``force``), write a snapshot
+        of every transactional id's state and delete the segments it replaced. Whether it
+        compacted."""
+        srv = self.link.server
+        statelog = self.txn.statelog
+        if not self.leads or not statelog.exists:
+            return False
+        qs = statelog.queue
+        if qs.replica is None:
+            return False
+        r = self._replay
+        if r is None:  # a new leader compacts a log already grown past the limit at once
+            r = self._replay = StateReplay(position=qs.log.start_offset)
+            self._compacted_at = 0
+        r.advance(qs, qs.visible_end)  # a leader's visible end is its high watermark
+        if not force and qs.log.size_bytes - self._compacted_at < srv.config.txn_state_segment_bytes:
+            return False
+        upto = r.position
+        now = srv.clock.wall_ms()
+        end = upto
+        for rec in r.snapshot_records(now, srv.config.txn_id_expiration_ms):
+            end = statelog.write(rec, "")
+        await replicated(qs.replica, end)
+        if self._replay is not r:
+            return False  # lost the log meanwhile: its next leader compacts
+        deleted = qs.log.delete_before(upto, now_ms=srv.clock.wall_ms())
+        self._compacted_at = qs.log.size_bytes
+        log.info("compacted %s: a snapshot of %d transactional ids as of offset %d, %d segments "
+                 "deleted, the log starts at %d", TXN_TOPIC, len(r.book.txns), upto, deleted,
+                 qs.log.start_offset)
+        return True
+
+    async def stop(self) -> None:
+        """Stop compacting."""
+        if self._compactor is not None:
+            self._compactor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._compactor
 
     def close(self) -> None:
         """Close the connections to other brokers."""

@@ -9,14 +9,26 @@ record, the sink fences and the log offset it covers; start-up loads it and repl
 
 In a cluster (:attr:`StateLog.cluster`) the topic is a replicated cluster topic (created through
 the metadata store, never here), a write counts once the queue's high watermark covers it,
-there is no snapshot, and the coordinator replays the whole queue when it starts leading it
-(:meth:`StateLog.replay_all`; :mod:`.cluster`).
+there is no snapshot file, and the coordinator replays the queue from its start when it starts
+leading it (:meth:`StateLog.replay_all`; :mod:`.cluster`).
+
+**Compaction in a cluster** (Kafka compacts ``__transaction_state`` by key). The coordinator
+keeps a :class:`StateReplay` of the records up to the high watermark; once the log has grown by
+``txn_state_segment_bytes`` it appends a snapshot of that replay (SNAPSHOT records, parts ``i``
+of ``n``, ``upto`` = the offset the replay reached; idle ids past ``txn_id_expiration_ms`` left
+out), waits until it is replicated, and deletes the segments below ``upto``. Every TXN record
+holds the *full* state of its id, so replay merges a complete snapshot instead of replacing the
+state with it: an id (or sink fence) last set by a record at or after ``upto`` keeps that
+record's state, every other id takes the snapshot's, and ids the snapshot does not have are
+gone. That holds wherever the replay starts (0, or a start the deletion moved), and a snapshot
+whose parts are not all there (its writer died) is never used.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +57,8 @@ log = logging.getLogger("ferrymq.broker")
 
 SNAPSHOT_INTERVAL_S = 1.0
 READ_BYTES = 1 << 20
+SNAPSHOT_PART_BYTES = 256 * 1024
+"""About the most bytes of one SNAPSHOT record (more parts when there are many ids)."""
 
 
 def meta_record(meta: TxnMeta) -> dict[str, Any]:
@@ -97,6 +111,128 @@ def apply_record(book: TxnBook, d: dict[str, Any]) -> None:
     elif d["t"] == "SINK":
         book.commit_sink(str(d["sink_id"]), int(d["batch_id"]), int(d["at_ms"]),
                          ((t, p, e) for t, p, e in d["members"]))
+
+
+@dataclass
+class StateReplay:
+    """What the records of ``%TXN%state`` add up to, read incrementally (a coordinator's
+    rebuild; a cluster coordinator's compaction, kept at the high watermark). See the module
+    docstring for snapshots.
+
+    Attributes:
+        book: the state so far.
+        position: the next offset to read.
+        applied: records applied so far.
+    """
+
+    book: TxnBook = field(default_factory=TxnBook)
+    position: int = 0
+    applied: int = 0
+    _set_at: dict[str, int] = field(default_factory=dict)
+    """Tid -> offset of the record that last set its state."""
+    _sink_at: dict[str, int] = field(default_factory=dict)
+    """Sink id -> offset of the record that last moved its fence."""
+    _parts: list[dict[str, Any]] = field(default_factory=list)
+    """The parts of the snapshot being read, in order."""
+
+    def advance(self, qs: QueueState, upto: int) -> None:
+        """Apply the records of ``qs`` from :attr:`position` (or the log's start, if later) up
+        to ``upto``. A damaged batch stops the replay there (logged)."""
+        pos = max(self.position, qs.log.start_offset)
+        while pos < upto:
+            data = qs.log.read(pos, READ_BYTES)
+            if not data:
+                break
+            try:
+                recs = decode_records(data)
+            except CorruptRecordError as exc:
+                log.warning("transactions: unreadable state record at %d: %s", pos, exc)
+                break
+            nxt = pos
+            for rec in recs:
+                if rec.offset >= upto:
+                    break
+                nxt = rec.offset + 1
+                if rec.offset < pos:
+                    continue
+                try:
+                    self._apply(msgpack.unpackb(rec.body, raw=False, strict_map_key=False),
+                                rec.offset)
+                    self.applied += 1
+                except (KeyError, ValueError, TypeError, AttributeError) as exc:
+                    log.warning("transactions: bad state record at %d: %s", rec.offset, exc)
+            if nxt <= pos:
+                break
+            pos = nxt
+        self.position = max(self.position, pos)
+
+    def _apply(self, d: dict[str, Any], offset: int) -> None:
+        t = d["t"]
+        if t == "SNAPSHOT":
+            self._snapshot_part(d)
+            return
+        apply_record(self.book, d)
+        if t == "TXN":
+            self._set_at[str(d["tid"])] = offset
+        elif t == "SINK":
+            self._sink_at[str(d["sink_id"])] = offset
+            for tid, _pid, _epoch in d["members"]:
+                self._set_at[str(tid)] = offset
+
+    def _snapshot_part(self, d: dict[str, Any]) -> None:
+        i, n, upto = int(d["i"]), int(d["n"]), int(d["upto"])
+        if i == 0:
+            self._parts = [d]
+        elif (self._parts and int(self._parts[-1]["i"]) == i - 1
+              and int(self._parts[-1]["upto"]) == upto):
+            self._parts.append(d)
+        else:
+            self._parts = []  # a part is missing: this snapshot is not used
+            return
+        if len(self._parts) == n:
+            parts, self._parts = self._parts, []
+            self._merge(parts, upto)
+
+    def _merge(self, parts: list[dict[str, Any]], upto: int) -> None:
+        """The snapshot says what the records below ``upto`` add up to."""
+        book = self.book
+        for meta in list(book.txns.values()):
+            if self._set_at.get(meta.tid, -1) < upto:
+                book.forget(meta)
+                self._set_at.pop(meta.tid, None)
+        for sink in list(book.sinks):
+            if self._sink_at.get(sink, -1) < upto:
+                del book.sinks[sink]
+                self._sink_at.pop(sink, None)
+        for part in parts:
+            for rec in part["txns"]:
+                if self._set_at.get(str(rec["tid"]), -1) < upto:
+                    book.put(meta_from_record(rec))
+            for sink, batch, at in part["sinks"]:
+                if self._sink_at.get(str(sink), -1) < upto:
+                    book.sinks[str(sink)] = (int(batch), int(at))
+
+    def snapshot_records(self, now_ms: int, expiration_ms: int) -> list[dict[str, Any]]:
+        """The SNAPSHOT records of the state so far (as of :attr:`position`), ids idle for
+        ``expiration_ms`` left out (Kafka's ``transactional.id.expiration.ms``)."""
+        upto = self.position
+        txns = [meta_record(m) for m in self.book.txns.values()
+                if not TxnBook.idle(m, now_ms, expiration_ms)]
+        sinks = [[sid, b, a] for sid, (b, a) in self.book.sinks.items()]
+        parts: list[dict[str, Any]] = []
+        cur: dict[str, Any] = {"txns": [], "sinks": []}
+        size = 0
+        for kind, items in (("txns", txns), ("sinks", sinks)):
+            for item in items:
+                n = len(msgpack.packb(item, use_bin_type=True))
+                if size and size + n > SNAPSHOT_PART_BYTES:
+                    parts.append(cur)
+                    cur, size = {"txns": [], "sinks": []}, 0
+                cur[kind].append(item)
+                size += n
+        parts.append(cur)
+        return [{"t": "SNAPSHOT", "upto": upto, "i": i, "n": len(parts), **p}
+                for i, p in enumerate(parts)]
 
 
 class StateLog:
@@ -222,10 +358,13 @@ class StateLog:
 
     # -- start-up ----------------------------------------------------------------------------------
 
-    def replay_all(self, book: TxnBook) -> None:
-        """Fill ``book`` (empty) from the whole log (a cluster's new coordinator)."""
+    def replay_all(self, book: TxnBook) -> StateReplay:
+        """Fill ``book`` (empty) from the whole log (a cluster's new coordinator); the replay,
+        at the log's end."""
+        r = StateReplay(book)
         if self.exists:
-            self._replay(book, self.queue.log.start_offset)
+            self._replay(r, self.queue.log.start_offset)
+        return r
 
     def load(self, book: TxnBook) -> None:
         """Fill ``book`` from the snapshot and the records after it."""
@@ -247,37 +386,15 @@ class StateLog:
                 book.clear()
                 start = 0
         if self.exists:
-            self._replay(book, max(start, self.queue.log.start_offset))
+            self._replay(StateReplay(book), max(start, self.queue.log.start_offset))
         self.snap_offset = start
 
-    def _replay(self, book: TxnBook, start: int) -> None:
+    def _replay(self, r: StateReplay, start: int) -> None:
         qs = self.queue
-        pos = start
-        n = 0
-        while pos < qs.log.end_offset:
-            data = qs.log.read(pos, READ_BYTES)
-            if not data:
-                break
-            try:
-                recs = decode_records(data)
-            except CorruptRecordError as exc:
-                log.warning("transactions: unreadable state record at %d: %s", pos, exc)
-                break
-            nxt = pos
-            for rec in recs:
-                nxt = rec.offset + 1
-                if rec.offset < pos:
-                    continue
-                try:
-                    apply_record(book, msgpack.unpackb(rec.body, raw=False, strict_map_key=False))
-                    n += 1
-                except (KeyError, ValueError, TypeError) as exc:
-                    log.warning("transactions: bad state record at %d: %s", rec.offset, exc)
-            if nxt <= pos:
-                break
-            pos = nxt
+        r.position = start
+        r.advance(qs, qs.log.end_offset)
         log.info("transactions: replayed %d state records from offset %d: %d transactional ids",
-                 n, start, len(book.txns))
+                 r.applied, start, len(r.book.txns))
 
     # -- the snapshot ------------------------------------------------------------------------------
 
@@ -308,5 +425,6 @@ class StateLog:
         if not self.exists:
             return {}
         qs = self.queue
-        # a cluster's coordinator replays the whole log (not compacted yet): keep all of it
+        # a cluster's log is compacted by its coordinator (snapshot records, then
+        # Log.delete_before), never by retention: a follower's copy must hold what it holds
         return {(qs.topic_id, qs.queue): 0 if self.cluster else self.snap_offset}
