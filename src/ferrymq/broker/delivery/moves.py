@@ -159,6 +159,13 @@ class Moves:
             # a cluster's dead-letter queue is a log of its own: the letter must be replicated
             # before the finish is (the retry queue holds the finish itself, after its letter)
             qs.replica.wait_acks(end, 0, moved)
+        elif qs.replica is not None:
+            # a cluster's retry queue is also the group's journal: the finish goes right after
+            # its letter, in the same event-loop step, so every copy of the log that has the
+            # letter has the finish (a failover between the two left the letter and the lease:
+            # a nack retried at the new coordinator wrote a second letter, delivered with the
+            # first); the finish's high watermark, which the answer waits for, covers both
+            moved(None)
         elif ctx.sync:
             qs.wait_durable(end, moved)
         else:
