@@ -113,6 +113,43 @@ def test_an_isr_expansion_whose_answer_was_lost_is_settled_from_the_store(
     assert "was lost" in caplog.text
 
 
+def test_a_follower_lost_while_its_queue_is_idle_does_not_come_back_into_the_isr(
+        tmp_path: Path) -> None:
+    # a follower lost while nothing is written is at the leader's end: once the controller has
+    # taken it out of the ISR, the leader finds it caught up and proposes it back. The store
+    # leaves it out (its broker key is gone), and the leader must take that ISR, not the one it
+    # proposed: else acks="all" waits for the dead broker until replica_lag_ms drops it again
+    # (the txn failover bench took 10 s to commit a transaction after most kills)
+    async def body() -> None:
+        async with cluster(tmp_path, metadata_lease_ms=2000, replica_lag_ms=8000) as c:
+            async with AsyncAdminClient(c.bootstrap) as admin:
+                await admin.create_topic("orders", 1, replicas=3, min_insync=2)
+            async with AsyncProducer(c.bootstrap, linger_ms=0, delivery_timeout_s=30,
+                                     request_timeout_s=30) as p:
+                await p.send(Message("orders", b"before"))
+                leader = leader_of(c, "orders", 0)
+                follower = next(b for b in c.brokers if b != leader)
+                srv = c.brokers[leader]
+                assert srv.replicas is not None and srv.cluster is not None
+                lq = srv.replicas.leaders[("orders", 0)]
+                await c.wait(lambda: lq.isr.isr == [leader, *sorted(set(c.brokers) - {leader})]
+                             and lq.hw == lq.qs.log.end_offset, "both followers in sync")
+                await c.stop(follower)
+                view = srv.cluster.node.view
+                await c.wait(lambda: follower not in view.queues[("orders", 0)].isr,
+                             "the controller's shrink")
+                await asyncio.sleep(1.5)  # the leader's ISR check runs (every second here)
+                assert follower not in lq.isr.isr, lq.isr.isr
+                t0 = time.monotonic()
+                r = await p.send(Message("orders", b"after"))
+                took = time.monotonic() - t0
+                assert r.durability == Durability.REPLICATED
+                assert took < 2, took  # not replica_lag_ms (8 s)
+                assert lq.isr.isr == view.queues[("orders", 0)].isr
+
+    run(body)
+
+
 def test_a_retry_goes_to_the_new_leader_without_waiting_out_its_backoff(tmp_path: Path) -> None:
     # KIP-951: once a refresh names the queue's new leader, the retry goes at once
     async def body() -> None:

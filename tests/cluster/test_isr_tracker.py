@@ -77,3 +77,28 @@ def test_a_follower_comes_back_once_it_reaches_the_hw_and_the_epoch_start() -> N
     t.on_fetch(3, 50, 50, 50, 2)
     assert t.proposal(2, 50, 50, 60) is None  # not yet past this leader's epoch start
     assert t.proposal(2, 50, 50, 50) == [1, 2, 3]
+
+
+def test_a_member_the_store_left_out_stays_out_until_it_fetches_again() -> None:
+    # 3 died while nothing was written: at the leader's end, it looks caught up once the
+    # controller took it out; the store refuses it (its broker is not alive)
+    t = tracker(isr=[1, 2])
+    t.on_fetch(2, 10, 10, 10, 100)
+    t.on_fetch(3, 10, 10, 10, 100)
+    assert t.proposal(200, 10, 10, 0) == [1, 2, 3]
+    t.pending = [1, 2, 3]
+    t.on_result([1, 2, 3], [1, 2])
+    assert t.pending is None and t.isr == [1, 2]  # what the store committed
+    assert t.high_watermark(10, 0) == 10  # 3 does not hold the HW back
+    assert t.proposal(300, 10, 10, 0) is None  # not proposed again while it is silent
+    t.on_fetch(3, 10, 10, 10, 400)  # back (restarted): proposed again
+    assert t.proposal(400, 10, 10, 0) == [1, 2, 3]
+
+
+def test_a_refused_proposal_changes_nothing_but_the_pending_one() -> None:
+    t = tracker(isr=[1, 2])
+    t.on_fetch(3, 10, 10, 10, 100)
+    t.pending = [1, 2, 3]
+    t.on_result([1, 2, 3], None)
+    assert t.pending is None and t.isr == [1, 2]
+    assert t.proposal(200, 10, 0, 0) == [1, 2, 3]  # a stale view: it may be proposed again

@@ -46,9 +46,9 @@ class Node:
         self.isr_calls = isr_calls
         self.isr_answer = True
 
-        async def on_isr_change(topic: str, queue: int, isr: list[int]) -> bool:
+        async def on_isr_change(topic: str, queue: int, isr: list[int]) -> list[int] | None:
             isr_calls.append((broker_id, list(isr)))
-            return self.isr_answer
+            return list(isr) if self.isr_answer else None
 
         self.mgr = ReplicaManager(broker_id, 1, server.topics, server.config, server.clock,
                                   server.flusher, addresses.get, on_isr_change)
@@ -398,7 +398,7 @@ def test_an_isr_write_of_unknown_outcome_keeps_counting_its_added_member(tmp_pat
             seen: list[list[int]] = []
             calls = 0
 
-            async def on_isr_change(topic: str, queue: int, isr: list[int]) -> bool:
+            async def on_isr_change(topic: str, queue: int, isr: list[int]) -> list[int] | None:
                 nonlocal calls
                 calls += 1
                 lq = leader.mgr.leaders[(TOPIC, 0)]
@@ -407,7 +407,7 @@ def test_an_isr_write_of_unknown_outcome_keeps_counting_its_added_member(tmp_pat
                 out = outcomes.pop(0) if outcomes else True
                 if isinstance(out, Exception):
                     raise out
-                return out
+                return list(isr) if out else None
 
             leader.mgr._on_isr_change = on_isr_change
             assign(nodes, record(1, 1, [1, 2, 3], isr=[1, 2]), min_insync=1)

@@ -214,14 +214,15 @@ class ClusterLink:
             else:
                 self.replicas.unfence()
 
-    async def _persist_isr(self, topic: str, queue: int, isr: list[int]) -> bool:
-        """The ISR compare-and-swap (the replica manager's ``on_isr_change``): whether ``isr``
-        is committed. A lost answer is settled from the store (:func:`settle_isr`); when even
-        that cannot reach the store, MetadataUnavailableError: the outcome is still unknown."""
+    async def _persist_isr(self, topic: str, queue: int, isr: list[int]) -> list[int] | None:
+        """The ISR compare-and-swap (the replica manager's ``on_isr_change``): the ISR committed
+        for ``isr`` (without a member added whose broker is not alive), None when refused. A
+        lost answer is settled from the store (:func:`settle_isr`); when even that cannot reach
+        the store, MetadataUnavailableError: the outcome is still unknown."""
         node = self.node
         rec = node.view.queues.get((topic, queue))
         if rec is None or rec.leader != node.broker_id:
-            return False
+            return None
         try:
             new = await change_isr(node.store, node.keys, topic, queue, rec, isr)
         except (MetadataUnavailableError, TimeoutError, OSError) as exc:
@@ -231,11 +232,11 @@ class ClusterLink:
         if new is None:  # refused, or unknown: what the store holds settles it
             new = await settle_isr(node.store, node.keys, topic, queue, rec, isr)
         if new is None:
-            return False
+            return None
         seen = node.view.queues.get((topic, queue))
         if seen is None or seen.version < new.version:
             node.view.queues[(topic, queue)] = new
-        return True
+        return list(new.isr)
 
     def _refill_producer_ids(self) -> None:
         async def refill() -> None:

@@ -16,6 +16,9 @@ follower's previous fetch makes it caught up as of that previous fetch (it keeps
 leader that appends all the time). A member not caught up for ``lag_ms``, and not at the
 leader's end, is proposed for removal; a non-member whose position reached the high watermark
 (and the start of the leader's epoch, so that it truncated first) is proposed for return.
+The store adds only members whose broker is alive (:func:`ferrymq.cluster.isr.change_isr`): one
+it left out (a follower killed while nothing was written looks caught up) stays out, and is not
+proposed again before it fetches again (Kafka's KIP-841 refuses such a member likewise).
 
 A proposal is written by compare-and-swap by the cluster node; until it is committed or
 refused, the **maximal ISR** (committed members and proposed ones) is what the high watermark
@@ -42,6 +45,9 @@ class FollowerPosition:
     """The last time it was caught up with the leader (see the module docstring)."""
     last_fetch_ms: int = 0
     leader_end_at_last_fetch: int = 0
+    left_out_ms: int = -1
+    """The :attr:`last_fetch_ms` it had when the store left it out of an ISR proposed with it
+    (its broker was not alive): it is proposed again only after a later fetch."""
 
 
 class IsrTracker:
@@ -113,10 +119,26 @@ class IsrTracker:
         if lagging:
             return [r for r in self.isr if r not in lagging]
         back = [r for r, f in self.followers.items() if r not in self.isr
-                and self.position(r) >= max(hw, 0) and f.end >= epoch_start]
+                and self.position(r) >= max(hw, 0) and f.end >= epoch_start
+                and f.last_fetch_ms > f.left_out_ms]
         if back:
             return [*self.isr, *sorted(back)]
         return None
+
+    def on_result(self, proposed: list[int], committed: list[int] | None) -> None:
+        """The outcome of the proposal ``proposed``: the ISR the store committed for it (a
+        member added whose broker was not alive is left out: it stays out, and is proposed
+        again only once it fetches again), or None when it was refused (a stale view: the
+        current record comes in its place)."""
+        if self.pending == proposed:
+            self.pending = None
+        if committed is None:
+            return
+        for r in proposed:
+            f = self.followers.get(r)
+            if f is not None and r not in committed:
+                f.left_out_ms = f.last_fetch_ms
+        self.isr = list(committed)
 
     def lagging(self, replica: int, now_ms: int, leader_end: int) -> bool:
         """Whether ``replica`` has not been caught up for ``lag_ms``. A follower at the

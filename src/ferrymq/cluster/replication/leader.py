@@ -139,13 +139,12 @@ class LeaderQueue:
             self.isr.pending = proposal
             self.host.propose_isr(self, proposal)
 
-    def on_isr_result(self, isr: list[int], committed: bool) -> None:
-        """The proposal ``isr`` was committed (or refused: a stale view; the node brings the
-        current record through :meth:`update_record`)."""
-        if self.isr.pending == isr:
-            self.isr.pending = None
-        if committed:
-            self.isr.isr = list(isr)
+    def on_isr_result(self, isr: list[int], committed: list[int] | None) -> None:
+        """The outcome of the proposal ``isr``: the ISR the store committed for it (without the
+        members it left out: not alive), or None when it was refused (a stale view; the node
+        brings the current record through :meth:`update_record`)."""
+        self.isr.on_result(isr, None if committed is None
+                           else _with(committed, self.host.broker_id))
         self.update_hw()
 
     def update_record(self, record: QueueRecord, min_insync: int | None = None) -> None:

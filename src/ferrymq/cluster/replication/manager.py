@@ -22,7 +22,8 @@ and :meth:`ReplicaManager.offset_for_epoch` (:mod:`ferrymq.cluster.replication.s
 
 ISR changes are proposed by the leader (:mod:`ferrymq.cluster.replication.isr`: a follower
 lagging for ``replica_lag_ms`` goes, one caught up with the high watermark comes back) and
-written by the node through ``on_isr_change`` (a compare-and-swap on the queue's record: False
+written by the node through ``on_isr_change`` (a compare-and-swap on the queue's record: it
+answers the ISR committed, which leaves out a member added whose broker is not alive; None
 means this broker's view was stale, and the node brings the current record). Until the outcome
 is known the proposal stays pending, so a member being added counts in the high watermark: a
 write whose answer was lost may have been applied, and the controller may elect that member. A periodic check
@@ -66,9 +67,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ferrymq.cluster")
 
-IsrChange = Callable[[str, int, list[int]], Awaitable[bool]]
-"""``(topic, queue, new ISR)`` -> whether the compare-and-swap committed it; raises when the
-outcome is unknown (the store unreachable after a lost answer)."""
+IsrChange = Callable[[str, int, list[int]], Awaitable[list[int] | None]]
+"""``(topic, queue, new ISR)`` -> the ISR the compare-and-swap committed (the new one, less
+any member added whose broker is not alive), None when it was refused; raises when the outcome
+is unknown (the store unreachable after a lost answer)."""
 ISR_OUTCOME_RETRY_S = 0.5
 """How long a leader waits before asking again about an ISR write of unknown outcome."""
 
@@ -321,6 +323,9 @@ class ReplicaManager:
                 if self.leaders.get(key) is not lq:
                     return
         if self.leaders.get(key) is lq:
+            left_out = [] if committed is None else [r for r in isr if r not in committed]
+            if left_out:
+                log.info("%s: ISR %s committed without %s (not alive)", lq, committed, left_out)
             lq.on_isr_result(isr, committed)
 
     def _start_ticker(self) -> None:
