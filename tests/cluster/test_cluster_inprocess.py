@@ -9,6 +9,7 @@ import asyncio
 import logging
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -148,6 +149,43 @@ def test_a_follower_lost_while_its_queue_is_idle_does_not_come_back_into_the_isr
                 assert lq.isr.isr == view.queues[("orders", 0)].isr
 
     run(body)
+
+
+class EarlyTimerLoop(asyncio.SelectorEventLoop):
+    """An event loop whose timers fire 2 ms early (an injected fault: uvloop rounds delays to
+    whole milliseconds, so about half its timers fire up to 0.5 ms before the loop's clock
+    reaches their time)."""
+
+    def call_at(self, when: float, callback: Any, *args: Any,
+                context: Any = None) -> asyncio.TimerHandle:
+        return super().call_at(when - 0.002, callback, *args, context=context)
+
+
+def test_a_producer_retry_is_sent_when_its_timer_fires_early(tmp_path: Path) -> None:
+    # a batch refused (retriable) waits for its backoff on a timer; one firing early found the
+    # retry not due yet and the sender went back to sleep for good: the send never finished,
+    # not even at delivery_timeout_s (the txn failover bench, on uvloop, hung so)
+    async def body() -> None:
+        async with cluster(tmp_path, 2, metadata_lease_ms=2000, replica_lag_ms=2000) as c:
+            async with AsyncAdminClient(c.bootstrap) as admin:
+                await admin.create_topic("orders", 1, replicas=2, min_insync=2)
+            async with AsyncProducer(c.bootstrap, linger_ms=0, delivery_timeout_s=30) as p:
+                await p.send(Message("orders", b"before"))
+                leader = leader_of(c, "orders", 0)
+                follower = next(b for b in c.brokers if b != leader)
+                await c.stop(follower)
+                view = c.brokers[leader].cluster.node.view  # type: ignore[union-attr]
+                await c.wait(lambda: view.queues[("orders", 0)].isr == [leader],
+                             "the stopped follower out of the ISR")
+                sending = asyncio.ensure_future(p.send(Message("orders", b"after")))
+                await asyncio.sleep(1.0)  # refused: NOT_ENOUGH_REPLICAS, retried
+                assert not sending.done()
+                await c.start(follower)
+                r = await asyncio.wait_for(sending, 15)
+                assert r.durability == Durability.REPLICATED
+
+    with asyncio.Runner(loop_factory=EarlyTimerLoop) as runner:
+        runner.run(asyncio.wait_for(body(), 120))
 
 
 def test_a_retry_goes_to_the_new_leader_without_waiting_out_its_backoff(tmp_path: Path) -> None:

@@ -30,7 +30,9 @@ so the broker stores it once (it answers a duplicate with the first result). Up 
 when nothing else of its queue is, lowest sequence first, and a batch refused as out of order
 behind a failed one is retried after it (or, when that one waits for a new epoch, waits with
 it), so retries never reorder a queue and messages of one sharding key keep their send order.
-Retries stop at ``delivery_timeout_s``; then the messages fail with the last error.
+Retries stop at ``delivery_timeout_s``; then the messages fail with the last error. The sender
+sleeps until a retry is due on a timer that it arms again when it fires early (uvloop rounds
+delays to milliseconds): an early wake-up that finds nothing due must not be the last one.
 
 Giving up on a batch leaves its queue's sequence in doubt (the broker may or may not have
 stored it), so the queue starts a new epoch (Kafka's KIP-360): once none of its batches is on
@@ -95,6 +97,9 @@ UNKNOWN_TOPIC_RETRIES = 5
 UNKNOWN_TOPIC is sent again after a metadata refresh: a leader learns of a new topic from the
 metadata store a moment after the broker that created it (Kafka retries
 UNKNOWN_TOPIC_OR_PARTITION the same way); a deleted topic still fails within a second."""
+
+MIN_TIMER_S = 0.001
+"""The shortest timer the sender arms (uvloop's resolution: a shorter one fires at once)."""
 
 
 @dataclass(eq=False)
@@ -437,7 +442,7 @@ class Sender:
                 self._wake.set()  # the view moved while it was on the wire: go again now
             bt.buf.retrying += 1
             self._retry.append(bt)
-            loop.call_later(delay, self._wake.set)
+            self._wake_at(bt.not_before)
             return
         b.outstanding.remove(bt)
         if bt.seq != NO_SEQUENCE and self.txn is None:
@@ -452,6 +457,18 @@ class Sender:
             self.txn.send_failed(exc)  # the transaction cannot commit now
         for u in bt.units:
             settle(u, exc=exc)
+
+    def _wake_at(self, when: float) -> None:
+        """Wake the sender once the loop's clock reaches ``when`` (a retry's ``not_before``).
+        A timer may fire early (uvloop rounds its delays to whole milliseconds): the retry
+        would not be due yet, and with nothing else to wake the sender it would wait for ever
+        (its delivery timeout never checked), so an early one is armed again for the rest."""
+        loop = asyncio.get_running_loop()
+        left = when - loop.time()
+        if left <= 0:
+            self._wake.set()
+        else:
+            loop.call_later(max(left, MIN_TIMER_S), self._wake_at, when)
 
     def _new_epoch_if_settled(self, b: QueueBuffer) -> None:
         """Start queue ``b`` on a new epoch once none of its batches is on the wire or waits
