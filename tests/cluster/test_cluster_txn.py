@@ -14,6 +14,7 @@ instance of its transactional id cannot add a queue led by any broker, nor commi
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import threading
 import time
@@ -24,8 +25,9 @@ import pytest
 
 from ferrymq._faults import Faults
 from ferrymq.broker.txn import TXN_TOPIC
-from ferrymq.client import AdminClient, Message, Producer, PullConsumer
+from ferrymq.client import AdminClient, AsyncProducer, Message, Producer, PullConsumer
 from ferrymq.client.partitioner import queue_for_key
+from ferrymq.client.retry import Backoff
 from ferrymq.errors import FerryMQError, ProducerFencedError, TxnUsageError
 from ferrymq.testing import ClusterProcess
 from tests.cluster.conftest import needs_etcd
@@ -223,3 +225,38 @@ def test_a_commit_decided_before_the_coordinator_dies_stands(tmp_path: Path) -> 
 def _moved_to_1(admin: AdminClient) -> bool:
     admin.elect_preferred_leaders([TXN_TOPIC])
     return any(q.topic == TXN_TOPIC and q.leader == 1 for q in admin.cluster_describe().queues)
+
+
+@pytest.mark.timeout(150)
+def test_a_send_refused_for_a_dead_coordinator_goes_again_once_it_moved(tmp_path: Path) -> None:
+    """A transaction's first send to a queue is registered with the coordinator by that
+    queue's leader (KIP-890's verification); while the coordinator is dead the leader answers
+    NOT_COORDINATOR. The producer's retry goes once a refresh shows ``%TXN%state`` at a new
+    leader, not after its whole backoff (made 6 s here; the failover takes the 2 s lease)."""
+    with ClusterProcess(3, tmp_path / "c", cluster="txn", env=FAST) as c:
+        with AdminClient(c.bootstrap) as admin:
+            admin.create_topic("out", QUEUES, replicas=3, min_insync=2)
+        key = {queue_for_key(str(i), QUEUES): str(i) for i in range(100)}
+
+        async def main() -> float:
+            async with AsyncProducer(c.bootstrap, transactional_id="moved", linger_ms=0,
+                                     request_timeout_s=30, delivery_timeout_s=60) as tp:
+                await tp.begin()
+                await tp.send(Message("out", b"before", sharding_key=key[0]))
+                await tp.commit()
+                view = await asyncio.to_thread(describe, c)
+                coord = view[(TXN_TOPIC, 0)][0]
+                q = next(q for q in range(QUEUES) if view[("out", q)][0] != coord)
+                tp._sender.backoff = Backoff(base_s=6, cap_s=6, floor_s=6)
+                c.kill9(coord)
+                t0 = time.monotonic()
+                await tp.begin()
+                await tp.send(Message("out", b"after", sharding_key=key[q]))
+                took = time.monotonic() - t0
+                await tp.commit()
+                return took
+
+        took = asyncio.run(main())
+        assert took < 5, took  # the lease and a refresh, not the 6 s backoff
+        assert sorted(_read_all(c.bootstrap, "read_committed", expect=2)) == [b"after",
+                                                                              b"before"]

@@ -17,7 +17,10 @@ broker would refuse the earlier one as out of order). A batch whose queue has no
 that a broker refused with NOT_LEADER, FENCED_LEADER_EPOCH or LEADER_NOT_AVAILABLE, or whose
 leader's connection was lost, asks for a metadata refresh and is retried like any retriable
 failure (so after the refresh it goes to the new leader), without waiting out its backoff once
-a refresh shows its queue at a new leader epoch (Kafka's KIP-951). ``acks`` is sent with every
+a refresh shows its queue at a new leader epoch (Kafka's KIP-951). A transactional batch refused
+with NOT_COORDINATOR (its queue's leader could not reach the transaction coordinator to register
+the queue with the transaction) likewise goes again once a refresh shows ``%TXN%state`` at a new
+leader epoch: the coordinator failed over. ``acks`` is sent with every
 request:
 ``Acks.ALL`` (answered once every in-sync replica has the batch and the ISR has at least
 ``min_insync`` members; else the retriable NOT_ENOUGH_REPLICAS) or ``Acks.LEADER``.
@@ -67,11 +70,13 @@ from ferrymq.errors import (
     FerryMQError,
     FerryMQTimeoutError,
     LeaderNotAvailableError,
+    NotCoordinatorError,
     OutOfOrderSequenceError,
     UnknownTopicError,
     error_for_code,
 )
 from ferrymq.protocol import messages as m
+from ferrymq.protocol.coordinator import TXN_TOPIC
 from ferrymq.protocol.records import (
     ATTR_DEDUP,
     ATTR_TRANSACTIONAL,
@@ -117,9 +122,16 @@ class Batch:
     not_before: float = 0.0
     sent_epoch: int | None = None
     """The leader epoch its queue had in the client's view when it was last routed."""
+    sent_coordinator_epoch: int | None = None
+    """A transactional batch's: the leader epoch of ``%TXN%state/0`` (the transaction
+    coordinator) in the client's view when it was last routed."""
+    stale_on: tuple[str, int] | None = None
+    """The queue whose leader it failed for a stale view of (its own queue; ``%TXN%state/0``
+    when its leader could not reach the transaction coordinator), None after another
+    failure: a refresh that shows that queue at another epoch than :attr:`stale_epoch` ends
+    its backoff (:meth:`Sender.on_refresh`)."""
     stale_epoch: int | None = None
-    """The leader epoch known when it failed for a stale view (None: another failure): a
-    refresh that shows another epoch ends its backoff (:meth:`Sender.on_refresh`)."""
+    """The leader epoch of :attr:`stale_on` known when the batch was sent."""
 
 
 @dataclass(eq=False, slots=True)
@@ -290,6 +302,8 @@ class Sender:
                 f"{topic}/{bt.buf.queue}: no live leader known"))
             return
         bt.sent_epoch = self._cluster.leaders.epoch(topic, bt.buf.queue)
+        if self.txn is not None:
+            bt.sent_coordinator_epoch = self._cluster.leaders.epoch(TXN_TOPIC, 0)
         req = reqs.get(session)
         if req is None:
             req = reqs[session] = _Request()
@@ -437,8 +451,8 @@ class Sender:
         delay = self.backoff.delay_after(exc, bt.attempts)  # >= the broker's retry-after
         if retriable and not closed and loop.time() + delay < bt.deadline:
             bt.not_before = loop.time() + delay
-            bt.stale_epoch = bt.sent_epoch if means_stale_view(exc) else None
-            if bt.stale_epoch is not None and self._end_backoff_if_moved(bt, loop.time()):
+            self._note_stale_view(bt, exc)
+            if bt.stale_on is not None and self._end_backoff_if_moved(bt, loop.time()):
                 self._wake.set()  # the view moved while it was on the wire: go again now
             bt.buf.retrying += 1
             self._retry.append(bt)
@@ -457,6 +471,21 @@ class Sender:
             self.txn.send_failed(exc)  # the transaction cannot commit now
         for u in bt.units:
             settle(u, exc=exc)
+
+    def _note_stale_view(self, bt: Batch, exc: BaseException) -> None:
+        """Whether ``exc`` says the client's view of a leader is stale, and whose: the batch's
+        queue's (NOT_LEADER and the like), or the transaction coordinator's (a transactional
+        batch refused with NOT_COORDINATOR: its queue's leader could not reach the coordinator
+        to register the queue with the transaction, KIP-890's verification; the coordinator
+        failed over, or is failing over). Either way the retry goes as soon as a refresh shows
+        that leader moved, not after its whole backoff (KIP-951)."""
+        if means_stale_view(exc):
+            bt.stale_on, bt.stale_epoch = (bt.buf.topic.name, bt.buf.queue), bt.sent_epoch
+        elif isinstance(exc, NotCoordinatorError) and self.txn is not None:
+            bt.stale_on, bt.stale_epoch = (TXN_TOPIC, 0), bt.sent_coordinator_epoch
+            self._cluster.refresh_soon((TXN_TOPIC,))
+        else:
+            bt.stale_on = bt.stale_epoch = None
 
     def _wake_at(self, when: float) -> None:
         """Wake the sender once the loop's clock reaches ``when`` (a retry's ``not_before``).
@@ -526,23 +555,26 @@ class Sender:
             now = asyncio.get_running_loop().time()
             waiting: set[str] = set()
             for bt in self._retry:
-                if bt.stale_epoch is None or bt.not_before <= now:
+                if bt.stale_on is None or bt.not_before <= now:
                     continue
                 if not self._end_backoff_if_moved(bt, now):
-                    waiting.add(bt.buf.topic.name)
+                    waiting.add(bt.stale_on[0])
             if waiting:  # not moved yet: ask again (paced by min_refresh_interval_s, as
                 self._cluster.refresh_soon(waiting)  # Kafka polls metadata by retry.backoff.ms)
         self._wake.set()
 
     def _end_backoff_if_moved(self, bt: Batch, now: float) -> bool:
-        """End ``bt``'s backoff if its queue's leader epoch moved past the one it failed
-        under and a live leader is known; whether it did."""
+        """End ``bt``'s backoff if the leader epoch of the queue it failed for a stale view of
+        (:attr:`Batch.stale_on`) moved past the one it was sent under and a live leader is
+        known; whether it did."""
         leaders = self._cluster.leaders
-        name, queue = bt.buf.topic.name, bt.buf.queue
+        if bt.stale_on is None:
+            return False
+        name, queue = bt.stale_on
         if leaders.epoch(name, queue) == bt.stale_epoch or leaders.leader(name, queue) is None:
             return False
         bt.not_before = now
-        bt.stale_epoch = None
+        bt.stale_on = bt.stale_epoch = None
         return True
 
     def fail_everything(self, exc: BaseException) -> None:
