@@ -184,6 +184,37 @@ def test_a_long_poll_is_woken_by_the_append_not_a_timer(tmp_path: Path) -> None:
     run(main)
 
 
+def test_a_queue_resting_after_not_leader_joins_the_next_long_poll_when_its_rest_ends(
+        tmp_path: Path) -> None:
+    """A follower that learns of a new leader before that leader does is answered NOT_LEADER
+    and rests the queue; when the rest ends the queue must be fetched at once, not after the
+    long poll in flight for the fetcher's other queues (replica_fetch_wait_ms, 0.5 s by
+    default: the txn failover bench's first commit after a kill waited that long for the new
+    coordinator's follower of %TXN%state)."""
+    async def main() -> None:
+        async with cluster(tmp_path, 2, replica_fetch_wait_ms=20_000) as nodes:
+            leader, follower = nodes
+            for node in nodes:
+                node.server.topics.create("other", 1, {}, node.server.clock.wall_ms())
+            assign(nodes, record(1, 1, [1, 2]), min_insync=2)
+            async with connect(leader) as t:
+                await produce(t, 0)
+                await asyncio.sleep(0.2)  # the follower long-polls rep/0
+                rec = record(1, 1, [1, 2])
+                follower.mgr.become_follower("other", 0, rec)  # before the leader knows
+                fq = follower.mgr.followers[("other", 0)]
+                await until(lambda: fq.rest_until > 0)  # NOT_LEADER: the queue rests
+                leader.mgr.become_leader("other", 0, rec, 2)
+                started = time.monotonic()
+                resp = await t.request(
+                    m.ProduceRequest(10_000, [("other", 0, batch(1))], Acks.ALL),
+                    m.ProduceResponse, 15)
+                took = time.monotonic() - started
+            assert resp.results[0][2] == 0, resp.results[0]
+            assert took < 2.0, f"acks=all took {took:.2f} s with a 20 s long poll on rep/0"
+    run(main)
+
+
 def test_an_append_woken_by_a_fetch_that_moved_the_hw_wakes_that_fetch_s_long_poll(
         tmp_path: Path) -> None:
     """The follower's long poll moves the HW when it arrives, which wakes whoever waited for

@@ -33,7 +33,10 @@ long-polled REPLICA_FETCH at a time covering every queue.
    log end.
 4. **Errors.** NOT_LEADER / FENCED_LEADER_EPOCH: the metadata is catching up (the node will
    call :meth:`~ferrymq.cluster.replication.ReplicaManager.become_follower` with the new
-   record); the queue rests briefly and is asked again. OFFSET_OUT_OF_RANGE past the leader's
+   record); the queue rests briefly and is asked again, in a new long poll as soon as its rest
+   ends (the one in flight for the other queues is cut short: a follower that learnt of a new
+   leader before the leader did would otherwise copy nothing for ``replica_fetch_wait_ms``,
+   and ``acks="all"`` writes there would wait as long). OFFSET_OUT_OF_RANGE past the leader's
    end: truncate again; before the leader's start (retention there): empty the log and start
    it at the leader's start (``Log.truncate_fully_and_start_at``). A lost connection:
    reconnect with a capped backoff.
@@ -84,6 +87,9 @@ RETRY_AFTER_METADATA_S = 0.2
 """How long a queue rests after NOT_LEADER / FENCED_LEADER_EPOCH (the metadata catches up)."""
 RETRY_AFTER_ERROR_S = 1.0
 """How long a queue rests after another error (a failed write, a leader without its start)."""
+REST_SLACK_S = 0.002
+"""Added to a rest's end when a long poll waits for it (uvloop's timers fire up to 0.5 ms
+early: one firing before the rest ended would find the queue still resting)."""
 MAX_BACKOFF_S = 1.0
 """Longest wait between two connection attempts to a leader."""
 MAX_TRUNCATION_ROUNDS = 64
@@ -335,9 +341,13 @@ class Fetcher:
             fut.add_done_callback(_retrieved)  # it may be left behind (superseded, closed)
             while not fut.done():
                 nudge = self._new_nudge()
-                done, _ = await asyncio.wait((fut, nudge), timeout=answer_s,
-                                             return_when=asyncio.FIRST_COMPLETED)
+                rest = self._rest_left(ready)
+                done, _ = await asyncio.wait(
+                    (fut, nudge), timeout=answer_s if rest is None else min(answer_s, rest),
+                    return_when=asyncio.FIRST_COMPLETED)
                 if not done:
+                    if rest is not None and rest < answer_s:
+                        break  # a queue's rest ended: a new long poll with it
                     raise FerryMQTimeoutError(
                         f"REPLICA_FETCH got no answer within {answer_s:.3g} s")
                 if fut.done():
@@ -367,6 +377,17 @@ class Fetcher:
     def _ready(self) -> list[FollowerQueue]:
         now = self.host.monotonic()
         return [fq for fq in self.queues.values() if fq.truncated and fq.rest_until <= now]
+
+    def _rest_left(self, polled: list[FollowerQueue]) -> float | None:
+        """Seconds until a queue left out of the long poll ``polled`` because it rests may be
+        fetched again (a little more: a timer may fire early), None when none rests: its rest's
+        end must cut the long poll short, or the queue would wait for it
+        (``replica_fetch_wait_ms``) while its leader waits for it to copy."""
+        now = self.host.monotonic()
+        keys = {fq.key for fq in polled}
+        rests = [fq.rest_until - now for fq in self.queues.values()
+                 if fq.key not in keys and fq.rest_until > now]
+        return min(rests) + REST_SLACK_S if rests else None
 
     def _next_rest(self) -> float:
         now = self.host.monotonic()
