@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ferrymq.cluster.replication.isr import UNKNOWN, IsrTracker
+from ferrymq.cluster.replication.isr import LEFT_OUT_RETRY_MS, UNKNOWN, IsrTracker
 
 
 def tracker(sync: bool = True, isr: list[int] | None = None) -> IsrTracker:
@@ -87,18 +87,20 @@ def test_a_member_the_store_left_out_stays_out_until_it_fetches_again() -> None:
     t.on_fetch(3, 10, 10, 10, 100)
     assert t.proposal(200, 10, 10, 0) == [1, 2, 3]
     t.pending = [1, 2, 3]
-    t.on_result([1, 2, 3], [1, 2])
+    t.on_result([1, 2, 3], [1, 2], 200)
     assert t.pending is None and t.isr == [1, 2]  # what the store committed
     assert t.high_watermark(10, 0) == 10  # 3 does not hold the HW back
-    assert t.proposal(300, 10, 10, 0) is None  # not proposed again while it is silent
-    t.on_fetch(3, 10, 10, 10, 400)  # back (restarted): proposed again
-    assert t.proposal(400, 10, 10, 0) == [1, 2, 3]
+    assert t.proposal(5000, 10, 10, 0) is None  # not proposed again while it is silent
+    t.on_fetch(3, 10, 10, 10, 300)  # alive after all (its key was missing for a moment):
+    assert t.proposal(300, 10, 10, 0) is None  # not proposed at every fetch
+    t.on_fetch(3, 10, 10, 10, 200 + LEFT_OUT_RETRY_MS)  # (or back, restarted)
+    assert t.proposal(200 + LEFT_OUT_RETRY_MS, 10, 10, 0) == [1, 2, 3]
 
 
 def test_a_refused_proposal_changes_nothing_but_the_pending_one() -> None:
     t = tracker(isr=[1, 2])
     t.on_fetch(3, 10, 10, 10, 100)
     t.pending = [1, 2, 3]
-    t.on_result([1, 2, 3], None)
+    t.on_result([1, 2, 3], None, 150)
     assert t.pending is None and t.isr == [1, 2]
     assert t.proposal(200, 10, 0, 0) == [1, 2, 3]  # a stale view: it may be proposed again

@@ -18,7 +18,8 @@ leader's end, is proposed for removal; a non-member whose position reached the h
 (and the start of the leader's epoch, so that it truncated first) is proposed for return.
 The store adds only members whose broker is alive (:func:`ferrymq.cluster.isr.change_isr`): one
 it left out (a follower killed while nothing was written looks caught up) stays out, and is not
-proposed again before it fetches again (Kafka's KIP-841 refuses such a member likewise).
+proposed again before it fetches again, :data:`LEFT_OUT_RETRY_MS` later or more (Kafka's KIP-841
+refuses such a member likewise).
 
 A proposal is written by compare-and-swap by the cluster node; until it is committed or
 refused, the **maximal ISR** (committed members and proposed ones) is what the high watermark
@@ -33,6 +34,11 @@ from dataclasses import dataclass
 
 UNKNOWN = -1
 """Position of a follower that has not fetched since this broker became leader."""
+LEFT_OUT_RETRY_MS = 500
+"""A follower the store left out of a proposed ISR (its broker was not alive) is proposed
+again only after a fetch this much later or more: a dead one never, a live one whose broker
+key is missing for a moment (its lease being renewed) at most twice a second, not at every
+fetch."""
 
 
 @dataclass(slots=True)
@@ -45,9 +51,9 @@ class FollowerPosition:
     """The last time it was caught up with the leader (see the module docstring)."""
     last_fetch_ms: int = 0
     leader_end_at_last_fetch: int = 0
-    left_out_ms: int = -1
-    """The :attr:`last_fetch_ms` it had when the store left it out of an ISR proposed with it
-    (its broker was not alive): it is proposed again only after a later fetch."""
+    left_out_ms: int = -LEFT_OUT_RETRY_MS
+    """When the store last left it out of an ISR proposed with it (its broker was not alive):
+    it is proposed again only after a fetch :data:`LEFT_OUT_RETRY_MS` later or more."""
 
 
 class IsrTracker:
@@ -120,16 +126,17 @@ class IsrTracker:
             return [r for r in self.isr if r not in lagging]
         back = [r for r, f in self.followers.items() if r not in self.isr
                 and self.position(r) >= max(hw, 0) and f.end >= epoch_start
-                and f.last_fetch_ms > f.left_out_ms]
+                and f.last_fetch_ms >= f.left_out_ms + LEFT_OUT_RETRY_MS]
         if back:
             return [*self.isr, *sorted(back)]
         return None
 
-    def on_result(self, proposed: list[int], committed: list[int] | None) -> None:
+    def on_result(self, proposed: list[int], committed: list[int] | None,
+                  now_ms: int) -> None:
         """The outcome of the proposal ``proposed``: the ISR the store committed for it (a
         member added whose broker was not alive is left out: it stays out, and is proposed
-        again only once it fetches again), or None when it was refused (a stale view: the
-        current record comes in its place)."""
+        again only once it fetches again, :data:`LEFT_OUT_RETRY_MS` later or more), or None
+        when it was refused (a stale view: the current record comes in its place)."""
         if self.pending == proposed:
             self.pending = None
         if committed is None:
@@ -137,7 +144,7 @@ class IsrTracker:
         for r in proposed:
             f = self.followers.get(r)
             if f is not None and r not in committed:
-                f.left_out_ms = f.last_fetch_ms
+                f.left_out_ms = now_ms
         self.isr = list(committed)
 
     def lagging(self, replica: int, now_ms: int, leader_end: int) -> bool:

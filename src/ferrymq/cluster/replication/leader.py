@@ -144,7 +144,7 @@ class LeaderQueue:
         members it left out: not alive), or None when it was refused (a stale view; the node
         brings the current record through :meth:`update_record`)."""
         self.isr.on_result(isr, None if committed is None
-                           else _with(committed, self.host.broker_id))
+                           else _with(committed, self.host.broker_id), self.host.now_ms())
         self.update_hw()
 
     def update_record(self, record: QueueRecord, min_insync: int | None = None) -> None:
