@@ -511,8 +511,8 @@ def run_service_failover(bench: Any, service: str = "produce", *, kills: int = 2
 
         async def one() -> None:
             t = time.perf_counter()
-            try:
-                await svc.operate()
+            try:  # an operation that never ends fails at the resume timeout (no bench hangs)
+                await asyncio.wait_for(svc.operate(), resume_timeout_s)
             except Exception as exc:  # noqa: BLE001 - a failed operation is a figure
                 failed.append(repr(exc))
                 return
