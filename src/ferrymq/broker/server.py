@@ -345,6 +345,7 @@ class BrokerServer:
             index_interval_bytes=cfg.index_interval_bytes,
             retention_ms=None if cfg.retention_ms < 0 else cfg.retention_ms,
             retention_bytes=None if cfg.retention_bytes < 0 else cfg.retention_bytes,
+            max_converted_batch_bytes=cfg.max_fetch_bytes,
         )
         t0 = loop.time()
         # the long part (every log's recovery, the dedup rescans) runs on a worker thread so

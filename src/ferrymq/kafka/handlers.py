@@ -4,8 +4,9 @@ Theory of operation
 -------------------
 A Kafka request is decoded by ``kio`` (:mod:`ferrymq.protocol.kafka.apis`) and turned into the
 FerryMQ request that means the same: Produce into PRODUCE (each partition's Kafka batch
-converted into a FerryMQ batch, :func:`~ferrymq.protocol.kafka.records.to_ferrymq`), Fetch into
-FETCH (the FerryMQ batches read converted back, :func:`~ferrymq.protocol.kafka.records.to_kafka`),
+stored as it came, in an envelope: :mod:`ferrymq.protocol.kafka.envelope`), Fetch into FETCH
+(stored Kafka batches sent as they are, FerryMQ batches converted,
+:func:`~ferrymq.protocol.kafka.envelope.for_kafka`),
 ListOffsets into LIST_OFFSETS, Metadata into METADATA, InitProducerId (without a transactional
 id) into INIT_PRODUCER, OffsetCommit and OffsetFetch into COMMIT_OFFSETS and FETCH_OFFSETS (a
 Kafka group's offsets are the FerryMQ consumer group's of the same name; FindCoordinator names
@@ -38,7 +39,7 @@ from ferrymq.kafka.rights import authorize, group_denied
 from ferrymq.kafka.sasl import SaslPeer, sasl_authenticate, sasl_handshake
 from ferrymq.protocol import messages as m
 from ferrymq.protocol.kafka import apis
-from ferrymq.protocol.kafka.records import to_ferrymq, to_kafka
+from ferrymq.protocol.kafka.envelope import for_kafka, wrap
 from ferrymq.protocol.messages import Acks, ApiKey, Isolation
 
 if TYPE_CHECKING:
@@ -127,12 +128,12 @@ def _metadata_response(peer: KafkaPeer, cls: type[Any], res: m.MetadataResponse,
 
 
 def produce_request(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
-    """Convert each partition's batch and append them through FerryMQ's PRODUCE; ``acks=0``
-    gets no response, as in Kafka."""
+    """Wrap each partition's batch (stored as it came, :mod:`ferrymq.protocol.kafka.envelope`)
+    and append them through FerryMQ's PRODUCE; ``acks=0`` gets no response, as in Kafka."""
     results: list[dict[str, Any] | None] = []  # per partition, None: sent to FerryMQ's produce
     names: list[tuple[str, int]] = []
     entries: list[m.ProduceEntry] = []
-    max_batch = peer.conn.server.config.max_frame_bytes
+    cfg = peer.conn.server.config
     acks = _ACKS.get(req.acks)
     for topic in req.topic_data:
         for part in topic.partition_data:
@@ -142,7 +143,8 @@ def produce_request(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
                                               f"acks must be -1, 0 or 1, not {req.acks}"))
                 continue
             try:
-                batch = to_ferrymq(part.records or b"", max_batch_bytes=max_batch)
+                batch = wrap(part.records or b"", max_batch_bytes=cfg.max_message_bytes,
+                             max_records=cfg.max_batch_records)
             except BrokerError as exc:  # the batch is refused, nothing of it stored
                 results.append(_produce_error(part.index, _refused(exc), str(exc)))
                 continue
@@ -152,7 +154,8 @@ def produce_request(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
     freq = m.ProduceRequest(timeout_ms, entries, acks or Acks.LEADER)
     try:
         authorize(peer, ApiKey.PRODUCE, freq)
-        answer: Any = produce.produce(peer.conn, freq) if entries else m.ProduceResponse([])
+        answer: Any = (produce.produce(peer.conn, freq, envelopes=True) if entries
+                       else m.ProduceResponse([]))
     except BrokerError as exc:  # the whole request refused (rights, watermarks)
         answer = m.ProduceResponse([(t, q, exc.code, str(exc), -1, -1, -1, 0, -1, [])
                                     for t, q, _b in entries])
@@ -195,7 +198,8 @@ def _produce_error(index: int, code: KafkaError, message: str) -> dict[str, Any]
 
 
 def fetch_request(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
-    """Read through FerryMQ's FETCH (long polling included) and convert what it read."""
+    """Read through FerryMQ's FETCH (long polling included), the batches as stored: Kafka
+    batches are sent as they came, FerryMQ batches converted."""
     entries: list[m.FetchEntry] = [
         (t.topic, p.partition, p.fetch_offset, p.partition_max_bytes, "")
         for t in req.topics for p in t.partitions]
@@ -204,7 +208,7 @@ def fetch_request(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
     freq = m.FetchRequest(int(req.max_wait.total_seconds() * 1000), req.min_bytes,
                           req.max_bytes, entries, isolation)
     authorize(peer, ApiKey.FETCH, freq)
-    answer = fetch.fetch(peer.conn, freq)
+    answer = fetch.fetch(peer.conn, freq, stored=True)
 
     def respond(res: m.FetchResponse) -> Any:
         txn = {(t, q): (lso, aborted) for t, q, lso, aborted in res.txn}
@@ -218,7 +222,7 @@ def fetch_request(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
                                           for pid, first in aborted]
                                          if isolation == Isolation.READ_COMMITTED else None),
                 "preferred_read_replica": -1,
-                "records": to_kafka(data) if data else None,
+                "records": for_kafka(data) if data else None,
             })
         return apis.build(cls, {
             "throttle_time": _NO_TIME, "error_code": KafkaError.none, "session_id": 0,

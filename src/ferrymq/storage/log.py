@@ -68,13 +68,19 @@ from ferrymq.errors import (
     OffsetOutOfRangeError,
     UnexpectedAppendOffsetError,
 )
+from ferrymq.protocol.kafka.envelope import (
+    ENVELOPE_MAGIC,
+    STAMPED_HEAD_SIZE,
+    check_stored,
+    stamp,
+    to_native,
+)
 from ferrymq.protocol.markers import marker_of
 from ferrymq.protocol.records import (
     ATTR_CONTROL,
     ATTR_TRANSACTIONAL,
     HEADER_SIZE,
     BatchHeader,
-    check_stored_batch,
     decode_header,
     stamp_batch,
 )
@@ -112,6 +118,7 @@ MAX_SEGMENT_BYTES = 0x7FFFFFFF  # batch positions are u32 in the index; stay wel
 DEFAULT_SEGMENT_MS = 7 * 24 * 3600 * 1000  # a week: retention can free a quiet queue's data
 DEFAULT_INDEX_INTERVAL_BYTES = 4096  # one 8-byte entry per 4 KiB of log: 0.2% overhead
 DEFAULT_RETENTION_MS = 7 * 24 * 3600 * 1000
+DEFAULT_MAX_CONVERTED_BATCH_BYTES = 8 * 1024 * 1024 - 65536  # the broker's max_fetch_bytes
 _RECOVERY_POINT = struct.Struct("<qq")
 _TXN_BITS = ATTR_TRANSACTIONAL | ATTR_CONTROL
 
@@ -128,6 +135,9 @@ class LogConfig:
         retention_bytes: delete the oldest sealed segments while the log stays above this;
             None: no size limit.
         producer_id_expiry_ms: forget idempotent producers idle for longer than this.
+        max_converted_batch_bytes: most bytes a stored Kafka batch may decompress to when a
+            FerryMQ reader reads it (it is converted then); larger is a read error, never an
+            allocation. The broker sets its ``max_fetch_bytes``.
     """
 
     segment_bytes: int = DEFAULT_SEGMENT_BYTES
@@ -136,10 +146,13 @@ class LogConfig:
     retention_ms: int | None = DEFAULT_RETENTION_MS
     retention_bytes: int | None = None
     producer_id_expiry_ms: int = DEFAULT_PRODUCER_ID_EXPIRY_MS
+    max_converted_batch_bytes: int = DEFAULT_MAX_CONVERTED_BATCH_BYTES
 
     def __post_init__(self) -> None:
         if not 1 <= self.segment_bytes <= MAX_SEGMENT_BYTES:
             raise ConfigError(f"segment_bytes must be in [1, {MAX_SEGMENT_BYTES}]")
+        if self.max_converted_batch_bytes < 1:
+            raise ConfigError("max_converted_batch_bytes must be >= 1")
         if self.segment_ms < 1 or self.index_interval_bytes < 0 or self.producer_id_expiry_ms < 0:
             raise ConfigError("segment_ms, index_interval_bytes, producer_id_expiry_ms: bad value")
         if self.retention_ms is not None and self.retention_ms < 0:
@@ -397,8 +410,12 @@ class Log:
         if self._should_roll(active, len(batch), h.record_count, now_ms):
             active = self._roll()
         append_time = max(now_ms, self._last_append_time_ms)
-        head = bytearray(batch[:HEADER_SIZE])
-        stamp_batch(head, 0, self._end_offset, append_time)
+        if h.magic == ENVELOPE_MAGIC:  # its Kafka batch's baseOffset too
+            head = bytearray(batch[:STAMPED_HEAD_SIZE])
+            stamp(head, self._end_offset, append_time)
+        else:
+            head = bytearray(batch[:HEADER_SIZE])
+            stamp_batch(head, 0, self._end_offset, append_time)
         stamped = h._replace(base_offset=self._end_offset, append_time_ms=append_time)
         active.append(batch, stamped, head)
         return active, stamped
@@ -455,7 +472,7 @@ class Log:
         Nothing is written when it raises one of the first three.
         """
         self._check_open()
-        h = check_stored_batch(batch)
+        h = check_stored(batch)
         if h.size != len(batch):
             raise CorruptRecordError(f"buffer of {len(batch)} bytes holds a {h.size}-byte batch")
         if h.base_offset != self._end_offset:
@@ -524,10 +541,20 @@ class Log:
         data = self.read_view(offset, max_bytes, upto_offset=upto_offset)
         return data if isinstance(data, bytes) else bytes(data)
 
-    def read_view(self, offset: int, max_bytes: int, *,
-                  upto_offset: int | None = None) -> bytes | memoryview:
+    def read_view(self, offset: int, max_bytes: int, *, upto_offset: int | None = None,
+                  stored: bool = False) -> bytes | memoryview:
         """:meth:`read` without the copy that cuts a partial last batch off: the fetch path
-        sends the view as is."""
+        sends the view as is.
+
+        The batches come as FerryMQ batches: an envelope read (a Kafka batch stored as it came,
+        :mod:`ferrymq.protocol.kafka.envelope`) is converted into one, which only reads of
+        envelopes pay. ``stored``: as they are stored, envelopes included (the Kafka port's
+        fetch, replication).
+
+        Raises:
+            CorruptRecordError: an envelope that cannot be converted (see
+                :func:`~ferrymq.protocol.kafka.envelope.to_native`).
+        """
         self._check_open()
         segments = self._segments
         end = self._end_offset
@@ -540,7 +567,10 @@ class Log:
         i = bisect_right(segments, offset, key=lambda s: s.base_offset) - 1
         while offset >= segments[i].next_offset and i + 1 < len(segments):
             i += 1
-        return segments[i].read_batches_view(offset, max_bytes, limit)
+        data, envelopes = segments[i].read_batches_view(offset, max_bytes, limit)
+        if envelopes and not stored:
+            return to_native(data, max_batch_bytes=self.config.max_converted_batch_bytes)
+        return data
 
     # --- transactions ------------------------------------------------------------------------
 

@@ -41,14 +41,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ferrymq.errors import CorruptRecordError
+from ferrymq.protocol.kafka.envelope import STORED_MAGICS, check_stored
 from ferrymq.protocol.markers import marker_of
 from ferrymq.protocol.records import (
     ATTR_CONTROL,
     HEADER_SIZE,
     LENGTH_PREFIX,
-    MAGIC,
     BatchHeader,
-    check_stored_batch,
     decode_header,
 )
 from ferrymq.storage.files import (
@@ -301,7 +300,7 @@ def _batch_valid_at(seg: Segment, pos: int) -> bool:
     if size < HEADER_SIZE:
         return False
     try:
-        check_stored_batch(seg.read(pos, size))
+        check_stored(seg.read(pos, size))
     except CorruptRecordError:
         return False
     return True
@@ -313,17 +312,23 @@ def _search_header(seg: Segment, start: int, end: int, last_good: int) -> tuple[
     while pos + HEADER_SIZE <= end:
         chunk = seg.read(pos, min(SCAN_CHUNK_BYTES, end - pos))
         limit = len(chunk) - HEADER_SIZE  # last candidate start inside this chunk
-        j = chunk.find(bytes([MAGIC]), _MAGIC_POSITION)
+        j = _find_magic(chunk, _MAGIC_POSITION)
         while j >= 0 and j - _MAGIC_POSITION <= limit:
             q = j - _MAGIC_POSITION
             h = decode_header(chunk, q)
             if h.base_offset > last_good and header_crc_ok(chunk, q, h):
                 return pos + q, h.base_offset
-            j = chunk.find(bytes([MAGIC]), j + 1)
+            j = _find_magic(chunk, j + 1)
         if limit < 0:
             break
         pos += limit + 1
     return None
+
+
+def _find_magic(chunk: bytes, start: int) -> int:
+    """Position of the first byte at or after ``start`` that is a stored batch's magic."""
+    found = [j for j in (chunk.find(bytes([m]), start) for m in STORED_MAGICS) if j >= 0]
+    return min(found) if found else -1
 
 
 def _first_valid_batch(seg: Segment) -> int | None:

@@ -42,15 +42,14 @@ from pathlib import Path
 
 from ferrymq import _faults
 from ferrymq.errors import CorruptRecordError, LogClosedError
+from ferrymq.protocol.kafka.envelope import ENVELOPE_MAGIC, STORED_MAGICS, check_stored
 from ferrymq.protocol.records import (
     ATTR_CONTROL,
     ATTR_TRANSACTIONAL,
     HEADER_SIZE,
     LENGTH_PREFIX,
-    MAGIC,
     BatchHeader,
     batch_size_at,
-    check_stored_batch,
     crc32c,
     decode_header,
 )
@@ -390,7 +389,7 @@ class Segment:
         data = os.pread(self._require_fd(), size - position, position)
         pos = 0
         while pos < len(data):
-            h = check_stored_batch(data, pos)
+            h = check_stored(data, pos)
             pos += LENGTH_PREFIX + h.batch_length
         if pos != size - position:
             raise CorruptRecordError(f"{self.log_path}: tail from {position} not readable")
@@ -529,10 +528,11 @@ class Segment:
             buf, i = window.get(pos, batch_bytes)
             try:
                 if check_crc:
-                    h = check_stored_batch(buf, i)
+                    h = check_stored(buf, i)
                 else:
                     h = decode_header(buf, i)
-                    if not header_crc_ok(buf, i, h) or h.magic != MAGIC or h.record_count < 1:
+                    if (not header_crc_ok(buf, i, h) or h.magic not in STORED_MAGICS
+                            or h.record_count < 1):
                         raise CorruptRecordError("batch header CRC mismatch")
             except CorruptRecordError as exc:
                 error = str(exc)
@@ -626,19 +626,22 @@ class Segment:
         The first batch is returned even when larger than ``max_bytes`` (KIP-74); no batch
         whose last offset is >= ``upto_offset`` is returned.
         """
-        data = self.read_batches_view(offset, max_bytes, upto_offset)
+        data = self.read_batches_view(offset, max_bytes, upto_offset)[0]
         return data if isinstance(data, bytes) else bytes(data)
 
     def read_batches_view(self, offset: int, max_bytes: int,
-                          upto_offset: int) -> bytes | memoryview:
+                          upto_offset: int) -> tuple[bytes | memoryview, bool]:
         """:meth:`read_batches` without copying: a read that cut a batch at its end is returned
-        as a view of the whole batches (the fetch path sends it as is)."""
+        as a view of the whole batches (the fetch path sends it as is); and whether any of
+        them is an envelope (a Kafka batch as stored, :mod:`ferrymq.protocol.kafka.envelope`),
+        known from the header walk the cut needs anyway."""
         found = self.find_batch(offset)
         if found is None:
-            return b""
+            return b"", False
         pos, h = found
         if h.last_offset >= upto_offset:
-            return b""
+            return b"", False
+        envelopes = h.magic == ENVELOPE_MAGIC
         first_bytes = LENGTH_PREFIX + h.batch_length
         data = self.read(pos, max(first_bytes, max_bytes))
         p = first_bytes
@@ -648,8 +651,10 @@ class Segment:
             end = p + LENGTH_PREFIX + nh.batch_length
             if end > n or end < p + HEADER_SIZE or nh.last_offset >= upto_offset:
                 break
+            if nh.magic == ENVELOPE_MAGIC:
+                envelopes = True
             p = end
-        return data if p == n else memoryview(data)[:p]
+        return (data if p == n else memoryview(data)[:p]), envelopes
 
     def position_of_offset(self, offset: int) -> int:
         """Position of the batch containing ``offset``, or the file size past the end."""

@@ -64,16 +64,21 @@ MAX_FILTER_SCAN_BYTES = 16 * 1024 * 1024
 
 
 def fetch(
-    conn: ClientConnection, req: m.FetchRequest
+    conn: ClientConnection, req: m.FetchRequest, *, stored: bool = False,
 ) -> m.FetchResponse | asyncio.Future[m.FetchResponse]:
-    """Answer at once when data is there (or no wait was asked), else long-poll."""
+    """Answer at once when data is there (or no wait was asked), else long-poll.
+
+    ``stored``: unfiltered reads return the batches as stored, envelopes (Kafka batches as
+    they came) unconverted: the Kafka port's fetch, which sends them on as they are.
+    """
     srv = conn.server
     max_wait_ms = min(max(req.max_wait_ms, 0), srv.config.max_fetch_wait_ms)
     filters = [parse_tag_expression(e[4]) for e in req.entries]
-    results, total, queues, txn = _read_all(conn, req, filters)
+    results, total, queues, txn = _read_all(conn, req, filters, stored)
     if total >= max(req.min_bytes, 1) or max_wait_ms == 0 or not queues:
         return m.FetchResponse(results, txn)
-    return asyncio.ensure_future(_long_poll(conn, req, filters, queues, max_wait_ms / 1000.0))
+    return asyncio.ensure_future(_long_poll(conn, req, filters, queues, max_wait_ms / 1000.0,
+                                            stored))
 
 
 async def _long_poll(
@@ -82,6 +87,7 @@ async def _long_poll(
     filters: list[frozenset[str] | None],
     queues: list[QueueState],
     wait_s: float,
+    stored: bool,
 ) -> m.FetchResponse:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_s
@@ -91,15 +97,16 @@ async def _long_poll(
             break
         if not await wait_for_wakeup([qs.waiters for qs in queues], remaining):
             break
-        results, total, queues, txn = _read_all(conn, req, filters)
+        results, total, queues, txn = _read_all(conn, req, filters, stored)
         if total >= max(req.min_bytes, 1):
             return m.FetchResponse(results, txn)
-    results, _, _, txn = _read_all(conn, req, filters)
+    results, _, _, txn = _read_all(conn, req, filters, stored)
     return m.FetchResponse(results, txn)
 
 
 def _read_all(
-    conn: ClientConnection, req: m.FetchRequest, filters: list[frozenset[str] | None]
+    conn: ClientConnection, req: m.FetchRequest, filters: list[frozenset[str] | None],
+    stored: bool,
 ) -> tuple[list[m.FetchResult], int, list[QueueState], list[m.FetchTxnInfo]]:
     srv = conn.server
     budget = min(req.max_bytes, srv.config.max_fetch_bytes)
@@ -127,7 +134,7 @@ def _read_all(
             if budget > 0 and offset < end:
                 limit = max(1, min(max_bytes, budget))
                 if tags is None and not (legacy and lg.has_control(offset, end)):
-                    data = lg.read_view(offset, limit, upto_offset=end)
+                    data = lg.read_view(offset, limit, upto_offset=end, stored=stored)
                     if committed:
                         aborted = lg.aborted_txns(offset, end)
                 else:

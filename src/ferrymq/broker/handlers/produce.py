@@ -42,6 +42,7 @@ from ferrymq.errors import (
     StorageFailureError,
 )
 from ferrymq.protocol import messages as m
+from ferrymq.protocol.kafka.envelope import envelope_header
 from ferrymq.protocol.messages import Acks, Durability
 from ferrymq.protocol.records import (
     ATTR_CONTROL,
@@ -58,27 +59,32 @@ if TYPE_CHECKING:
 
 
 def produce(
-    conn: ClientConnection, req: m.ProduceRequest
+    conn: ClientConnection, req: m.ProduceRequest, *, envelopes: bool = False,
 ) -> m.ProduceResponse | asyncio.Future[m.ProduceResponse]:
     """Append every entry; answer now (async mode) or once all are durable (sync mode).
 
     The queues written to are marked dirty together at the end (also when a later entry
     raised), so one flush round fsyncs them all: the answer waits for every one of them.
+
+    ``envelopes``: the entries are envelopes the Kafka port built and checked
+    (:func:`~ferrymq.protocol.kafka.envelope.wrap`), not batches from a FerryMQ client (whose
+    check refuses an envelope: a client cannot store one unchecked).
     """
     cluster = conn.server.cluster
     if cluster is not None:
         need = cluster.txn.unverified(req)
         if need:
-            return asyncio.ensure_future(_produce_verified(conn, req, need))
+            return asyncio.ensure_future(_produce_verified(conn, req, need, envelopes))
     dirty: list[QueueState] = []
     try:
-        return _produce(conn, req, dirty)
+        return _produce(conn, req, dirty, envelopes=envelopes)
     finally:
         conn.server.flusher.mark_all_dirty(dirty)
 
 
 async def _produce_verified(conn: ClientConnection, req: m.ProduceRequest,
-                            need: list[tuple[QueueState, int, int]]) -> m.ProduceResponse:
+                            need: list[tuple[QueueState, int, int]],
+                            envelopes: bool) -> m.ProduceResponse:
     """A cluster's produce with transactional batches not yet part of an open transaction
     here: the coordinator registers their queues first (refusals answer those entries)."""
     cluster = conn.server.cluster
@@ -86,7 +92,7 @@ async def _produce_verified(conn: ClientConnection, req: m.ProduceRequest,
     verified, refused = await cluster.txn.verify(need)
     dirty: list[QueueState] = []
     try:
-        out = _produce(conn, req, dirty, verified, refused)
+        out = _produce(conn, req, dirty, verified, refused, envelopes=envelopes)
     finally:
         conn.server.flusher.mark_all_dirty(dirty)
     return out if isinstance(out, m.ProduceResponse) else await out
@@ -95,6 +101,7 @@ async def _produce_verified(conn: ClientConnection, req: m.ProduceRequest,
 def _produce(
     conn: ClientConnection, req: m.ProduceRequest, dirty: list[QueueState],
     verified: Verified | None = None, refused: dict[tuple[str, int], BrokerError] | None = None,
+    *, envelopes: bool = False,
 ) -> m.ProduceResponse | asyncio.Future[m.ProduceResponse]:
     """:func:`produce`, noting in ``dirty`` the queues it wrote to."""
     srv = conn.server
@@ -117,8 +124,9 @@ def _produce(
             elif srv.cluster is not None:  # a cluster's queue this broker does not replicate
                 srv.cluster.check_serves(qs)
             srv.flusher.check_writable(qs)
-            h = validate_batch(batch, max_message_bytes=cfg.max_message_bytes,
-                               max_records=cfg.max_batch_records)
+            h = (envelope_header(batch) if envelopes
+                 else validate_batch(batch, max_message_bytes=cfg.max_message_bytes,
+                                     max_records=cfg.max_batch_records))
             txn_end = -1
             if h.attributes & (ATTR_TRANSACTIONAL | ATTR_CONTROL):
                 if h.attributes & (ATTR_CONTROL | ATTR_DEDUP | ATTR_SCHEDULED):

@@ -126,7 +126,7 @@ class ReplicaServer:
                 data: bytes | memoryview = b""
                 if offset < end and budget > 0:
                     data = lg.read_view(offset, max(1, min(self.entry_bytes, budget)),
-                                        upto_offset=end)
+                                        upto_offset=end, stored=True)
                     epochs.append((topic, queue, lg.epochs.entries_from(offset)))
                 elif offset >= end:
                     waitable.append(lq)
