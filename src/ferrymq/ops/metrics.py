@@ -211,7 +211,7 @@ class AppendTimes:
         self.reads += 1
         found: int | None = None
         try:
-            data = qs.log.read(offset, 1)
+            data = qs.log.read(offset, 1, stored=True)  # the header: either format
             b = next(iter_batches(data), None)
             if b is not None:
                 found = b[1].append_time_ms

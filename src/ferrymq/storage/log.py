@@ -524,7 +524,8 @@ class Log:
 
     # --- reading -----------------------------------------------------------------------------
 
-    def read(self, offset: int, max_bytes: int, *, upto_offset: int | None = None) -> bytes:
+    def read(self, offset: int, max_bytes: int, *, upto_offset: int | None = None,
+             stored: bool = False) -> bytes:
         """Whole batches starting with the one that contains ``offset``, from one segment.
 
         At least one batch is returned when one is available, even if larger than
@@ -538,7 +539,7 @@ class Log:
             OffsetOutOfRangeError: ``offset`` is below the start or above the end.
             LogClosedError: the log is closed.
         """
-        data = self.read_view(offset, max_bytes, upto_offset=upto_offset)
+        data = self.read_view(offset, max_bytes, upto_offset=upto_offset, stored=stored)
         return data if isinstance(data, bytes) else bytes(data)
 
     def read_view(self, offset: int, max_bytes: int, *, upto_offset: int | None = None,

@@ -69,7 +69,8 @@ class Inspection:
                 age = -1
                 if floor < end:
                     try:
-                        data = qs.log.read(max(floor, qs.log.start_offset), 1)
+                        data = qs.log.read(max(floor, qs.log.start_offset), 1,
+                                           stored=True)  # the header: either format
                         b = next(iter_batches(data), None)
                         if b is not None:
                             age = max(0, wall - b[1].append_time_ms)

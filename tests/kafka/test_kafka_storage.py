@@ -1,0 +1,153 @@
+"""Kafka batches are stored as they came and served back to Kafka readers unchanged; FerryMQ's
+own readers (pull, simple consumer, tag filters) read the same messages converted. A real
+broker over real sockets; the batches are built by kafka-python's record builder (a client
+nobody here wrote), gzip-compressed as a client sends them."""
+
+from __future__ import annotations
+
+import datetime
+import socket
+import struct
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kio.schema.errors import ErrorCode as KafkaError
+
+from ferrymq import Broker, Message, Producer, PullConsumer, SimpleConsumer
+from ferrymq.protocol.kafka import apis
+from ferrymq.protocol.kafka import records as kafka
+from ferrymq.protocol.records import HEADER_SIZE
+from tests.helpers import free_port
+from tests.kafka.test_kafka_wire import _produce, connect, read_frame, request
+
+default_records = pytest.importorskip("kafka.record.default_records")
+
+pytestmark = pytest.mark.integration
+
+GZIP = 1
+
+
+def client_batch(first: int, n: int, *, codec: int = GZIP) -> bytes:
+    """A batch as kafka-python's producer builds it: ``n`` records, a tag header on each
+    (``a`` on odd ones, ``b`` on even ones), compressed with ``codec``."""
+    b = default_records.DefaultRecordBatchBuilder(
+        magic=2, compression_type=codec, is_transactional=False, producer_id=-1,
+        producer_epoch=-1, base_sequence=-1, batch_size=1 << 20)
+    for i in range(n):
+        b.append(i, timestamp=1_700_000_000_000 + first + i, key=f"k{first + i}".encode(),
+                 value=f"value {first + i} ".encode() * 10,
+                 headers=[("ferrymq.tag", b"a" if (first + i) % 2 else b"b")])
+    return bytes(b.build())
+
+
+def kafka_fetch(s: socket.socket, topic: str, offset: int) -> Any:
+    """One Fetch v12 of partition 0 from ``offset``: its partition answer."""
+    req = apis.request_class(1, 12)
+    res = apis.response_class(1, 12)
+    assert req is not None
+    assert res is not None
+    body = apis.encode(apis.build(req, {
+        "replica_id": -1, "max_wait": datetime.timedelta(milliseconds=100), "min_bytes": 1,
+        "max_bytes": 1 << 20, "isolation_level": 0, "session_id": 0, "session_epoch": -1,
+        "topics": [{"topic": topic, "partitions": [{
+            "partition": 0, "current_leader_epoch": -1, "fetch_offset": offset,
+            "last_fetched_epoch": -1, "log_start_offset": -1,
+            "partition_max_bytes": 1 << 20}]}],
+        "forgotten_topics_data": [], "rack_id": ""}))
+    s.sendall(request(1, 12, 9, body, flexible=True))
+    [part] = apis.decode_request(res, read_frame(s)[5:], 0).responses[0].partitions
+    return part
+
+
+def stamped(batch: bytes, base_offset: int) -> bytes:
+    """``batch`` with the fields the broker stamps: its base offset, leader epoch -1."""
+    out = bytearray(batch)
+    struct.pack_into(">q", out, 0, base_offset)
+    struct.pack_into(">i", out, 12, -1)
+    return bytes(out)
+
+
+def segment_bytes(b: Broker, topic: str) -> bytes:
+    [seg] = sorted(Path(b.server.topics.queue(topic, 0).log.directory).glob("*.log"))
+    return seg.read_bytes()
+
+
+@pytest.fixture
+def kbroker(tmp_path: Path) -> Any:
+    b = Broker(tmp_path / "data", port=0, kafka_port=free_port(), default_queues=1).start()
+    try:
+        yield b
+    finally:
+        b.stop()
+
+
+def test_a_kafka_batch_is_stored_as_sent_and_served_back_byte_identical(kbroker: Broker) -> None:
+    kbroker.server.topics.create("raw", 1, {}, 0)
+    with Producer(kbroker.address) as p:  # a FerryMQ batch first: the formats side by side
+        p.send(Message("raw", b"native", tags="a"))
+    sent = [client_batch(1, 5), client_batch(6, 3)]
+    with connect(kbroker) as s:
+        answers = [_produce(s, 2 + i, "raw", batch) for i, batch in enumerate(sent)]
+        assert [(a.error_code, a.base_offset) for a in answers] == [
+            (KafkaError.none, 1), (KafkaError.none, 6)]
+        disk = segment_bytes(kbroker, "raw")
+        # on disk: each batch as it was sent (still gzip), after its 64-byte FerryMQ header
+        pos = len(disk) - len(sent[1]) - HEADER_SIZE - len(sent[0]) - HEADER_SIZE
+        assert disk[pos + 28] == 2  # the envelope's magic
+        first = disk[pos + HEADER_SIZE:pos + HEADER_SIZE + len(sent[0])]
+        assert first == stamped(sent[0], 1)
+        assert kafka.decode_header(first).attributes & kafka.COMPRESSION_MASK == GZIP
+        assert disk[-len(sent[1]):] == stamped(sent[1], 6)
+        # a Kafka reader gets them back as they are stored, after the converted FerryMQ one
+        part = kafka_fetch(s, "raw", 1)
+        assert part.error_code == KafkaError.none
+        assert part.records == stamped(sent[0], 1) + stamped(sent[1], 6)
+        whole = kafka_fetch(s, "raw", 0).records
+        assert whole.endswith(part.records)
+        assert kafka.decode_header(whole).record_count == 1  # the FerryMQ message, converted
+
+
+def _pull(b: Broker, topic: str, n: int, tags: str = "*") -> list[Any]:
+    group = "pull-all" if tags == "*" else f"pull-{tags}"
+    with PullConsumer(b.address, group, auto_offset_reset="earliest") as c:
+        c.subscribe(topic, tags)
+        got: list[Any] = []
+        deadline = time.monotonic() + 15
+        while len(got) < n and time.monotonic() < deadline:
+            got += c.poll(0.5)
+    return got
+
+
+def test_ferrymq_readers_get_the_kafka_messages_converted(kbroker: Broker) -> None:
+    kbroker.server.topics.create("mixed", 1, {}, 0)
+    with connect(kbroker) as s:
+        assert _produce(s, 2, "mixed", client_batch(0, 6)).error_code == KafkaError.none
+    with Producer(kbroker.address) as p:
+        p.send(Message("mixed", b"native", tags="b"))
+    with connect(kbroker) as s:
+        assert _produce(s, 3, "mixed", client_batch(7, 4)).error_code == KafkaError.none
+    values = [f"value {i} ".encode() * 10 for i in range(11)]
+    values[6] = b"native"
+
+    got = _pull(kbroker, "mixed", 11)
+    assert [(m.offset, m.body) for m in got] == list(enumerate(values))
+    assert [m.tags for m in got] == ["b", "a"] * 5 + ["b"]
+    assert got[0].sharding_key == "k0"
+    assert got[0].born_ms == 1_700_000_000_000
+
+    only_a = _pull(kbroker, "mixed", 5, tags="a")
+    assert [m.offset for m in only_a] == [1, 3, 5, 7, 9]
+    assert {m.tags for m in only_a} == {"a"}
+
+    received: list[Any] = []
+    with SimpleConsumer(kbroker.address, "simple", invisible_duration=10) as sc:
+        sc.subscribe("mixed")
+        deadline = time.monotonic() + 15
+        while len(received) < 11 and time.monotonic() < deadline:
+            batch = sc.receive(32, wait=0.5)
+            received += batch
+            if batch:
+                sc.ack_batch(batch)
+    assert sorted(m.body for m in received) == sorted(values)

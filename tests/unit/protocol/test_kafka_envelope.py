@@ -1,0 +1,160 @@
+"""The envelope: a Kafka batch stored as it came inside a FerryMQ header of magic 2."""
+
+from __future__ import annotations
+
+import gzip
+import struct
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ferrymq.errors import BatchTooLargeError, CorruptRecordError, MessageTooLargeError
+from ferrymq.protocol.kafka import records as kafka
+from ferrymq.protocol.kafka.envelope import (
+    ENVELOPE_MAGIC,
+    STAMPED_HEAD_SIZE,
+    check_stored,
+    envelope_header,
+    for_kafka,
+    stamp,
+    to_native,
+    wrap,
+)
+from ferrymq.protocol.records import (
+    ATTR_TRANSACTIONAL,
+    HEADER_SIZE,
+    MAGIC,
+    RecordInput,
+    crc32c,
+    decode_header,
+    decode_records,
+    encode_batch,
+    iter_batches,
+    stamp_batch,
+)
+
+LIMITS = {"max_batch_bytes": 1 << 20, "max_records": 100}
+
+
+def kafka_batch(n: int = 3, *, pid: int = -1, epoch: int = -1, seq: int = -1) -> bytes:
+    return kafka.to_kafka(bytes(encode_batch(
+        [RecordInput(f"v{i}".encode(), 1000 + 10 * i, tag=b"t") for i in range(n)],
+        producer_id=pid, producer_epoch=epoch, base_sequence=seq)))
+
+
+def stored(batch: bytes, base_offset: int, append_time: int = 77) -> bytes:
+    """An envelope of ``batch`` as the log stores it at ``base_offset``."""
+    env = wrap(batch, **LIMITS)
+    head = bytearray(env[:STAMPED_HEAD_SIZE])
+    stamp(head, base_offset, append_time)
+    return bytes(head) + bytes(env[STAMPED_HEAD_SIZE:])
+
+
+def _reseal(batch: bytearray) -> bytes:
+    struct.pack_into(">I", batch, 17, crc32c(memoryview(batch)[kafka.CRC_START:]) & 0xFFFFFFFF)
+    return bytes(batch)
+
+
+def test_the_header_carries_the_kafka_batch_fields_and_the_batch_is_kept_as_sent() -> None:
+    batch = kafka_batch(4, pid=9, epoch=2, seq=40)
+    env = wrap(batch, **LIMITS)
+    h = envelope_header(env)
+    assert (h.magic, h.record_count, h.first_timestamp, h.max_timestamp) == (
+        ENVELOPE_MAGIC, 4, 1000, 1030)
+    assert (h.producer_id, h.producer_epoch, h.base_sequence, h.last_sequence) == (9, 2, 40, 43)
+    assert h.size == len(env) == HEADER_SIZE + len(batch)
+    assert env[HEADER_SIZE:] == batch  # the client's leader epoch was -1 already
+    at = stored(batch, 500)
+    assert decode_header(at).base_offset == 500
+    assert kafka.decode_header(at, HEADER_SIZE).base_offset == 500
+    assert at[HEADER_SIZE + 8:] == batch[8:]
+    assert check_stored(at) == decode_header(at)
+
+
+def test_a_client_leader_epoch_is_replaced_and_transactions_are_kept() -> None:
+    b = bytearray(kafka_batch(1, pid=5, epoch=0, seq=0))
+    struct.pack_into(">i", b, 12, 7)  # not under the Kafka CRC
+    struct.pack_into(">h", b, 21, kafka.KAFKA_ATTR_TRANSACTIONAL)
+    env = wrap(_reseal(b), **LIMITS)
+    assert kafka.decode_header(env, HEADER_SIZE).leader_epoch == -1
+    assert envelope_header(env).attributes == ATTR_TRANSACTIONAL
+
+
+@given(st.data())
+def test_every_byte_of_a_stored_envelope_is_checked(data: st.DataObject) -> None:
+    at = bytearray(stored(kafka_batch(2), 3))
+    pos = data.draw(st.integers(0, len(at) - 1))
+    at[pos] ^= 1 << data.draw(st.integers(0, 7))
+    with pytest.raises(CorruptRecordError):
+        check_stored(bytes(at))
+
+
+def test_what_wrap_refuses() -> None:
+    batch = kafka_batch(3)
+    with pytest.raises(CorruptRecordError, match="CRC-32C"):
+        wrap(batch[:-1] + bytes([batch[-1] ^ 1]), **LIMITS)
+    with pytest.raises(MessageTooLargeError, match="max_message_bytes"):
+        wrap(batch, max_batch_bytes=len(batch) - 1, max_records=100)
+    with pytest.raises(BatchTooLargeError, match="max 2"):
+        wrap(batch, max_batch_bytes=1 << 20, max_records=2)
+    control = bytearray(batch)
+    struct.pack_into(">h", control, 21, kafka.KAFKA_ATTR_CONTROL | kafka.KAFKA_ATTR_TRANSACTIONAL)
+    with pytest.raises(CorruptRecordError, match="only the broker writes"):
+        wrap(_reseal(control), **LIMITS)
+    gap = bytearray(batch)
+    struct.pack_into(">i", gap, 23, 5)  # lastOffsetDelta
+    with pytest.raises(CorruptRecordError, match="last offset delta 5"):
+        wrap(_reseal(gap), **LIMITS)
+    spread = bytearray(batch)
+    struct.pack_into(">q", spread, 35, 1000 + 2**31)  # maxTimestamp
+    with pytest.raises(BatchTooLargeError, match=r"24\.8 days"):
+        wrap(_reseal(spread), **LIMITS)
+
+
+def test_envelope_header_refuses_a_ferrymq_batch() -> None:
+    with pytest.raises(CorruptRecordError, match="not one envelope"):
+        envelope_header(encode_batch([RecordInput(b"x", 1)]))
+
+
+def _compressed(batch: bytes) -> bytes:
+    b = bytearray(batch[:kafka.HEADER_SIZE]) + gzip.compress(batch[kafka.HEADER_SIZE:])
+    struct.pack_into(">i", b, 8, len(b) - 12)
+    struct.pack_into(">h", b, 21, kafka.COMPRESSION_GZIP)
+    return _reseal(b)
+
+
+def test_both_ways_over_a_log_read_of_both_formats() -> None:
+    native = bytearray(encode_batch([RecordInput(b"n0", 5), RecordInput(b"n1", 6)]))
+    stamp_batch(native, 0, 0, 70)
+    gz = _compressed(kafka_batch(3))
+    tail = bytearray(encode_batch([RecordInput(b"n5", 8)]))
+    stamp_batch(tail, 0, 5, 71)
+    data = bytes(native) + stored(gz, 2) + bytes(tail)
+    # FerryMQ readers: the envelope converted, FerryMQ batches untouched
+    out = to_native(data, max_batch_bytes=1 << 20)
+    assert [h.magic for _p, h in iter_batches(out)] == [MAGIC] * 3
+    assert out.startswith(bytes(native)) and out.endswith(bytes(tail))
+    assert [(r.offset, r.body, r.tag) for r in decode_records(out)] == [
+        (0, b"n0", None), (1, b"n1", None), (2, b"v0", "t"), (3, b"v1", "t"), (4, b"v2", "t"),
+        (5, b"n5", None)]
+    [_a, (_pos, h), _b] = list(iter_batches(out))
+    assert (h.base_offset, h.append_time_ms) == (2, 77)
+    # Kafka readers: the stored Kafka batch still compressed, FerryMQ ones converted
+    back = for_kafka(data)
+    k = kafka.decode_header(back)
+    first = len(kafka.to_kafka(bytes(native)))
+    assert back[:first] == kafka.to_kafka(bytes(native))
+    assert back[first:first + len(gz)] == stored(gz, 2)[HEADER_SIZE:]
+    assert kafka.decode_header(back, first).attributes & kafka.COMPRESSION_MASK == 1
+    assert back[first + len(gz):] == kafka.to_kafka(bytes(tail))
+    assert k.record_count == 2
+    # a partial batch at the end is left out, as a fetch cut at its budget has one
+    assert for_kafka(data[:-3]) == back[:first + len(gz)]
+    assert to_native(data[:-3], max_batch_bytes=1 << 20) == out[:-len(tail)]
+
+
+def test_to_native_bounds_the_decompression() -> None:
+    gz = _compressed(kafka_batch(3))
+    with pytest.raises(MessageTooLargeError):
+        to_native(stored(gz, 0), max_batch_bytes=10)
