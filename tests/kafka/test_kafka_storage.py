@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 from kio.schema.errors import ErrorCode as KafkaError
 
-from ferrymq import Broker, Message, Producer, PullConsumer, SimpleConsumer
+from ferrymq import AdminClient, Broker, Message, Producer, PullConsumer, SimpleConsumer
 from ferrymq.protocol.kafka import apis
 from ferrymq.protocol.kafka import records as kafka
-from ferrymq.protocol.records import HEADER_SIZE
-from tests.helpers import free_port
+from ferrymq.protocol.records import ATTR_HAS_KEYS, HEADER_SIZE
+from tests.helpers import free_port, wait_for
 from tests.kafka.test_kafka_wire import _produce, connect, read_frame, request
 
 default_records = pytest.importorskip("kafka.record.default_records")
@@ -151,3 +151,34 @@ def test_ferrymq_readers_get_the_kafka_messages_converted(kbroker: Broker) -> No
             if batch:
                 sc.ack_batch(batch)
     assert sorted(m.body for m in received) == sorted(values)
+
+
+def keyed_batch(first: int, n: int, *, codec: int = 0) -> bytes:
+    """``n`` records, the even ones carrying the FerryMQ key ``order-<i>`` as a header."""
+    b = default_records.DefaultRecordBatchBuilder(
+        magic=2, compression_type=codec, is_transactional=False, producer_id=-1,
+        producer_epoch=-1, base_sequence=-1, batch_size=1 << 20)
+    for i in range(first, first + n):
+        b.append(i - first, timestamp=1_700_000_000_000 + i, key=None, value=f"m{i}".encode(),
+                 headers=[("ferrymq.key", f"order-{i}".encode())] if i % 2 == 0 else [])
+    return bytes(b.build())
+
+
+def test_ferrymq_keys_of_kafka_messages_are_indexed_and_only_keyed_batches_marked(
+        kbroker: Broker) -> None:
+    kbroker.server.topics.create("keys", 1, {}, 0)
+    with connect(kbroker) as s:
+        for i, batch in enumerate([client_batch(0, 4, codec=0), keyed_batch(4, 4)]):
+            assert _produce(s, 2 + i, "keys", batch).error_code == KafkaError.none
+    disk = segment_bytes(kbroker, "keys")
+    first = disk[29]
+    second = disk[HEADER_SIZE + len(client_batch(0, 4, codec=0)) + 29]
+    assert (first & ATTR_HAS_KEYS, second & ATTR_HAS_KEYS) == (0, ATTR_HAS_KEYS)
+    t = kbroker.server.topics.topics["keys"]
+    index = kbroker.server.key_index
+    wait_for(lambda: (t.topic_id, 0) in index.indexes
+             and index.indexes[(t.topic_id, 0)].next_offset >= 8, timeout=15)
+    with AdminClient(kbroker.address) as admin:
+        found = admin.find_by_key("keys", "order-6")
+    assert (found.unindexed, [(m.offset, m.keys) for m in found.messages]) == (
+        0, [(6, ["order-6"])])

@@ -320,7 +320,7 @@ def _scan(qs: QueueState, since_ms: int, out: list[tuple[int, str, int, int]]) -
     nbytes = 0
     while pos < end:
         try:
-            data = lg.read(pos, SCAN_READ_BYTES)
+            data = lg.read(pos, SCAN_READ_BYTES, stored=True)  # envelopes: never theirs
         except BrokerError as exc:  # the log changed under us: cannot happen before serving
             log.warning("%s: dedup rebuild stopped at offset %d: %s", qs, pos, exc)
             break

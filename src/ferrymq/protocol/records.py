@@ -12,7 +12,10 @@ Batch layout (little-endian, 64-byte header)::
     12   8     append_time_ms    i64  stamped by the broker (wall clock, never decreasing per queue)
     20   4     header_crc        u32  CRC32C of bytes [0, 20) then [24, 28)
     24   4     crc               u32  CRC32C of bytes [28, end): computed by the producer
-    28   1     magic             u8   format version, 1
+    28   1     magic             u8   format version, 1 (2: an envelope, a Kafka batch
+                                      stored as it came instead of these records, see
+                                      ferrymq.protocol.kafka.envelope; a log holds both,
+                                      readers get magic 1 only)
     29   1     attributes        u8   bits 0-1 compression (0 = none; format 1 accepts
                                       only 0); bit 2 dedup (every record carries a dedup
                                       key in a reserved property, see

@@ -64,7 +64,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ferrymq.errors import CorruptRecordError, OffsetOutOfRangeError
+from ferrymq.errors import BrokerError, CorruptRecordError, OffsetOutOfRangeError
+from ferrymq.protocol.kafka.envelope import ENVELOPE_MAGIC, to_native
 from ferrymq.protocol.records import (
     ATTR_HAS_KEYS,
     crc32c,
@@ -74,6 +75,7 @@ from ferrymq.protocol.records import (
     walk_records,
 )
 from ferrymq.storage.files import OFFSET_DIGITS, TMP_SUFFIX
+from ferrymq.storage.log import DEFAULT_MAX_CONVERTED_BATCH_BYTES as DEFAULT_MAX_CONVERTED
 from ferrymq.storage.log import Log
 
 __all__ = [
@@ -217,8 +219,11 @@ def _keys_of(ctx: tuple[list[tuple[int, int]], bytes], buf: bytes, p: int, offse
                 out.append((key_hash(k), offset))
 
 
-def scan_keys(data: bytes, start: int) -> tuple[list[tuple[int, int]], int, int, int]:
-    """Key entries of the records at or above ``start`` in the whole batches of ``data``.
+def scan_keys(data: bytes, start: int, *, max_converted_bytes: int = DEFAULT_MAX_CONVERTED
+              ) -> tuple[list[tuple[int, int]], int, int, int]:
+    """Key entries of the records at or above ``start`` in the whole batches of ``data``, as
+    stored: an envelope (a Kafka batch as it came) that may hold keys is converted to read them
+    (at most ``max_converted_bytes``), any other is not.
 
     Returns:
         ``(entries, next offset, anchor base, anchor crc)``: the entries ``(hash, offset)`` in
@@ -232,9 +237,17 @@ def scan_keys(data: bytes, start: int) -> tuple[list[tuple[int, int]], int, int,
     for pos, h in iter_batches(data):
         if h.last_offset >= start and h.attributes & ATTR_HAS_KEYS:
             try:
-                walk_records(data, pos, h, start, _keys_of, ctx)
+                if h.magic == ENVELOPE_MAGIC:
+                    native = to_native(memoryview(data)[pos:pos + h.size],
+                                       max_batch_bytes=max_converted_bytes)
+                    walk_records(native, 0, decode_header(native), start, _keys_of,
+                                 (entries, native))
+                else:
+                    walk_records(data, pos, h, start, _keys_of, ctx)
             except CorruptRecordError:
                 pass  # fields run past their record: nothing to index in it
+            except BrokerError as exc:  # an envelope that cannot be converted
+                _log.warning("key index: batch at offset %d not indexed: %s", h.base_offset, exc)
         nxt = max(nxt, h.last_offset + 1)
         abase, acrc = h.base_offset, h.crc
     return entries, nxt, abase, acrc
@@ -247,7 +260,7 @@ def _anchor_holds(log: Log, block: _Block) -> bool:
     if block.anchor_base < log.start_offset or block.next > log.end_offset:
         return False
     try:
-        h = decode_header(log.read(block.anchor_base, 1), 0)
+        h = decode_header(log.read(block.anchor_base, 1, stored=True), 0)
     except (OffsetOutOfRangeError, CorruptRecordError):
         return False
     return bool(h.base_offset == block.anchor_base and h.crc == block.anchor_crc
@@ -362,13 +375,15 @@ class KeyIndex:
         entries: list[tuple[int, int]] = []
         while pos < upto and used < max_bytes:
             try:
-                data = log.read(pos, min(READ_CHUNK_BYTES, max_bytes - used), upto_offset=upto)
+                data = log.read(pos, min(READ_CHUNK_BYTES, max_bytes - used), upto_offset=upto,
+                                stored=True)
             except OffsetOutOfRangeError:
                 break
             if not data:
                 break
             used += len(data)
-            found, nxt, abase, acrc = scan_keys(data, pos)
+            found, nxt, abase, acrc = scan_keys(
+                data, pos, max_converted_bytes=log.config.max_converted_batch_bytes)
             if nxt <= pos:
                 break
             entries.extend(found)

@@ -38,6 +38,12 @@ producer with an open transaction appends ``(producer_id, first_offset, marker_o
 The producer state tracks the open transactions (:meth:`Log.ongoing_txns`);
 :meth:`Log.aborted_txns` reads the segments' entries, kept in memory.
 
+Envelopes (:mod:`ferrymq.protocol.kafka.envelope`): batches of magic 2, Kafka batches stored as
+they came, go through every path above like any batch (their header has every field those
+read); :meth:`Log.append` also stamps the Kafka batch's base offset. :meth:`Log.read` and
+:meth:`Log.read_view` convert the envelopes they return into FerryMQ batches, so readers see
+magic 1 only, unless asked for the bytes as ``stored`` (the Kafka port, replication).
+
 Replication (docs/cluster.md). A follower copies the leader's batches with
 :meth:`Log.append_replica`: header and bytes unchanged (the leader's offsets and append
 times), producer state and transaction index updated as :meth:`Log.append` would. Which leader

@@ -25,6 +25,9 @@ it already walks batches: tag-filtered reads (control and aborted batches join t
 and LEGACY fetches (clients that do not send an isolation and do not know control batches),
 which get control batches stripped, and only from segments that ever held one.
 
+Kafka batches stored as they came (envelopes, :mod:`ferrymq.protocol.kafka.envelope`) reach
+FerryMQ readers converted by the log read; the Kafka port asks for them as ``stored``.
+
 Out of range means below the log start or beyond the log's end, not beyond ``visible_end``
 (Kafka's rule). A consumer may hold an offset between the two: a new cluster leader learns the
 high watermark its predecessor had advanced only from its followers' next fetches, so for a

@@ -79,7 +79,7 @@ def rescan(qs: QueueState, pos: int, known: Known, register: Register) -> tuple[
     nbytes = 0
     while pos < end:
         try:
-            data = lg.read(pos, RESCAN_READ_BYTES)
+            data = lg.read(pos, RESCAN_READ_BYTES, stored=True)  # envelopes: never theirs
         except OffsetOutOfRangeError:
             break
         if not data:

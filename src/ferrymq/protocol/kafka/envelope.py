@@ -19,7 +19,10 @@ Envelope layout (the FerryMQ header is little-endian, the Kafka batch big-endian
                                  the Kafka batch's batchLength, partitionLeaderEpoch, magic
                                  and CRC (the Kafka CRC-32C covers the rest, [85, end))
                  magic           2
-                 attributes      bit 4 (transactional) as Kafka's bit 4; nothing else
+                 attributes      bit 4 (transactional) as Kafka's bit 4; bit 3 (has keys)
+                                 when the batch is uncompressed and holds the bytes
+                                 ``ferrymq.key`` (a record may carry FerryMQ keys: the key
+                                 index converts only such envelopes); nothing else
                  record_count, first_timestamp (baseTimestamp), max_timestamp, producer_id,
                  producer_epoch, base_sequence: from the Kafka header
     64   8     the Kafka batch's baseOffset: stamped by the broker with base_offset (covered by
@@ -40,6 +43,7 @@ import struct
 from ferrymq.errors import BatchTooLargeError, CorruptRecordError, MessageTooLargeError
 from ferrymq.protocol.kafka import records as kafka
 from ferrymq.protocol.records import (
+    ATTR_HAS_KEYS,
     ATTR_TRANSACTIONAL,
     HEADER,
     HEADER_SIZE,
@@ -65,6 +69,7 @@ _BASE_OFFSET = struct.Struct(">q")
 _LEADER_EPOCH = struct.Struct(">i")
 _I = struct.Struct("<I")
 _NO_LEADER_EPOCH = -1
+_KEY_HEADER = kafka.KEY_HEADER.encode()
 
 
 def _envelope_crc(buf: bytes | bytearray | memoryview, pos: int) -> int:
@@ -106,14 +111,15 @@ def wrap(data: bytes | memoryview, *, max_batch_bytes: int, max_records: int) ->
             f"Kafka record batch spans {h.max_timestamp - h.base_timestamp} ms from its first "
             f"timestamp to its largest: FerryMQ keeps a batch within 0..{MAX_TIMESTAMP_DELTA_MS} "
             "ms (24.8 days); send such records in separate batches")
+    attributes = ATTR_TRANSACTIONAL if h.attributes & kafka.KAFKA_ATTR_TRANSACTIONAL else 0
+    if not h.attributes & kafka.COMPRESSION_MASK and _KEY_HEADER in data:
+        attributes |= ATTR_HAS_KEYS  # may carry FerryMQ keys: the key index converts it
     out = bytearray(HEADER_SIZE)
     out += data
     _LEADER_EPOCH.pack_into(out, HEADER_SIZE + 12, _NO_LEADER_EPOCH)
     HEADER.pack_into(
-        out, 0, 0, len(out) - LENGTH_PREFIX, 0, 0, 0, ENVELOPE_MAGIC,
-        ATTR_TRANSACTIONAL if h.attributes & kafka.KAFKA_ATTR_TRANSACTIONAL else 0,
-        h.record_count, h.base_timestamp, h.max_timestamp, h.producer_id, h.producer_epoch,
-        h.base_sequence)
+        out, 0, 0, len(out) - LENGTH_PREFIX, 0, 0, 0, ENVELOPE_MAGIC, attributes, h.record_count,
+        h.base_timestamp, h.max_timestamp, h.producer_id, h.producer_epoch, h.base_sequence)
     _I.pack_into(out, 24, _envelope_crc(out, 0))
     seal_header_crc(out, 0)
     return out

@@ -25,10 +25,12 @@ varint, ``keyLength`` varint (-1: null) and key, ``valueLength`` varint (-1: nul
 ``headerCount`` varint, then per header ``keyLength`` varint, key (UTF-8), ``valueLength``
 varint (-1: null), value. Varints are zig-zag encoded (protobuf's sint).
 
-FerryMQ stores what Kafka clients produce as FerryMQ batches (:func:`to_ferrymq`) and serves
-FerryMQ batches to Kafka readers as Kafka batches (:func:`to_kafka`), record by record, with the
-same offsets; the mapping of keys, tags and properties to Kafka keys and headers is in
-docs/kafka.md. The CRC-32C of a Kafka batch is checked before anything of it is used.
+FerryMQ stores what Kafka clients produce as it came (:mod:`ferrymq.protocol.kafka.envelope`);
+the conversions here run only for a reader of the other protocol: a stored Kafka batch read by
+a FerryMQ reader becomes a FerryMQ batch (:func:`to_ferrymq`), FerryMQ batches read by a Kafka
+reader become Kafka batches (:func:`to_kafka`), record by record, with the same offsets; the
+mapping of keys, tags and properties to Kafka keys and headers is in docs/kafka.md. The CRC-32C
+of a Kafka batch is checked before anything of it is used.
 """
 
 from __future__ import annotations
