@@ -576,7 +576,8 @@ class Log:
             i += 1
         data, envelopes = segments[i].read_batches_view(offset, max_bytes, limit)
         if envelopes and not stored:
-            return to_native(data, max_batch_bytes=self.config.max_converted_batch_bytes)
+            return to_native(data, max_batch_bytes=self.config.max_converted_batch_bytes,
+                             max_bytes=max_bytes)
         return data
 
     # --- transactions ------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from ferrymq.protocol.kafka.envelope import (
     wrap,
 )
 from ferrymq.protocol.records import (
+    ATTR_HAS_KEYS,
     ATTR_TRANSACTIONAL,
     HEADER_SIZE,
     MAGIC,
@@ -32,6 +33,7 @@ from ferrymq.protocol.records import (
     encode_batch,
     iter_batches,
     stamp_batch,
+    validate_batch,
 )
 
 LIMITS = {"max_batch_bytes": 1 << 20, "max_records": 100}
@@ -158,3 +160,26 @@ def test_to_native_bounds_the_decompression() -> None:
     gz = _compressed(kafka_batch(3))
     with pytest.raises(MessageTooLargeError):
         to_native(stored(gz, 0), max_batch_bytes=10)
+
+
+def test_a_read_budget_bounds_the_converted_batches() -> None:
+    data = stored(kafka_batch(3), 0) + stored(kafka_batch(3), 3) + stored(kafka_batch(3), 6)
+    whole = to_native(data, max_batch_bytes=1 << 20)
+    one = len(whole) // 3
+    assert [h.base_offset for _p, h in iter_batches(whole)] == [0, 3, 6]
+    assert to_native(data, max_batch_bytes=1 << 20, max_bytes=2 * one) == whole[:2 * one]
+    assert to_native(data, max_batch_bytes=1 << 20, max_bytes=2 * one - 1) == whole[:one]
+    assert to_native(data, max_batch_bytes=1 << 20, max_bytes=1) == whole[:one]  # the first
+
+
+def test_a_ferrymq_producer_cannot_store_an_envelope() -> None:
+    with pytest.raises(CorruptRecordError, match="unknown batch magic 2"):
+        validate_batch(wrap(kafka_batch(1), **LIMITS), max_message_bytes=1 << 20,
+                       max_records=100)
+
+
+def test_only_uncompressed_batches_naming_ferrymq_keys_are_marked_as_keyed() -> None:
+    keyed = kafka.to_kafka(bytes(encode_batch([RecordInput(b"v", 1, keys=b"order-1")])))
+    assert envelope_header(wrap(keyed, **LIMITS)).attributes == ATTR_HAS_KEYS
+    assert envelope_header(wrap(kafka_batch(2), **LIMITS)).attributes == 0
+    assert envelope_header(wrap(_compressed(keyed), **LIMITS)).attributes == 0

@@ -172,10 +172,13 @@ def envelope_header(batch: bytes | bytearray | memoryview) -> BatchHeader:
     return h
 
 
-def to_native(data: bytes | memoryview, *, max_batch_bytes: int) -> bytes:
+def to_native(data: bytes | memoryview, *, max_batch_bytes: int,
+              max_bytes: int | None = None) -> bytes:
     """The complete batches of ``data`` with every envelope converted into a FerryMQ batch of
     the same offsets, append time and producer fields (FerryMQ batches are kept as they are):
-    what a FerryMQ reader of a log holding envelopes gets.
+    what a FerryMQ reader of a log holding envelopes gets. With ``max_bytes``, the batches that
+    fit it (at least the first): converted batches are larger than stored ones, and a read's
+    budget bounds what it returns.
 
     Raises:
         CorruptRecordError: an envelope whose Kafka batch fails its CRC or does not parse.
@@ -184,15 +187,18 @@ def to_native(data: bytes | memoryview, *, max_batch_bytes: int) -> bytes:
     """
     mv = memoryview(data)
     out: list[bytes | bytearray | memoryview] = []
+    total = 0
     for pos, h in iter_batches(mv):
         size = LENGTH_PREFIX + h.batch_length
-        if h.magic != ENVELOPE_MAGIC:
-            out.append(mv[pos:pos + size])
-            continue
-        batch = kafka.to_ferrymq(mv[pos + HEADER_SIZE:pos + size],
-                                 max_batch_bytes=max_batch_bytes)
-        stamp_batch(batch, 0, h.base_offset, h.append_time_ms)
+        batch: bytearray | memoryview = mv[pos:pos + size]
+        if h.magic == ENVELOPE_MAGIC:
+            batch = kafka.to_ferrymq(mv[pos + HEADER_SIZE:pos + size],
+                                     max_batch_bytes=max_batch_bytes)
+            stamp_batch(batch, 0, h.base_offset, h.append_time_ms)
+        if max_bytes is not None and out and total + len(batch) > max_bytes:
+            break
         out.append(batch)
+        total += len(batch)
     return b"".join(out)
 
 
