@@ -154,7 +154,8 @@ def test_ferrymq_readers_get_the_kafka_messages_converted(kbroker: Broker) -> No
 
 
 def keyed_batch(first: int, n: int, *, codec: int = 0) -> bytes:
-    """``n`` records, the even ones carrying the FerryMQ key ``order-<i>`` as a header."""
+    """``n`` records, the even ones carrying the FerryMQ key ``order-<i>`` as a header
+    (kafka-python leaves a batch uncompressed when compressing would not make it smaller)."""
     b = default_records.DefaultRecordBatchBuilder(
         magic=2, compression_type=codec, is_transactional=False, producer_id=-1,
         producer_epoch=-1, base_sequence=-1, batch_size=1 << 20)
@@ -168,8 +169,11 @@ def test_ferrymq_keys_of_kafka_messages_are_indexed_and_only_keyed_batches_marke
         kbroker: Broker) -> None:
     kbroker.server.topics.create("keys", 1, {}, 0)
     with connect(kbroker) as s:
-        for i, batch in enumerate([client_batch(0, 4, codec=0), keyed_batch(4, 4)]):
+        for i, batch in enumerate([client_batch(0, 4, codec=0), keyed_batch(4, 4),
+                                   keyed_batch(8, 20, codec=GZIP)]):
             assert _produce(s, 2 + i, "keys", batch).error_code == KafkaError.none
+    with AdminClient(kbroker.address) as admin:  # at once: the tail searched as the index does
+        early = admin.find_by_key("keys", "order-6")
     disk = segment_bytes(kbroker, "keys")
     first = disk[29]
     second = disk[HEADER_SIZE + len(client_batch(0, 4, codec=0)) + 29]
@@ -177,8 +181,12 @@ def test_ferrymq_keys_of_kafka_messages_are_indexed_and_only_keyed_batches_marke
     t = kbroker.server.topics.topics["keys"]
     index = kbroker.server.key_index
     wait_for(lambda: (t.topic_id, 0) in index.indexes
-             and index.indexes[(t.topic_id, 0)].next_offset >= 8, timeout=15)
+             and index.indexes[(t.topic_id, 0)].next_offset >= 28, timeout=15)
     with AdminClient(kbroker.address) as admin:
         found = admin.find_by_key("keys", "order-6")
-    assert (found.unindexed, [(m.offset, m.keys) for m in found.messages]) == (
-        0, [(6, ["order-6"])])
+        compressed = admin.find_by_key("keys", "order-8")
+    for search in (early, found):
+        assert (search.unindexed, [(m.offset, m.keys) for m in search.messages]) == (
+            0, [(6, ["order-6"])])
+    assert kafka.decode_header(keyed_batch(8, 20, codec=GZIP)).attributes == GZIP
+    assert compressed.messages == []  # a compressed Kafka batch's keys are not indexed

@@ -32,9 +32,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ferrymq.broker.descriptors import is_resource_shortage
-from ferrymq.errors import CorruptRecordError, OffsetOutOfRangeError
+from ferrymq.errors import BrokerError, CorruptRecordError, OffsetOutOfRangeError
 from ferrymq.protocol import messages as m
+from ferrymq.protocol.kafka.envelope import ENVELOPE_MAGIC, native_batch
 from ferrymq.protocol.records import (
+    ATTR_HAS_KEYS,
+    decode_header,
     encode_msg_id,
     iter_batches,
     iter_raw_records,
@@ -184,7 +187,8 @@ class KeyIndexer:
         tail_budget = _Budget(share)
         while pos < end and tail_budget.left > 0 and not self._gone(qs):
             try:
-                data = lg.read(pos, min(tail_budget.left, SLICE_BYTES), upto_offset=end)
+                data = lg.read(pos, min(tail_budget.left, SLICE_BYTES), upto_offset=end,
+                               stored=True)
             except OffsetOutOfRangeError:
                 break
             if not data:
@@ -210,7 +214,7 @@ class KeyIndexer:
                     return out, unindexed
                 off = wanted[i]
                 try:
-                    data = lg.read(off, 1, upto_offset=end)
+                    data = lg.read(off, 1, upto_offset=end, stored=True)
                 except OffsetOutOfRangeError:
                     i += 1
                     continue
@@ -246,19 +250,30 @@ class KeyIndexer:
     def _matches(qs: QueueState, data: bytes, start: int, only: set[int] | None, key: str,
                  out: list[m.KeyMatch]) -> int:
         """Append the records of ``data`` (at or above ``start``, in ``only`` if given) whose
-        keys include ``key``; return the offset after the last whole batch."""
+        keys include ``key``; return the offset after the last whole batch. ``data`` is read as
+        stored: like the index, only Kafka batches marked as keyed are converted and searched."""
         nxt = start
+        max_converted = qs.log.config.max_converted_batch_bytes
         mv = memoryview(data)
-        for pos, h in iter_batches(mv):
-            nxt = max(nxt, h.last_offset + 1)
+        for at, bh in iter_batches(mv):
+            nxt = max(nxt, bh.last_offset + 1)
             try:
-                for off, _ts, _t0, _t1, s1, k1, _p1, _rend in iter_raw_records(mv, pos, h):
+                if bh.magic == ENVELOPE_MAGIC:  # as the index: only those marked with keys
+                    if not bh.attributes & ATTR_HAS_KEYS:
+                        continue
+                    rmv = memoryview(native_batch(mv, at, bh, max_batch_bytes=max_converted))
+                    pos, h = 0, decode_header(rmv)
+                else:
+                    rmv, pos, h = mv, at, bh
+                for off, _ts, _t0, _t1, s1, k1, _p1, _rend in iter_raw_records(rmv, pos, h):
                     if off < start or k1 <= s1 or (only is not None and off not in only):
                         continue
-                    keys = str(mv[s1:k1], "utf-8", "replace").split("\x00")
+                    keys = str(rmv[s1:k1], "utf-8", "replace").split("\x00")
                     if key in keys:
                         out.append((qs.queue, off, encode_msg_id(qs.topic_id, qs.queue, off),
                                     h.append_time_ms, keys))
             except CorruptRecordError:
                 continue  # malformed inside: consumers skip it too
+            except BrokerError:  # an envelope that cannot be converted: not searchable
+                continue
         return nxt

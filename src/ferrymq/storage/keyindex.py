@@ -65,7 +65,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ferrymq.errors import BrokerError, CorruptRecordError, OffsetOutOfRangeError
-from ferrymq.protocol.kafka.envelope import ENVELOPE_MAGIC, to_native
+from ferrymq.protocol.kafka.envelope import ENVELOPE_MAGIC, native_batch
 from ferrymq.protocol.records import (
     ATTR_HAS_KEYS,
     crc32c,
@@ -238,8 +238,8 @@ def scan_keys(data: bytes, start: int, *, max_converted_bytes: int = DEFAULT_MAX
         if h.last_offset >= start and h.attributes & ATTR_HAS_KEYS:
             try:
                 if h.magic == ENVELOPE_MAGIC:
-                    native = to_native(memoryview(data)[pos:pos + h.size],
-                                       max_batch_bytes=max_converted_bytes)
+                    native = bytes(native_batch(data, pos, h,
+                                                max_batch_bytes=max_converted_bytes))
                     walk_records(native, 0, decode_header(native), start, _keys_of,
                                  (entries, native))
                 else:

@@ -192,14 +192,27 @@ def to_native(data: bytes | memoryview, *, max_batch_bytes: int,
         size = LENGTH_PREFIX + h.batch_length
         batch: bytearray | memoryview = mv[pos:pos + size]
         if h.magic == ENVELOPE_MAGIC:
-            batch = kafka.to_ferrymq(mv[pos + HEADER_SIZE:pos + size],
-                                     max_batch_bytes=max_batch_bytes)
-            stamp_batch(batch, 0, h.base_offset, h.append_time_ms)
+            batch = native_batch(mv, pos, h, max_batch_bytes=max_batch_bytes)
         if max_bytes is not None and out and total + len(batch) > max_bytes:
             break
         out.append(batch)
         total += len(batch)
     return b"".join(out)
+
+
+def native_batch(buf: bytes | memoryview, pos: int, h: BatchHeader, *,
+                 max_batch_bytes: int) -> bytearray:
+    """The envelope at ``pos`` (``h`` its header) as a FerryMQ batch of the same offsets,
+    append time and producer fields.
+
+    Raises:
+        CorruptRecordError, MessageTooLargeError, InvalidRequestError: see :func:`to_native`.
+    """
+    mv = memoryview(buf)
+    batch = kafka.to_ferrymq(mv[pos + HEADER_SIZE:pos + LENGTH_PREFIX + h.batch_length],
+                             max_batch_bytes=max_batch_bytes)
+    stamp_batch(batch, 0, h.base_offset, h.append_time_ms)
+    return batch
 
 
 def for_kafka(data: bytes | memoryview) -> bytes:
