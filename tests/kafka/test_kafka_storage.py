@@ -190,3 +190,12 @@ def test_ferrymq_keys_of_kafka_messages_are_indexed_and_only_keyed_batches_marke
             0, [(6, ["order-6"])])
     assert kafka.decode_header(keyed_batch(8, 20, codec=GZIP)).attributes == GZIP
     assert compressed.messages == []  # a compressed Kafka batch's keys are not indexed
+
+
+def test_a_fetch_with_nothing_to_read_answers_empty_records_not_null(kbroker: Broker) -> None:
+    """librdkafka refuses a null record set ("invalid MessageSetSize -1"); Kafka sends an
+    empty one."""
+    kbroker.server.topics.create("quiet", 1, {}, 0)
+    with connect(kbroker) as s:
+        part = kafka_fetch(s, "quiet", 0)
+    assert (part.error_code, part.high_watermark, part.records) == (KafkaError.none, 0, b"")

@@ -222,7 +222,7 @@ def fetch_request(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
                                           for pid, first in aborted]
                                          if isolation == Isolation.READ_COMMITTED else None),
                 "preferred_read_replica": -1,
-                "records": for_kafka(data) if data else None,
+                "records": for_kafka(data) if data else b"",  # librdkafka refuses null
             })
         return apis.build(cls, {
             "throttle_time": _NO_TIME, "error_code": KafkaError.none, "session_id": 0,
