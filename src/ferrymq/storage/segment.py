@@ -621,7 +621,8 @@ class Segment:
         return os.pread(file.get(), n, position) if n > 0 else b""
 
     def read_batches(self, offset: int, max_bytes: int, upto_offset: int) -> bytes:
-        """Whole batches from the one containing ``offset``, within ``max_bytes``.
+        """Whole batches from the one containing ``offset``, within ``max_bytes``, as stored
+        (envelopes included: :meth:`Log.read` is what converts them).
 
         The first batch is returned even when larger than ``max_bytes`` (KIP-74); no batch
         whose last offset is >= ``upto_offset`` is returned.
