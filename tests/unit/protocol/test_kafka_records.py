@@ -211,6 +211,24 @@ def test_frame_decoder_cuts_frames_across_reads_and_refuses_bad_sizes() -> None:
         KafkaFrameDecoder(100).feed(struct.pack(">i", 0))
 
 
+@given(st.lists(st.binary(min_size=1, max_size=40), max_size=6),
+       st.lists(st.integers(1, 50), min_size=1, max_size=20))
+def test_frame_decoder_gives_the_same_frames_however_the_stream_is_cut(
+        bodies: list[bytes], cuts: list[int]) -> None:
+    data = b"".join(struct.pack(">i", len(b)) + b for b in bodies)
+    d = KafkaFrameDecoder(100)
+    got: list[bytes] = []
+    pos = 0
+    i = 0
+    while pos < len(data):
+        n = cuts[i % len(cuts)]
+        got += d.feed(memoryview(data)[pos:pos + n] if i % 2 else data[pos:pos + n])
+        pos += n
+        i += 1
+    assert got == bodies
+    assert d.buffered == 0
+
+
 def test_request_header_v1_and_v2() -> None:
     v1 = struct.pack(">hhih", 3, 4, 99, 3) + b"cli" + b"BODY"
     assert decode_request_header(v1, flexible=False) == (3, 4, 99, "cli", 13)

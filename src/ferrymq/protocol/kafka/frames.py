@@ -56,20 +56,25 @@ class KafkaFrameDecoder:
             FrameSizeError: a frame's size is below 1 or above ``max_frame_bytes``.
         """
         buf = self._buf
-        buf += data
+        if buf:
+            buf += data
+        src = buf if buf else data  # nothing held: frames are cut from ``data`` directly
         frames: list[bytes] = []
         pos = 0
-        n = len(buf)
-        while n - pos >= 4:
-            (size,) = _SIZE.unpack_from(buf, pos)
-            if not 0 < size <= self.max_frame_bytes:
-                raise FrameSizeError(f"Kafka frame of {size} bytes: frames must be 1.."
-                                     f"{self.max_frame_bytes} bytes (max_frame_bytes)")
-            if n - pos - 4 < size:
-                break
-            frames.append(bytes(buf[pos + 4:pos + 4 + size]))
-            pos += 4 + size
-        if pos:
+        n = len(src)
+        with memoryview(src) as mv:  # one copy per frame, not two
+            while n - pos >= 4:
+                (size,) = _SIZE.unpack_from(mv, pos)
+                if not 0 < size <= self.max_frame_bytes:
+                    raise FrameSizeError(f"Kafka frame of {size} bytes: frames must be 1.."
+                                         f"{self.max_frame_bytes} bytes (max_frame_bytes)")
+                if n - pos - 4 < size:
+                    break
+                frames.append(bytes(mv[pos + 4:pos + 4 + size]))
+                pos += 4 + size
+            if src is not buf and pos < n:
+                buf += mv[pos:]  # the start of a frame: held until it is complete
+        if src is buf and pos:
             del buf[:pos]
         return frames
 
