@@ -2,7 +2,7 @@
 #   make run    create .venv, install FerryMQ, start a broker on 127.0.0.1:9876 (data: ./ferrymq-data;
 #               the web console, /metrics, /healthz, /readyz on http://127.0.0.1:9877/; Kafka
 #               clients on 127.0.0.1:9092, KAFKA_PORT=0 turns that off)
-#   make test   install the test dependencies (and etcd, chromium and kcat, as root) and run the whole suite (lint, types, tests)
+#   make test   install the test dependencies (and etcd, chromium and kcat, as root; kafkajs with npm) and run the whole suite (lint, types, tests)
 #   make cluster   etcd and three brokers on loopback for trying a cluster (data: ./ferrymq-cluster); Ctrl-C stops all
 #   make pipeline  the PySpark example pipeline (examples/pipeline) on an embedded broker
 PYTHON ?= python3
@@ -15,7 +15,7 @@ KAFKA_PORT ?= 9092
 DATA   ?= ./ferrymq-data
 FLUSH  ?= sync
 
-.PHONY: run cluster test venv install install-test etcd chromium kcat lint typecheck pytest soak bench pipeline fuzz clean
+.PHONY: run cluster test venv install install-test etcd chromium kcat kafkajs lint typecheck pytest soak bench pipeline fuzz clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -76,6 +76,24 @@ kcat:
 		echo "the kcat tests need kcat, which is not installed: sudo apt-get install -y kcat"; \
 	fi
 
+# kafkajs (a pure-JavaScript Kafka client, from the npm registry) for the Kafka port's Node tests
+# (tests/kafka/test_kafka_node.py): `npm ci` from the committed package-lock.json into
+# tests/kafka/node/node_modules; Node.js and npm from Debian when missing if we are root (CI is),
+# otherwise the command is printed and those tests skip (with FERRYMQ_REQUIRE_ALL_TESTS: fail)
+KAFKAJS_DIR = tests/kafka/node
+NODE_APT = DEBIAN_FRONTEND=noninteractive apt-get install -y -q nodejs npm
+kafkajs: $(KAFKAJS_DIR)/node_modules/.package-lock.json
+$(KAFKAJS_DIR)/node_modules/.package-lock.json: $(KAFKAJS_DIR)/package.json $(KAFKAJS_DIR)/package-lock.json
+	@if ! command -v npm >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing Node.js for the kafkajs tests: apt-get install -y nodejs npm"; \
+		$(NODE_APT) || { apt-get update -q && $(NODE_APT); }; \
+	fi
+	@if command -v npm >/dev/null 2>&1; then \
+		cd $(KAFKAJS_DIR) && npm ci --no-audit --no-fund --loglevel=error; \
+	else \
+		echo "the kafkajs tests need Node.js and npm, which are not installed: sudo apt-get install -y nodejs npm"; \
+	fi
+
 run: $(VENV)/.installed
 	@echo "In another shell, the CLI and Python with FerryMQ: '. $(VENV)/bin/activate' (then 'ferrymq topic list',"
 	@echo "'python app.py'), or without activating: '$(BIN)/ferrymq topic list', '$(BIN)/python app.py'."
@@ -96,7 +114,7 @@ lint: install-test
 typecheck: install-test
 	$(BIN)/mypy
 
-pytest: install-test etcd chromium kcat
+pytest: install-test etcd chromium kcat kafkajs
 	$(BIN)/pytest -n 2 -m "not soak" $(PYTEST_ARGS)
 
 test: lint typecheck pytest
