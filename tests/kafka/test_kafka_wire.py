@@ -93,7 +93,7 @@ def test_api_versions_lists_exactly_what_is_served(kbroker: Broker, version: int
     assert res.error_code == KafkaError.none
     assert {k.api_key: (k.min_version, k.max_version) for k in res.api_keys} == {
         0: (3, 9), 1: (4, 12), 2: (1, 6), 3: (0, 12), 8: (2, 8), 9: (1, 7), 10: (0, 3),
-        11: (2, 7), 12: (1, 4), 13: (1, 4), 14: (1, 5), 15: (0, 5), 16: (0, 4), 17: (0, 1),
+        11: (0, 7), 12: (0, 4), 13: (0, 4), 14: (0, 5), 15: (0, 5), 16: (0, 4), 17: (0, 1),
         18: (0, 3), 19: (2, 5), 20: (1, 5), 22: (0, 4), 24: (0, 3), 25: (0, 3), 26: (0, 3),
         28: (0, 3), 32: (1, 4), 36: (0, 2), 42: (0, 2), 60: (0, 1)}
 
@@ -310,3 +310,41 @@ def test_a_taken_kafka_port_is_a_clear_start_error(tmp_path: Path) -> None:
         b = Broker(tmp_path / "data", port=0, kafka_port=port)
         with pytest.raises(ConfigError, match=f"cannot listen on 127.0.0.1:{port}"):
             b.start()
+
+
+def _call(s: socket.socket, key: int, version: int, correlation_id: int,
+          values: dict[str, Any]) -> Any:
+    """Send one request of a non-flexible version built from ``values``; the decoded answer."""
+    req_cls, res_cls = apis.request_class(key, version), apis.response_class(key, version)
+    assert req_cls is not None
+    assert res_cls is not None
+    s.sendall(request(key, version, correlation_id, apis.encode(apis.build(req_cls, values))))
+    raw = read_frame(s)
+    assert struct.unpack_from(">i", raw)[0] == correlation_id
+    return apis.decode_request(res_cls, raw[4:], 0)
+
+
+@pytest.mark.parametrize("join_version", [0, 1])
+def test_the_oldest_group_versions_are_served(kbroker: Broker, join_version: int) -> None:
+    """JoinGroup v0-1, SyncGroup, Heartbeat and LeaveGroup v0: what clients written for Kafka
+    0.10 send (Debian's Sarama 1.22 among them) and Kafka brokers up to 4.x still serve. v0 has
+    no rebalance timeout: the session timeout is used."""
+    timeout = datetime.timedelta(seconds=10)
+    with connect(kbroker) as s:
+        joined = _call(s, 11, join_version, 1, {
+            "group_id": "old", "session_timeout": timeout, "rebalance_timeout": timeout,
+            "member_id": "", "protocol_type": "consumer",
+            "protocols": [{"name": "range", "metadata": b"\x00\x00"}]})
+        assert joined.error_code == KafkaError.none
+        assert (joined.generation_id, joined.protocol_name) == (1, "range")
+        assert joined.leader == joined.member_id != ""
+        assert [(m.member_id, m.metadata) for m in joined.members] == [(joined.member_id,
+                                                                         b"\x00\x00")]
+        member = {"group_id": "old", "member_id": joined.member_id, "generation_id": 1}
+        synced = _call(s, 14, 0, 2, {**member, "assignments": [
+            {"member_id": joined.member_id, "assignment": b"plan"}]})
+        assert (synced.error_code, synced.assignment) == (KafkaError.none, b"plan")
+        assert _call(s, 12, 0, 3, member).error_code == KafkaError.none
+        left = _call(s, 13, 0, 4, {"group_id": "old", "member_id": joined.member_id})
+        assert left.error_code == KafkaError.none
+        assert _call(s, 12, 0, 5, member).error_code == KafkaError.unknown_member_id

@@ -343,7 +343,9 @@ def join_group(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
                                 "members": []})
     cfg = peer.conn.server.config
     session_ms = cfg.session_timeout_ms(int(req.session_timeout.total_seconds() * 1000))
-    rebalance_ms = int(req.rebalance_timeout.total_seconds() * 1000)
+    # v0 has no rebalance timeout: the session timeout bounds the rebalance, as in Kafka
+    rebalance = getattr(req, "rebalance_timeout", None)
+    rebalance_ms = int(rebalance.total_seconds() * 1000) if rebalance is not None else 0
     fut = peer.groups.join(req.group_id, req.member_id, peer.conn.client_id, req.protocol_type,
                            [(p.name, p.metadata) for p in req.protocols], session_ms / 1000,
                            (rebalance_ms if rebalance_ms > 0 else session_ms) / 1000,
@@ -381,7 +383,7 @@ def heartbeat(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
 
 
 def leave_group(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
-    """Remove the member (v1-2) or members (v3+); the others rebalance."""
+    """Remove the member (v0-2) or members (v3+); the others rebalance."""
     ids = ([x.member_id for x in req.members] if hasattr(req, "members")
            else [req.member_id])
     errors = peer.groups.leave(req.group_id, ids)
