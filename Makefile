@@ -2,7 +2,7 @@
 #   make run    create .venv, install FerryMQ, start a broker on 127.0.0.1:9876 (data: ./ferrymq-data;
 #               the web console, /metrics, /healthz, /readyz on http://127.0.0.1:9877/; Kafka
 #               clients on 127.0.0.1:9092, KAFKA_PORT=0 turns that off)
-#   make test   install the test dependencies (and etcd, chromium and kcat, as root; kafkajs with npm) and run the whole suite (lint, types, tests)
+#   make test   install the test dependencies (and etcd, chromium, kcat, Go and Sarama, as root; kafkajs with npm) and run the whole suite (lint, types, tests)
 #   make cluster   etcd and three brokers on loopback for trying a cluster (data: ./ferrymq-cluster); Ctrl-C stops all
 #   make pipeline  the PySpark example pipeline (examples/pipeline) on an embedded broker
 PYTHON ?= python3
@@ -15,7 +15,7 @@ KAFKA_PORT ?= 9092
 DATA   ?= ./ferrymq-data
 FLUSH  ?= sync
 
-.PHONY: run cluster test venv install install-test etcd chromium kcat kafkajs lint typecheck pytest soak bench pipeline fuzz clean
+.PHONY: run cluster test venv install install-test etcd chromium kcat kafkajs sarama lint typecheck pytest soak bench pipeline fuzz clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -94,6 +94,20 @@ $(KAFKAJS_DIR)/node_modules/.package-lock.json: $(KAFKAJS_DIR)/package.json $(KA
 		echo "the kafkajs tests need Node.js and npm, which are not installed: sudo apt-get install -y nodejs npm"; \
 	fi
 
+# Go and Sarama (Debian's golang-go and golang-github-shopify-sarama-dev) for the Kafka port's Go
+# tests (tests/kafka/test_kafka_go.py builds tests/kafka/go/sarama_client in GOPATH mode against
+# /usr/share/gocode): installed when missing if we are root (CI is); otherwise the command is
+# printed and those tests skip (with FERRYMQ_REQUIRE_ALL_TESTS: fail)
+SARAMA_APT = DEBIAN_FRONTEND=noninteractive apt-get install -y -q golang-go golang-github-shopify-sarama-dev
+sarama:
+	@if command -v go >/dev/null 2>&1 && [ -f /usr/share/gocode/src/github.com/Shopify/sarama/sarama.go ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing Go and Sarama for the Kafka port tests: apt-get install -y golang-go golang-github-shopify-sarama-dev"; \
+		$(SARAMA_APT) || { apt-get update -q && $(SARAMA_APT); }; \
+	else \
+		echo "the Sarama tests need Go and Sarama, which are not installed: sudo apt-get install -y golang-go golang-github-shopify-sarama-dev"; \
+	fi
+
 run: $(VENV)/.installed
 	@echo "In another shell, the CLI and Python with FerryMQ: '. $(VENV)/bin/activate' (then 'ferrymq topic list',"
 	@echo "'python app.py'), or without activating: '$(BIN)/ferrymq topic list', '$(BIN)/python app.py'."
@@ -114,7 +128,7 @@ lint: install-test
 typecheck: install-test
 	$(BIN)/mypy
 
-pytest: install-test etcd chromium kcat kafkajs
+pytest: install-test etcd chromium kcat kafkajs sarama
 	$(BIN)/pytest -n 2 -m "not soak" $(PYTEST_ARGS)
 
 test: lint typecheck pytest
