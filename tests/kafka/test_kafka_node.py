@@ -1,7 +1,8 @@
 """kafkajs (a pure-JavaScript Kafka client from the npm registry, ``make kafkajs``) against a real
-in-process FerryMQ broker's Kafka port: produce with keys and headers, a consumer group of the
-classic protocol, an idempotent producer whose answer is lost, and a transaction with the
-group's offsets. The client runs as ``node tests/kafka/node/kafkajs_client.js '<json>'``."""
+in-process FerryMQ broker's Kafka port: produce with keys and headers, consumer groups of the
+classic protocol and their rebalances, the admin client, an idempotent producer whose answer is
+lost, and transactions with the group's offsets. The client runs as
+``node tests/kafka/node/kafkajs_client.js '<json>'``."""
 
 from __future__ import annotations
 
@@ -67,6 +68,22 @@ def test_kafkajs_produces_with_keys_and_headers_and_a_group_consumes(kbroker: Br
                                                                    ("orders", 1): 3}
 
 
+def test_a_kafkajs_group_rebalances_when_a_member_joins_and_leaves(kbroker: Broker) -> None:
+    """Two kafkajs members of one group: the second's join rebalances the first (its heartbeat
+    is answered REBALANCE_IN_PROGRESS), they split the partitions; when the second leaves the
+    first takes them all back and reads what is produced to them, committing it."""
+    kbroker.server.topics.create("split", 4, {}, 0)
+    out = kafkajs(kafka_address(kbroker), "rebalance", topic="split", partitions=4,
+                  groupId="pair")
+    alone, split, alone_again = out["phases"]
+    assert alone == alone_again == {"a": [0, 1, 2, 3], "b": None}
+    assert split["a"] and split["b"] and sorted(split["a"] + split["b"]) == [0, 1, 2, 3]
+    assert sorted((m["partition"], m["value"]) for m in out["readByA"]) == [
+        (q, f"after-{q}") for q in range(4)]
+    assert kbroker.server.consumer_groups.committed("pair") == {("split", q): 1
+                                                                for q in range(4)}
+
+
 def test_ferrymq_message_read_by_a_kafkajs_group(kbroker: Broker) -> None:
     with Producer(kbroker.address) as p:
         r = p.send(Message("native", b"from ferrymq", tags="paid", keys=["o-2", "c-9"],
@@ -119,3 +136,30 @@ def test_kafkajs_transaction_commits_messages_and_group_offsets(kbroker: Broker)
     # a kafkajs consumer (read_committed by default) skips the aborted one too
     got = kafkajs(address, "consume", topic="tx-out", groupId="after", count=3)
     assert [m["value"] for m in got["messages"]] == ["c1", "c2", "c3"]
+
+
+def test_kafkajs_admin_creates_describes_and_deletes(kbroker: Broker) -> None:
+    """kafkajs's admin client: CreateTopics with a setting, Metadata, DescribeConfigs,
+    ListOffsets, ListGroups, DescribeGroups, OffsetFetch, DeleteGroups, DeleteTopics."""
+    address = kafka_address(kbroker)
+    made = kafkajs(address, "admin", phase="create", topic="adm")
+    assert made == {"created": True, "topics": ["adm"], "partitions": [0, 1, 2],
+                    "configs": {"retention.ms": "3600000"}}
+    topic = kbroker.server.topics.topics["adm"]
+    assert (len(topic.queues), topic.config) == (3, {"retention_ms": "3600000"})
+    kafkajs(address, "produce", topic="adm", messages=[
+        {"key": "a", "value": "1", "partition": 0}, {"key": "b", "value": "2", "partition": 2}])
+    kafkajs(address, "consume", topic="adm", groupId="adm-readers", count=2)
+    seen = kafkajs(address, "admin", phase="inspect", topic="adm", groupId="adm-readers")
+    assert seen["offsets"] == [{"partition": 0, "low": 0, "high": 1},
+                               {"partition": 1, "low": 0, "high": 0},
+                               {"partition": 2, "low": 0, "high": 1}]
+    # "consumer" while the Kafka port keeps the empty group's record, then "" (offsets only)
+    assert [g["groupId"] for g in seen["groups"]] == ["adm-readers"]
+    assert seen["described"] == [{"groupId": "adm-readers", "state": "Empty", "members": 0}]
+    assert seen["groupOffsets"] == [{"partition": 0, "offset": 1}, {"partition": 1, "offset": -1},
+                                    {"partition": 2, "offset": 1}]
+    assert seen["deletedGroups"] == [{"groupId": "adm-readers", "errorCode": 0}]
+    assert seen["topicsAfter"] == []
+    assert "adm" not in kbroker.server.topics.topics
+    assert "adm-readers" not in kbroker.server.consumer_groups.groups

@@ -12,6 +12,8 @@
 //                partition, offset}], abort}: one transaction: the messages and the group's
 //                offsets (sendOffsets), then commit (or abort)
 //                -> {records: [{partition, baseOffset}]}
+//   admin        {brokers, phase, topic, groupId}: the admin client (see admin() below)
+//   rebalance    {brokers, topic, partitions, groupId}: two members (see rebalance() below)
 'use strict';
 
 const { Kafka, logLevel } = require('kafkajs');
@@ -73,6 +75,7 @@ async function consume(cmd) {
     sessionTimeout: 10000,
     heartbeatInterval: 500,
     rebalanceTimeout: 10000,
+    maxWaitTimeInMs: 500,  // disconnect() waits for the fetch under way
   });
   const got = [];
   let group = null;
@@ -147,7 +150,127 @@ async function transaction(cmd) {
   }
 }
 
-const COMMANDS = { produce, consume, transaction };
+// admin, phase "create": CreateTopics (3 partitions, retention.ms), Metadata, DescribeConfigs
+//   -> {created, topics, partitions, configs}
+// admin, phase "inspect": ListOffsets, ListGroups, DescribeGroups, OffsetFetch of groupId on
+//   topic, then DeleteGroups and DeleteTopics
+//   -> {offsets, groups, described, groupOffsets, deletedGroups, topicsAfter}
+async function admin(cmd) {
+  const a = client(cmd.brokers).admin();
+  await a.connect();
+  try {
+    if (cmd.phase === 'create') {
+      const created = await a.createTopics({
+        topics: [{
+          topic: cmd.topic,
+          numPartitions: 3,
+          configEntries: [{ name: 'retention.ms', value: '3600000' }],
+        }],
+        waitForLeaders: true,
+      });
+      const [meta] = (await a.fetchTopicMetadata({ topics: [cmd.topic] })).topics;
+      const described = await a.describeConfigs({
+        resources: [{ type: 2, name: cmd.topic, configNames: ['retention.ms'] }],
+        includeSynonyms: false,
+      });
+      return {
+        created,
+        topics: (await a.listTopics()).sort(),
+        partitions: meta.partitions.map((p) => p.partitionId).sort(),
+        configs: Object.fromEntries(described.resources[0].configEntries
+          .map((e) => [e.configName, e.configValue])),
+      };
+    }
+    const out = {};
+    out.offsets = (await a.fetchTopicOffsets(cmd.topic))
+      .map((o) => ({ partition: o.partition, low: Number(o.low), high: Number(o.high) }))
+      .sort((x, y) => x.partition - y.partition);
+    out.groups = (await a.listGroups()).groups.sort((x, y) => x.groupId.localeCompare(y.groupId));
+    out.described = (await a.describeGroups([cmd.groupId])).groups
+      .map((g) => ({ groupId: g.groupId, state: g.state, members: g.members.length }));
+    const [fetched] = await a.fetchOffsets({ groupId: cmd.groupId, topics: [cmd.topic] });
+    out.groupOffsets = fetched.partitions
+      .map((p) => ({ partition: p.partition, offset: Number(p.offset) }))
+      .sort((x, y) => x.partition - y.partition);
+    out.deletedGroups = (await a.deleteGroups([cmd.groupId]))
+      .map((g) => ({ groupId: g.groupId, errorCode: g.errorCode }));
+    await a.deleteTopics({ topics: [cmd.topic] });
+    out.topicsAfter = (await a.listTopics()).sort();
+    return out;
+  } finally {
+    await a.disconnect();
+  }
+}
+
+// rebalance {brokers, topic, partitions, groupId}: member a joins alone, b joins (the group
+//   rebalances: a's heartbeat is answered REBALANCE_IN_PROGRESS, a rejoins), b leaves (a takes
+//   everything back), then one message is produced to each partition and a reads them
+//   -> {phases: [{a: [partitions], b: [partitions]}, ...], readByA: [{partition, value}]}
+async function rebalance(cmd) {
+  const kafka = client(cmd.brokers);
+  const all = [...Array(cmd.partitions).keys()];
+  const latest = { a: null, b: null };
+  const readByA = [];
+  const member = (who) => {
+    const c = kafka.consumer({
+      groupId: cmd.groupId,
+      sessionTimeout: 10000,
+      rebalanceTimeout: 10000,
+      heartbeatInterval: 200,
+      maxWaitTimeInMs: 200,  // a member hears of a rebalance between fetches: keep them short
+    });
+    c.on(c.events.GROUP_JOIN, (e) => {
+      latest[who] = [...(e.payload.memberAssignment[cmd.topic] || [])].sort();
+    });
+    return c;
+  };
+  const start = async (who, c) => {
+    await c.connect();
+    await c.subscribe({ topics: [cmd.topic], fromBeginning: true });
+    await c.run({
+      eachMessage: async ({ partition, message }) => {
+        if (who === 'a') readByA.push({ partition, value: text(message.value) });
+      },
+    });
+  };
+  const until = (what, cond) => new Promise((resolve, reject) => {
+    const deadline = Date.now() + 20000;
+    const tick = () => {
+      if (cond()) resolve();
+      else if (Date.now() > deadline) reject(new Error(`timed out: ${what} ${JSON.stringify(latest)}`));
+      else setTimeout(tick, 20);
+    };
+    tick();
+  });
+  const same = (x, y) => JSON.stringify(x) === JSON.stringify(y);
+  const phases = [];
+  const a = member('a');
+  const b = member('b');
+  await start('a', a);
+  await until('a alone', () => same(latest.a, all));
+  phases.push({ ...latest });
+  await start('b', b);
+  await until('a and b split the partitions', () => latest.b !== null && latest.b.length > 0
+    && latest.a.length > 0 && same([...latest.a, ...latest.b].sort(), all));
+  phases.push({ ...latest });
+  await b.disconnect();  // LeaveGroup
+  latest.b = null;
+  await until('a alone again', () => same(latest.a, all));
+  phases.push({ ...latest });
+  const producer = kafka.producer();
+  await producer.connect();
+  await producer.send({
+    topic: cmd.topic,
+    acks: -1,
+    messages: all.map((partition) => ({ partition, value: `after-${partition}` })),
+  });
+  await producer.disconnect();
+  await until('a reads what was produced after b left', () => readByA.length >= cmd.partitions);
+  await a.disconnect();
+  return { phases, readByA };
+}
+
+const COMMANDS = { produce, consume, transaction, admin, rebalance };
 
 async function main() {
   const cmd = JSON.parse(process.argv[2]);
