@@ -1,7 +1,7 @@
 """kafkajs (a pure-JavaScript Kafka client from the npm registry, ``make kafkajs``) against a real
 in-process FerryMQ broker's Kafka port: produce with keys and headers, consumer groups of the
 classic protocol and their rebalances, the admin client, an idempotent producer whose answer is
-lost, and transactions with the group's offsets. The client runs as
+lost, transactions with the group's offsets, gzip, SASL SCRAM. The client runs as
 ``node tests/kafka/node/kafkajs_client.js '<json>'``."""
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from typing import Any
 import pytest
 
 from ferrymq import Broker, Message, Producer
-from tests.helpers import read_topic
+from tests.helpers import free_port, read_topic
 from tests.kafka.conftest import ProduceAnswerDropper, assert_one_batch_per_sequence, kafka_address
+from tests.security_helpers import make_user, write_users
 
 NODE_DIR = Path(__file__).parent / "node"
 NODE = shutil.which("node")
@@ -28,13 +29,18 @@ pytestmark = [pytest.mark.integration,
                                  reason="needs node and kafkajs (make kafkajs)")]
 
 
-def kafkajs(address: str, cmd: str, **args: Any) -> dict[str, Any]:
-    """Run one command of ``kafkajs_client.js`` against ``address``; its JSON result."""
+def run_kafkajs(address: str, cmd: str, **args: Any) -> subprocess.CompletedProcess[str]:
+    """Run one command of ``kafkajs_client.js`` against ``address``."""
     assert NODE is not None
     env = {**os.environ, "KAFKAJS_NO_PARTITIONER_WARNING": "1"}
-    res = subprocess.run([NODE, str(NODE_DIR / "kafkajs_client.js"),
-                          json.dumps({"cmd": cmd, "brokers": [address], **args})],
-                         capture_output=True, text=True, timeout=60, env=env)
+    return subprocess.run([NODE, str(NODE_DIR / "kafkajs_client.js"),
+                           json.dumps({"cmd": cmd, "brokers": [address], **args})],
+                          capture_output=True, text=True, timeout=60, env=env)
+
+
+def kafkajs(address: str, cmd: str, **args: Any) -> dict[str, Any]:
+    """Run one command of ``kafkajs_client.js`` against ``address``; its JSON result."""
+    res = run_kafkajs(address, cmd, **args)
     assert res.returncode == 0, res.stderr
     result: dict[str, Any] = json.loads(res.stdout)
     return result
@@ -163,3 +169,41 @@ def test_kafkajs_admin_creates_describes_and_deletes(kbroker: Broker) -> None:
     assert seen["topicsAfter"] == []
     assert "adm" not in kbroker.server.topics.topics
     assert "adm-readers" not in kbroker.server.consumer_groups.groups
+
+
+def test_kafkajs_gzip_batches(kbroker: Broker) -> None:
+    """GZIP, the one codec kafkajs has built in (the others are plugins)."""
+    values = [f"compressed {i} " * 40 for i in range(3)]
+    out = kafkajs(kafka_address(kbroker), "produce", topic="gz", compression="gzip",
+                  messages=[{"key": "k", "value": v, "partition": 0} for v in values])
+    assert [r["baseOffset"] for r in out["records"]] == [0, 1, 2]
+    assert [m.body for m in read_topic(kbroker.address, "gz", 3)] == [v.encode() for v in values]
+
+
+def test_kafkajs_sasl_scram_sha_256_with_the_users_file(tmp_path: Path) -> None:
+    """kafkajs's own SCRAM-SHA-256 against the users file: the right password produces and
+    consumes in a group the user may use, a wrong one is refused, and the ACLs apply."""
+    users = write_users(tmp_path / "users.json", make_user(
+        "alice", "s3cret-alice", produce=("orders",), consume=("orders",), groups=("billing",)))
+    b = Broker(tmp_path / "data", port=0, kafka_port=free_port(), users_file=str(users),
+               auth_failure_delay_ms=100).start()
+    try:
+        b.server.topics.create("orders", 1, {}, 0)
+        b.server.topics.create("secret", 1, {}, 0)
+        address = kafka_address(b)
+        alice = {"username": "alice", "password": "s3cret-alice"}
+        one = [{"key": "k", "value": "hello", "partition": 0}]
+        assert kafkajs(address, "produce", sasl=alice, topic="orders",
+                       messages=one)["records"] == [{"partition": 0, "baseOffset": 0}]
+        got = kafkajs(address, "consume", sasl=alice, topic="orders", groupId="billing", count=1)
+        assert [m["value"] for m in got["messages"]] == ["hello"]
+        wrong = run_kafkajs(address, "produce", sasl={**alice, "password": "guess"},
+                            topic="orders", messages=one)
+        assert wrong.returncode != 0
+        assert "SASL SCRAM SHA256 authentication failed" in wrong.stderr
+        denied = run_kafkajs(address, "produce", sasl=alice, topic="secret", messages=one)
+        assert denied.returncode != 0
+        assert "Not authorized to access topics" in denied.stderr
+        assert b.server.topics.queue("secret", 0).log.end_offset == 0
+    finally:
+        b.stop()

@@ -2,8 +2,10 @@
 // FerryMQ's Kafka port: `node kafkajs_client.js '<json command>'` runs one command and prints its
 // result as one JSON line on stdout (kafkajs's own log goes to stderr).
 //
-// Commands (field "cmd"):
-//   produce      {brokers, topic, messages: [{key, value, headers, partition}], idempotent}
+// Every command takes {brokers} and, to log in with SASL SCRAM-SHA-256, {sasl: {username,
+// password}}; the commands (field "cmd"):
+//   produce      {brokers, topic, messages: [{key, value, headers, partition}], idempotent,
+//                compression ("gzip": kafkajs's only built-in codec)}
 //                -> {records: [{partition, baseOffset}]}
 //   consume      {brokers, topic, groupId, count}: joins the consumer group (classic protocol),
 //                reads `count` messages from the beginning, commits them, leaves
@@ -16,17 +18,18 @@
 //   rebalance    {brokers, topic, partitions, groupId}: two members (see rebalance() below)
 'use strict';
 
-const { Kafka, logLevel } = require('kafkajs');
+const { CompressionTypes, Kafka, logLevel } = require('kafkajs');
 
 const stderrLog = () => ({ namespace, level, log }) => {
   const { message, ...extra } = log;
   process.stderr.write(`[kafkajs ${level} ${namespace}] ${message} ${JSON.stringify(extra)}\n`);
 };
 
-function client(brokers) {
+function client(cmd) {
   return new Kafka({
     clientId: 'ferrymq-node-test',
-    brokers,
+    brokers: cmd.brokers,
+    sasl: cmd.sasl && { mechanism: 'scram-sha-256', ...cmd.sasl },
     logLevel: logLevel.WARN,
     logCreator: stderrLog,
     connectionTimeout: 5000,
@@ -52,7 +55,7 @@ function records(metadata) {
 }
 
 async function produce(cmd) {
-  const producer = client(cmd.brokers).producer({
+  const producer = client(cmd).producer({
     idempotent: Boolean(cmd.idempotent),
     maxInFlightRequests: cmd.idempotent ? 1 : undefined,
     allowAutoTopicCreation: true,
@@ -61,7 +64,12 @@ async function produce(cmd) {
   try {
     const out = [];
     for (const m of outgoing(cmd.messages)) {  // one request each: every answer's offset
-      out.push(...records(await producer.send({ topic: cmd.topic, acks: -1, messages: [m] })));
+      out.push(...records(await producer.send({
+        topic: cmd.topic,
+        acks: -1,
+        compression: cmd.compression === 'gzip' ? CompressionTypes.GZIP : CompressionTypes.None,
+        messages: [m],
+      })));
     }
     return { records: out };
   } finally {
@@ -70,7 +78,7 @@ async function produce(cmd) {
 }
 
 async function consume(cmd) {
-  const consumer = client(cmd.brokers).consumer({
+  const consumer = client(cmd).consumer({
     groupId: cmd.groupId,
     sessionTimeout: 10000,
     heartbeatInterval: 500,
@@ -117,7 +125,7 @@ async function consume(cmd) {
 }
 
 async function transaction(cmd) {
-  const producer = client(cmd.brokers).producer({
+  const producer = client(cmd).producer({
     transactionalId: cmd.transactionalId,
     idempotent: true,
     maxInFlightRequests: 1,
@@ -156,7 +164,7 @@ async function transaction(cmd) {
 //   topic, then DeleteGroups and DeleteTopics
 //   -> {offsets, groups, described, groupOffsets, deletedGroups, topicsAfter}
 async function admin(cmd) {
-  const a = client(cmd.brokers).admin();
+  const a = client(cmd).admin();
   await a.connect();
   try {
     if (cmd.phase === 'create') {
@@ -207,7 +215,7 @@ async function admin(cmd) {
 //   everything back), then one message is produced to each partition and a reads them
 //   -> {phases: [{a: [partitions], b: [partitions]}, ...], readByA: [{partition, value}]}
 async function rebalance(cmd) {
-  const kafka = client(cmd.brokers);
+  const kafka = client(cmd);
   const all = [...Array(cmd.partitions).keys()];
   const latest = { a: null, b: null };
   const readByA = [];
