@@ -104,3 +104,13 @@ def test_sarama_idempotent_producer_retry_is_stored_once(
     assert proxy.dropped and proxy.produce_requests == 4  # three batches, one sent twice
     assert out["records"] == [{"partition": 0, "offset": i} for i in range(3)]
     assert_one_batch_per_sequence(b, "idem", [b"m0", b"m1", b"m2"])
+
+
+@pytest.mark.parametrize("codec", ["gzip", "snappy", "lz4", "zstd"])
+def test_sarama_compressed_batches(kbroker: Broker, sarama_client: Path, codec: str) -> None:
+    """Sarama's own codecs (Go's gzip, golang/snappy, pierrec/lz4, DataDog/zstd)."""
+    values = [f"{codec} {i} " * 40 for i in range(3)]
+    out = sarama(sarama_client, kafka_address(kbroker), "produce", topic="c", compression=codec,
+                 messages=[{"key": "k", "value": v, "partition": 0} for v in values])
+    assert [r["offset"] for r in out["records"]] == [0, 1, 2]
+    assert [m.body for m in read_topic(kbroker.address, "c", 3)] == [v.encode() for v in values]

@@ -4,7 +4,8 @@
 //
 // Commands (field "cmd"):
 //
-//	produce  {brokers, topic, messages: [{key, value, partition, headers}], idempotent}
+//	produce  {brokers, topic, messages: [{key, value, partition, headers}], idempotent,
+//	         compression: "", "gzip", "snappy", "lz4" or "zstd"}
 //	         -> {records: [{partition, offset}]}
 //	consume  {brokers, topic, groupId, count}: a consumer group member (JoinGroup, SyncGroup,
 //	         Heartbeat, OffsetCommit, LeaveGroup) reads `count` messages from the oldest
@@ -39,14 +40,19 @@ type message struct {
 }
 
 type command struct {
-	Cmd        string    `json:"cmd"`
-	Brokers    []string  `json:"brokers"`
-	Topic      string    `json:"topic"`
-	Messages   []message `json:"messages"`
-	Idempotent bool      `json:"idempotent"`
-	GroupID    string    `json:"groupId"`
-	Count      int       `json:"count"`
+	Cmd         string    `json:"cmd"`
+	Brokers     []string  `json:"brokers"`
+	Topic       string    `json:"topic"`
+	Messages    []message `json:"messages"`
+	Idempotent  bool      `json:"idempotent"`
+	GroupID     string    `json:"groupId"`
+	Count       int       `json:"count"`
+	Compression string    `json:"compression"`
 }
+
+var codecs = map[string]sarama.CompressionCodec{"": sarama.CompressionNone,
+	"gzip": sarama.CompressionGZIP, "snappy": sarama.CompressionSnappy,
+	"lz4": sarama.CompressionLZ4, "zstd": sarama.CompressionZSTD}
 
 func config() *sarama.Config {
 	c := sarama.NewConfig()
@@ -77,6 +83,11 @@ func produce(cmd command) (interface{}, error) {
 	c.Producer.RequiredAcks = sarama.WaitForAll
 	c.Producer.Return.Successes = true
 	c.Producer.Partitioner = sarama.NewManualPartitioner
+	codec, ok := codecs[cmd.Compression]
+	if !ok {
+		return nil, fmt.Errorf("unknown compression %q", cmd.Compression)
+	}
+	c.Producer.Compression = codec
 	if cmd.Idempotent {
 		c.Producer.Idempotent = true
 		c.Net.MaxOpenRequests = 1
