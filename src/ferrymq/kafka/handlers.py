@@ -144,7 +144,8 @@ def produce_request(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
                 continue
             try:
                 batch = wrap(part.records or b"", max_batch_bytes=cfg.max_message_bytes,
-                             max_records=cfg.max_batch_records)
+                             max_records=cfg.max_batch_records,
+                             max_decompressed_bytes=cfg.max_frame_bytes)
             except BrokerError as exc:  # the batch is refused, nothing of it stored
                 results.append(_produce_error(part.index, _refused(exc), str(exc)))
                 continue

@@ -114,6 +114,24 @@ def test_what_wrap_refuses() -> None:
         wrap(_reseal(spread), **LIMITS)
 
 
+@pytest.mark.parametrize("compressed", [False, True])
+def test_an_unset_max_timestamp_is_set_from_the_records(compressed: bool) -> None:
+    """Sarama 1.22 sends maxTimestamp -1; a Kafka broker sets it from the records and reseals
+    the CRC, and so does wrap (the records are kept as sent)."""
+    unset = bytearray(kafka_batch(3))
+    struct.pack_into(">q", unset, 35, -1)  # maxTimestamp
+    batch = _compressed(_reseal(unset)) if compressed else _reseal(unset)
+    env = wrap(batch, **LIMITS)
+    assert envelope_header(env).max_timestamp == 1020
+    k = kafka.decode_header(env, HEADER_SIZE)
+    assert (k.base_timestamp, k.max_timestamp) == (1000, 1020)
+    assert env[HEADER_SIZE + kafka.HEADER_SIZE:] == batch[kafka.HEADER_SIZE:]
+    at = stored(batch, 8)
+    assert check_stored(at).max_timestamp == 1020  # both CRCs hold
+    assert [r.body for r in decode_records(to_native(at, max_batch_bytes=1 << 20))] == [
+        b"v0", b"v1", b"v2"]
+
+
 def test_envelope_header_refuses_a_ferrymq_batch() -> None:
     with pytest.raises(CorruptRecordError, match="not one envelope"):
         envelope_header(encode_batch([RecordInput(b"x", 1)]))

@@ -69,6 +69,10 @@ _BASE_OFFSET = struct.Struct(">q")
 _LEADER_EPOCH = struct.Struct(">i")
 _I = struct.Struct("<I")
 _NO_LEADER_EPOCH = -1
+_TIMESTAMP = struct.Struct(">q")
+_MAX_TIMESTAMP_AT = 35  # the Kafka header's maxTimestamp
+_KAFKA_CRC = struct.Struct(">I")
+_KAFKA_CRC_AT = 17
 _KEY_HEADER = kafka.KEY_HEADER.encode()
 
 
@@ -78,12 +82,16 @@ def _envelope_crc(buf: bytes | bytearray | memoryview, pos: int) -> int:
                   crc32c(mv[pos + 28:pos + HEADER_SIZE]))
 
 
-def wrap(data: bytes | memoryview, *, max_batch_bytes: int, max_records: int) -> bytearray:
+def wrap(data: bytes | memoryview, *, max_batch_bytes: int, max_records: int,
+         max_decompressed_bytes: int | None = None) -> bytearray:
     """The envelope of one Kafka batch a client produced (base offset and append time left 0).
 
     Checked: exactly one batch of magic 2, its CRC-32C, a record count of 1 to
     ``max_records``, contiguous offsets (``lastOffsetDelta`` is the count less one), no control
-    batch, timestamps within a FerryMQ batch's range; nothing per record.
+    batch, timestamps within a FerryMQ batch's range; nothing per record, except in a batch
+    whose ``maxTimestamp`` is below its first timestamp (unset: Sarama 1.22 sends -1): that one
+    is set from the records, as a Kafka broker sets it (decompressing at most
+    ``max_decompressed_bytes``, by default ``max_batch_bytes``).
 
     Raises:
         CorruptRecordError: see :func:`~ferrymq.protocol.kafka.records.check_batch`; a control
@@ -106,6 +114,9 @@ def wrap(data: bytes | memoryview, *, max_batch_bytes: int, max_records: int) ->
                                  f"offset delta {h.last_offset_delta}")
     if h.record_count > max_records:
         raise BatchTooLargeError(f"batch has {h.record_count} records, max {max_records}")
+    if h.max_timestamp < h.base_timestamp:
+        data = _set_max_timestamp(data, h, max_decompressed_bytes or max_batch_bytes)
+        h = kafka.decode_header(data)
     if not 0 <= h.max_timestamp - h.base_timestamp <= MAX_TIMESTAMP_DELTA_MS:
         raise BatchTooLargeError(
             f"Kafka record batch spans {h.max_timestamp - h.base_timestamp} ms from its first "
@@ -123,6 +134,27 @@ def wrap(data: bytes | memoryview, *, max_batch_bytes: int, max_records: int) ->
     _I.pack_into(out, 24, _envelope_crc(out, 0))
     seal_header_crc(out, 0)
     return out
+
+
+def _set_max_timestamp(data: bytes | memoryview, h: kafka.KafkaBatchHeader,
+                       max_decompressed_bytes: int) -> bytes:
+    """A copy of the Kafka batch ``data`` (``h`` its header) whose ``maxTimestamp`` is its
+    records' largest timestamp, the CRC-32C resealed: what a Kafka broker writes into every
+    batch it appends.
+
+    Raises:
+        CorruptRecordError: the records do not parse.
+        MessageTooLargeError: they decompress to more than ``max_decompressed_bytes``.
+    """
+    body = memoryview(data)[kafka.HEADER_SIZE:]
+    codec = h.attributes & kafka.COMPRESSION_MASK
+    records = kafka.iter_records(
+        h, kafka.decompress(codec, body, max_decompressed_bytes) if codec else bytes(body))
+    out = bytearray(data)
+    top = max((r.timestamp for r in records), default=h.base_timestamp)
+    _TIMESTAMP.pack_into(out, _MAX_TIMESTAMP_AT, top)
+    _KAFKA_CRC.pack_into(out, _KAFKA_CRC_AT, crc32c(memoryview(out)[kafka.CRC_START:]))
+    return bytes(out)
 
 
 def stamp(head: bytearray, base_offset: int, append_time_ms: int) -> None:
