@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from ferrymq import Broker
-from tests.helpers import free_port
+from tests.helpers import free_port, wait_for
 from tests.security_helpers import make_user, write_users
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
@@ -138,9 +138,12 @@ def test_a_user_removed_from_the_users_file_is_cut_off(sbroker: Broker, tmp_path
 
     assert produce(sbroker, "alice", "s3cret-alice", "orders") == [None]
     p = confluent_kafka.Producer(conf(sbroker, "bob", "s3cret-bob"))
-    p.list_topics(timeout=10)  # bob's connection is open and authenticated
-    assert sbroker.server.kafka is not None
-    assert any(c.principal == "bob" for c in sbroker.server.kafka.connections)
+    p.list_topics(timeout=10)
+    kafka = sbroker.server.kafka
+    assert kafka is not None
+    # bob's connection is open and authenticated: librdkafka 2.x may have had the answer on its
+    # bootstrap connection, closed that, and be authenticating its connection to broker 0
+    wait_for(lambda: any(c.principal == "bob" for c in kafka.connections))
     update_users_file(tmp_path / "users.json", {"bob": None})
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and any(
