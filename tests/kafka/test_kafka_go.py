@@ -1,8 +1,9 @@
 """Sarama (a Go Kafka client: Debian's golang-github-shopify-sarama-dev 1.22, ``make sarama``)
 against a real in-process FerryMQ broker's Kafka port: produce with keys and headers, a consumer
-group, an idempotent producer whose answer is lost. ``tests/kafka/go/sarama_client`` is built
-once per session in GOPATH mode against Debian's layout (``GO111MODULE=off``,
-``GOPATH=/usr/share/gocode``) and run as ``sarama_client '<json>'``."""
+group and its rebalances, an idempotent producer whose answer is lost, compressed batches.
+``tests/kafka/go/sarama_client`` is built once per session in GOPATH mode against Debian's
+layout (``GO111MODULE=off``, ``GOPATH=/usr/share/gocode``) and run as
+``sarama_client '<json>'``."""
 
 from __future__ import annotations
 
@@ -76,6 +77,23 @@ def test_sarama_produces_with_keys_and_headers_and_a_group_consumes(
         ("ferrymq.key", "o-0"), ("ferrymq.tag", "new"), ("source", "go")]
     assert kbroker.server.consumer_groups.committed("billing") == {("orders", 0): 3,
                                                                    ("orders", 1): 3}
+
+
+def test_a_sarama_group_rebalances_when_a_member_joins_and_leaves(
+        kbroker: Broker, sarama_client: Path) -> None:
+    """Two Sarama members (JoinGroup v1, Heartbeat v0): the second's join rebalances the first,
+    they split the partitions; when the second leaves the first takes them all back and reads
+    what is produced to them, committing it."""
+    kbroker.server.topics.create("split", 4, {}, 0)
+    out = sarama(sarama_client, kafka_address(kbroker), "rebalance", topic="split",
+                 partitions=4, groupId="pair")
+    alone, split, alone_again = out["phases"]
+    assert alone == alone_again == {"a": [0, 1, 2, 3]}
+    assert split["a"] and split["b"] and sorted(split["a"] + split["b"]) == [0, 1, 2, 3]
+    assert sorted((m["partition"], m["value"]) for m in out["readByA"]) == [
+        (q, f"after-{q}") for q in range(4)]
+    assert kbroker.server.consumer_groups.committed("pair") == {("split", q): 1
+                                                                for q in range(4)}
 
 
 def test_ferrymq_message_read_by_a_sarama_group(kbroker: Broker, sarama_client: Path) -> None:

@@ -11,6 +11,10 @@
 //	         Heartbeat, OffsetCommit, LeaveGroup) reads `count` messages from the oldest
 //	         offset, marks them, commits, leaves
 //	         -> {messages: [{partition, offset, key, value, headers}], claims}
+//	rebalance {brokers, topic, partitions, groupId}: member a joins alone, b joins (the group
+//	         rebalances: a's heartbeat is answered REBALANCE_IN_PROGRESS, a rejoins), b leaves
+//	         (a takes everything back), then one message is produced to each partition and a
+//	         reads them -> {phases: [{a: [partitions], b: [partitions]}, ...], readByA}
 //
 // Built in GOPATH mode against Debian's layout: GO111MODULE=off GOPATH=/usr/share/gocode.
 package main
@@ -20,6 +24,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"sort"
 	"sync"
 	"time"
 
@@ -48,6 +53,7 @@ type command struct {
 	GroupID     string    `json:"groupId"`
 	Count       int       `json:"count"`
 	Compression string    `json:"compression"`
+	Partitions  int       `json:"partitions"`
 }
 
 var codecs = map[string]sarama.CompressionCodec{"": sarama.CompressionNone,
@@ -114,14 +120,28 @@ func produce(cmd command) (interface{}, error) {
 	return map[string]interface{}{"records": records}, nil
 }
 
-// reader is the consumer group handler: it keeps what it read and says when it has enough.
+// reader is the consumer group handler: it keeps what it read and its latest claims.
 type reader struct {
 	mu     sync.Mutex
 	got    []message
 	claims map[string][]int32
-	want   int
-	done   chan struct{}
-	once   sync.Once
+}
+
+func newReader() *reader { return &reader{got: []message{}} }
+
+func (r *reader) count() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.got)
+}
+
+// claimed is the reader's partitions of topic in its latest generation, sorted.
+func (r *reader) claimed(topic string) []int32 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := append([]int32{}, r.claims[topic]...)
+	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+	return out
 }
 
 func (r *reader) Setup(s sarama.ConsumerGroupSession) error {
@@ -143,15 +163,19 @@ func (r *reader) ConsumeClaim(s sarama.ConsumerGroupSession, claim sarama.Consum
 		s.MarkMessage(msg, "")
 		r.mu.Lock()
 		r.got = append(r.got, m)
-		if len(r.got) >= r.want {
-			r.once.Do(func() { close(r.done) })
-		}
 		r.mu.Unlock()
 	}
 	return nil
 }
 
-func consume(cmd command) (interface{}, error) {
+// member is one consumer group member reading into a reader until stopped.
+type member struct {
+	group  sarama.ConsumerGroup
+	cancel context.CancelFunc
+	errs   chan error
+}
+
+func join(cmd command, r *reader) (*member, error) {
 	c := config()
 	c.Consumer.Offsets.Initial = sarama.OffsetOldest
 	c.Consumer.Offsets.CommitInterval = 100 * time.Millisecond
@@ -159,31 +183,69 @@ func consume(cmd command) (interface{}, error) {
 	// serves either, carry a per-partition timestamp)
 	c.Consumer.Offsets.Retention = 24 * time.Hour
 	c.Consumer.Return.Errors = true
+	c.Consumer.Group.Session.Timeout = 10 * time.Second
+	c.Consumer.Group.Heartbeat.Interval = 200 * time.Millisecond // hears of rebalances soon
+	c.Consumer.Group.Rebalance.Timeout = 10 * time.Second
 	g, err := sarama.NewConsumerGroup(cmd.Brokers, cmd.GroupID, c)
 	if err != nil {
 		return nil, err
 	}
-	r := &reader{want: cmd.Count, done: make(chan struct{})}
 	ctx, cancel := context.WithCancel(context.Background())
-	errs := make(chan error, 1)
+	m := &member{group: g, cancel: cancel, errs: make(chan error, 2)}
 	go func() {
-		for ctx.Err() == nil {
+		for ctx.Err() == nil { // each Consume is one generation: a rebalance ends it
 			if err := g.Consume(ctx, []string{cmd.Topic}, r); err != nil {
-				errs <- err
+				m.errs <- err
 				return
 			}
 		}
 	}()
-	var failure error
-	select {
-	case <-r.done:
-	case failure = <-errs:
-	case failure = <-g.Errors():
-	case <-time.After(20 * time.Second):
-		failure = fmt.Errorf("read %d of %d messages in 20 s", len(r.got), cmd.Count)
+	go func() {
+		for err := range g.Errors() {
+			select {
+			case m.errs <- err:
+			default:
+			}
+		}
+	}()
+	return m, nil
+}
+
+// stop commits what was marked and leaves the group.
+func (m *member) stop() error {
+	m.cancel()
+	return m.group.Close()
+}
+
+// until waits for cond, failing on a member's error or after 20 s.
+func until(what string, cond func() bool, members ...*member) error {
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		for _, m := range members {
+			select {
+			case err := <-m.errs:
+				return fmt.Errorf("%s: %v", what, err)
+			default:
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("timed out: %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
-	cancel()
-	if err := g.Close(); err != nil && failure == nil { // commits what was marked, leaves
+	return nil
+}
+
+func consume(cmd command) (interface{}, error) {
+	r := newReader()
+	m, err := join(cmd, r)
+	if err != nil {
+		return nil, err
+	}
+	failure := until(fmt.Sprintf("read %d messages", cmd.Count), func() bool {
+		return r.count() >= cmd.Count
+	}, m)
+	if err := m.stop(); err != nil && failure == nil {
 		failure = err
 	}
 	if failure != nil {
@@ -192,6 +254,61 @@ func consume(cmd command) (interface{}, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return map[string]interface{}{"messages": r.got, "claims": r.claims}, nil
+}
+
+func rebalance(cmd command) (interface{}, error) {
+	all := make([]int32, cmd.Partitions)
+	for i := range all {
+		all[i] = int32(i)
+	}
+	same := func(x, y []int32) bool { return fmt.Sprint(x) == fmt.Sprint(y) }
+	ra, rb := newReader(), newReader()
+	a, err := join(cmd, ra)
+	if err != nil {
+		return nil, err
+	}
+	defer a.stop()
+	phases := []map[string][]int32{}
+	if err := until("a alone", func() bool { return same(ra.claimed(cmd.Topic), all) }, a); err != nil {
+		return nil, err
+	}
+	phases = append(phases, map[string][]int32{"a": ra.claimed(cmd.Topic)})
+	b, err := join(cmd, rb)
+	if err != nil {
+		return nil, err
+	}
+	if err := until("a and b split the partitions", func() bool {
+		ca, cb := ra.claimed(cmd.Topic), rb.claimed(cmd.Topic)
+		both := append(append([]int32{}, ca...), cb...)
+		sort.Slice(both, func(i, j int) bool { return both[i] < both[j] })
+		return len(ca) > 0 && len(cb) > 0 && same(both, all)
+	}, a, b); err != nil {
+		return nil, err
+	}
+	phases = append(phases, map[string][]int32{"a": ra.claimed(cmd.Topic), "b": rb.claimed(cmd.Topic)})
+	if err := b.stop(); err != nil { // LeaveGroup
+		return nil, err
+	}
+	if err := until("a alone again", func() bool { return same(ra.claimed(cmd.Topic), all) }, a); err != nil {
+		return nil, err
+	}
+	phases = append(phases, map[string][]int32{"a": ra.claimed(cmd.Topic)})
+	after := command{Brokers: cmd.Brokers, Topic: cmd.Topic}
+	for _, p := range all {
+		v := fmt.Sprintf("after-%d", p)
+		after.Messages = append(after.Messages, message{Partition: p, Value: &v})
+	}
+	if _, err := produce(after); err != nil {
+		return nil, err
+	}
+	if err := until("a reads what was produced after b left", func() bool {
+		return ra.count() >= len(all)
+	}, a); err != nil {
+		return nil, err
+	}
+	ra.mu.Lock()
+	defer ra.mu.Unlock()
+	return map[string]interface{}{"phases": phases, "readByA": ra.got}, nil
 }
 
 func main() {
@@ -211,6 +328,8 @@ func main() {
 		out, err = produce(cmd)
 	case "consume":
 		out, err = consume(cmd)
+	case "rebalance":
+		out, err = rebalance(cmd)
 	default:
 		err = fmt.Errorf("unknown command %q", cmd.Cmd)
 	}
