@@ -33,7 +33,7 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -54,6 +54,20 @@ __all__ = ["SERVICES", "FailoverService", "describe_cluster", "queue_state", "ru
 RF3 = Replication(replicas=3, min_insync=2)
 COMMIT_BACKLOG = 20_000
 """Messages the commit service's queue holds: the offsets it commits go round below it."""
+
+
+async def _first_success(operate: Callable[[], Awaitable[None]], timeout_s: float,
+                         what: str) -> None:
+    """Run ``operate`` until it succeeds once (what a service's start waits for: the cluster
+    creates the internal topic its first requests ask for), at most ``timeout_s``."""
+    deadline = time.perf_counter() + timeout_s
+    while True:
+        with contextlib.suppress(Exception):
+            await operate()
+            return
+        if time.perf_counter() > deadline:
+            raise RuntimeError(f"{what} within {timeout_s} s")
+        await asyncio.sleep(0.1)
 
 
 class FailoverService(Protocol):
@@ -142,14 +156,8 @@ class CommitService:
                                           heartbeat_interval_s=0.2)
         await self.consumer.start()
         await self.consumer.subscribe(self.topic)
-        deadline = time.perf_counter() + resume_timeout_s
-        while True:  # the group exists (and so does %GROUPS%offsets) once a commit worked
-            with contextlib.suppress(Exception):
-                await self.operate()
-                break
-            if time.perf_counter() > deadline:
-                raise RuntimeError(f"group {self.group}: no commit within {resume_timeout_s} s")
-            await asyncio.sleep(0.1)
+        # the group exists (and so does %GROUPS%offsets) once a commit worked
+        await _first_success(self.operate, resume_timeout_s, f"group {self.group}: no commit")
         async with AsyncAdminClient(bootstrap) as admin:
             desc = await admin.cluster_describe()
         self.queues = sum(1 for q in desc.queues if q.topic == OFFSETS_TOPIC)
@@ -398,14 +406,8 @@ class DeliveryService:
         await self.consumer.start()
         await self.consumer.subscribe(self.topic)
         self.feeder.start()
-        deadline = time.perf_counter() + resume_timeout_s
-        while True:  # the group exists (and so does its retry queue) once one went through
-            with contextlib.suppress(Exception):
-                await self.operate()
-                break
-            if time.perf_counter() > deadline:
-                raise RuntimeError(f"group {self.group}: no receive within {resume_timeout_s} s")
-            await asyncio.sleep(0.1)
+        # the group exists (and so does its retry queue) once one went through
+        await _first_success(self.operate, resume_timeout_s, f"group {self.group}: no receive")
 
     def owner(self) -> tuple[str, int]:
         return RETRY_TOPIC_PREFIX + self.group, 0
