@@ -28,17 +28,16 @@ NOT_COORDINATOR, and the producer follows the owner (:mod:`ferrymq.client._coord
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import TYPE_CHECKING
 
+from ferrymq.broker.internal_owner import InternalTopicOwner
 from ferrymq.broker.topics import replicated
 from ferrymq.cluster.model import NO_LEADER
 from ferrymq.errors import (
     BrokerError,
     ConnectionClosedError,
     FerryMQTimeoutError,
-    NotCoordinatorError,
     NotLeaderError,
     error_for_code,
 )
@@ -57,41 +56,16 @@ COPY_TIMEOUT_MS = 30_000
 """How long a committed copy sent to another broker may take (``acks="all"``)."""
 
 
-class HalfCluster:
+class HalfCluster(InternalTopicOwner):
     """The half-message owner's part in a cluster (see the module docstring)."""
 
+    topic = HALF_TOPIC
+    service = "half messages"
+
     def __init__(self, link: ClusterLink) -> None:
-        self.link = link
+        super().__init__(link)
         self.manager: HalfMessageManager = link.server.half_messages
-        self.leads = False
-        """This broker leads the half queue and rebuilt its pending set from it."""
-        self._creating: asyncio.Task[None] | None = None
         self.manager.attach(self)
-
-    def owner(self) -> int:
-        """The broker leading the half queue (NO_LEADER: none now)."""
-        rec = self.link.node.view.queues.get((HALF_TOPIC, 0))
-        return rec.leader if rec is not None else NO_LEADER
-
-    def check_owner(self, what: str) -> None:
-        """Raise unless this broker owns the half messages (asking the cluster to create the
-        half topic when it does not exist yet).
-
-        Raises:
-            NotCoordinatorError: another broker does, or none yet.
-        """
-        if self.leads:
-            return
-        if HALF_TOPIC not in self.link.server.topics.topics:
-            if self._creating is None or self._creating.done():
-                self._creating = asyncio.get_running_loop().create_task(
-                    self.link.groups.create_internal(HALF_TOPIC, 1, "half messages"))
-            raise NotCoordinatorError(f"{what} has no owner yet: the cluster is creating "
-                                      f"{HALF_TOPIC}; retry")
-        leader = self.owner()
-        now = f"broker {leader} leads it" if leader != NO_LEADER else "it has no leader now"
-        raise NotCoordinatorError(f"broker {self.link.node.broker_id} does not own {what}: "
-                                  f"half messages are in {HALF_TOPIC} and {now}")
 
     def on_role(self, leads: bool, new_epoch: bool) -> None:
         """This broker now leads the half queue (``new_epoch``: not at this epoch before:

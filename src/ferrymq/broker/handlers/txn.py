@@ -20,7 +20,7 @@ def _open(conn: ClientConnection, what: str = "transactions") -> None:
         raise BrokerShuttingDownError("broker is shutting down")
     cluster = conn.server.cluster
     if cluster is not None:
-        cluster.txn.check_coordinator(what)
+        cluster.txn.check_owner(what)
 
 
 def init_txn(conn: ClientConnection, req: m.InitTxnRequest) -> Awaitable[m.InitTxnResponse]:

@@ -48,6 +48,7 @@ import logging
 from typing import TYPE_CHECKING, TypeVar, cast
 
 from ferrymq.broker.cluster_groups import COMPACT_CHECK_S
+from ferrymq.broker.internal_owner import InternalTopicOwner
 from ferrymq.broker.peers import Peers
 from ferrymq.broker.topics import replicated
 from ferrymq.broker.txn.statelog import StateReplay
@@ -85,11 +86,16 @@ Verified = dict[tuple[str, int, int], tuple[int, int]]
 """(topic, queue, producer id) -> (epoch verified, marker sequence when asked)."""
 
 
-class TxnCluster:
+class TxnCluster(InternalTopicOwner):
     """The transaction coordinator's part in a cluster (see the module docstring)."""
 
+    topic = TXN_TOPIC
+    service = "transactions"
+    owner_noun = "coordinator"
+    owner_verb = "coordinate"
+
     def __init__(self, link: ClusterLink) -> None:
-        self.link = link
+        super().__init__(link)
         srv = link.server
         self.txn: TxnCoordinator = srv.txn
         node = link.node
@@ -97,9 +103,6 @@ class TxnCluster:
         self.peers = Peers(node.broker_id, lambda bid: node.view.address_of(bid),
                            peer_login(srv.config),
                            max(1.0, min(10.0, srv.config.replica_lag_ms / 1000)))
-        self.leads = False
-        """This broker leads ``%TXN%state`` and rebuilt its book from it."""
-        self._creating: asyncio.Task[None] | None = None
         self._replay: StateReplay | None = None
         """The led log's records up to its high watermark (compaction's view; built at the
         first check after this broker starts leading)."""
@@ -111,36 +114,6 @@ class TxnCluster:
     def start(self) -> None:
         """Start compacting ``%TXN%state`` while this broker leads it."""
         self._compactor = asyncio.get_running_loop().create_task(self._compact_forever())
-
-    # --- who coordinates -------------------------------------------------------------------------
-
-    def coordinator(self) -> int:
-        """The broker leading ``%TXN%state`` (NO_LEADER: none now)."""
-        rec = self.link.node.view.queues.get((TXN_TOPIC, coordinator_queue("", 1)))
-        return rec.leader if rec is not None else NO_LEADER
-
-    def check_coordinator(self, what: str) -> None:
-        """Raise unless this broker coordinates transactions (asking the cluster to create
-        ``%TXN%state`` when it does not exist yet).
-
-        Raises:
-            NotCoordinatorError: another broker does, or none yet.
-        """
-        if self.leads:
-            return
-        if TXN_TOPIC not in self.link.server.topics.topics:
-            self._create_soon()
-            raise NotCoordinatorError(f"{what} has no coordinator yet: the cluster is creating "
-                                      f"{TXN_TOPIC}; retry")
-        leader = self.coordinator()
-        now = f"broker {leader} leads it" if leader != NO_LEADER else "it has no leader now"
-        raise NotCoordinatorError(f"broker {self.link.node.broker_id} does not coordinate "
-                                  f"{what}: transactions are in {TXN_TOPIC} and {now}")
-
-    def _create_soon(self) -> None:
-        if self._creating is None or self._creating.done():
-            self._creating = asyncio.get_running_loop().create_task(
-                self.link.groups.create_internal(TXN_TOPIC, 1, "transactions"))
 
     # --- leadership of the state log ---------------------------------------------------------
 
@@ -214,9 +187,9 @@ class TxnCluster:
         return ok, refused
 
     async def _ask_coordinator(self, req: m.Request, resp_type: type[B]) -> B:
-        leader = self.coordinator()
+        leader = self.owner()
         if leader == NO_LEADER:
-            self.check_coordinator("the transaction")  # raises NOT_COORDINATOR
+            self.check_owner("the transaction")  # raises NOT_COORDINATOR
         try:
             return await self.peers.request(leader, req, resp_type)
         except (ConnectionClosedError, FerryMQTimeoutError) as exc:
@@ -379,5 +352,5 @@ def check_txn_request(link: ClusterLink | None, what: str) -> None:
     """Raise NOT_COORDINATOR unless this broker coordinates transactions (a single broker
     always does)."""
     if link is not None:
-        link.txn.check_coordinator(what)
+        link.txn.check_owner(what)
 

@@ -277,7 +277,7 @@ class TxnCoordinator:
             InvalidTxnStateError, ConcurrentTransactionsError, BusyError.
         """
         if self.cluster is not None:
-            self.cluster.check_coordinator(f"producer {pid}")
+            self.cluster.check_owner(f"producer {pid}")
         if topic.startswith("%"):
             raise InvalidRequestError("transactions cannot write to internal topics")
         meta = self.book.producer(pid, epoch)
