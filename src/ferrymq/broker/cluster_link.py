@@ -21,6 +21,7 @@ every feature built on it work unchanged; only the queues' roles differ.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import TYPE_CHECKING
 
@@ -33,6 +34,7 @@ from ferrymq.broker.topics import CLUSTER_TOPIC_ID_BASE, INTERNAL_PREFIX
 from ferrymq.broker.txn.cluster import TxnCluster
 from ferrymq.cluster.controller import Controller
 from ferrymq.cluster.isr import change_isr, settle_isr
+from ferrymq.cluster.liveness import DeadBrokerProbe
 from ferrymq.cluster.metadata.store import MetadataStore
 from ferrymq.cluster.model import NO_LEADER, QueueRecord, TopicRecord
 from ferrymq.cluster.node import ClusterNode, QueueRole
@@ -89,6 +91,9 @@ class ClusterLink:
         node.on_role = self._on_role
         self.replicas: ReplicaManager | None = None
         self.controller: Controller | None = None
+        self.probe: DeadBrokerProbe | None = None
+        """The dead-broker probe (:mod:`ferrymq.cluster.liveness`; None: off)."""
+        self._probe_task: asyncio.Task[None] | None = None
         self.groups = ClusterGroups(self)
         """The consumer groups this broker coordinates (:mod:`ferrymq.broker.cluster_groups`)."""
         self.txn = TxnCluster(self)
@@ -132,11 +137,21 @@ class ClusterLink:
                                      lease_ttl_s=node.lease_ttl_s, clock=srv.clock.monotonic,
                                      lease_of=lambda: node.lease)
         node.start_background(self.controller.run)
+        if srv.config.dead_broker_probe_ms:
+            controller = self.controller
+            self.probe = DeadBrokerProbe(node.store, node.keys, srv.config.broker_id,
+                                         srv.config.dead_broker_probe_ms / 1000,
+                                         lambda: controller.active)
+            self._probe_task = asyncio.get_running_loop().create_task(self.probe.run())
         self.groups.start()
         self.txn.start()
 
     async def stop(self) -> None:
         """Leave the cluster (the lease is revoked: leadership moves at once)."""
+        if self._probe_task is not None:
+            self._probe_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._probe_task
         await self.groups.stop()
         await self.txn.stop()
         await self.node.stop()

@@ -422,6 +422,11 @@ class BrokerConfig:
                "2000). A broker that cannot "
                "renew it stops acknowledging acks=all writes before it could have expired; "
                "the controller moves leadership away once it has.")
+    dead_broker_probe_ms: int = _f(
+        250, "Cluster: how often the controller connects to every other broker's address; one "
+             "refused twice in a row (no process listens there: it died) has its lease revoked "
+             "so its queues move at once instead of when the lease runs out. Timeouts change "
+             "nothing (a partition is left to the lease). 0: off.")
     inter_broker_user: str = _f(
         "", "Cluster: the user this broker logs in as to fetch from other brokers "
             "(replication); needed when the brokers have users_file, and it needs admin rights. "
@@ -527,6 +532,9 @@ class BrokerConfig:
                                   f"{self.advertised_address!r}")
         if self.default_replicas < 0 or self.default_min_insync < 0:
             raise ConfigError("default_replicas and default_min_insync must be >= 0 (0: auto)")
+        if self.dead_broker_probe_ms < 0:
+            raise ConfigError(f"dead_broker_probe_ms must be >= 0 (0: off), not "
+                              f"{self.dead_broker_probe_ms}")
         for name in ("offsets_segment_bytes", "txn_state_segment_bytes"):
             if getattr(self, name) > MAX_SEGMENT_BYTES:
                 raise ConfigError(f"{name} must be 1..{MAX_SEGMENT_BYTES}, not "
