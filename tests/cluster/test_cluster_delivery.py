@@ -289,3 +289,51 @@ def test_a_delayed_retry_pending_at_the_loss_comes_from_the_new_coordinator(
                 assert await sc.receive(max_messages=5, wait=1.0) == []
 
     run(body)
+
+
+def replicas_of(c: Cluster, topic: str, queue: int) -> list[int]:
+    srv = next(iter(c.brokers.values()))
+    assert srv.cluster is not None
+    return list(srv.cluster.node.view.queues[(topic, queue)].replicas)
+
+
+def test_queues_the_coordinator_does_not_replicate_are_read_from_their_leaders(
+        tmp_path: Path) -> None:
+    """A topic of one replica per queue on 3 brokers: the group's coordinator holds at most one
+    of its 3 queues and reads the others from their leaders. Every message is received, the
+    acked ones once; nacked ones come again from the retry queue (reconsume_times 1), and an
+    expired lease on a remote queue is redelivered; then nothing is left."""
+    async def body() -> None:
+        async with cluster(tmp_path, **FAST) as c:
+            async with AsyncAdminClient(c.bootstrap) as admin:
+                await admin.create_topic("orders", 3, replicas=1, min_insync=1)
+            sent = await produce(c, "orders", 60)
+            sc = AsyncSimpleConsumer(c.bootstrap, group="rg", retry_delays=[0],
+                                     await_duration=0.5, session_timeout_s=20)
+            async with sc:
+                await sc.subscribe("orders")
+                first = await receive_all(sc, 60, invisible=60)
+                coord = coordinator(c, "rg")
+                remote = {q for q in range(3) if coord not in replicas_of(c, "orders", q)}
+                assert remote, "every queue is on the coordinator: nothing read remotely"
+                from_remote = [x for x in first if x.queue in remote]
+                assert from_remote
+                assert sorted(x.body for x in first) == sorted(sent)
+                nacked = from_remote[:5]
+                short = from_remote[5:8]
+                for x in nacked:
+                    await sc.nack(x, delay=0)
+                for x in short:
+                    await sc.change_invisible_duration(x, 1.0)  # a lease that ends
+                done = {x.msg_id for x in nacked + short}
+                await sc.ack_batch([x for x in first if x.msg_id not in done])
+                again = await receive_all(sc, 8, invisible=60)
+                assert sorted(x.msg_id for x in again) == sorted(done)
+                assert all(x.reconsume_times == 1 for x in again)
+                await sc.ack_batch(again)
+                assert await sc.receive(max_messages=10, wait=1.5) == []
+            async with AsyncAdminClient(c.bootstrap) as admin:
+                d = await admin.describe_delivery("rg")
+                assert d.dlq_size == 0
+
+    run(body)

@@ -35,8 +35,8 @@ failover is honoured until its deadline; an expired one is redelivered with
 written). docs/delivery.md states the bound on double delivery.
 
 The coordinator reads the group's source queues from its own copies (leader or follower: both
-are readable up to the high watermark): a source queue it holds no replica of is not delivered
-by it (see docs/cluster.md).
+are readable up to the high watermark); a source queue it holds no replica of is read from its
+leader, as a consumer would, into a bounded buffer (:mod:`ferrymq.broker.cluster_reads`).
 
 Dead letters: ``%DLQ%<group>`` is a cluster topic of one queue too, created with the retry
 queue. The coordinator makes itself its leader (:func:`~ferrymq.cluster.operations.elect_leader`,
@@ -53,6 +53,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from ferrymq.broker.cluster_groups import create_internal_topic
+from ferrymq.broker.cluster_reads import RemoteReads
 from ferrymq.broker.delivery.lifecycle import check_delivery_group_name
 from ferrymq.broker.delivery.logstore import GroupLog, LogGroupStore, read_state
 from ferrymq.broker.topics import CLUSTER_TOPIC_ID_BASE
@@ -99,6 +100,9 @@ class ClusterDelivery:
         self._tasks: set[asyncio.Task[None]] = set()
         self._dlq_moves: set[str] = set()
         """Groups whose dead-letter queue's leadership is being moved here."""
+        self.reads = RemoteReads(link)
+        """Source queues of the groups coordinated here that this broker does not replicate,
+        read from their leaders (:mod:`ferrymq.broker.cluster_reads`)."""
 
     # --- who coordinates -------------------------------------------------------------------------
 
@@ -236,6 +240,7 @@ class ClusterDelivery:
     def _forget(self, name: str) -> None:
         """Drop the group from memory (another broker coordinates it now; nothing written)."""
         ctx = self.manager.ctx
+        self.reads.forget(name)
         self._replayed.pop(name, None)
         self._stores.pop(name, None)
         g = ctx.groups.pop(name, None)

@@ -417,6 +417,14 @@ class BrokerConfig:
         500, "Cluster: longest wait of a follower's long-polled fetch; appends wake it at once.")
     replica_fetch_bytes: int = _f(
         4 * 1024 * 1024, "Cluster: most bytes one follower fetch asks for per queue.")
+    delivery_remote_buffer_bytes: int = _f(
+        4 * 1024 * 1024,
+        "Cluster: most bytes of one source queue a delivery group's coordinator holds in memory "
+        "when it reads the queue from its leader (the coordinator's broker holds no replica of "
+        "it): fetched ahead of receivers from the group's oldest unfinished message of the "
+        "queue; past it, fetching waits until messages are finished (one batch may exceed it, "
+        "as a fetch returns at least one).",
+    )
     metadata_lease_ms: int = _f(
         3_000, "Cluster: TTL of this broker's lease in the metadata store (whole seconds; at least "
                "2000). A broker that cannot "
@@ -471,6 +479,7 @@ class BrokerConfig:
             "busy_retry_after_ms", "max_topics", "max_total_queues",
             "auto_create_topics_per_minute", "max_delivery_groups", "max_consumer_groups",
             "replica_lag_ms", "replica_fetch_wait_ms", "replica_fetch_bytes", "metadata_lease_ms",
+            "delivery_remote_buffer_bytes",
             "offsets_segment_bytes", "txn_state_segment_bytes",
             "http_max_connections", "http_max_header_bytes", "http_max_body_bytes",
             "http_idle_timeout_ms", "console_session_timeout_ms", "console_max_sessions",

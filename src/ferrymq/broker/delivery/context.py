@@ -20,11 +20,15 @@ from ferrymq.protocol.letters import DLQ_TOPIC_PREFIX, RETRY_TOPIC_PREFIX
 if TYPE_CHECKING:
     from ferrymq.broker.config import BrokerConfig
     from ferrymq.broker.delivery.group import DeliveryGroup
+    from ferrymq.broker.delivery.sources import SourceQueue
     from ferrymq.broker.flusher import Flusher
     from ferrymq.broker.scheduler import Scheduler
-    from ferrymq.broker.topics import Topic, TopicRegistry
+    from ferrymq.broker.topics import QueueState, Topic, TopicRegistry
 
 
+RemoteSource = Callable[["DeliveryGroup", "QueueState"], "SourceQueue | None"]
+"""What a group reads in place of source queue ``qs``: ``qs`` itself when this broker holds
+it, else the queue read from its leader (None: not readable yet)."""
 StoreOpener = Callable[[str], tuple[DeliveryStore, "dict[str, Any] | None", list[Any]]]
 """Opens group ``name``'s store: the store, its snapshot (None: none yet) and the journal
 records after it."""
@@ -61,6 +65,9 @@ class DeliveryContext:
         self.create_internal: Callable[[str], Topic] = self._create_local
         """Creates a group's internal topic of one queue (retry, dead letters) on first use:
         here; in a cluster through the metadata store (BUSY until it exists)."""
+        self.remote_source: RemoteSource | None = None
+        """Cluster: how a group reads a source queue this broker holds no replica of (set by
+        :class:`~ferrymq.broker.cluster_reads.RemoteReads`); None: every queue is read here."""
         self.replicated = False
         """Whether the stores are replicated logs: answers then wait for replication whatever
         the flush mode (a cluster)."""

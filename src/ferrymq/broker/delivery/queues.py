@@ -19,6 +19,7 @@ from ferrymq.broker.delivery.letters import StoredRecord, iter_stored, stored_re
 from ferrymq.broker.delivery.orderly import OrderlyCursor
 from ferrymq.errors import (
     BrokerError,
+    BusyError,
     InvalidOffsetError,
     InvalidRequestError,
     UnknownTopicError,
@@ -39,17 +40,20 @@ from ferrymq.protocol.records import (
 from ferrymq.protocol.schedule import SCHEDULED_ID
 
 if TYPE_CHECKING:
+    from ferrymq.broker.delivery.sources import SourceLog, SourceQueue
     from ferrymq.broker.topics import QueueState
-    from ferrymq.storage.log import Log
 
 ORDERLY_READ_GAP = 4096
 """Orderly RECEIVE reads ready heads closer than this many offsets in one sequential pass."""
 
+REMOTE_PENDING_KEY = "\x00pending"
+"""The key an orderly group's pending offsets of a queue read from its leader get after a
+load (their own keys cannot be read then); a NUL-prefixed name no producer is expected to use."""
 SKIP_BITS = ATTR_SCHEDULED | ATTR_TRANSACTIONAL | ATTR_CONTROL
 """Batch attributes of which one must be set for :func:`skipped` to leave a batch out."""
 
 
-def txn_filter(lg: Log, start: int, end: int) -> ReadCommittedFilter | None:
+def txn_filter(lg: SourceLog, start: int, end: int) -> ReadCommittedFilter | None:
     """The read_committed filter for a read of ``[start, end)`` (None: no aborted data)."""
     aborted = lg.aborted_txns(start, end)
     return ReadCommittedFilter(aborted) if aborted else None
@@ -66,7 +70,7 @@ def skipped(h: BatchHeader, txf: ReadCommittedFilter | None) -> bool:
 
 
 def batches_between(
-    lg: Log, first: int, last: int, chunk_filter: Callable[[bytes], bool] | None = None,
+    lg: SourceLog, first: int, last: int, chunk_filter: Callable[[bytes], bool] | None = None,
 ) -> Iterator[tuple[memoryview, int, BatchHeader, list[RawRecord]]]:
     """Each stored batch holding offsets ``first..last`` with its records in that range, read
     sequentially (1 MiB at a time; stops early at a gap it cannot read past). With
@@ -112,6 +116,13 @@ class GroupQueues:
             t = self.ctx.create_internal(name)
         return t.queues[0]
 
+    def source(self, g: DeliveryGroup, qs: QueueState) -> SourceQueue | None:
+        """What ``g`` reads of its source queue ``qs``: ``qs`` itself, or on a cluster, when
+        this broker holds no replica of it, the queue read from its leader (None: not readable
+        yet; see :mod:`.sources`)."""
+        hook = self.ctx.remote_source
+        return qs if hook is None else hook(g, qs)
+
     def retry_queue(self, g: DeliveryGroup) -> QueueState:
         """The group's retry queue, created on first use."""
         qs = self.internal_queue(g.retry_topic, create=False)
@@ -124,22 +135,32 @@ class GroupQueues:
     def read_record(
         self, g: DeliveryGroup, key: tuple[str, int], offset: int
     ) -> StoredRecord | None:
-        """The record at ``offset`` of the group's queue ``key`` (None: not stored)."""
+        """The record at ``offset`` of the group's queue ``key`` (None: not stored).
+
+        Raises:
+            BusyError: a queue read from its leader has not fetched it yet (retry).
+        """
         try:
+            qs: SourceQueue | None
             if key[0] == g.retry_topic:
                 qs = self.internal_queue(key[0], create=False)
-                if qs is None:
-                    return None
             else:
-                qs = self.topics.queue(*key)
+                qs = self.source(g, self.topics.queue(*key))
+                if qs is None:
+                    raise BusyError(f"{key[0]}/{key[1]} is not read from its leader yet",
+                                    retry_after_ms=self.ctx.config.busy_retry_after_ms)
+            if qs is None:
+                return None
             data = qs.log.read(offset, 1)
+        except BusyError:
+            raise
         except BrokerError:
             return None
         for r in iter_stored(data, offset):
             return r if r.offset == offset else None
         return None
 
-    def read_records(self, lg: Log, offsets: list[int]) -> dict[int, StoredRecord]:
+    def read_records(self, lg: SourceLog, offsets: list[int]) -> dict[int, StoredRecord]:
         """The records at ``offsets`` (rising), near ones read in one pass."""
         out: dict[int, StoredRecord] = {}
         want = set(offsets)
@@ -156,7 +177,7 @@ class GroupQueues:
         return out
 
     def read_offsets(
-        self, lg: Log, offsets: list[int], budget: int, alone: Container[int],
+        self, lg: SourceLog, offsets: list[int], budget: int, alone: Container[int],
     ) -> list[tuple[list[int], bytes]]:
         """The records at ``offsets`` (rising) as batches, up to ``budget`` bytes: the wanted
         records of one stored batch share one filtered batch, except those in ``alone``, which
@@ -188,14 +209,20 @@ class GroupQueues:
                     break
         return out
 
-    def pending_keys(self, cur: OrderlyCursor) -> dict[int, str | None]:
-        """After a restart: the sharding key of each pending offset of ``cur`` (missing: gone)."""
+    def pending_keys(self, g: DeliveryGroup, cur: OrderlyCursor) -> dict[int, str | None]:
+        """After a restart: the sharding key of each pending offset of ``cur`` (missing: gone).
+
+        A queue read from its leader has nothing buffered yet: its pending offsets keep their
+        order behind one key, REMOTE_PENDING_KEY (nothing is dropped; see docs/delivery.md)."""
         out: dict[int, str | None] = {}
         t = self.topics.topics.get(cur.topic)
         if t is None or cur.queue >= len(t.queues) or not cur.pending:
             return out
         want = cur.pending
-        for mv, _p0, _h, recs in batches_between(t.queues[cur.queue].log, min(want), max(want)):
+        qs = t.queues[cur.queue]
+        if self.source(g, qs) is not qs:
+            return dict.fromkeys(want, REMOTE_PENDING_KEY)
+        for mv, _p0, _h, recs in batches_between(qs.log, min(want), max(want)):
             for rec in recs:
                 if rec[0] in want:
                     t1, s1 = rec[3], rec[4]

@@ -39,8 +39,8 @@ from ferrymq.protocol.tags import parse_tag_expression
 if TYPE_CHECKING:
     import asyncio
 
+    from ferrymq.broker.delivery.sources import SourceLog, SourceQueue
     from ferrymq.broker.topics import QueueState
-    from ferrymq.storage.log import Log
 
 log = logging.getLogger("ferrymq.broker")
 
@@ -120,7 +120,9 @@ class Receiving:
             for i in range(n):
                 if room <= 0 or budget <= 0:
                     break
-                qs = t.queues[(g.rr + i) % n]
+                qs = self.queues.source(g, t.queues[(g.rr + i) % n])
+                if qs is None:  # read from its leader, not listed yet
+                    continue
                 receive_queue = self._receive_orderly if g.orderly else self._receive_queue
                 taken, used, p = receive_queue(g, member_id, qs, tags, room, budget,
                                                deadline, deadline_wall, out)
@@ -280,11 +282,14 @@ class Receiving:
         for topic, _ in subscriptions:
             t = self.topics.topics.get(topic)
             if t is not None:
-                sets.extend(qs.waiters for qs in t.queues)
+                for qs in t.queues:
+                    src = self.queues.source(g, qs)
+                    if src is not None:  # (else the group is woken when it is)
+                        sets.append(src.waiters)
         return sets
 
     def _receive_queue(
-        self, g: DeliveryGroup, member_id: str, qs: QueueState, tags: frozenset[str] | None,
+        self, g: DeliveryGroup, member_id: str, qs: SourceQueue, tags: frozenset[str] | None,
         room: int, budget: int, deadline: int, deadline_wall: int, out: list[m.Delivery],
     ) -> tuple[int, int, int]:
         key = (qs.topic, qs.queue)
@@ -372,7 +377,7 @@ class Receiving:
         return len(offsets), len(batches), pos
 
     def _receive_orderly(
-        self, g: DeliveryGroup, member_id: str, qs: QueueState, tags: frozenset[str] | None,
+        self, g: DeliveryGroup, member_id: str, qs: SourceQueue, tags: frozenset[str] | None,
         room: int, budget: int, deadline: int, deadline_wall: int, out: list[m.Delivery],
     ) -> tuple[int, int, int]:
         """Lease heads of sharding keys from one queue of an orderly group (see orderly.py):
@@ -430,7 +435,7 @@ class Receiving:
         return n, total, pos
 
     def _orderly_scan(
-        self, cur: OrderlyCursor, lg: Log, end: int, tags: frozenset[str] | None,
+        self, cur: OrderlyCursor, lg: SourceLog, end: int, tags: frozenset[str] | None,
         ready: list[int], room: int, budget: int,
         taken: dict[int, list[tuple[list[int], bytes]]], gone: list[int], examined: list[int],
     ) -> int:
@@ -511,7 +516,7 @@ class Receiving:
             chunk = min(max(budget - used, 1), chunk * 4)
         return n
 
-    def _start(self, g: DeliveryGroup, qs: QueueState) -> int:
+    def _start(self, g: DeliveryGroup, qs: SourceQueue) -> int:
         """Where a new cursor of ``g`` starts on ``qs``."""
         if g.start_from == m.OffsetSpec.EARLIEST:
             return qs.log.start_offset

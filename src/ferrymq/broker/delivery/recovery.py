@@ -62,7 +62,7 @@ class Recovery:
         ctx.next_lease = replay.next_lease
         for cur in g.sources.values():
             if isinstance(cur, OrderlyCursor):
-                cur.rebuild(self.queues.pending_keys(cur), ctx.now())
+                cur.rebuild(self.queues.pending_keys(g, cur), ctx.now())
             cur.advance_floor()
         self._load_letters(g)
         ctx.groups[g.name] = g
