@@ -335,5 +335,41 @@ def test_queues_the_coordinator_does_not_replicate_are_read_from_their_leaders(
             async with AsyncAdminClient(c.bootstrap) as admin:
                 d = await admin.describe_delivery("rg")
                 assert d.dlq_size == 0
+                ends = {q.queue: (q.acked_below, q.end_offset) for q in d.queues}
+                assert sum(e for _, e in ends.values()) == 60  # the remote queues' too
+                assert all(a == e for a, e in ends.values())
+
+    run(body)
+
+
+def test_messages_of_a_queue_read_from_its_leader_are_dead_lettered(tmp_path: Path) -> None:
+    """A group with max_reconsume 0 nacks messages of queues its coordinator does not hold:
+    they go to its dead-letter queue (listed with the reason, status DEAD), and the group's
+    queues are all finished."""
+    async def body() -> None:
+        async with cluster(tmp_path, **FAST) as c:
+            async with AsyncAdminClient(c.bootstrap) as admin:
+                await admin.create_topic("orders", 3, replicas=1, min_insync=1)
+            await produce(c, "orders", 30)
+            sc = AsyncSimpleConsumer(c.bootstrap, group="dg", max_reconsume=0,
+                                     await_duration=0.5, session_timeout_s=20)
+            async with sc:
+                await sc.subscribe("orders")
+                msgs = await receive_all(sc, 30)
+                coord = coordinator(c, "dg")
+                remote = [x for x in msgs if coord not in replicas_of(c, "orders", x.queue)]
+                assert remote
+                for x in remote:
+                    await sc.nack(x, delay=0, reason="poison")
+                await sc.ack_batch([x for x in msgs if x not in remote])
+                assert await sc.receive(max_messages=10, wait=1.0) == []
+            async with AsyncAdminClient(c.bootstrap) as admin:
+                d = await admin.describe_delivery("dg")
+                assert d.dlq_size == len(remote)
+                letters = await admin.dlq_list("dg")
+                assert sorted(x.msg_id for x in letters) == sorted(x.msg_id for x in remote)
+                assert all("poison" in x.reason for x in letters)
+                (st,) = (await admin.message_status(remote[0].msg_id)).statuses
+                assert (st.group, st.state) == ("dg", "DEAD")
 
     run(body)

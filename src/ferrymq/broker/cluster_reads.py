@@ -105,13 +105,19 @@ class RemoteReads:
                            max(1.0, min(10.0, srv.config.replica_lag_ms / 1000)))
         self._readers: dict[tuple[str, str, int], _Reader] = {}
         srv.delivery.ctx.remote_source = self.source
+        srv.delivery.ctx.holds = self.holds
+
+    @staticmethod
+    def holds(qs: QueueState) -> bool:
+        """Whether this broker holds ``qs``: a replica of it, or a local topic."""
+        return qs.replica is not None or qs.topic_id < CLUSTER_TOPIC_ID_BASE
 
     def source(self, g: DeliveryGroup, qs: QueueState) -> SourceQueue | None:
         """What ``g`` reads of ``qs`` (the delivery context's ``remote_source``): ``qs`` when
         this broker holds a replica of it (or it is a local topic), else its buffer, once the
         leader's offsets are known (None before)."""
         key = (g.name, qs.topic, qs.queue)
-        if qs.replica is not None or qs.topic_id < CLUSTER_TOPIC_ID_BASE:
+        if self.holds(qs):
             r = self._readers.pop(key, None) if self._readers else None
             if r is not None:
                 r.close()

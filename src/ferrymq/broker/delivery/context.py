@@ -68,6 +68,9 @@ class DeliveryContext:
         self.remote_source: RemoteSource | None = None
         """Cluster: how a group reads a source queue this broker holds no replica of (set by
         :class:`~ferrymq.broker.cluster_reads.RemoteReads`); None: every queue is read here."""
+        self.holds: Callable[[QueueState], bool] = lambda qs: True
+        """Whether this broker holds queue ``qs`` (a cluster's broker: a replica of it), so
+        that its log here says what is stored."""
         self.replicated = False
         """Whether the stores are replicated logs: answers then wait for replication whatever
         the flush mode (a cluster)."""

@@ -18,7 +18,7 @@ from ferrymq.broker.delivery.letters import read_letter, stored_record
 from ferrymq.broker.delivery.orderly import OrderlyCursor
 from ferrymq.broker.delivery.queues import GroupQueues, batches_between
 from ferrymq.broker.scheduler import CANCELLED_STATE, NOT_SCHEDULED
-from ferrymq.errors import BrokerError, CorruptRecordError, InvalidRequestError
+from ferrymq.errors import BrokerError, BusyError, CorruptRecordError, InvalidRequestError
 from ferrymq.protocol import messages as m
 from ferrymq.protocol.letters import STATE_PRODUCER_ID, Letter
 from ferrymq.protocol.records import ATTR_SCHEDULED, encode_msg_id, iter_batches
@@ -61,7 +61,8 @@ class Inspection:
             t = self.topics.topics.get(topic)
             if t is None:
                 continue
-            for qs in t.queues:
+            for local in t.queues:
+                qs = self.queues.source(g, local) or local  # (None: read remotely, not yet)
                 cur = g.sources.get((topic, qs.queue))
                 floor = cur.floor if cur is not None else qs.log.start_offset
                 nxt = cur.next if cur is not None else floor
@@ -139,7 +140,8 @@ class Inspection:
         """The state of one message in every delivery group that knows its topic."""
         topic, queue, offset = self.queues.locate(msg_id)
         qs = self.topics.queue(topic, queue)
-        if not qs.log.start_offset <= offset < qs.log.end_offset:
+        # (a queue this broker reads from its leader: the leader's answer says whether it is)
+        if self.ctx.holds(qs) and not qs.log.start_offset <= offset < qs.log.end_offset:
             raise InvalidRequestError(f"message {msg_id} is not stored (deleted or never written)")
         to_wall = self.ctx.to_wall
         out: list[m.MessageGroupStatus] = []
@@ -255,7 +257,10 @@ class Inspection:
             return False, ""
         if f.tags is None:
             return True, ""
-        rec = self.queues.read_record(g, (topic, queue), offset)
+        try:
+            rec = self.queues.read_record(g, (topic, queue), offset)
+        except BusyError:  # read from its leader, and not buffered now
+            return False, ""
         if rec is None:
             return True, ""
         tag = rec.tag.decode("utf-8", "replace")

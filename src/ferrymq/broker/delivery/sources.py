@@ -257,7 +257,10 @@ class BufferedQueue:
     def add(self, data: bytes | memoryview, leader_start: int,
             aborted: list[tuple[int, int]]) -> None:
         """Buffer a fetch answer read at :attr:`end` (its complete batches not held yet) with
-        the leader's log start and the answer's aborted transactions; wake the long polls."""
+        the leader's log start and the answer's aborted transactions; wake the long polls.
+        Not positioned (no cursor): nothing is kept."""
+        if self.first < 0:
+            return
         if leader_start >= 0:
             self.leader_start = leader_start
         known = {(a[0], a[1]) for a in self._aborted}
