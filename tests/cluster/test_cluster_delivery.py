@@ -373,3 +373,34 @@ def test_messages_of_a_queue_read_from_its_leader_are_dead_lettered(tmp_path: Pa
                 assert (st.group, st.state) == ("dg", "DEAD")
 
     run(body)
+
+
+def test_a_queue_read_from_its_leader_is_followed_to_its_new_leader(tmp_path: Path) -> None:
+    """Queues of two replicas on 3 brokers: one queue is not on the group's coordinator. Its
+    leader's broker stops; the coordinator reads the queue from the new leader: messages
+    produced before and after are each received."""
+    async def body() -> None:
+        async with cluster(tmp_path, **FAST) as c:
+            async with AsyncAdminClient(c.bootstrap) as admin:
+                await admin.create_topic("orders", 3, replicas=2, min_insync=1)
+            sent = await produce(c, "orders", 30)
+            sc = AsyncSimpleConsumer(c.bootstrap, group="fg", await_duration=0.5,
+                                     session_timeout_s=20)
+            async with sc:
+                await sc.subscribe("orders")
+                first = await receive_all(sc, 30)
+                await sc.ack_batch(first)
+                coord = coordinator(c, "fg")
+                (q,) = [q for q in range(3) if coord not in replicas_of(c, "orders", q)]
+                old = leader_of(c, "orders", q)
+                await c.stop(old)
+                await c.wait(lambda: leader_of(c, "orders", q) not in (old, -1),
+                             "a new leader of the queue")
+                sent += await produce(c, "orders", 30, start=30)
+                again = await receive_all(sc, 30)
+                await sc.ack_batch(again)
+                assert any(x.queue == q for x in again)
+                assert sorted(x.body for x in first + again) == sorted(sent)
+                assert await sc.receive(max_messages=10, wait=1.0) == []
+
+    run(body)
