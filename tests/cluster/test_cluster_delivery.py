@@ -404,3 +404,47 @@ def test_a_queue_read_from_its_leader_is_followed_to_its_new_leader(tmp_path: Pa
                 assert await sc.receive(max_messages=10, wait=1.0) == []
 
     run(body)
+
+
+def test_group_delete_reaches_the_delivery_groups_coordinator(tmp_path: Path) -> None:
+    """``ferrymq group delete`` of a delivery group whose coordinator (the leader of its retry
+    queue) is not the broker coordinating the consumer group of that name: the delivery group
+    is deleted with its retry and dead-letter topics; a member still live refuses it first."""
+    from ferrymq.errors import NonEmptyGroupError, UnknownGroupError
+    from ferrymq.protocol.coordinator import OFFSETS_TOPIC, coordinator_queue
+
+    async def body() -> None:
+        async with cluster(tmp_path, **FAST) as c:
+            async with AsyncAdminClient(c.bootstrap) as admin:
+                await admin.create_topic("orders", 1, replicas=3, min_insync=2)
+            await produce(c, "orders", 1)
+            srv = next(iter(c.brokers.values()))
+            assert srv.cluster is not None
+            view = srv.cluster.node.view
+            async with AsyncAdminClient(c.bootstrap) as admin:
+                with pytest.raises(UnknownGroupError):  # (the consumer groups' topic made)
+                    await admin.describe_group("none")
+            for i in range(30):  # a name whose two coordinators differ
+                name = f"dg{i}"
+                sc = AsyncSimpleConsumer(c.bootstrap, group=name, await_duration=0.5)
+                await sc.start()
+                await sc.subscribe("orders")
+                await c.wait(lambda n=name: (RETRY_TOPIC_PREFIX + n, 0) in view.queues
+                             and coordinator(c, n) > 0, "the retry queue")
+                n_offsets = view.topics[OFFSETS_TOPIC].queues
+                pull = leader_of(c, OFFSETS_TOPIC, coordinator_queue(name, n_offsets))
+                if pull != coordinator(c, name):
+                    break
+                await sc.close()
+            else:
+                raise AssertionError("no name whose coordinators differ")
+            async with AsyncAdminClient(c.bootstrap) as admin:
+                with pytest.raises(NonEmptyGroupError):
+                    await admin.delete_group(name)  # its member is live
+                await sc.close()
+                resp = await admin.delete_group(name)
+                assert (resp.consumer_group, resp.delivery_group) == (False, True)
+            await c.wait(lambda: RETRY_TOPIC_PREFIX + name not in view.topics
+                         and "%DLQ%" + name not in view.topics, "the group's topics deleted")
+
+    run(body)

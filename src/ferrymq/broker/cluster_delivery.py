@@ -56,16 +56,20 @@ from ferrymq.broker.cluster_groups import create_internal_topic
 from ferrymq.broker.cluster_reads import RemoteReads
 from ferrymq.broker.delivery.lifecycle import check_delivery_group_name
 from ferrymq.broker.delivery.logstore import GroupLog, LogGroupStore, read_state
+from ferrymq.broker.peers import Peers
 from ferrymq.broker.topics import CLUSTER_TOPIC_ID_BASE
 from ferrymq.cluster.model import NO_LEADER
 from ferrymq.cluster.operations import elect_leader
 from ferrymq.errors import (
     BusyError,
+    ConnectionClosedError,
+    FerryMQTimeoutError,
     MetadataError,
     NotCoordinatorError,
     UnknownGroupError,
     UnknownTopicError,
 )
+from ferrymq.protocol import messages as m
 from ferrymq.protocol.letters import DLQ_TOPIC_PREFIX, RETRY_TOPIC_PREFIX
 
 if TYPE_CHECKING:
@@ -100,7 +104,13 @@ class ClusterDelivery:
         self._tasks: set[asyncio.Task[None]] = set()
         self._dlq_moves: set[str] = set()
         """Groups whose dead-letter queue's leadership is being moved here."""
-        self.reads = RemoteReads(link)
+        from ferrymq.broker.cluster_link import peer_login  # a cycle at import time
+        node = link.node
+        self.peers = Peers(node.broker_id, lambda bid: node.view.address_of(bid),
+                           peer_login(srv.config),
+                           max(1.0, min(10.0, srv.config.replica_lag_ms / 1000)))
+        """Connections to other brokers: remote reads, deletes sent to a group's coordinator."""
+        self.reads = RemoteReads(link, self.peers)
         """Source queues of the groups coordinated here that this broker does not replicate,
         read from their leaders (:mod:`ferrymq.broker.cluster_reads`)."""
 
@@ -142,6 +152,40 @@ class ClusterDelivery:
             raise NotCoordinatorError(
                 f"broker {self.link.node.broker_id} does not coordinate delivery group "
                 f"{group!r}: its state is in {topic} and {now}")
+
+    def coordinator_elsewhere(self, group: str) -> int | None:
+        """The broker that coordinates delivery group ``group`` when it is another (the
+        leader of its retry queue); None when this broker does or no retry queue exists.
+
+        Raises:
+            NotCoordinatorError: the retry queue has no leader now (retry).
+        """
+        if group in self.led:
+            return None
+        rec = self.link.node.view.queues.get((RETRY_TOPIC_PREFIX + group, 0))
+        if rec is None:
+            return None
+        if rec.leader == NO_LEADER:
+            raise NotCoordinatorError(f"delivery group {group!r} has no coordinator now "
+                                      f"({RETRY_TOPIC_PREFIX}{group} has no leader); retry")
+        return None if rec.leader == self.link.node.broker_id else rec.leader
+
+    async def delete_at(self, broker_id: int, group: str, delete_dlq: bool, *,
+                        validate_only: bool) -> m.DeleteGroupResponse:
+        """Ask broker ``broker_id``, the coordinator of delivery group ``group``, to delete it
+        (or with ``validate_only`` to check that it may).
+
+        Raises:
+            NotCoordinatorError: it is not the coordinator (any more), or it cannot be reached
+                (it may be failing over): nothing was deleted; retry.
+            UnknownGroupError, NonEmptyGroupError: its answer.
+        """
+        req = m.DeleteGroupRequest(group, delete_dlq, m.GroupKinds.DELIVERY, validate_only)
+        try:
+            return await self.peers.request(broker_id, req, m.DeleteGroupResponse)
+        except (ConnectionClosedError, FerryMQTimeoutError) as exc:
+            raise NotCoordinatorError(f"delivery group {group!r}: its coordinator, broker "
+                                      f"{broker_id}, did not answer ({exc}); retry") from None
 
     async def _create(self, topic: str) -> None:
         name = topic[len(RETRY_TOPIC_PREFIX):]
@@ -228,6 +272,11 @@ class ClusterDelivery:
         elif not leads and name in self.led:
             self.led.discard(name)
             self._forget(name)
+
+    def close(self) -> None:
+        """Stop the remote reads and close the connections to other brokers."""
+        self.reads.close()
+        self.peers.close()
 
     def on_topic_dropped(self, topic: str) -> None:
         """The cluster deleted ``topic``: if it was a retry queue led here, forget its group."""

@@ -154,7 +154,7 @@ class ClusterLink:
                 await self._probe_task
         await self.groups.stop()
         await self.txn.stop()
-        self.delivery.reads.close()
+        self.delivery.close()
         await self.node.stop()
         self.txn.close()
         if self.replicas is not None:

@@ -27,7 +27,7 @@ reads a queue (Kafka's consumer fetcher, RocketMQ's pull service):
 
 When the coordinator's broker becomes a replica of the queue (a reassignment), the group reads
 its own copy again and the remote reader stops; when the broker stops coordinating the group,
-its readers stop. Requests go through this module's own :class:`~ferrymq.broker.peers.Peers`
+its readers stop. Requests go through the delivery groups' :class:`~ferrymq.broker.peers.Peers`
 (one connection per broker, the followers' login).
 """
 
@@ -39,7 +39,6 @@ import logging
 from typing import TYPE_CHECKING
 
 from ferrymq.broker.delivery.sources import BufferedQueue
-from ferrymq.broker.peers import Peers
 from ferrymq.broker.topics import CLUSTER_TOPIC_ID_BASE
 from ferrymq.cluster.model import NO_LEADER
 from ferrymq.errors import (
@@ -56,6 +55,7 @@ if TYPE_CHECKING:
     from ferrymq.broker.cluster_link import ClusterLink
     from ferrymq.broker.delivery.group import DeliveryGroup
     from ferrymq.broker.delivery.sources import SourceQueue
+    from ferrymq.broker.peers import Peers
     from ferrymq.broker.topics import QueueState
 
 log = logging.getLogger("ferrymq.broker")
@@ -95,14 +95,10 @@ class RemoteReads:
     """The remote reads of the delivery groups this broker coordinates (see the module
     docstring)."""
 
-    def __init__(self, link: ClusterLink) -> None:
+    def __init__(self, link: ClusterLink, peers: Peers) -> None:
         self.link = link
         srv = link.server
-        node = link.node
-        from ferrymq.broker.cluster_link import peer_login  # a cycle at import time
-        self.peers = Peers(node.broker_id, lambda bid: node.view.address_of(bid),
-                           peer_login(srv.config),
-                           max(1.0, min(10.0, srv.config.replica_lag_ms / 1000)))
+        self.peers = peers
         self._readers: dict[tuple[str, str, int], _Reader] = {}
         srv.delivery.ctx.remote_source = self.source
         srv.delivery.ctx.holds = self.holds
@@ -139,13 +135,19 @@ class RemoteReads:
         for r in self._readers.values():
             r.close()
         self._readers.clear()
-        self.peers.close()
 
     async def run(self, r: _Reader) -> None:
         """Fill ``r``'s buffer from the queue's leader until it is closed."""
         buf = r.buffer
+        topics = self.link.server.topics.topics
         try:
             while True:
+                t = topics.get(buf.topic)
+                if t is None or t.topic_id != buf.topic_id:  # the topic was deleted
+                    key = (r.group.name, buf.topic, buf.queue)
+                    if self._readers.get(key) is r:
+                        del self._readers[key]
+                    return
                 rest = await self._step(r, buf)
                 if rest:
                     with contextlib.suppress(TimeoutError):

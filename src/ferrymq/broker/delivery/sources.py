@@ -40,6 +40,10 @@ from typing import Protocol
 from ferrymq.errors import BusyError
 from ferrymq.protocol.records import ATTR_CONTROL, iter_batches
 
+NOT_FETCHED_RETRY_MS = 100
+"""The retry-after of BUSY for an offset not fetched yet (a fetch round at the leader is about
+this long when the leader has data)."""
+
 
 class SourceLog(Protocol):
     """The reads delivery makes of a source queue's log (:class:`~ferrymq.storage.log.Log`
@@ -196,7 +200,7 @@ class BufferedQueue:
         limit = self.end if upto_offset is None else min(self.end, upto_offset)
         if self.first < 0 or offset < self.first or offset >= self.end:
             raise BusyError(f"{self}: offset {offset} is not fetched yet",
-                            retry_after_ms=100)
+                            retry_after_ms=NOT_FETCHED_RETRY_MS)
         i = bisect_right(self._bases, offset) - 1
         out: list[bytes] = []
         used = 0

@@ -124,28 +124,80 @@ def describe_group(conn: ClientConnection, req: m.DescribeGroupRequest) -> m.Des
 
 def delete_group(conn: ClientConnection, req: m.DeleteGroupRequest
                  ) -> m.DeleteGroupResponse | Awaitable[m.DeleteGroupResponse]:
-    """Delete the consumer group and the delivery group of this name (whichever exist), only
-    when neither has a live member; nothing is deleted when either refuses. In a cluster the
-    consumer group's coordinator deletes it (a tombstone in its replicated log, first)."""
+    """Delete the consumer group and the delivery group of this name (whichever exist, of the
+    ``kinds`` asked), only when neither has a live member; nothing is deleted when either
+    refuses. In a cluster see :func:`_delete_in_cluster`."""
     srv = conn.server
-    check_coordinator(conn, req.group)
-    pull, delivery = req.group in srv.consumer_groups.groups, req.group in srv.delivery.groups
-    if not pull and not delivery:
-        raise UnknownGroupError(f"unknown group {req.group[:249]!r}: no consumer group or "
-                                "delivery group has this name")
-    srv.consumer_groups.check_deletable(req.group)
-    srv.delivery.check_deletable(req.group, req.delete_dlq)
+    kinds = req.kinds & m.GroupKinds.BOTH
+    if not kinds:
+        raise InvalidRequestError(f"DELETE_GROUP kinds must name a kind of group (1 consumer, "
+                                  f"2 delivery, 3 both), not {req.kinds}")
     if srv.cluster is not None:
-        return _delete_replicated(conn, req, pull, delivery)
-    dead = srv.delivery.delete(req.group, req.delete_dlq)
-    srv.consumer_groups.delete(req.group)
-    return m.DeleteGroupResponse(pull, delivery, dead or 0)
+        return _delete_in_cluster(conn, req, kinds)
+    pull = bool(kinds & m.GroupKinds.CONSUMER) and req.group in srv.consumer_groups.groups
+    delivery = bool(kinds & m.GroupKinds.DELIVERY) and req.group in srv.delivery.groups
+    if not pull and not delivery:
+        raise _unknown(req.group)
+    if pull:
+        srv.consumer_groups.check_deletable(req.group)
+    dead = srv.delivery.check_deletable(req.group, req.delete_dlq) if delivery else 0
+    if req.validate_only:
+        return m.DeleteGroupResponse(pull, delivery, dead)
+    if delivery:
+        dead = srv.delivery.delete(req.group, req.delete_dlq) or 0
+    if kinds & m.GroupKinds.CONSUMER:
+        srv.consumer_groups.delete(req.group)
+    return m.DeleteGroupResponse(pull, delivery, dead)
 
 
-async def _delete_replicated(conn: ClientConnection, req: m.DeleteGroupRequest, pull: bool,
-                             delivery: bool) -> m.DeleteGroupResponse:
+def _unknown(group: str) -> UnknownGroupError:
+    return UnknownGroupError(f"unknown group {group[:249]!r}: no consumer group or delivery "
+                             "group has this name")
+
+
+async def _delete_in_cluster(conn: ClientConnection, req: m.DeleteGroupRequest,
+                             kinds: int) -> m.DeleteGroupResponse:
+    """A cluster: the consumer group is deleted by its coordinator (the leader of its queue of
+    ``%GROUPS%offsets``: a tombstone in that replicated log first), the delivery group by its
+    own (the leader of ``%RETRY%<group>``). A client's request goes to the consumer group's
+    coordinator, which asks the delivery group's coordinator, when that is another broker, to
+    check its part (``validate_only``), checks its own, then has it delete its part and deletes
+    its own; a request for the delivery part alone (from another broker) is refused with
+    NOT_COORDINATOR by any broker but the delivery group's coordinator."""
     srv = conn.server
-    assert srv.cluster is not None
-    await srv.cluster.groups.delete(req.group)
-    dead = srv.delivery.delete(req.group, req.delete_dlq)
-    return m.DeleteGroupResponse(pull, delivery, dead or 0)
+    link = srv.cluster
+    assert link is not None
+    group = req.group
+    if kinds & m.GroupKinds.CONSUMER:
+        check_coordinator(conn, group)
+    else:
+        link.delivery.check_coordinator(group)
+    pull = bool(kinds & m.GroupKinds.CONSUMER) and group in srv.consumer_groups.groups
+    here = bool(kinds & m.GroupKinds.DELIVERY) and group in srv.delivery.groups
+    away = None
+    if kinds == m.GroupKinds.BOTH and not here:
+        away = link.delivery.coordinator_elsewhere(group)
+    if pull:
+        srv.consumer_groups.check_deletable(group)
+    dead = srv.delivery.check_deletable(group, req.delete_dlq) if here else 0
+    delivery = here
+    if away is not None:
+        try:
+            checked = await link.delivery.delete_at(away, group, req.delete_dlq,
+                                                    validate_only=True)
+        except UnknownGroupError:
+            away = None
+        else:
+            delivery, dead = checked.delivery_group, checked.dead_letters
+    if not pull and not delivery:
+        raise _unknown(group)
+    if req.validate_only:
+        return m.DeleteGroupResponse(pull, delivery, dead)
+    if away is not None:  # first: a refusal there leaves everything as it was
+        dead = (await link.delivery.delete_at(away, group, req.delete_dlq,
+                                              validate_only=False)).dead_letters
+    if kinds & m.GroupKinds.CONSUMER:
+        await link.groups.delete(group)
+    if here:
+        dead = srv.delivery.delete(group, req.delete_dlq) or 0
+    return m.DeleteGroupResponse(pull, delivery, dead)

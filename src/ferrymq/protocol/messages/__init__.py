@@ -64,6 +64,7 @@ from ferrymq.protocol.messages.consumer_groups import (
     DescribeGroupResponse,
     FetchOffsetsRequest,
     FetchOffsetsResponse,
+    GroupKinds,
     GroupOffset,
     HeartbeatRequest,
     JoinGroupRequest,
@@ -233,7 +234,8 @@ __all__ = [
     "ListOffsetsRequest", "ListOffsetsResponse", "OffsetResult", "OffsetSpec",
     # consumer groups
     "CommitOffsetsRequest", "CommitOffsetsResponse", "DeleteGroupRequest", "DeleteGroupResponse",
-    "DescribeGroupRequest", "DescribeGroupResponse", "FetchOffsetsRequest", "FetchOffsetsResponse",
+    "GroupKinds", "DescribeGroupRequest", "DescribeGroupResponse", "FetchOffsetsRequest",
+    "FetchOffsetsResponse",
     "GroupOffset", "HeartbeatRequest", "JoinGroupRequest", "JoinGroupResponse", "LeaveGroupRequest",
     "ListGroupsRequest", "ListGroupsResponse", "MemberInfo", "ResetOffsetsRequest",
     "ResetOffsetsResponse",

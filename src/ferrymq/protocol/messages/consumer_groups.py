@@ -4,6 +4,7 @@ COMMIT_OFFSETS, FETCH_OFFSETS, RESET_OFFSETS."""
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 
 from ferrymq.protocol.messages.schema import (
@@ -18,6 +19,16 @@ from ferrymq.protocol.messages.schema import (
     opt,
     tup,
 )
+
+
+class GroupKinds(enum.IntFlag):
+    """Which kinds of group of a name DELETE_GROUP deletes."""
+
+    CONSUMER = 1
+    """The consumer (pull) group and its committed offsets."""
+    DELIVERY = 2
+    """The delivery (push, simple) group, its state, retry and dead-letter queues."""
+    BOTH = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,13 +191,19 @@ class DeleteGroupResponse(Body):
 @dataclass(frozen=True, slots=True)
 class DeleteGroupRequest(Request):
     """Delete a group (both kinds when the name has both): NON_EMPTY_GROUP while it has live
-    members, or dead letters unless ``delete_dlq``; UNKNOWN_GROUP when no group has the name."""
+    members, or dead letters unless ``delete_dlq``; UNKNOWN_GROUP when no group has the name.
+
+    ``kinds`` (:class:`GroupKinds`) says which kinds to delete (clients: both); a cluster's
+    broker asks the delivery group's coordinator for its part with ``DELIVERY``, first with
+    ``validate_only`` (every check, nothing deleted), then to delete."""
 
     group: str
     delete_dlq: bool
+    kinds: int = 3
+    validate_only: bool = False
     API_KEY = ApiKey.DELETE_GROUP
     RESPONSE = DeleteGroupResponse
-    SCHEMA = (STR, BOOL)
+    SCHEMA = (STR, BOOL, INT, BOOL)
 
 
 @dataclass(frozen=True, slots=True)
