@@ -18,6 +18,7 @@ from ferrymq.client import (
 )
 from ferrymq.client._delivery import LeasedMessage
 from ferrymq.client._session import Session
+from ferrymq.cluster.node import ClusterView
 from ferrymq.errors import NotCoordinatorError
 from ferrymq.protocol import messages as m
 from ferrymq.protocol.letters import RETRY_TOPIC_PREFIX
@@ -291,10 +292,14 @@ def test_a_delayed_retry_pending_at_the_loss_comes_from_the_new_coordinator(
     run(body)
 
 
-def replicas_of(c: Cluster, topic: str, queue: int) -> list[int]:
+def view_of(c: Cluster) -> ClusterView:
     srv = next(iter(c.brokers.values()))
     assert srv.cluster is not None
-    return list(srv.cluster.node.view.queues[(topic, queue)].replicas)
+    return srv.cluster.node.view
+
+
+def replicas_of(c: Cluster, topic: str, queue: int) -> list[int]:
+    return list(view_of(c).queues[(topic, queue)].replicas)
 
 
 def test_queues_the_coordinator_does_not_replicate_are_read_from_their_leaders(
@@ -418,9 +423,7 @@ def test_group_delete_reaches_the_delivery_groups_coordinator(tmp_path: Path) ->
             async with AsyncAdminClient(c.bootstrap) as admin:
                 await admin.create_topic("orders", 1, replicas=3, min_insync=2)
             await produce(c, "orders", 1)
-            srv = next(iter(c.brokers.values()))
-            assert srv.cluster is not None
-            view = srv.cluster.node.view
+            view = view_of(c)
             async with AsyncAdminClient(c.bootstrap) as admin:
                 with pytest.raises(UnknownGroupError):  # (the consumer groups' topic made)
                     await admin.describe_group("none")
@@ -429,8 +432,11 @@ def test_group_delete_reaches_the_delivery_groups_coordinator(tmp_path: Path) ->
                 sc = AsyncSimpleConsumer(c.bootstrap, group=name, await_duration=0.5)
                 await sc.start()
                 await sc.subscribe("orders")
-                await c.wait(lambda n=name: (RETRY_TOPIC_PREFIX + n, 0) in view.queues
-                             and coordinator(c, n) > 0, "the retry queue")
+
+                def has_coordinator(n: str = name) -> bool:
+                    return (RETRY_TOPIC_PREFIX + n, 0) in view.queues and coordinator(c, n) > 0
+
+                await c.wait(has_coordinator, "the retry queue")
                 n_offsets = view.topics[OFFSETS_TOPIC].queues
                 pull = leader_of(c, OFFSETS_TOPIC, coordinator_queue(name, n_offsets))
                 if pull != coordinator(c, name):
@@ -446,5 +452,45 @@ def test_group_delete_reaches_the_delivery_groups_coordinator(tmp_path: Path) ->
                 assert (resp.consumer_group, resp.delivery_group) == (False, True)
             await c.wait(lambda: RETRY_TOPIC_PREFIX + name not in view.topics
                          and "%DLQ%" + name not in view.topics, "the group's topics deleted")
+
+    run(body)
+
+
+def test_an_orderly_group_reads_a_queue_on_another_broker_in_key_order(tmp_path: Path) -> None:
+    """An orderly group whose keys live in a queue its coordinator does not hold: one message
+    per key at a time, in send order; a nacked head comes again before its key's next one,
+    while another key of the same queue flows."""
+    from ferrymq.client.partitioner import queue_for_key
+
+    async def body() -> None:
+        async with cluster(tmp_path, **FAST) as c:
+            async with AsyncAdminClient(c.bootstrap) as admin:
+                await admin.create_topic("orders", 3, replicas=1, min_insync=1)
+            sc = AsyncSimpleConsumer(c.bootstrap, group="og", orderly=True, await_duration=0.5,
+                                     session_timeout_s=20)
+            async with sc:
+                await sc.subscribe("orders")
+                await c.wait(lambda: (RETRY_TOPIC_PREFIX + "og", 0) in view_of(c).queues
+                             and coordinator(c, "og") > 0, "the group's coordinator")
+                coord = coordinator(c, "og")
+                (q, *_) = [q for q in range(3) if coord not in replicas_of(c, "orders", q)]
+                k, o = [key for key in (f"key{i}" for i in range(200))
+                        if queue_for_key(key, 3) == q][:2]
+                async with AsyncProducer(c.bootstrap, delivery_timeout_s=30) as p:
+                    for body_, key in ((b"k1", k), (b"k2", k), (b"o1", o), (b"o2", o)):
+                        await p.send(Message("orders", body_, sharding_key=key))
+                first = await receive_all(sc, 2)
+                assert sorted(x.body for x in first) == [b"k1", b"o1"]
+                assert all(x.queue == q for x in first)
+                await sc.nack(next(x for x in first if x.body == b"k1"), delay=0)
+                await sc.ack(next(x for x in first if x.body == b"o1"))
+                second = await receive_all(sc, 2)
+                assert sorted((x.body, x.reconsume_times) for x in second) == [
+                    (b"k1", 1), (b"o2", 0)]
+                assert await sc.receive(max_messages=5, wait=1.0) == []  # k2 waits for k1
+                await sc.ack_batch(second)
+                (nxt,) = await receive_all(sc, 1)
+                assert nxt.body == b"k2"
+                await sc.ack(nxt)
 
     run(body)
