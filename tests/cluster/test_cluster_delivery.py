@@ -494,3 +494,43 @@ def test_an_orderly_group_reads_a_queue_on_another_broker_in_key_order(tmp_path:
                 await sc.ack(nxt)
 
     run(body)
+
+
+def test_leases_on_queues_read_from_their_leaders_survive_the_coordinators_loss(
+        tmp_path: Path) -> None:
+    """Queues of one replica on 3 brokers. Messages of the queues not on the coordinator are
+    leased (some for a minute, some for 1 s) when the coordinator's broker stops; the new
+    coordinator honours the long leases (their acks are accepted) and redelivers the short
+    ones when they end (reconsume_times 1), reading those queues from their leaders (one of
+    them is not on the new coordinator's broker either)."""
+    async def body() -> None:
+        async with cluster(tmp_path, **FAST) as c:
+            async with AsyncAdminClient(c.bootstrap) as admin:
+                await admin.create_topic("orders", 3, replicas=1, min_insync=1)
+            sent = await produce(c, "orders", 30)
+            sc = AsyncSimpleConsumer(c.bootstrap, group="lg", retry_delays=[0],
+                                     await_duration=0.5, session_timeout_s=20)
+            async with sc:
+                await sc.subscribe("orders")
+                first = await receive_all(sc, 30, invisible=60)
+                coord = coordinator(c, "lg")
+                lost = [q for q in range(3) if coord in replicas_of(c, "orders", q)]
+                await sc.ack_batch([x for x in first if x.queue in lost])
+                kept = [x for x in first if x.queue not in lost]
+                held, short = kept[: len(kept) // 2], kept[len(kept) // 2:]
+                assert held and short
+                for x in short:
+                    await sc.change_invisible_duration(x, 1.0)
+                await c.stop(coord)
+                await c.wait(lambda: coordinator(c, "lg") in c.brokers, "a new coordinator")
+                new = coordinator(c, "lg")
+                assert any(new not in replicas_of(c, "orders", x.queue) for x in kept)
+                await sc.ack_batch(held)  # old receipts, new coordinator: honoured
+                again = await receive_all(sc, len(short), invisible=60)
+                assert sorted(x.msg_id for x in again) == sorted(x.msg_id for x in short)
+                assert all(x.reconsume_times == 1 for x in again)
+                await sc.ack_batch(again)
+                assert await sc.receive(max_messages=10, wait=1.5) == []
+            assert sorted(x.body for x in first) == sorted(sent)
+
+    run(body)

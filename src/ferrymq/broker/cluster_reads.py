@@ -65,6 +65,8 @@ RETRY_AFTER_METADATA_S = 0.2
 catches up)."""
 RETRY_AFTER_ERROR_S = 1.0
 """How long a reader rests after another error or a lost connection."""
+EMPTY_ANSWER_REST_S = 0.1
+"""How long a reader rests after an empty answer that came before its long poll's wait was up."""
 _METADATA_CODES = (ErrorCode.NOT_LEADER, ErrorCode.FENCED_LEADER_EPOCH,
                    ErrorCode.LEADER_NOT_AVAILABLE, ErrorCode.UNKNOWN_TOPIC)
 
@@ -74,6 +76,7 @@ class _Reader:
 
     def __init__(self, reads: RemoteReads, g: DeliveryGroup, qs: QueueState) -> None:
         self.group = g
+        self.closed = False
         key = (qs.topic, qs.queue)
         self.moved = asyncio.Event()
 
@@ -88,6 +91,9 @@ class _Reader:
             reads.run(self), name=f"ferrymq-remote-read-{g.name}-{qs}")
 
     def close(self) -> None:
+        # the flag too: Python 3.11's asyncio.wait_for (under the requests) may swallow a
+        # cancellation that arrives with the answer
+        self.closed = True
         self.task.cancel()
 
 
@@ -141,7 +147,7 @@ class RemoteReads:
         buf = r.buffer
         topics = self.link.server.topics.topics
         try:
-            while True:
+            while not r.closed:
                 t = topics.get(buf.topic)
                 if t is None or t.topic_id != buf.topic_id:  # the topic was deleted
                     key = (r.group.name, buf.topic, buf.queue)
@@ -151,13 +157,15 @@ class RemoteReads:
                 rest = await self._step(r, buf)
                 if rest:
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(r.moved.wait(), rest)
+                        async with asyncio.timeout(rest):
+                            await r.moved.wait()
         except asyncio.CancelledError:
             pass
 
     async def _step(self, r: _Reader, buf: BufferedQueue) -> float:
         """One request to the leader; how long to rest after it (0: go on)."""
         link = self.link
+        r.moved.clear()  # (a rest after this step waits for what happens from now on)
         rec = link.node.view.queues.get((buf.topic, buf.queue))
         leader = rec.leader if rec is not None else NO_LEADER
         if leader in (NO_LEADER, link.node.broker_id):
@@ -166,7 +174,6 @@ class RemoteReads:
             if not buf.listed:
                 await self._list(r, buf, leader)
                 return 0.0
-            r.moved.clear()
             room = buf.room
             if room <= 0:  # full (or no cursor yet): wait until the floor moves
                 return RETRY_AFTER_ERROR_S
@@ -201,16 +208,24 @@ class RemoteReads:
         gen, at = buf.generation, buf.end
         req = m.FetchRequest(wait_ms, 1, room, [(buf.topic, buf.queue, at, room, "")],
                              Isolation.READ_COMMITTED)
+        loop = asyncio.get_running_loop()
+        sent = loop.time()
         resp = await self.peers.request(leader, req, m.FetchResponse,
                                         wait_ms / 1000 + self.peers.timeout_s)
         if buf.generation != gen or buf.end != at:
             return 0.0  # started again elsewhere meanwhile: this answer is not for it
+        got = 0
         for _t, _q, code, msg, _hw, start, _tid, data in resp.results:
             if code:
                 raise error_for_code(code, msg)
             aborted = [a for t, q, _lso, ab in resp.txn if (t, q) == (buf.topic, buf.queue)
                        for a in ab]
             buf.add(data, start, aborted)
+            got += len(data)
+        if not got and loop.time() - sent < wait_ms / 2000:
+            # an empty answer before its wait was up (the leader is shutting down, or its
+            # visible end lags behind this offset): do not ask again at once
+            return EMPTY_ANSWER_REST_S
         return 0.0
 
     def _on_error(self, r: _Reader, buf: BufferedQueue, code: int, msg: str) -> float:
