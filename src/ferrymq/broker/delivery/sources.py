@@ -59,9 +59,11 @@ class SourceLog(Protocol):
         """One past the last offset that can be read."""
         ...
 
-    def read(self, offset: int, max_bytes: int, *, upto_offset: int | None = None) -> bytes:
+    def read(self, offset: int, max_bytes: int, *, upto_offset: int | None = None,
+             stored: bool = False) -> bytes:
         """Whole batches from the one holding ``offset`` (at least one), none whose last
-        offset is at or above ``upto_offset``."""
+        offset is at or above ``upto_offset``; ``stored``: as stored (a Kafka batch stored as
+        it came is not converted)."""
         ...
 
     def aborted_txns(self, start: int, upto: int) -> list[tuple[int, int]]:
@@ -189,9 +191,12 @@ class BufferedQueue:
         """Same as :attr:`end_offset` (fetches stop at the leader's last stable offset)."""
         return self.end_offset
 
-    def read(self, offset: int, max_bytes: int, *, upto_offset: int | None = None) -> bytes:
+    def read(self, offset: int, max_bytes: int, *, upto_offset: int | None = None,
+             stored: bool = False) -> bytes:
         """Whole buffered batches from the one holding ``offset``: at least one, then as many
-        as fit ``max_bytes``; none whose last offset is at or above ``upto_offset``.
+        as fit ``max_bytes``; none whose last offset is at or above ``upto_offset``. They are
+        FerryMQ batches whatever ``stored`` says (the leader's FETCH answer converted Kafka
+        batches already).
 
         Raises:
             BusyError: ``offset`` is not buffered (yet): retry later.
