@@ -8,6 +8,7 @@ consumer that uses the name afterwards starts afresh.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import time
@@ -29,7 +30,9 @@ from ferrymq import (
 )
 from ferrymq.admin.cli import cli
 from ferrymq.broker.delivery.lifecycle import DELETED_SUFFIX
-from ferrymq.errors import NonEmptyGroupError, UnknownGroupError
+from ferrymq.client._session import Session
+from ferrymq.errors import InvalidRequestError, NonEmptyGroupError, UnknownGroupError
+from ferrymq.protocol import messages as m
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.integration
@@ -236,3 +239,37 @@ def test_a_deletion_cut_short_is_finished_at_start(tmp_path: Path) -> None:
         assert ("gd-cut", "DELIVERY") not in groups(b.address)
         assert TOPIC in topic_names(b.address)
     assert not list((data / "delivery").iterdir())
+
+
+def test_delete_group_kinds_and_validate_only(broker: Broker) -> None:
+    """DELETE_GROUP's ``validate_only`` checks and deletes nothing; ``kinds`` deletes one kind
+    of a name that has both (what a cluster's broker asks a delivery group's coordinator);
+    ``kinds`` naming no kind is refused."""
+    addr = broker.address
+    assert len(pull_all(addr, "gd-kinds", 6)) == 6
+    with SimpleConsumer(addr, "gd-kinds") as c:
+        c.subscribe(TOPIC)
+        for msg in receive(c, 6):
+            c.ack(msg)
+
+    async def body() -> None:
+        s = Session([addr])
+        try:
+            check = await s.request(
+                m.DeleteGroupRequest("gd-kinds", False, m.GroupKinds.BOTH, True),
+                m.DeleteGroupResponse, retry=False)
+            assert (check.consumer_group, check.delivery_group) == (True, True)
+            assert {("gd-kinds", "EMPTY"), ("gd-kinds", "DELIVERY")} <= groups(addr)
+            with pytest.raises(InvalidRequestError, match="kinds"):
+                await s.request(m.DeleteGroupRequest("gd-kinds", False, 0),
+                                m.DeleteGroupResponse, retry=False)
+            only = await s.request(
+                m.DeleteGroupRequest("gd-kinds", False, m.GroupKinds.DELIVERY),
+                m.DeleteGroupResponse, retry=False)
+            assert (only.consumer_group, only.delivery_group) == (False, True)
+        finally:
+            await s.close()
+
+    asyncio.run(body())
+    left = {kind for g, kind in groups(addr) if g == "gd-kinds"}
+    assert left == {"EMPTY"}  # the consumer group stays
