@@ -83,6 +83,7 @@ class ClusterLink:
         self.node = ClusterNode(
             broker_id=cfg.broker_id, cluster=cfg.cluster, metadata_url=cfg.metadata,
             data_dir=server.data_dir, advertised=advertised, lease_ms=cfg.metadata_lease_ms,
+            kafka_advertised=kafka_advertised(server, advertised[0]),
             store=store, monotonic=server.clock.monotonic)
         node = self.node
         node.local_topics = self._local_topics
@@ -353,6 +354,17 @@ class ClusterLink:
         brokers = [(b.broker_id, b.host, b.port) for b in sorted(view.brokers.values(),
                                                                   key=lambda b: b.broker_id)]
         return m.ClusterMetadataResponse(self.node.cluster, view.controller, brokers, topics)
+
+
+def kafka_advertised(server: BrokerServer, host: str) -> tuple[str, int] | None:
+    """Where Kafka clients reach ``server``'s Kafka port, as registered in the cluster:
+    ``kafka_advertised_address``, else the advertised ``host`` of the native port with the
+    Kafka port's bound port (None: no Kafka port)."""
+    if server.kafka is None:
+        return None
+    if server.config.kafka_advertised_address:
+        return parse_address(server.config.kafka_advertised_address)
+    return host, server.kafka.address[1]
 
 
 def peer_login(cfg: BrokerConfig) -> PeerLogin:

@@ -347,7 +347,9 @@ class BrokerConfig:
     kafka_advertised_address: str = _f(
         "", "Kafka: host:port that Kafka clients are told to reach this broker at (Kafka's "
             "advertised.listeners; in a container, the published address). Empty: the "
-            "address the client connected to.")
+            "address the client connected to; on a cluster, the host of advertised_address "
+            "(else host) with kafka_port, registered in the metadata store for the other "
+            "brokers' Metadata answers.")
     http_max_connections: int = _f(
         64, "HTTP: open connections to the operations listener beyond this are closed at once.")
     http_max_header_bytes: int = _f(
@@ -574,9 +576,6 @@ class BrokerConfig:
             return
         if self.kafka_port in (self.port, self.http_port):
             raise ConfigError(f"kafka_port {self.kafka_port} must differ from port and http_port")
-        if self.metadata:
-            raise ConfigError("kafka_port is for a single broker for now (no metadata): on a "
-                              "cluster, Kafka clients would need each partition's leader")
 
     def _validate_security(self) -> None:
         if not 100 <= self.auth_failure_delay_ms <= 60_000:

@@ -63,12 +63,21 @@ class ClusterIdentity(_Record):
 @dataclass(frozen=True, slots=True)
 class BrokerRecord(_Record):
     """A live broker: its id, the address clients and replicas reach it at, and its incarnation
-    (bumped at every start, so a restarted broker is told apart from its former self)."""
+    (bumped at every start, so a restarted broker is told apart from its former self).
+    ``kafka_host`` and ``kafka_port``: where Kafka clients reach its Kafka port (``""`` and 0:
+    it has none; records of brokers from before the Kafka port decode so)."""
 
     broker_id: int
     host: str
     port: int
     incarnation: int
+    kafka_host: str = ""
+    kafka_port: int = 0
+
+    @property
+    def kafka_address(self) -> tuple[str, int] | None:
+        """Where Kafka clients reach this broker (None: it has no Kafka port)."""
+        return (self.kafka_host, self.kafka_port) if self.kafka_port else None
 
 
 @dataclass(frozen=True, slots=True)

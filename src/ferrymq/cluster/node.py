@@ -8,7 +8,8 @@ Theory of operation
    the broker exits non-zero), creates the cluster's identity if the cluster is new, and checks
    that the data directory belongs to this cluster (``meta/cluster``; another cluster's:
    :class:`~ferrymq.errors.ClusterStartError`);
-2. registers ``brokers/<id>`` with a lease of ``metadata_lease_ms``, only if absent: a live
+2. registers ``brokers/<id>`` (its address, and its Kafka port's when it has one) with a lease
+   of ``metadata_lease_ms``, only if absent: a live
    broker with the same id makes the second one refuse to start. The create's revision is this
    start's **incarnation** (it only grows);
 3. reads the whole cluster (brokers, topics, queues), creates locally every topic it does not
@@ -102,6 +103,7 @@ class ClusterNode:
 
     def __init__(self, *, broker_id: int, cluster: str, metadata_url: str, data_dir: Path,
                  advertised: tuple[str, int], lease_ms: int,
+                 kafka_advertised: tuple[str, int] | None = None,
                  store: MetadataStore | None = None,
                  monotonic: Callable[[], float]) -> None:
         self.broker_id = broker_id
@@ -110,6 +112,8 @@ class ClusterNode:
         self._url = metadata_url
         self._data_dir = data_dir
         self.advertised = advertised
+        self.kafka_advertised = kafka_advertised
+        """Where Kafka clients reach this broker's Kafka port (None: it has none)."""
         self.lease_ttl_s = max(2, lease_ms // 1000)
         self.store: MetadataStore = store if store is not None else open_store(metadata_url)
         self._owns_store = store is None
@@ -231,7 +235,7 @@ class ClusterNode:
         and keeps it). Otherwise a held key is refused at once."""
         key = self.keys.broker(self.broker_id)
         self.lease = await self.store.grant_lease(self.lease_ttl_s)
-        record = BrokerRecord(self.broker_id, self.advertised[0], self.advertised[1], 0)
+        record = self._record(0)
         rev = await self.store.commit([Check(key, 0)], [Put(key, record.encode(), self.lease)])
         if rev is None and wait_for_former_self:
             log.info("broker id %d is still registered (this broker before a restart?): "
@@ -257,11 +261,16 @@ class ClusterNode:
                 f"{self.cluster!r}: give this broker another --broker-id")
         self.incarnation = rev
         # the record carries the incarnation (a second write under the same lease)
-        record = BrokerRecord(self.broker_id, self.advertised[0], self.advertised[1], rev)
+        record = self._record(rev)
         await self.store.commit([], [Put(key, record.encode(), self.lease)])
         self._last_renewal = self._monotonic()
         log.info("joined cluster %s as broker %d (incarnation %d, advertised %s:%d)",
                  self.cluster, self.broker_id, rev, *self.advertised)
+
+    def _record(self, incarnation: int) -> BrokerRecord:
+        kafka = self.kafka_advertised or ("", 0)
+        return BrokerRecord(self.broker_id, self.advertised[0], self.advertised[1], incarnation,
+                            kafka[0], kafka[1])
 
     # --- the view ---------------------------------------------------------------------------
 

@@ -23,6 +23,7 @@ from kio.schema.errors import ErrorCode as KafkaError
 from ferrymq.broker.handlers import admin, consumer_groups
 from ferrymq.broker.topic_settings import BOOLEAN_TOPIC_SETTINGS, TOPIC_SETTINGS
 from ferrymq.errors import BrokerError, InvalidReplicationFactorError, UnknownGroupError
+from ferrymq.kafka import cluster as kafka_cluster
 from ferrymq.kafka.rights import authorize
 from ferrymq.protocol import messages as m
 from ferrymq.protocol.codes import ErrorCode
@@ -156,10 +157,10 @@ def describe_configs(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
 
 
 def describe_cluster(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
-    """One broker, this one, also the controller."""
-    host, port = peer.local_address
-    node = peer.conn.server.config.broker_id
+    """The live brokers with a Kafka port and the controller (:mod:`ferrymq.kafka.cluster`;
+    on a single broker, this one)."""
     return apis.build(cls, {"throttle_time": _NO_TIME, "error_code": KafkaError.none,
-                            "error_message": None, "cluster_id": "ferrymq",
-                            "controller_id": node, "brokers": [
-                                {"broker_id": node, "host": host, "port": port, "rack": None}]})
+                            "error_message": None, "cluster_id": kafka_cluster.cluster_id(peer),
+                            "controller_id": kafka_cluster.controller_id(peer), "brokers": [
+                                {"broker_id": b.node_id, "host": b.host, "port": b.port,
+                                 "rack": None} for b in kafka_cluster.brokers(peer)]})

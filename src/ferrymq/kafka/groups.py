@@ -23,6 +23,12 @@ members (broker-assigned), but the two share committed offsets (OffsetCommit che
 generation here, then stores through FerryMQ's offsets). Groups live in memory: after a broker
 restart, Kafka members rejoin (UNKNOWN_MEMBER_ID makes them), their offsets are durable.
 Static membership (``group.instance.id``) is not built: such members are treated as dynamic.
+
+On a cluster a group's membership lives only on its coordinator (the leader of its queue of
+``%GROUPS%offsets``, :mod:`ferrymq.kafka.cluster`): the handlers answer group requests
+elsewhere with NOT_COORDINATOR and :meth:`KafkaGroupCoordinator.drop` the group a broker no
+longer coordinates; members rejoin at the new coordinator (a new generation there), their
+committed offsets being the replicated ones.
 """
 
 from __future__ import annotations
@@ -295,6 +301,23 @@ class KafkaGroupCoordinator:
         if generation != g.generation:
             return g, KafkaError.illegal_generation
         return g, None
+
+    def drop(self, name: str, error: KafkaError) -> None:
+        """Forget group ``name`` (this broker no longer coordinates it): its pending joins and
+        syncs are answered ``error`` (NOT_COORDINATOR: the members find the coordinator again
+        and rejoin there)."""
+        g = self.groups.pop(name, None)
+        if g is None:
+            return
+        log.info("Kafka group %s: no longer coordinated here (%s): %d members forgotten",
+                 name, error.name, len(g.members), extra={"group": name})
+        if g.timer is not None:
+            g.timer.cancel()
+        for m in g.members.values():
+            if m.join is not None and not m.join.done():
+                m.join.set_result(JoinResult(error))
+            if m.sync is not None and not m.sync.done():
+                m.sync.set_result((error, b""))
 
     def close(self) -> None:
         """Stop timers (broker stopping)."""

@@ -17,7 +17,12 @@ auto-creation behave exactly as on the native port. Its answer is mapped back to
 response of the version the client asked for (:func:`~ferrymq.protocol.kafka.apis.build`).
 
 A Kafka topic is a FerryMQ topic and a partition is a queue; offsets are the queue's offsets.
-This broker is the only Kafka broker clients see (Metadata names it leader of every partition).
+Which brokers clients see, which leads each partition and which coordinates a group or the
+transactions is :mod:`ferrymq.kafka.cluster`'s answer: this broker alone on a single broker,
+the metadata store's view on a cluster. There a partition this broker does not lead is refused
+by FerryMQ's handlers with NOT_LEADER (Kafka's NOT_LEADER_OR_FOLLOWER: clients refresh their
+metadata) and a group it does not coordinate with NOT_COORDINATOR; Kafka group membership then
+lives only on each group's coordinator.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from ferrymq.broker.acl import may
 from ferrymq.broker.handlers import admin, fetch, offsets, produce
 from ferrymq.errors import AccessDeniedError, BrokerError, CorruptRecordError, MessageTooLargeError
 from ferrymq.kafka import admin as kafka_admin
+from ferrymq.kafka import cluster as kafka_cluster
 from ferrymq.kafka import txn as kafka_txn
 from ferrymq.kafka.rights import authorize, group_denied
 from ferrymq.kafka.sasl import SaslPeer, sasl_authenticate, sasl_handshake
@@ -102,24 +108,25 @@ def metadata(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
 
 def _metadata_response(peer: KafkaPeer, cls: type[Any], res: m.MetadataResponse,
                        denied: list[str]) -> Any:
-    """``res`` as Kafka's Metadata; ``denied`` topics are TOPIC_AUTHORIZATION_FAILED."""
-    node = peer.conn.server.config.broker_id
-    host, port = peer.local_address
+    """``res`` as Kafka's Metadata, the brokers and partitions' leaders from
+    :mod:`ferrymq.kafka.cluster`; ``denied`` topics are TOPIC_AUTHORIZATION_FAILED."""
     return apis.build(cls, {
         "throttle_time": _NO_TIME,
-        "brokers": [{"node_id": node, "host": host, "port": port, "rack": None}],
-        "cluster_id": "ferrymq",
-        "controller_id": node,
+        "brokers": [{"node_id": b.node_id, "host": b.host, "port": b.port, "rack": None}
+                    for b in kafka_cluster.brokers(peer)],
+        "cluster_id": kafka_cluster.cluster_id(peer),
+        "controller_id": kafka_cluster.controller_id(peer),
         "topics": [{
             "error_code": apis.kafka_error(code),
             "name": name,
             "topic_id": uuid.UUID(int=max(topic_id, 0)),
             "is_internal": False,
             "partitions": [{
-                "error_code": KafkaError.none, "partition_index": q, "leader_id": node,
-                "leader_epoch": -1, "replica_nodes": (node,), "isr_nodes": (node,),
-                "offline_replicas": (),
-            } for q in range(queues)] if code == 0 else [],
+                "error_code": p.error, "partition_index": q, "leader_id": p.leader,
+                "leader_epoch": p.leader_epoch, "replica_nodes": p.replicas,
+                "isr_nodes": p.isr, "offline_replicas": p.offline,
+            } for q, p in enumerate(kafka_cluster.partitions(peer, name, queues))]
+            if code == 0 else [],
         } for name, topic_id, queues, code, _dedup in res.topics] + [{
             "error_code": KafkaError.topic_authorization_failed, "name": name,
             "topic_id": uuid.UUID(int=0), "is_internal": False, "partitions": []}
@@ -266,12 +273,38 @@ def init_producer_id(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
 
 
 def find_coordinator(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
-    """This broker: the coordinator of every group (key type 0) and transactional id (1)."""
-    host, port = peer.local_address
+    """The coordinator of a group (key type 0: the leader of its queue of ``%GROUPS%offsets``)
+    or of a transactional id (1: the leader of ``%TXN%state``); this broker on a single broker.
+    None now: COORDINATOR_NOT_AVAILABLE, which clients retry."""
+    key_type = getattr(req, "key_type", 0)
+    if key_type == 0:
+        node = kafka_cluster.group_coordinator(peer, req.key)
+    elif key_type == 1:
+        node = kafka_cluster.txn_coordinator(peer)
+    else:
+        return apis.build(cls, {"throttle_time": _NO_TIME,
+                                "error_code": KafkaError.invalid_request,
+                                "error_message": f"unknown key type {key_type}",
+                                "node_id": -1, "host": "", "port": -1})
+    if node is None:
+        return apis.build(cls, {"throttle_time": _NO_TIME,
+                                "error_code": KafkaError.coordinator_not_available,
+                                "error_message": "no coordinator now (a new leader is being "
+                                                 "elected or the topic created); retry",
+                                "node_id": -1, "host": "", "port": -1})
     return apis.build(cls, {"throttle_time": _NO_TIME, "error_code": KafkaError.none,
-                            "error_message": None,
-                            "node_id": peer.conn.server.config.broker_id, "host": host,
-                            "port": port})
+                            "error_message": None, "node_id": node.node_id,
+                            "host": node.host, "port": node.port})
+
+
+def _not_here(peer: KafkaPeer, group: str) -> KafkaError:
+    """NONE if this broker coordinates ``group``, else the error that sends its members to the
+    coordinator (:func:`ferrymq.kafka.cluster.group_error`), the group's membership here
+    forgotten."""
+    error = kafka_cluster.group_error(peer, group)
+    if error != KafkaError.none:
+        peer.groups.drop(group, error)
+    return error
 
 
 def offset_commit(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
@@ -280,8 +313,10 @@ def offset_commit(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
     commits outside a generation (-1, what ``assign()`` consumers send) can succeed."""
     entries = [(t.name, p.partition_index, p.committed_offset)
                for t in req.topics for p in t.partitions]
-    fenced = peer.groups.check_commit(req.group_id, req.member_id,
-                                      req.generation_id_or_member_epoch)
+    fenced = _not_here(peer, req.group_id)
+    if fenced == KafkaError.none:
+        fenced = peer.groups.check_commit(req.group_id, req.member_id,
+                                          req.generation_id_or_member_epoch)
     answer: Any = None
     if fenced == KafkaError.none:
         freq = m.CommitOffsetsRequest(req.group_id, "", -1, entries)
@@ -342,6 +377,12 @@ def join_group(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
                                 "error_code": KafkaError.group_authorization_failed,
                                 "protocol_name": "", "leader": "", "member_id": "",
                                 "members": []})
+    error = _not_here(peer, req.group_id)
+    if error != KafkaError.none:
+        return apis.build(cls, {"throttle_time": _NO_TIME, "error_code": error,
+                                "generation_id": -1, "protocol_type": req.protocol_type,
+                                "protocol_name": "", "leader": "", "member_id": req.member_id,
+                                "members": []})
     cfg = peer.conn.server.config
     session_ms = cfg.session_timeout_ms(int(req.session_timeout.total_seconds() * 1000))
     # v0 has no rebalance timeout: the session timeout bounds the rebalance, as in Kafka
@@ -365,6 +406,12 @@ def join_group(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
 
 def sync_group(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
     """The member's assignment, once the group's leader has sent everyone's."""
+    error = _not_here(peer, req.group_id)
+    if error != KafkaError.none:
+        return apis.build(cls, {"throttle_time": _NO_TIME, "error_code": error,
+                                "protocol_type": getattr(req, "protocol_type", None),
+                                "protocol_name": getattr(req, "protocol_name", None),
+                                "assignment": b""})
     fut = peer.groups.sync(req.group_id, req.member_id, req.generation_id,
                            {a.member_id: a.assignment for a in req.assignments})
 
@@ -378,15 +425,21 @@ def sync_group(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
 
 
 def heartbeat(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
-    """NONE, or REBALANCE_IN_PROGRESS (rejoin), UNKNOWN_MEMBER_ID, ILLEGAL_GENERATION."""
-    return apis.build(cls, {"throttle_time": _NO_TIME, "error_code": peer.groups.heartbeat(
-        req.group_id, req.member_id, req.generation_id)})
+    """NONE, or REBALANCE_IN_PROGRESS (rejoin), UNKNOWN_MEMBER_ID, ILLEGAL_GENERATION;
+    NOT_COORDINATOR (or the like) away from the group's coordinator."""
+    error = _not_here(peer, req.group_id)
+    if error == KafkaError.none:
+        error = peer.groups.heartbeat(req.group_id, req.member_id, req.generation_id)
+    return apis.build(cls, {"throttle_time": _NO_TIME, "error_code": error})
 
 
 def leave_group(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
     """Remove the member (v0-2) or members (v3+); the others rebalance."""
     ids = ([x.member_id for x in req.members] if hasattr(req, "members")
            else [req.member_id])
+    error = _not_here(peer, req.group_id)
+    if error != KafkaError.none:
+        return apis.build(cls, {"throttle_time": _NO_TIME, "error_code": error, "members": []})
     errors = peer.groups.leave(req.group_id, ids)
     return apis.build(cls, {
         "throttle_time": _NO_TIME,
@@ -420,6 +473,11 @@ def describe_groups(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
             out.append({"error_code": KafkaError.group_authorization_failed, "group_id": name,
                         "group_state": "", "protocol_type": "", "protocol_data": "",
                         "members": []})
+            continue
+        error = _not_here(peer, name)
+        if error != KafkaError.none:
+            out.append({"error_code": error, "group_id": name, "group_state": "",
+                        "protocol_type": "", "protocol_data": "", "members": []})
             continue
         g = peer.groups.groups.get(name)
         row: dict[str, Any] = {"error_code": KafkaError.none, "group_id": name,

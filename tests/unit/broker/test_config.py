@@ -47,14 +47,18 @@ def test_kafka_port_is_off_by_default_and_read_from_the_environment() -> None:
     assert load(env={"FERRYMQ_KAFKA_PORT": "9092"}).kafka_port == 9092
 
 
+def test_a_cluster_broker_may_have_a_kafka_port() -> None:
+    cfg = load(overrides={"kafka_port": 9092, "metadata": "etcd://127.0.0.1:2379",
+                          "broker_id": 1})
+    assert (cfg.kafka_port, cfg.metadata) == (9092, "etcd://127.0.0.1:2379")
+
+
 @pytest.mark.parametrize(
     ("overrides", "needle"),
     [
         ({"kafka_port": 70000}, "kafka_port must be 0..65535"),
         ({"kafka_port": 9876, "port": 9876}, "must differ from port"),
         ({"kafka_port": 9877, "http_port": 9877}, "must differ from port and http_port"),
-        ({"kafka_port": 9092, "metadata": "etcd://127.0.0.1:2379", "broker_id": 1},
-         "single broker"),
         ({"kafka_advertised_address": "no-port"}, "kafka_advertised_address must be host:port"),
     ],
 )
