@@ -1,0 +1,307 @@
+"""The Kafka port on a cluster, at the protocol level: three real brokers in one process (real
+sockets, real logs, one memory metadata store; :mod:`tests.cluster.inprocess`), each with its
+Kafka port, asked with Kafka requests over real sockets. Metadata names every broker and each
+partition's leader, requests at a broker that does not lead a partition or coordinate a group
+are refused the Kafka way (the same with etcd, broker processes and confluent-kafka in
+``tests/cluster/test_kafka_cluster_etcd.py``)."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import struct
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kio.schema.errors import ErrorCode as KafkaError
+
+from ferrymq.broker.server import BrokerServer
+from ferrymq.client import AsyncAdminClient
+from ferrymq.cluster.metadata.memory import MemoryMetadataStore
+from ferrymq.cluster.metadata.store import KeyValue
+from ferrymq.cluster.model import BrokerRecord
+from ferrymq.protocol.coordinator import OFFSETS_TOPIC, TXN_TOPIC, coordinator_queue
+from ferrymq.protocol.kafka import apis
+from ferrymq.protocol.kafka.records import to_kafka
+from ferrymq.protocol.records import RecordInput, encode_batch
+from tests.cluster.inprocess import Cluster, leader_of, run
+from tests.helpers import free_port
+
+pytestmark = pytest.mark.integration
+
+_S = datetime.timedelta(seconds=5)
+
+
+async def kafka_cluster(tmp: Path, n: int = 3) -> Cluster:
+    """Brokers 1..n, each with a Kafka port."""
+    c = Cluster(tmp, MemoryMetadataStore(), metadata_lease_ms=2000, replica_lag_ms=2000)
+    for i in range(1, n + 1):
+        await c.start(i, kafka_port=free_port())
+    return c
+
+
+def kafka_address(srv: BrokerServer) -> tuple[str, int]:
+    assert srv.kafka is not None
+    return srv.kafka.address
+
+
+async def call(srv: BrokerServer, key: int, version: int, values: dict[str, Any]) -> Any:
+    """One Kafka request to ``srv``'s Kafka port, built from ``values``; the decoded answer."""
+    req_cls, res_cls = apis.request_class(key, version), apis.response_class(key, version)
+    assert req_cls is not None
+    assert res_cls is not None
+    flexible = bool(res_cls.__flexible__)
+    header = struct.pack(">hhih", key, version, 7, 4) + b"test" + (b"\x00" if flexible else b"")
+    payload = header + apis.encode(apis.build(req_cls, values))
+    reader, writer = await asyncio.open_connection(*kafka_address(srv))
+    try:
+        writer.write(struct.pack(">i", len(payload)) + payload)
+        size = struct.unpack(">i", await reader.readexactly(4))[0]
+        raw = await reader.readexactly(size)
+    finally:
+        writer.close()
+    assert struct.unpack_from(">i", raw)[0] == 7
+    return apis.decode_request(res_cls, raw[5 if flexible else 4:], 0)
+
+
+async def metadata(srv: BrokerServer, topics: list[str] | None) -> Any:
+    return await call(srv, apis.METADATA, 12, {
+        "topics": None if topics is None else [{"name": t, "topic_id": None} for t in topics],
+        "allow_auto_topic_creation": False, "include_topic_authorized_operations": False})
+
+
+async def create_orders(c: Cluster, queues: int = 3) -> None:
+    async with AsyncAdminClient(c.bootstrap) as admin:
+        await admin.create_topic("orders", queues, replicas=3, min_insync=2)
+    await c.wait(lambda: all(
+        s.cluster is not None and all(
+            (r := s.cluster.node.view.queues.get(("orders", q))) is not None
+            and r.leader > 0 and len(r.isr) == 3 for q in range(queues))
+        for s in c.brokers.values()), "orders led with every replica in sync")
+
+
+async def stop_all(c: Cluster) -> None:
+    for i in list(c.brokers):
+        await c.stop(i)
+
+
+def test_every_broker_answers_metadata_with_every_broker_and_each_partitions_leader(
+        tmp_path: Path) -> None:
+    async def body() -> None:
+        c = await kafka_cluster(tmp_path)
+        try:
+            await create_orders(c)
+            view = c.brokers[1].cluster.node.view  # type: ignore[union-attr]
+            expected_brokers = sorted((i, *kafka_address(s)) for i, s in c.brokers.items())
+            for srv in c.brokers.values():
+                res = await metadata(srv, ["orders"])
+                assert sorted((b.node_id, b.host, b.port) for b in res.brokers) \
+                    == expected_brokers
+                assert res.controller_id == view.controller and res.controller_id in c.brokers
+                assert res.cluster_id == "t"
+                [topic] = res.topics
+                assert topic.error_code == KafkaError.none
+                for p in topic.partitions:
+                    rec = view.queues[("orders", p.partition_index)]
+                    assert p.error_code == KafkaError.none
+                    assert p.leader_id == rec.leader
+                    assert p.leader_epoch == rec.leader_epoch
+                    assert list(p.replica_nodes) == rec.replicas
+                    assert sorted(p.isr_nodes) == sorted(rec.isr)
+                    assert list(p.offline_replicas) == []
+                described = await call(srv, apis.DESCRIBE_CLUSTER, 0,
+                                       {"include_cluster_authorized_operations": False})
+                assert sorted((b.broker_id, b.host, b.port) for b in described.brokers) \
+                    == expected_brokers
+                assert described.controller_id == view.controller
+            # a broker gone: no longer listed, its replicas offline, its partitions re-led
+            victim = leader_of(c, "orders", 0)
+            await c.stop(victim)
+            await c.wait(lambda: leader_of(c, "orders", 0) not in (victim, -1),
+                         "a new leader of orders/0")
+            srv = next(iter(c.brokers.values()))
+            res = await metadata(srv, ["orders"])
+            assert victim not in [b.node_id for b in res.brokers]
+            p0 = res.topics[0].partitions[0]
+            assert p0.leader_id == leader_of(c, "orders", 0)
+            assert list(p0.offline_replicas) == [victim]
+        finally:
+            await stop_all(c)
+    run(body)
+
+
+def test_a_broker_record_without_a_kafka_port_decodes_and_is_not_listed(
+        tmp_path: Path) -> None:
+    """A record written before the Kafka port existed (no kafka fields) still decodes; a broker
+    without a Kafka port is left out of Metadata and a partition it leads has no leader there
+    (LEADER_NOT_AVAILABLE, which clients retry)."""
+    old = BrokerRecord.decode(KeyValue("k", b'{"broker_id":4,"host":"h","incarnation":9,'
+                                            b'"port":1}', 1, 1))
+    assert (old.kafka_address, old.port) == (None, 1)
+
+    async def body() -> None:
+        c = await kafka_cluster(tmp_path, 2)
+        try:
+            await c.start(3)  # no Kafka port
+            async with AsyncAdminClient(c.bootstrap) as admin:
+                await admin.create_topic("solo", 1, replicas=1, min_insync=1)
+                await admin.create_topic("mixed", 3, replicas=3, min_insync=1)
+            await c.wait(lambda: all(
+                s.cluster is not None and ("mixed", 2) in s.cluster.node.view.queues
+                and ("solo", 0) in s.cluster.node.view.queues for s in c.brokers.values()),
+                "the topics everywhere")
+            res = await metadata(c.brokers[1], ["mixed"])
+            assert sorted(b.node_id for b in res.brokers) == [1, 2]
+            for p in res.topics[0].partitions:
+                leader = leader_of(c, "mixed", p.partition_index)
+                if leader == 3:
+                    assert (p.error_code, p.leader_id) == (KafkaError.leader_not_available, -1)
+                else:
+                    assert (p.error_code, p.leader_id) == (KafkaError.none, leader)
+        finally:
+            await stop_all(c)
+    run(body)
+
+
+def test_a_partition_asked_of_a_broker_that_does_not_lead_it_is_not_leader_or_follower(
+        tmp_path: Path) -> None:
+    async def body() -> None:
+        c = await kafka_cluster(tmp_path)
+        try:
+            await create_orders(c, 1)
+            leader = leader_of(c, "orders", 0)
+            other = c.brokers[next(i for i in c.brokers if i != leader)]
+            batch = to_kafka(bytes(encode_batch([RecordInput(b"hello", 1000)])))
+            produce = {"transactional_id": None, "acks": -1, "timeout": _S, "topic_data": [
+                {"name": "orders", "partition_data": [{"index": 0, "records": batch}]}]}
+            fetch = {"replica_id": -1, "max_wait": datetime.timedelta(0), "min_bytes": 1,
+                     "max_bytes": 1 << 20, "isolation_level": 0, "session_id": 0,
+                     "session_epoch": -1, "forgotten_topics_data": [], "rack_id": "",
+                     "topics": [{"topic": "orders", "partitions": [
+                         {"partition": 0, "current_leader_epoch": -1, "fetch_offset": 0,
+                          "last_fetched_epoch": -1, "log_start_offset": -1,
+                          "partition_max_bytes": 1 << 20}]}]}
+            offsets = {"replica_id": -1, "isolation_level": 0, "topics": [
+                {"name": "orders", "partitions": [
+                    {"partition_index": 0, "current_leader_epoch": -1, "timestamp": -1}]}]}
+            # at the leader: stored (acks=all: every in-sync replica), read back, listed
+            res = await call(c.brokers[leader], apis.PRODUCE, 9, produce)
+            part = res.responses[0].partition_responses[0]
+            assert (part.error_code, part.base_offset) == (KafkaError.none, 0)
+            res = await call(c.brokers[leader], apis.FETCH, 12, fetch)
+            assert res.responses[0].partitions[0].error_code == KafkaError.none
+            assert res.responses[0].partitions[0].high_watermark == 1
+            res = await call(c.brokers[leader], apis.LIST_OFFSETS, 6, offsets)
+            assert res.topics[0].partitions[0].offset == 1
+            # elsewhere: NOT_LEADER_OR_FOLLOWER, nothing stored there
+            res = await call(other, apis.PRODUCE, 9, produce)
+            part = res.responses[0].partition_responses[0]
+            assert part.error_code == KafkaError.not_leader_or_follower
+            assert f"broker {leader} lead" in (part.error_message or "")
+            res = await call(other, apis.FETCH, 12, fetch)
+            assert res.responses[0].partitions[0].error_code \
+                == KafkaError.not_leader_or_follower
+            res = await call(other, apis.LIST_OFFSETS, 6, offsets)
+            assert res.topics[0].partitions[0].error_code == KafkaError.not_leader_or_follower
+            assert c.brokers[leader].topics.queue("orders", 0).log.end_offset == 1
+        finally:
+            await stop_all(c)
+    run(body)
+
+
+def test_acks_all_needs_min_insync_replicas(tmp_path: Path) -> None:
+    """acks=all is answered NOT_ENOUGH_REPLICAS while fewer than the topic's min_insync
+    replicas are in sync (Kafka's min.insync.replicas); acks=1 is still stored."""
+    async def body() -> None:
+        c = await kafka_cluster(tmp_path, 2)
+        try:
+            async with AsyncAdminClient(c.bootstrap) as admin:
+                await admin.create_topic("orders", 1, replicas=2, min_insync=2)
+            await c.wait(lambda: all(
+                s.cluster is not None and (r := s.cluster.node.view.queues.get(("orders", 0)))
+                is not None and len(r.isr) == 2 for s in c.brokers.values()), "both in sync")
+            leader = leader_of(c, "orders", 0)
+            await c.stop(3 - leader)
+            await c.wait(lambda: len(c.brokers[leader].cluster.node.view  # type: ignore[union-attr]
+                                     .queues[("orders", 0)].isr) == 1, "the ISR shrunk")
+            batch = to_kafka(bytes(encode_batch([RecordInput(b"hello", 1000)])))
+
+            def produce(acks: int) -> dict[str, Any]:
+                return {"transactional_id": None, "acks": acks, "timeout": _S, "topic_data": [
+                    {"name": "orders", "partition_data": [{"index": 0, "records": batch}]}]}
+
+            res = await call(c.brokers[leader], apis.PRODUCE, 9, produce(-1))
+            assert res.responses[0].partition_responses[0].error_code \
+                == KafkaError.not_enough_replicas
+            res = await call(c.brokers[leader], apis.PRODUCE, 9, produce(1))
+            assert res.responses[0].partition_responses[0].error_code == KafkaError.none
+        finally:
+            await stop_all(c)
+    run(body)
+
+
+async def find_coordinator(srv: BrokerServer, key: str, key_type: int) -> Any:
+    return await call(srv, apis.FIND_COORDINATOR, 3, {"key": key, "key_type": key_type})
+
+
+async def coordinator_found(c: Cluster, srv: BrokerServer, key: str, key_type: int) -> Any:
+    """FindCoordinator asked until it names one (the first asks create the internal topic:
+    COORDINATOR_NOT_AVAILABLE meanwhile, as Kafka answers while its offsets topic is made)."""
+    for _ in range(200):
+        res = await find_coordinator(srv, key, key_type)
+        if res.error_code == KafkaError.none:
+            return res
+        assert res.error_code == KafkaError.coordinator_not_available, res
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"no coordinator for {key!r}")
+
+
+def test_find_coordinator_names_the_coordinator_and_other_brokers_refuse_group_requests(
+        tmp_path: Path) -> None:
+    async def body() -> None:
+        c = await kafka_cluster(tmp_path)
+        try:
+            await create_orders(c, 1)
+            res = await coordinator_found(c, c.brokers[1], "billing", 0)
+            t = c.brokers[1].topics.topics[OFFSETS_TOPIC]
+            leader = leader_of(c, OFFSETS_TOPIC, coordinator_queue("billing", len(t.queues)))
+            assert (res.node_id, res.host, res.port) \
+                == (leader, *kafka_address(c.brokers[leader]))
+            for srv in c.brokers.values():  # every broker names the same one
+                again = await find_coordinator(srv, "billing", 0)
+                assert (again.error_code, again.node_id) == (KafkaError.none, leader)
+            txn = await coordinator_found(c, c.brokers[2], "tx-1", 1)
+            assert txn.node_id == leader_of(c, TXN_TOPIC, 0)
+            assert txn.port == kafka_address(c.brokers[txn.node_id])[1]
+
+            other = c.brokers[next(i for i in c.brokers if i != leader)]
+            join = {"group_id": "billing", "session_timeout": datetime.timedelta(seconds=10),
+                    "rebalance_timeout": datetime.timedelta(seconds=10), "member_id": "",
+                    "group_instance_id": None, "protocol_type": "consumer",
+                    "protocols": [{"name": "range", "metadata": b""}], "reason": None}
+            res = await call(other, apis.JOIN_GROUP, 7, join)
+            assert res.error_code == KafkaError.not_coordinator
+            assert "billing" not in other.kafka.groups.groups  # type: ignore[union-attr]
+            res = await call(other, apis.HEARTBEAT, 4, {
+                "group_id": "billing", "generation_id": 1, "member_id": "m",
+                "group_instance_id": None})
+            assert res.error_code == KafkaError.not_coordinator
+            commit = {"group_id": "billing", "generation_id_or_member_epoch": -1,
+                      "member_id": "", "group_instance_id": None, "topics": [
+                          {"name": "orders", "partitions": [
+                              {"partition_index": 0, "committed_offset": 0,
+                               "committed_leader_epoch": -1, "committed_metadata": None}]}]}
+            res = await call(other, apis.OFFSET_COMMIT, 8, commit)
+            assert res.topics[0].partitions[0].error_code == KafkaError.not_coordinator
+            res = await call(other, apis.OFFSET_FETCH, 7, {
+                "group_id": "billing", "topics": None, "require_stable": False})
+            assert res.error_code == KafkaError.not_coordinator
+            # at the coordinator: a member joins and commits
+            res = await call(c.brokers[leader], apis.JOIN_GROUP, 7, join)
+            assert (res.error_code, res.generation_id) == (KafkaError.none, 1)
+            res = await call(c.brokers[leader], apis.OFFSET_COMMIT, 8, commit)
+            assert res.topics[0].partitions[0].error_code == KafkaError.none
+        finally:
+            await stop_all(c)
+    run(body)
