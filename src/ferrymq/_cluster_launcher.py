@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from ferrymq._etcd_launcher import EtcdProcess
-from ferrymq._launcher import BrokerProcess
+from ferrymq._launcher import BrokerProcess, free_port
 
 __all__ = ["ClusterProcess"]
 
@@ -42,12 +42,15 @@ class ClusterProcess:
         etcd_port: etcd's client port, its peer port the next one (0: free ports).
         new_session: start every process in a session of its own (a Ctrl-C in the terminal
             reaches only the caller, which stops them in order).
+        kafka: give every broker a Kafka port (``--kafka-port``, a free port kept across
+            restarts; :attr:`kafka_addresses`).
     """
 
     def __init__(self, brokers: int = 3, base_dir: str | Path | None = None, *,
                  cluster: str = "dev", flush: str = "sync", extra: Sequence[str] = (),
                  env: Mapping[str, str] | None = None, log_level: str | None = None,
-                 broker_port: int = 0, etcd_port: int = 0, new_session: bool = False) -> None:
+                 broker_port: int = 0, etcd_port: int = 0, new_session: bool = False,
+                 kafka: bool = False) -> None:
         if brokers < 1:
             raise ValueError(f"a cluster needs at least 1 broker, not {brokers}")
         self._scratch: Path | None = None
@@ -63,7 +66,8 @@ class ClusterProcess:
             i: BrokerProcess(self.base_dir / f"broker-{i}" / "data", flush=flush,
                              port=broker_port + i - 1 if broker_port else 0,
                              extra=["--metadata", self.etcd.url, "--cluster", cluster,
-                                    "--broker-id", str(i), *extra],
+                                    "--broker-id", str(i), *extra,
+                                    *(("--kafka-port", str(free_port())) if kafka else ())],
                              env=env, log_level=log_level, new_session=new_session)
             for i in range(1, brokers + 1)}
 
@@ -81,6 +85,15 @@ class ClusterProcess:
     def bootstrap(self) -> str:
         """Every broker's address, ``h:p,h:p,...``: what a client takes."""
         return ",".join(self.addresses.values())
+
+    @property
+    def kafka_addresses(self) -> dict[int, str]:
+        """Broker id → ``host:port`` of its Kafka port (brokers started with ``kafka``)."""
+        out = {}
+        for i, b in self.brokers.items():
+            if "--kafka-port" in b.extra:
+                out[i] = f"127.0.0.1:{b.extra[b.extra.index('--kafka-port') + 1]}"
+        return out
 
     def broker(self, broker_id: int) -> BrokerProcess:
         """The broker with this id."""
