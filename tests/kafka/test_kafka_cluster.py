@@ -305,3 +305,67 @@ def test_find_coordinator_names_the_coordinator_and_other_brokers_refuse_group_r
         finally:
             await stop_all(c)
     run(body)
+
+
+def test_txn_offset_commit_at_the_groups_coordinator_reaches_the_transaction_coordinator(
+        tmp_path: Path) -> None:
+    """Kafka clients send TxnOffsetCommit to the group's coordinator, the other transaction
+    requests to the transaction coordinator: where those are two brokers, the offsets still
+    become the group's when the transaction commits."""
+    async def body() -> None:
+        c = await kafka_cluster(tmp_path)
+        try:
+            await create_orders(c, 1)
+            leader = leader_of(c, "orders", 0)
+            batch = to_kafka(bytes(encode_batch([RecordInput(b"hello", 1000)])))
+            res = await call(c.brokers[leader], apis.PRODUCE, 9, {
+                "transactional_id": None, "acks": -1, "timeout": _S, "topic_data": [
+                    {"name": "orders", "partition_data": [{"index": 0, "records": batch}]}]})
+            assert res.responses[0].partition_responses[0].error_code == KafkaError.none
+            txn = (await coordinator_found(c, c.brokers[1], "tx-1", 1)).node_id
+            await coordinator_found(c, c.brokers[1], "g0", 0)  # %GROUPS%offsets made
+            groups = {}
+            for i in range(100):
+                groups.setdefault((await find_coordinator(c.brokers[1], f"g{i}", 0)).node_id,
+                                  f"g{i}")
+            group_coordinator = next(b for b in groups if b != txn)
+            group = groups[group_coordinator]
+            neither = next(b for b in c.brokers if b not in (txn, group_coordinator))
+            init = await call(c.brokers[txn], apis.INIT_PRODUCER_ID, 4, {
+                "transactional_id": "tx-1", "transaction_timeout": datetime.timedelta(
+                    seconds=60), "producer_id": -1, "producer_epoch": -1})
+            assert init.error_code == KafkaError.none
+            res = await call(c.brokers[txn], apis.ADD_OFFSETS_TO_TXN, 3, {
+                "transactional_id": "tx-1", "producer_id": init.producer_id,
+                "producer_epoch": init.producer_epoch, "group_id": group})
+            assert res.error_code == KafkaError.none
+            commit = {"transactional_id": "tx-1", "group_id": group,
+                      "producer_id": init.producer_id, "producer_epoch": init.producer_epoch,
+                      "generation_id": -1, "member_id": "", "group_instance_id": None,
+                      "topics": [{"name": "orders", "partitions": [
+                          {"partition_index": 0, "committed_offset": 1,
+                           "committed_leader_epoch": -1, "committed_metadata": None}]}]}
+            res = await call(c.brokers[neither], apis.TXN_OFFSET_COMMIT, 3, commit)
+            assert res.topics[0].partitions[0].error_code == KafkaError.not_coordinator
+            res = await call(c.brokers[group_coordinator], apis.TXN_OFFSET_COMMIT, 3, commit)
+            assert res.topics[0].partitions[0].error_code == KafkaError.none
+            res = await call(c.brokers[txn], apis.END_TXN, 3, {
+                "transactional_id": "tx-1", "producer_id": init.producer_id,
+                "producer_epoch": init.producer_epoch, "committed": True})
+            assert res.error_code == KafkaError.none
+
+            async def committed() -> int:
+                res = await call(c.brokers[group_coordinator], apis.OFFSET_FETCH, 7, {
+                    "group_id": group, "topics": None, "require_stable": True})
+                assert res.error_code == KafkaError.none
+                return {(t.name, p.partition_index): p.committed_offset
+                        for t in res.topics for p in t.partitions}.get(("orders", 0), -1)
+
+            for _ in range(100):
+                if await committed() == 1:
+                    break
+                await asyncio.sleep(0.05)
+            assert await committed() == 1
+        finally:
+            await stop_all(c)
+    run(body)

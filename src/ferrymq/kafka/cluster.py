@@ -191,5 +191,15 @@ def group_error(peer: KafkaPeer, group: str) -> KafkaError:
     return KafkaError.not_coordinator
 
 
-__all__ = ["KafkaNode", "PartitionState", "brokers", "cluster_id", "controller_id",
-           "group_coordinator", "group_error", "partitions", "txn_coordinator"]
+def check_group(peer: KafkaPeer, group: str) -> KafkaError:
+    """:func:`group_error`; where it is not NONE, the Kafka port's membership of ``group``
+    here is forgotten (:meth:`~ferrymq.kafka.groups.KafkaGroupCoordinator.drop`): a group's
+    members live only on its coordinator."""
+    error = group_error(peer, group)
+    if error != KafkaError.none:
+        peer.groups.drop(group, error)
+    return error
+
+
+__all__ = ["KafkaNode", "PartitionState", "brokers", "check_group", "cluster_id",
+           "controller_id", "group_coordinator", "group_error", "partitions", "txn_coordinator"]

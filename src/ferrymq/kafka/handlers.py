@@ -297,15 +297,6 @@ def find_coordinator(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
                             "host": node.host, "port": node.port})
 
 
-def _not_here(peer: KafkaPeer, group: str) -> KafkaError:
-    """NONE if this broker coordinates ``group``, else the error that sends its members to the
-    coordinator (:func:`ferrymq.kafka.cluster.group_error`), the group's membership here
-    forgotten."""
-    error = kafka_cluster.group_error(peer, group)
-    if error != KafkaError.none:
-        peer.groups.drop(group, error)
-    return error
-
 
 def offset_commit(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
     """Store a group's offsets through FerryMQ's COMMIT_OFFSETS: the same committed offsets a
@@ -313,7 +304,7 @@ def offset_commit(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
     commits outside a generation (-1, what ``assign()`` consumers send) can succeed."""
     entries = [(t.name, p.partition_index, p.committed_offset)
                for t in req.topics for p in t.partitions]
-    fenced = _not_here(peer, req.group_id)
+    fenced = kafka_cluster.check_group(peer, req.group_id)
     if fenced == KafkaError.none:
         fenced = peer.groups.check_commit(req.group_id, req.member_id,
                                           req.generation_id_or_member_epoch)
@@ -377,7 +368,7 @@ def join_group(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
                                 "error_code": KafkaError.group_authorization_failed,
                                 "protocol_name": "", "leader": "", "member_id": "",
                                 "members": []})
-    error = _not_here(peer, req.group_id)
+    error = kafka_cluster.check_group(peer, req.group_id)
     if error != KafkaError.none:
         return apis.build(cls, {"throttle_time": _NO_TIME, "error_code": error,
                                 "generation_id": -1, "protocol_type": req.protocol_type,
@@ -406,7 +397,7 @@ def join_group(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
 
 def sync_group(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
     """The member's assignment, once the group's leader has sent everyone's."""
-    error = _not_here(peer, req.group_id)
+    error = kafka_cluster.check_group(peer, req.group_id)
     if error != KafkaError.none:
         return apis.build(cls, {"throttle_time": _NO_TIME, "error_code": error,
                                 "protocol_type": getattr(req, "protocol_type", None),
@@ -427,7 +418,7 @@ def sync_group(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
 def heartbeat(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
     """NONE, or REBALANCE_IN_PROGRESS (rejoin), UNKNOWN_MEMBER_ID, ILLEGAL_GENERATION;
     NOT_COORDINATOR (or the like) away from the group's coordinator."""
-    error = _not_here(peer, req.group_id)
+    error = kafka_cluster.check_group(peer, req.group_id)
     if error == KafkaError.none:
         error = peer.groups.heartbeat(req.group_id, req.member_id, req.generation_id)
     return apis.build(cls, {"throttle_time": _NO_TIME, "error_code": error})
@@ -437,7 +428,7 @@ def leave_group(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
     """Remove the member (v0-2) or members (v3+); the others rebalance."""
     ids = ([x.member_id for x in req.members] if hasattr(req, "members")
            else [req.member_id])
-    error = _not_here(peer, req.group_id)
+    error = kafka_cluster.check_group(peer, req.group_id)
     if error != KafkaError.none:
         return apis.build(cls, {"throttle_time": _NO_TIME, "error_code": error, "members": []})
     errors = peer.groups.leave(req.group_id, ids)
@@ -474,7 +465,7 @@ def describe_groups(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
                         "group_state": "", "protocol_type": "", "protocol_data": "",
                         "members": []})
             continue
-        error = _not_here(peer, name)
+        error = kafka_cluster.check_group(peer, name)
         if error != KafkaError.none:
             out.append({"error_code": error, "group_id": name, "group_state": "",
                         "protocol_type": "", "protocol_data": "", "members": []})

@@ -19,6 +19,7 @@ from kio.schema.errors import ErrorCode as KafkaError
 
 from ferrymq.broker.handlers import txn
 from ferrymq.errors import AccessDeniedError, BrokerError
+from ferrymq.kafka.cluster import check_group
 from ferrymq.kafka.rights import authorize
 from ferrymq.protocol import messages as m
 from ferrymq.protocol.kafka import apis
@@ -73,11 +74,15 @@ def add_offsets_to_txn(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
 
 def txn_offset_commit(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
     """Offsets that become the group's when the transaction commits; a generation is checked
-    against the Kafka port's group membership first."""
+    against the Kafka port's group membership first. Kafka clients send it to the group's
+    coordinator: on a cluster where another broker coordinates transactions, it is passed on to
+    that one (FerryMQ's TXN_OFFSET_COMMIT, which keeps the offsets with the transaction)."""
     entries = [(t.name, p.partition_index, p.committed_offset)
                for t in req.topics for p in t.partitions]
-    fenced = peer.groups.check_commit(req.group_id, getattr(req, "member_id", ""),
-                                      getattr(req, "generation_id", -1))
+    fenced = check_group(peer, req.group_id)
+    if fenced == KafkaError.none:
+        fenced = peer.groups.check_commit(req.group_id, getattr(req, "member_id", ""),
+                                          getattr(req, "generation_id", -1))
     freq = m.TxnOffsetCommitRequest(req.transactional_id, req.producer_id,
                                     req.producer_epoch, req.group_id, "", -1, entries)
 
@@ -96,8 +101,12 @@ def txn_offset_commit(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
         return rows({(t, q): KafkaError.group_authorization_failed for t, q, _o in entries})
 
     async def answer() -> Any:
+        link = peer.conn.server.cluster
         try:
-            res = await txn.txn_offset_commit(peer.conn, freq)
+            if link is not None and not link.txn.leads:  # at the group's coordinator
+                res = await link.txn.ask_coordinator(freq, m.CommitOffsetsResponse)
+            else:
+                res = await txn.txn_offset_commit(peer.conn, freq)
         except BrokerError as exc:
             return rows({(t, q): _error(exc) for t, q, _o in entries})
         return rows({(t, q): apis.kafka_error(code) for t, q, code in res.results})

@@ -175,7 +175,7 @@ class TxnCluster(InternalTopicOwner):
                 if self.leads:
                     await self.txn.add_queue(pid, epoch, qs.topic, qs.queue)
                 else:
-                    await self._ask_coordinator(
+                    await self.ask_coordinator(
                         m.TxnAddQueueRequest(pid, epoch, qs.topic, qs.queue),
                         m.TxnAddQueueResponse)
             except BrokerError as exc:
@@ -186,7 +186,13 @@ class TxnCluster(InternalTopicOwner):
         await asyncio.gather(*(one(*n) for n in need))
         return ok, refused
 
-    async def _ask_coordinator(self, req: m.Request, resp_type: type[B]) -> B:
+    async def ask_coordinator(self, req: m.Request, resp_type: type[B]) -> B:
+        """Send ``req`` to the transaction coordinator (another broker) and return its answer.
+
+        Raises:
+            NotCoordinatorError: there is none now, or it did not answer.
+            BrokerError: its refusal.
+        """
         leader = self.owner()
         if leader == NO_LEADER:
             self.check_owner("the transaction")  # raises NOT_COORDINATOR
