@@ -369,3 +369,101 @@ def test_txn_offset_commit_at_the_groups_coordinator_reaches_the_transaction_coo
         finally:
             await stop_all(c)
     run(body)
+
+
+def test_offset_for_leader_epoch_says_where_each_epoch_ends_at_the_leader_only(
+        tmp_path: Path) -> None:
+    async def body() -> None:
+        c = await kafka_cluster(tmp_path)
+        try:
+            await create_orders(c, 1)
+            batch = to_kafka(bytes(encode_batch([RecordInput(b"hello", 1000)])))
+            produce = {"transactional_id": None, "acks": -1, "timeout": _S, "topic_data": [
+                {"name": "orders", "partition_data": [{"index": 0, "records": batch}]}]}
+
+            async def ask(srv: BrokerServer, current: int, epoch: int) -> Any:
+                res = await call(srv, apis.OFFSET_FOR_LEADER_EPOCH, 4, {
+                    "replica_id": -1, "topics": [{"topic": "orders", "partitions": [
+                        {"partition": 0, "current_leader_epoch": current,
+                         "leader_epoch": epoch}]}]})
+                return res.topics[0].partitions[0]
+
+            first = leader_of(c, "orders", 0)
+            epoch = c.brokers[first].cluster.node.view.queues[  # type: ignore[union-attr]
+                ("orders", 0)].leader_epoch
+            for _ in range(2):
+                res = await call(c.brokers[first], apis.PRODUCE, 9, produce)
+                assert res.responses[0].partition_responses[0].error_code == KafkaError.none
+            got = await ask(c.brokers[first], epoch, epoch)
+            assert (got.error_code, got.leader_epoch, got.end_offset) \
+                == (KafkaError.none, epoch, 2)
+            other = next(i for i in c.brokers if i != first)
+            got = await ask(c.brokers[other], epoch, epoch)
+            assert got.error_code == KafkaError.not_leader_or_follower
+            await c.stop(first)  # a new leader at a new epoch
+            await c.wait(lambda: leader_of(c, "orders", 0) not in (first, -1), "a new leader")
+            second = leader_of(c, "orders", 0)
+            await c.wait(lambda: c.brokers[second].topics.queue("orders", 0).replica
+                         is not None, "the new leader serving")
+            res = await call(c.brokers[second], apis.PRODUCE, 9, produce)
+            assert res.responses[0].partition_responses[0].error_code == KafkaError.none
+            now = c.brokers[second].cluster.node.view.queues[  # type: ignore[union-attr]
+                ("orders", 0)].leader_epoch
+            assert now > epoch
+            got = await ask(c.brokers[second], now, epoch)  # the old epoch ended at 2
+            assert (got.error_code, got.leader_epoch, got.end_offset) \
+                == (KafkaError.none, epoch, 2)
+            got = await ask(c.brokers[second], now, now)
+            assert (got.leader_epoch, got.end_offset) == (now, 3)
+            got = await ask(c.brokers[second], epoch, epoch)  # a client with stale metadata
+            assert got.error_code == KafkaError.fenced_leader_epoch
+            got = await ask(c.brokers[second], now + 1, now)
+            assert got.error_code == KafkaError.unknown_leader_epoch
+        finally:
+            await stop_all(c)
+    run(body)
+
+
+def test_kafka_admin_creates_replicated_topics_and_deletes_topics_and_groups_on_a_cluster(
+        tmp_path: Path) -> None:
+    async def body() -> None:
+        c = await kafka_cluster(tmp_path)
+        try:
+            srv = c.brokers[2]
+            res = await call(srv, apis.CREATE_TOPICS, 5, {"timeout": _S, "topics": [
+                {"name": "kt", "num_partitions": 2, "replication_factor": 3, "assignments": [],
+                 "configs": [{"name": "min.insync.replicas", "value": "2"}]},
+                {"name": "dflt", "num_partitions": 1, "replication_factor": -1,
+                 "assignments": [], "configs": []},
+                {"name": "bad", "num_partitions": 1, "replication_factor": 4,
+                 "assignments": [], "configs": []}]})
+            got = {t.name: (t.error_code, t.replication_factor) for t in res.topics}
+            assert got["kt"] == (KafkaError.none, 3)
+            assert got["dflt"] == (KafkaError.none, 3)  # default_replicas: min(3, brokers)
+            assert got["bad"][0] == KafkaError.invalid_replication_factor
+            made = srv.cluster.node.view.topics["kt"]  # type: ignore[union-attr]
+            assert (made.queues, made.replicas, made.min_insync) == (2, 3, 2)
+            # a group with committed offsets, deleted at its coordinator
+            coordinator = (await coordinator_found(c, srv, "old", 0)).node_id
+            res = await call(c.brokers[coordinator], apis.OFFSET_COMMIT, 8, {
+                "group_id": "old", "generation_id_or_member_epoch": -1, "member_id": "",
+                "group_instance_id": None, "topics": [{"name": "kt", "partitions": [
+                    {"partition_index": 0, "committed_offset": 0,
+                     "committed_leader_epoch": -1, "committed_metadata": None}]}]})
+            assert res.topics[0].partitions[0].error_code == KafkaError.none
+            other = next(i for i in c.brokers if i != coordinator)
+            res = await call(c.brokers[other], apis.DELETE_GROUPS, 2, {"groups_names": ["old"]})
+            assert res.results[0].error_code == KafkaError.not_coordinator
+            res = await call(c.brokers[coordinator], apis.DELETE_GROUPS, 2,
+                             {"groups_names": ["old"]})
+            assert res.results[0].error_code == KafkaError.none
+            assert "old" not in c.brokers[coordinator].consumer_groups.groups
+            res = await call(srv, apis.DELETE_TOPICS, 5, {"topic_names": ["kt", "nope"],
+                                                          "timeout": _S})
+            assert [(r.name, r.error_code) for r in res.responses] == [
+                ("kt", KafkaError.none), ("nope", KafkaError.unknown_topic_or_partition)]
+            await c.wait(lambda: all("kt" not in s.topics.topics for s in c.brokers.values()),
+                         "kt deleted everywhere")
+        finally:
+            await stop_all(c)
+    run(body)

@@ -94,7 +94,8 @@ def test_api_versions_lists_exactly_what_is_served(kbroker: Broker, version: int
     assert {k.api_key: (k.min_version, k.max_version) for k in res.api_keys} == {
         0: (3, 9), 1: (4, 12), 2: (1, 6), 3: (0, 12), 8: (2, 8), 9: (1, 7), 10: (0, 3),
         11: (0, 7), 12: (0, 4), 13: (0, 4), 14: (0, 5), 15: (0, 5), 16: (0, 4), 17: (0, 1),
-        18: (0, 3), 19: (2, 5), 20: (1, 5), 22: (0, 4), 24: (0, 3), 25: (0, 3), 26: (0, 3),
+        18: (0, 3), 19: (2, 5), 20: (1, 5), 22: (0, 4), 23: (2, 4), 24: (0, 3), 25: (0, 3),
+        26: (0, 3),
         28: (0, 3), 32: (1, 4), 36: (0, 2), 42: (0, 2), 60: (0, 1)}
 
 
@@ -107,8 +108,8 @@ def test_newer_api_versions_is_answered_v0_with_the_list(kbroker: Broker) -> Non
         assert v0 is not None
         res = apis.decode_request(v0, raw[4:], 0)
         assert {k.api_key for k in res.api_keys} == {0, 1, 2, 3, 8, 9, 10, 11, 12, 13, 14, 15, 16,
-                                                     17, 18, 19, 20, 22, 24, 25, 26, 28, 32,
-                                                     36, 42, 60}
+                                                     17, 18, 19, 20, 22, 23, 24, 25, 26, 28,
+                                                     32, 36, 42, 60}
         # and the connection is still there
         assert api_versions(s, 3, 8)[0] == 8
 

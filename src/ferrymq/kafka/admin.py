@@ -16,13 +16,19 @@ a group with live Kafka or FerryMQ members is NON_EMPTY_GROUP.
 from __future__ import annotations
 
 import datetime
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode as KafkaError
 
 from ferrymq.broker.handlers import admin, consumer_groups
 from ferrymq.broker.topic_settings import BOOLEAN_TOPIC_SETTINGS, TOPIC_SETTINGS
-from ferrymq.errors import BrokerError, InvalidReplicationFactorError, UnknownGroupError
+from ferrymq.errors import (
+    BrokerError,
+    InvalidConfigError,
+    InvalidReplicationFactorError,
+    UnknownGroupError,
+)
 from ferrymq.kafka import cluster as kafka_cluster
 from ferrymq.kafka.rights import authorize
 from ferrymq.protocol import messages as m
@@ -40,57 +46,115 @@ def _error(exc: BrokerError) -> KafkaError:
     return apis.kafka_error(exc.code)
 
 
+Pending = list[tuple[dict[str, Any], Awaitable[Any]]]
+"""Result rows whose operation a cluster completes later, with its awaitable."""
+
+
+def _answer(pending: Pending, respond: Callable[[], Any]) -> Any:
+    """``respond()`` now, or once every pending operation is done (a failed one sets its row's
+    error)."""
+    if not pending:
+        return respond()
+
+    async def finish() -> Any:
+        for row, operation in pending:
+            try:
+                await operation
+            except BrokerError as exc:
+                row.update(error_code=_error(exc), error_message=str(exc)[:1024])
+        return respond()
+
+    return finish()
+
+
 def create_topics(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
-    """Create each topic (or only check it, ``validate_only``), one result per topic."""
+    """Create each topic (or only check it, ``validate_only``), one result per topic. On a
+    cluster, with ``replication_factor`` replicas (-1: ``default_replicas``) and the config
+    ``min.insync.replicas`` as the topic's ``min_insync``; a single broker refuses more than
+    one replica."""
     srv = peer.conn.server
     rows: list[dict[str, Any]] = []
+    pending: Pending = []
     for t in req.topics:
         queues = t.num_partitions if t.num_partitions > 0 else srv.config.default_queues
         config = {c.name.replace(".", "_"): c.value for c in t.configs if c.value is not None}
-        freq = m.CreateTopicRequest(t.name, queues, config)
         row: dict[str, Any] = {"name": t.name, "error_code": KafkaError.none,
                                "error_message": None, "num_partitions": queues,
                                "replication_factor": 1, "configs": ()}
+        rows.append(row)
         try:
+            min_insync = _min_insync(config)
+            freq = m.CreateTopicRequest(t.name, queues, config, t.replication_factor,
+                                        min_insync)
             authorize(peer, ApiKey.CREATE_TOPIC, freq)
-            if t.replication_factor > 1:
+            if srv.cluster is None and (t.replication_factor > 1 or min_insync > 1):
                 raise InvalidReplicationFactorError(
-                    f"replication factor {t.replication_factor}: this broker is alone (the "
-                    "Kafka port serves a single broker)")
+                    f"replication factor {t.replication_factor}, min.insync.replicas "
+                    f"{min_insync}: this broker is alone (no cluster)")
             if getattr(req, "validate_only", False):
                 srv.topics.check_new_topic(t.name, queues, config)
-            else:
-                answer = admin.create_topic(peer.conn, freq)
-                assert isinstance(answer, m.CreateTopicResponse)  # a single broker: at once
+                continue
+            answer = admin.create_topic(peer.conn, freq)
+            if not isinstance(answer, m.CreateTopicResponse):  # a cluster's, through the store
+                row["replication_factor"] = t.replication_factor
+                pending.append((row, answer))
         except BrokerError as exc:
             row.update(error_code=_error(exc), error_message=str(exc)[:1024])
-        rows.append(row)
-    return apis.build(cls, {"throttle_time": _NO_TIME, "topics": rows})
+
+    def respond() -> Any:
+        if srv.cluster is not None:  # the replicas the cluster gave the topics
+            for row in rows:
+                made = srv.cluster.node.view.topics.get(row["name"])
+                if made is not None and row["error_code"] == KafkaError.none:
+                    row["replication_factor"] = made.replicas
+        return apis.build(cls, {"throttle_time": _NO_TIME, "topics": rows})
+
+    return _answer(pending, respond)
+
+
+def _min_insync(config: dict[str, str]) -> int:
+    """Kafka's ``min.insync.replicas`` taken out of a new topic's ``config`` (-1: not set).
+
+    Raises:
+        InvalidConfigError: it is not a positive number.
+    """
+    text = config.pop("min_insync_replicas", None)
+    if text is None:
+        return -1
+    if not text.isdigit() or int(text) < 1:
+        raise InvalidConfigError(f"min.insync.replicas must be a positive number, not {text!r}")
+    return int(text)
 
 
 def delete_topics(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
     """Delete each topic with its data and the groups' offsets on it."""
     rows: list[dict[str, Any]] = []
+    pending: Pending = []
     for name in req.topic_names:
         freq = m.DeleteTopicRequest(name)
         row: dict[str, Any] = {"name": name, "error_code": KafkaError.none,
                                "error_message": None}
+        rows.append(row)
         try:
             authorize(peer, ApiKey.DELETE_TOPIC, freq)
-            admin.delete_topic(peer.conn, freq)
+            answer = admin.delete_topic(peer.conn, freq)
+            if not isinstance(answer, m.Empty):  # a cluster's, through the store
+                pending.append((row, answer))
         except BrokerError as exc:
             row.update(error_code=_error(exc), error_message=str(exc)[:1024])
-        rows.append(row)
-    return apis.build(cls, {"throttle_time": _NO_TIME, "responses": rows})
+    return _answer(pending, lambda: apis.build(cls, {"throttle_time": _NO_TIME,
+                                                      "responses": rows}))
 
 
 def delete_groups(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
     """Delete each group's committed offsets (and its Kafka membership record) when it has no
-    live member."""
+    live member (on a cluster, at the group's coordinator: NOT_COORDINATOR elsewhere)."""
     rows: list[dict[str, Any]] = []
+    pending: Pending = []
     for name in req.groups_names:
         freq = m.DeleteGroupRequest(name, False)
         error = KafkaError.none
+        row: dict[str, Any] = {"group_id": name}
         try:
             authorize(peer, ApiKey.DELETE_GROUP, freq)
             kafka_group = peer.groups.groups.get(name)
@@ -99,7 +163,9 @@ def delete_groups(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
             else:
                 peer.groups.groups.pop(name, None)
                 try:
-                    consumer_groups.delete_group(peer.conn, freq)
+                    answer = consumer_groups.delete_group(peer.conn, freq)
+                    if not isinstance(answer, m.DeleteGroupResponse):  # a cluster's, replicated
+                        pending.append((row, answer))
                 except UnknownGroupError:
                     if kafka_group is None:
                         raise
@@ -107,8 +173,10 @@ def delete_groups(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
             error = _error(exc)
             if exc.code == ErrorCode.ACCESS_DENIED:
                 error = KafkaError.group_authorization_failed
-        rows.append({"group_id": name, "error_code": error})
-    return apis.build(cls, {"throttle_time": _NO_TIME, "results": rows})
+        row["error_code"] = error
+        rows.append(row)
+    return _answer(pending, lambda: apis.build(cls, {"throttle_time": _NO_TIME,
+                                                      "results": rows}))
 
 
 _TOPIC = 2

@@ -133,6 +133,13 @@ def partitions(peer: KafkaPeer, topic: str, queues: int) -> list[PartitionState]
     return out
 
 
+def leader_epoch(peer: KafkaPeer, topic: str, queue: int) -> int:
+    """The partition's leader epoch (-1 on a single broker and for a broker's local topics)."""
+    link = peer.conn.server.cluster
+    rec = None if link is None else link.node.view.queues.get((topic, queue))
+    return -1 if rec is None else rec.leader_epoch
+
+
 def group_coordinator(peer: KafkaPeer, group: str) -> KafkaNode | None:
     """The broker coordinating ``group`` (None: none now; the cluster is asked to create
     ``%GROUPS%offsets`` if it does not exist)."""
@@ -202,4 +209,5 @@ def check_group(peer: KafkaPeer, group: str) -> KafkaError:
 
 
 __all__ = ["KafkaNode", "PartitionState", "brokers", "check_group", "cluster_id",
-           "controller_id", "group_coordinator", "group_error", "partitions", "txn_coordinator"]
+           "controller_id", "group_coordinator", "group_error", "leader_epoch", "partitions",
+           "txn_coordinator"]

@@ -259,6 +259,45 @@ def list_offsets(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
                             "topics": [{"name": t, "partitions": p} for t, p in rows.items()]})
 
 
+def offset_for_leader_epoch(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
+    """Where each asked leader epoch ends in a partition (KIP-320: a consumer's check for a
+    truncated log after a leader change), from the queue's leader-epoch cache: the largest
+    epoch at most the one asked and the offset where it ends (the log end for the latest; -1
+    and -1 when none is known). Only a partition's leader answers (NOT_LEADER_OR_FOLLOWER
+    elsewhere); a ``current_leader_epoch`` older than the leader's is FENCED_LEADER_EPOCH, a
+    newer one UNKNOWN_LEADER_EPOCH, as Kafka answers."""
+    entries = [(t.topic, p.partition, -1) for t in req.topics for p in t.partitions]
+    authorize(peer, ApiKey.LIST_OFFSETS, m.ListOffsetsRequest(entries, 0))
+    rows: dict[str, list[dict[str, Any]]] = {}
+    for t in req.topics:
+        for p in t.partitions:
+            rows.setdefault(t.topic, []).append(_epoch_end(peer, t.topic, p))
+    return apis.build(cls, {"throttle_time": _NO_TIME, "topics": [
+        {"topic": t, "partitions": p} for t, p in rows.items()]})
+
+
+def _epoch_end(peer: KafkaPeer, topic: str, p: Any) -> dict[str, Any]:
+    row: dict[str, Any] = {"partition": p.partition, "error_code": KafkaError.none,
+                           "leader_epoch": -1, "end_offset": -1}
+    srv = peer.conn.server
+    try:
+        qs = srv.topics.queue(topic, p.partition)
+        if srv.cluster is not None:
+            srv.cluster.check_serves(qs)
+        current = kafka_cluster.leader_epoch(peer, topic, p.partition)
+    except BrokerError as exc:
+        row["error_code"] = apis.kafka_error(exc.code)
+        return row
+    if 0 <= p.current_leader_epoch < current:
+        row["error_code"] = KafkaError.fenced_leader_epoch
+    elif p.current_leader_epoch > current:
+        row["error_code"] = KafkaError.unknown_leader_epoch
+    else:
+        row["leader_epoch"], row["end_offset"] = qs.log.epochs.end_offset_for(
+            p.leader_epoch, qs.log.end_offset)
+    return row
+
+
 def init_producer_id(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
     """A fresh producer id (epoch 0) for an idempotent producer, from FerryMQ's allocator (the
     native INIT_PRODUCER), so Kafka producers' sequence numbers are checked per partition as
@@ -497,6 +536,7 @@ HANDLERS: dict[int, KafkaHandler] = {
     apis.PRODUCE: produce_request,
     apis.FETCH: fetch_request,
     apis.LIST_OFFSETS: list_offsets,
+    apis.OFFSET_FOR_LEADER_EPOCH: offset_for_leader_epoch,
     apis.INIT_PRODUCER_ID: init_producer_id,
     apis.FIND_COORDINATOR: find_coordinator,
     apis.OFFSET_COMMIT: offset_commit,
