@@ -153,6 +153,8 @@ def test_a_broker_record_without_a_kafka_port_decodes_and_is_not_listed(
                 "the topics everywhere")
             res = await metadata(c.brokers[1], ["mixed"])
             assert sorted(b.node_id for b in res.brokers) == [1, 2]
+            assert not c.brokers[1].cluster.node.view.brokers[  # type: ignore[union-attr]
+                3].kafka_port
             for p in res.topics[0].partitions:
                 leader = leader_of(c, "mixed", p.partition_index)
                 if leader == 3:
@@ -464,6 +466,29 @@ def test_kafka_admin_creates_replicated_topics_and_deletes_topics_and_groups_on_
                 ("kt", KafkaError.none), ("nope", KafkaError.unknown_topic_or_partition)]
             await c.wait(lambda: all("kt" not in s.topics.topics for s in c.brokers.values()),
                          "kt deleted everywhere")
+        finally:
+            await stop_all(c)
+    run(body)
+
+
+def test_each_broker_registers_the_kafka_address_clients_reach_it_at(tmp_path: Path) -> None:
+    """``kafka_advertised_address`` as given; else the host of ``advertised_address`` with the
+    Kafka port (like the native port's advertised address); Metadata from any broker says so."""
+    async def body() -> None:
+        c = Cluster(tmp_path, MemoryMetadataStore())
+        try:
+            await c.start(1, kafka_port=free_port(),
+                          kafka_advertised_address="kafka-1.example:19092")
+            port = free_port()
+            await c.start(2, kafka_port=port, advertised_address=f"localhost:{free_port()}")
+            await c.start(3, kafka_port=free_port())
+            expected = [(1, "kafka-1.example", 19092), (2, "localhost", port),
+                        (3, *kafka_address(c.brokers[3]))]
+            await c.wait(lambda: all(s.cluster is not None and len(s.cluster.node.view.brokers)
+                                     == 3 for s in c.brokers.values()), "every broker seen")
+            for srv in c.brokers.values():
+                res = await metadata(srv, None)
+                assert sorted((b.node_id, b.host, b.port) for b in res.brokers) == expected
         finally:
             await stop_all(c)
     run(body)
