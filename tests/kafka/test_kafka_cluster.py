@@ -492,3 +492,49 @@ def test_each_broker_registers_the_kafka_address_clients_reach_it_at(tmp_path: P
         finally:
             await stop_all(c)
     run(body)
+
+
+def test_a_kafka_group_moves_with_its_coordinator(tmp_path: Path) -> None:
+    """The coordinator of a group is drained (its leaderships move, it stays up): it forgets
+    the group's Kafka membership, its members' requests there answer NOT_COORDINATOR, and
+    FindCoordinator names the new coordinator, where members join again and commit."""
+    async def body() -> None:
+        c = await kafka_cluster(tmp_path)
+        try:
+            await create_orders(c, 1)
+            old = (await coordinator_found(c, c.brokers[1], "billing", 0)).node_id
+            join = {"group_id": "billing", "session_timeout": datetime.timedelta(seconds=30),
+                    "rebalance_timeout": datetime.timedelta(seconds=10), "member_id": "",
+                    "group_instance_id": None, "protocol_type": "consumer",
+                    "protocols": [{"name": "range", "metadata": b""}], "reason": None}
+            joined = await call(c.brokers[old], apis.JOIN_GROUP, 7, join)
+            assert (joined.error_code, joined.generation_id) == (KafkaError.none, 1)
+            assert "billing" in c.brokers[old].kafka.groups.groups  # type: ignore[union-attr]
+            other = c.brokers[next(i for i in c.brokers if i != old)]
+            assert other.cluster is not None
+            await other.cluster.drain_broker(old)
+            await c.wait(lambda: (r := c.brokers[old].kafka) is not None
+                         and "billing" not in r.groups.groups,
+                         "the old coordinator forgetting the group (housekeeping)")
+            res = await call(c.brokers[old], apis.HEARTBEAT, 4, {
+                "group_id": "billing", "generation_id": 1, "member_id": joined.member_id,
+                "group_instance_id": None})
+            assert res.error_code == KafkaError.not_coordinator
+            new = (await coordinator_found(c, c.brokers[old], "billing", 0)).node_id
+            assert new != old
+            res = await call(c.brokers[new], apis.HEARTBEAT, 4, {
+                "group_id": "billing", "generation_id": 1, "member_id": joined.member_id,
+                "group_instance_id": None})
+            assert res.error_code == KafkaError.unknown_member_id  # so it rejoins
+            rejoined = await call(c.brokers[new], apis.JOIN_GROUP, 7, join)
+            assert rejoined.error_code == KafkaError.none
+            res = await call(c.brokers[new], apis.OFFSET_COMMIT, 8, {
+                "group_id": "billing", "generation_id_or_member_epoch": rejoined.generation_id,
+                "member_id": rejoined.member_id, "group_instance_id": None, "topics": [
+                    {"name": "orders", "partitions": [
+                        {"partition_index": 0, "committed_offset": 0,
+                         "committed_leader_epoch": -1, "committed_metadata": None}]}]})
+            assert res.topics[0].partitions[0].error_code == KafkaError.none
+        finally:
+            await stop_all(c)
+    run(body)

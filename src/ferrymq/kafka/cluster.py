@@ -45,6 +45,8 @@ from ferrymq.protocol.coordinator import OFFSETS_TOPIC, TXN_TOPIC, coordinator_q
 
 if TYPE_CHECKING:
     from ferrymq.broker.cluster_link import ClusterLink
+    from ferrymq.broker.context import BrokerContext
+    from ferrymq.kafka.groups import KafkaGroupCoordinator
     from ferrymq.kafka.handlers import KafkaPeer
 
 CLUSTER_ID = "ferrymq"
@@ -178,11 +180,11 @@ def txn_coordinator(peer: KafkaPeer) -> KafkaNode | None:
     return None if leader == NO_LEADER else _kafka_node(link, leader)
 
 
-def group_error(peer: KafkaPeer, group: str) -> KafkaError:
-    """NONE if this broker coordinates ``group`` (always, on a single broker), else the Kafka
+def group_error(server: BrokerContext, group: str) -> KafkaError:
+    """NONE if ``server`` coordinates ``group`` (always, on a single broker), else the Kafka
     error a client answers by finding the coordinator again: NOT_COORDINATOR,
     COORDINATOR_LOAD_IN_PROGRESS or COORDINATOR_NOT_AVAILABLE."""
-    link = peer.conn.server.cluster
+    link = server.cluster
     if link is None:
         return KafkaError.none
     try:
@@ -202,12 +204,24 @@ def check_group(peer: KafkaPeer, group: str) -> KafkaError:
     """:func:`group_error`; where it is not NONE, the Kafka port's membership of ``group``
     here is forgotten (:meth:`~ferrymq.kafka.groups.KafkaGroupCoordinator.drop`): a group's
     members live only on its coordinator."""
-    error = group_error(peer, group)
+    error = group_error(peer.conn.server, group)
     if error != KafkaError.none:
         peer.groups.drop(group, error)
     return error
 
 
+def drop_moved_groups(server: BrokerContext, groups: KafkaGroupCoordinator) -> None:
+    """Forget the Kafka groups ``server`` no longer coordinates (its leadership of their
+    queues of ``%GROUPS%offsets`` moved): their members, waiting or not, are sent to the new
+    coordinator. Called by the listener's housekeeping; nothing to do on a single broker."""
+    if server.cluster is None:
+        return
+    for name in list(groups.groups):
+        error = group_error(server, name)
+        if error != KafkaError.none:
+            groups.drop(name, error)
+
+
 __all__ = ["KafkaNode", "PartitionState", "brokers", "check_group", "cluster_id",
-           "controller_id", "group_coordinator", "group_error", "leader_epoch", "partitions",
-           "txn_coordinator"]
+           "controller_id", "drop_moved_groups", "group_coordinator", "group_error",
+           "leader_epoch", "partitions", "txn_coordinator"]

@@ -41,6 +41,7 @@ from ferrymq.broker.auth_deadline import AuthDeadline
 from ferrymq.broker.context import BrokerContext
 from ferrymq.broker.read_gate import ReadGate
 from ferrymq.errors import BrokerError, RemoteProtocolError
+from ferrymq.kafka.cluster import drop_moved_groups
 from ferrymq.kafka.groups import KafkaGroupCoordinator
 from ferrymq.kafka.handlers import HANDLERS
 from ferrymq.protocol.codes import ErrorCode
@@ -127,11 +128,14 @@ class KafkaListener:
         return any(c.slots for c in self.connections)
 
     def check_connections(self, now: float) -> None:
-        """Expire Kafka group members without heartbeats; close connections idle for
+        """Expire Kafka group members without heartbeats, forget groups this broker no longer
+        coordinates (a cluster's: :func:`~ferrymq.kafka.cluster.drop_moved_groups`); close
+        connections idle for
         ``idle_timeout_ms`` (nothing pending) and cut off those
         whose client took no answer bytes for ``write_stall_timeout_ms`` (the native port's
         limits; the server's housekeeping calls this with its monotonic clock)."""
         self.groups.expire()
+        drop_moved_groups(self.host, self.groups)
         cfg = self.host.config
         idle_s = cfg.idle_timeout_ms / 1000
         stall_s = cfg.write_stall_timeout_ms / 1000
