@@ -421,6 +421,28 @@ def test_offset_for_leader_epoch_says_where_each_epoch_ends_at_the_leader_only(
             assert got.error_code == KafkaError.fenced_leader_epoch
             got = await ask(c.brokers[second], now + 1, now)
             assert got.error_code == KafkaError.unknown_leader_epoch
+            # Fetch and ListOffsets check the client's current_leader_epoch too (KIP-320)
+            for current, error in ((epoch, KafkaError.fenced_leader_epoch),
+                                   (now + 1, KafkaError.unknown_leader_epoch),
+                                   (now, KafkaError.none), (-1, KafkaError.none)):
+                res = await call(c.brokers[second], apis.FETCH, 12, {
+                    "replica_id": -1, "max_wait": datetime.timedelta(seconds=5),
+                    "min_bytes": 1 << 20, "max_bytes": 1 << 20, "isolation_level": 0,
+                    "session_id": 0, "session_epoch": -1, "forgotten_topics_data": [],
+                    "rack_id": "", "topics": [{"topic": "orders", "partitions": [
+                        {"partition": 0, "current_leader_epoch": current, "fetch_offset": 3,
+                         "last_fetched_epoch": -1, "log_start_offset": -1,
+                         "partition_max_bytes": 1 << 20}]}]}) if error else None
+                if res is not None:  # answered at once, not after max_wait
+                    assert res.responses[0].partitions[0].error_code == error
+                res = await call(c.brokers[second], apis.LIST_OFFSETS, 6, {
+                    "replica_id": -1, "isolation_level": 0, "topics": [
+                        {"name": "orders", "partitions": [
+                            {"partition_index": 0, "current_leader_epoch": current,
+                             "timestamp": -1}]}]})
+                part = res.topics[0].partitions[0]
+                assert part.error_code == error
+                assert part.offset == (3 if error == KafkaError.none else -1)
         finally:
             await stop_all(c)
     run(body)

@@ -142,6 +142,19 @@ def leader_epoch(peer: KafkaPeer, topic: str, queue: int) -> int:
     return -1 if rec is None else rec.leader_epoch
 
 
+def epoch_error(peer: KafkaPeer, topic: str, queue: int, current: int) -> KafkaError:
+    """What a request carrying the client's ``current_leader_epoch`` of a partition (KIP-320;
+    -1: not said) gets: NONE when it is the partition's (or either is unknown),
+    FENCED_LEADER_EPOCH when older (the client's metadata is stale), UNKNOWN_LEADER_EPOCH when
+    newer (this broker's is): either way the client refreshes its metadata and retries."""
+    if current < 0:
+        return KafkaError.none
+    epoch = leader_epoch(peer, topic, queue)
+    if epoch < 0 or current == epoch:
+        return KafkaError.none
+    return KafkaError.fenced_leader_epoch if current < epoch else KafkaError.unknown_leader_epoch
+
+
 def group_coordinator(peer: KafkaPeer, group: str) -> KafkaNode | None:
     """The broker coordinating ``group`` (None: none now; the cluster is asked to create
     ``%GROUPS%offsets`` if it does not exist)."""
@@ -223,5 +236,5 @@ def drop_moved_groups(server: BrokerContext, groups: KafkaGroupCoordinator) -> N
 
 
 __all__ = ["KafkaNode", "PartitionState", "brokers", "check_group", "cluster_id",
-           "controller_id", "drop_moved_groups", "group_coordinator", "group_error",
+           "controller_id", "drop_moved_groups", "epoch_error", "group_coordinator", "group_error",
            "leader_epoch", "partitions", "txn_coordinator"]

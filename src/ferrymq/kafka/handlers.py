@@ -207,20 +207,28 @@ def _produce_error(index: int, code: KafkaError, message: str) -> dict[str, Any]
 
 def fetch_request(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
     """Read through FerryMQ's FETCH (long polling included), the batches as stored: Kafka
-    batches are sent as they came, FerryMQ batches converted."""
+    batches are sent as they came, FerryMQ batches converted. On a cluster, a partition asked
+    with a stale or unknown ``current_leader_epoch`` is answered that error, not read."""
+    fenced = _stale_epochs(peer, req)
     entries: list[m.FetchEntry] = [
         (t.topic, p.partition, p.fetch_offset, p.partition_max_bytes, "")
-        for t in req.topics for p in t.partitions]
+        for t in req.topics for p in t.partitions if (t.topic, p.partition) not in fenced]
     isolation = (Isolation.READ_COMMITTED if getattr(req, "isolation_level", 0) == 1
                  else Isolation.READ_UNCOMMITTED)
     freq = m.FetchRequest(int(req.max_wait.total_seconds() * 1000), req.min_bytes,
                           req.max_bytes, entries, isolation)
     authorize(peer, ApiKey.FETCH, freq)
-    answer = fetch.fetch(peer.conn, freq, stored=True)
+    answer = (fetch.fetch(peer.conn, freq, stored=True) if entries or not fenced
+              else m.FetchResponse([]))
 
     def respond(res: m.FetchResponse) -> Any:
         txn = {(t, q): (lso, aborted) for t, q, lso, aborted in res.txn}
         rows: dict[str, list[dict[str, Any]]] = {}
+        for (topic, q), error in fenced.items():
+            rows.setdefault(topic, []).append({
+                "partition_index": q, "error_code": error, "high_watermark": -1,
+                "last_stable_offset": -1, "log_start_offset": -1, "aborted_transactions": None,
+                "preferred_read_replica": -1, "records": b""})
         for topic, q, code, _msg, hw, start, _tid, data in res.results:
             lso, aborted = txn.get((topic, q), (hw, []))
             rows.setdefault(topic, []).append({
@@ -242,15 +250,38 @@ def fetch_request(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
     return _later(answer, respond)
 
 
+def _stale_epochs(peer: KafkaPeer, req: Any) -> dict[tuple[str, int], KafkaError]:
+    """On a cluster, the partitions of a Fetch or ListOffsets whose ``current_leader_epoch``
+    is not the partition's (:func:`ferrymq.kafka.cluster.epoch_error`), with their error."""
+    if peer.conn.server.cluster is None:
+        return {}
+    out: dict[tuple[str, int], KafkaError] = {}
+    for t in req.topics:
+        topic = t.topic if hasattr(t, "topic") else t.name
+        for p in t.partitions:
+            index = p.partition if hasattr(p, "partition") else p.partition_index
+            error = kafka_cluster.epoch_error(peer, topic, index,
+                                              getattr(p, "current_leader_epoch", -1))
+            if error != KafkaError.none:
+                out[(topic, index)] = error
+    return out
+
+
 def list_offsets(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
-    """Earliest (-2), latest (-1) or by time, through FerryMQ's LIST_OFFSETS."""
+    """Earliest (-2), latest (-1) or by time, through FerryMQ's LIST_OFFSETS (on a cluster, a
+    stale or unknown ``current_leader_epoch`` is answered that error)."""
+    fenced = _stale_epochs(peer, req)
     entries = [(t.name, p.partition_index, p.timestamp) for t in req.topics
-               for p in t.partitions]
+               for p in t.partitions if (t.name, p.partition_index) not in fenced]
     isolation = getattr(req, "isolation_level", 0)
     freq = m.ListOffsetsRequest(entries, isolation)
     authorize(peer, ApiKey.LIST_OFFSETS, freq)
     res = offsets.list_offsets(peer.conn, freq)
     rows: dict[str, list[dict[str, Any]]] = {}
+    for (topic, q), error in fenced.items():
+        rows.setdefault(topic, []).append({
+            "partition_index": q, "error_code": error, "timestamp": -1, "offset": -1,
+            "leader_epoch": -1, "old_style_offsets": ()})
     for topic, q, code, offset in res.results:
         rows.setdefault(topic, []).append({
             "partition_index": q, "error_code": apis.kafka_error(code), "timestamp": -1,
@@ -284,15 +315,12 @@ def _epoch_end(peer: KafkaPeer, topic: str, p: Any) -> dict[str, Any]:
         qs = srv.topics.queue(topic, p.partition)
         if srv.cluster is not None:
             srv.cluster.check_serves(qs)
-        current = kafka_cluster.leader_epoch(peer, topic, p.partition)
     except BrokerError as exc:
         row["error_code"] = apis.kafka_error(exc.code)
         return row
-    if 0 <= p.current_leader_epoch < current:
-        row["error_code"] = KafkaError.fenced_leader_epoch
-    elif p.current_leader_epoch > current:
-        row["error_code"] = KafkaError.unknown_leader_epoch
-    else:
+    row["error_code"] = kafka_cluster.epoch_error(peer, topic, p.partition,
+                                                  p.current_leader_epoch)
+    if row["error_code"] == KafkaError.none:
         row["leader_epoch"], row["end_offset"] = qs.log.epochs.end_offset_for(
             p.leader_epoch, qs.log.end_offset)
     return row
