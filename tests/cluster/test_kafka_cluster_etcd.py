@@ -20,6 +20,7 @@ import pytest
 from confluent_kafka.admin import AdminClient as KafkaAdminClient
 
 from ferrymq.client import AdminClient
+from ferrymq.protocol.coordinator import OFFSETS_TOPIC, coordinator_queue
 from ferrymq.testing import ClusterProcess
 from tests.cluster.conftest import needs_etcd
 
@@ -86,8 +87,10 @@ def test_metadata_from_any_broker_lists_every_broker_and_each_leader(
 
 def test_kill9_of_a_leader_under_a_kafka_producer_and_consumer_group_loses_nothing(
         cluster: ClusterProcess) -> None:
+    """The broker killed coordinates the consumer group and leads a partition (three
+    partitions over three brokers): both fail over."""
     with AdminClient(cluster.bootstrap) as admin:
-        admin.create_topic("orders", 2, replicas=3, min_insync=2)
+        admin.create_topic("orders", 3, replicas=3, min_insync=2)
     bootstrap = kafka_bootstrap(cluster)
     acked: set[bytes] = set()
     consumed: set[bytes] = set()
@@ -146,12 +149,16 @@ def test_kill9_of_a_leader_under_a_kafka_producer_and_consumer_group_loses_nothi
         t.start()
     try:
         wait_until(lambda: len(acked) >= 300 and len(consumed) >= 100, "produce and consume")
-        victim = leaders(cluster)[("orders", 0)]
+        now = leaders(cluster)
+        offsets_queues = sum(1 for t, _q in now if t == OFFSETS_TOPIC)
+        victim = now[(OFFSETS_TOPIC, coordinator_queue("billing", offsets_queues))]
+        led = [q for (t, q), b in now.items() if t == "orders" and b == victim]
+        assert led, f"broker {victim} coordinates the group but leads no partition: {now}"
         before_acked, before_consumed = len(acked), len(consumed)
         cluster.kill9(victim)
         t0 = time.monotonic()
-        wait_until(lambda: leaders(cluster)[("orders", 0)] not in (victim, -1),
-                   "a new leader of orders/0")
+        wait_until(lambda: all(leaders(cluster)[("orders", q)] not in (victim, -1)
+                               for q in led), f"new leaders of orders/{led}")
         wait_until(lambda: len(acked) >= before_acked + 300, "acks resuming after the kill")
         wait_until(lambda: len(consumed) >= before_consumed + 300,
                    "the consumer group going on after the kill")
