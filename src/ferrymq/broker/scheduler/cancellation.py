@@ -55,7 +55,10 @@ def cancel_entry(index: BucketIndex, originals: Originals, clock: SchedulerClock
     qs, due = originals.original_due(tid, q, off)
     pos = (tid, q, off)
     b, state = index.find(pos, due, clock.skew_lo, clock.skew_hi)
-    if b is None or state != PENDING_ENTRY:
+    if b is None:  # a scheduled original whose bucket is done: fired or cancelled, cleaned up
+        raise NotScheduledError(f"message {msg_id} is already due or cancelled (its time "
+                                f"bucket is done)")
+    if state != PENDING_ENTRY:
         what = {FIRED_ENTRY: "already due (delivered or being delivered)",
                 CANCELLED_ENTRY: "already cancelled"}.get(state, "not scheduled")
         raise NotScheduledError(f"message {msg_id} is {what}")
