@@ -23,6 +23,7 @@ from ferrymq.client import AdminClient
 from ferrymq.protocol.coordinator import OFFSETS_TOPIC, coordinator_queue
 from ferrymq.testing import ClusterProcess
 from tests.cluster.conftest import needs_etcd
+from tests.cluster.test_cluster_etcd import wait_until
 
 pytestmark = [pytest.mark.integration, needs_etcd]
 
@@ -45,19 +46,6 @@ def leaders(c: ClusterProcess) -> dict[tuple[str, int], int]:
     with AdminClient(c.bootstrap, connect_timeout_s=5) as admin:
         d = admin.cluster_describe()
     return {(q.topic, q.queue): q.leader for q in d.queues}
-
-
-def wait_until(cond: Any, what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            if cond():
-                return
-        except Exception:  # the cluster is moving: ask again
-            pass
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 def test_metadata_from_any_broker_lists_every_broker_and_each_leader(
