@@ -1,25 +1,41 @@
 """The Kafka port against the native port, on one broker in its own process (issue 23).
 
-Produce ``--messages`` of ``--size`` bytes with confluent-kafka through the Kafka port
-(``acks=all``, librdkafka's batching: ``linger.ms`` 5, ``batch.size`` 1 MB), then the same with
-FerryMQ's native asyncio producer (``ferrymq bench produce``'s workload, ``acks="all"``), then
-read the Kafka-produced messages back with a confluent-kafka consumer (``assign()``), each timed
-with the broker's CPU seconds. Prints one JSON object per workload.
+Each round produces ``--messages`` of ``--size`` bytes twice into fresh topics: with
+confluent-kafka through the Kafka port (``acks=all``, librdkafka's batching: ``linger.ms`` 5,
+``batch.size`` 1 MB) and with FerryMQ's native asyncio producer (``ferrymq bench produce``'s
+workload, ``acks="all"``, batches of 1,000 messages or 1 MB, 8 in flight). The order alternates
+from round to round (Kafka first in odd rounds), so neither side always gets the emptier disk.
+Then a confluent-kafka consumer reads the round's Kafka-produced messages back (``assign()``)
+and must see every one. Each topic is deleted once its workloads are done: the page cache
+then holds no more of one side's data than of the other's when the next workload starts (at
+10 KB a run writes 2 GB, and writing into a full page cache costs the broker far more system
+time). Each workload is timed with the broker's CPU seconds (user and system). One JSON
+object per workload and round, then a summary of medians and ratios.
+
+``--kafka-api`` picks how the benchmark hands messages to confluent-kafka:
+
+- ``batch`` (default): ``Producer.produce_batch`` with 1,000 messages (or 1 MB) per call, as the
+  native side sends 1,000 per ``send_batch``; delivery reports for errors only
+  (``delivery.report.only.error``);
+- ``produce``: one ``Producer.produce`` call and one delivery callback per message, as most
+  applications write it (the Python loop, not the broker, is then the limit at 100 B).
 
 Smoke run (seconds)::
 
-    .venv/bin/python bench/kafka_port.py --messages 20000 --size 100
+    .venv/bin/python bench/kafka_port.py --messages 20000 --size 100 --rounds 1
 
 Full run (record it in bench/README.md; not on a busy machine)::
 
-    .venv/bin/python bench/kafka_port.py --messages 1000000 --size 100
-    .venv/bin/python bench/kafka_port.py --messages 200000 --size 10000
+    .venv/bin/python bench/kafka_port.py --messages 1000000 --size 100 --rounds 3
+    .venv/bin/python bench/kafka_port.py --messages 200000 --size 10000 --rounds 3
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -28,27 +44,96 @@ from typing import Any
 import confluent_kafka
 
 from ferrymq._launcher import BrokerProcess, free_port
-from ferrymq.admin.bench_measure import CpuTime
+from ferrymq.admin.bench_measure import CpuTime, cpu_seconds
 from ferrymq.admin.bench_workloads import run_produce
+from ferrymq.client.sync import AdminClient
+
+_PRODUCER = {"acks": "all", "linger.ms": 5, "batch.size": 1_000_000,
+             "queue.buffering.max.messages": 1_000_000, "queue.buffering.max.kbytes": 2_000_000}
+
+
+def _batch_of(size: int) -> int:
+    """Messages per batch call on both sides: 1,000, or fewer to stay within 1 MB."""
+    return max(1, min(1000, 1_000_000 // size))
+
+
+class _SplitCpu:
+    """The broker's user and system CPU seconds over a timed part (Linux /proc)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.start = self._read()
+        self.user = self.system = 0.0
+
+    def _read(self) -> tuple[float, float]:
+        import os
+
+        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        tick = os.sysconf("SC_CLK_TCK")
+        return int(fields[11]) / tick, int(fields[12]) / tick
+
+    def end(self) -> None:
+        u, s = self._read()
+        self.user, self.system = u - self.start[0], s - self.start[1]
 
 
 def kafka_produce(address: str, topic: str, messages: int, size: int, pid: int | None,
-                  partitions: int) -> dict[str, Any]:
+                  partitions: int, api: str = "batch") -> dict[str, Any]:
+    """Produce ``messages`` with confluent-kafka to ``topic`` (created by the first, untimed
+    message), round-robin over ``partitions``; the timed result."""
     body = b"x" * size
-    p = confluent_kafka.Producer({"bootstrap.servers": address, "acks": "all", "linger.ms": 5,
-                                  "batch.size": 1_000_000, "queue.buffering.max.messages":
-                                  1_000_000, "queue.buffering.max.kbytes": 2_000_000})
     failed = [0]
 
     def report(err: Any, _msg: Any) -> None:
         if err is not None:
             failed[0] += 1
 
+    conf: dict[str, Any] = dict(_PRODUCER, **{"bootstrap.servers": address})
+    if api == "batch":
+        conf.update({"delivery.report.only.error": True, "on_delivery": report})
+    p = confluent_kafka.Producer(conf)
     p.produce(topic, body, partition=0)  # untimed: metadata, the topic's creation
-    p.flush(30)
+    if p.flush(30):
+        raise RuntimeError("confluent-kafka could not deliver the warm-up message")
     cpu = CpuTime(pid)
+    split = _SplitCpu(pid) if pid is not None else None
     cpu.begin()
     t0 = time.perf_counter()
+    if api == "batch":
+        _send_batches(p, topic, messages, body, partitions)
+    else:
+        _send_one_by_one(p, topic, messages, body, partitions, report)
+    if p.flush(120):
+        raise RuntimeError("confluent-kafka did not deliver everything within 120 s")
+    elapsed = time.perf_counter() - t0
+    cpu.end()
+    if split is not None:
+        split.end()
+    return _result(f"kafka-port produce (confluent-kafka, {api})", messages, size, elapsed, cpu,
+                   split, failed=failed[0])
+
+
+def _send_batches(p: Any, topic: str, messages: int, body: bytes, partitions: int) -> None:
+    per_call = _batch_of(len(body))
+    full = [{"value": body} for _ in range(per_call)]
+    sent = 0
+    q = 0
+    while sent < messages:
+        k = min(per_call, messages - sent)
+        todo = full if k == per_call else full[:k]
+        while True:
+            queued = p.produce_batch(topic, todo, partition=q)
+            if queued == len(todo):
+                break
+            todo = [{"value": body} for m in todo if "_error" in m]  # the queue was full
+            p.poll(0.01)
+        sent += k
+        q = (q + 1) % partitions
+        p.poll(0)
+
+
+def _send_one_by_one(p: Any, topic: str, messages: int, body: bytes, partitions: int,
+                     report: Any) -> None:
     for i in range(messages):
         while True:
             try:
@@ -58,41 +143,79 @@ def kafka_produce(address: str, topic: str, messages: int, size: int, pid: int |
                 p.poll(0.01)
         if i % 10_000 == 0:
             p.poll(0)
-    if p.flush(120):
-        raise RuntimeError("confluent-kafka did not deliver everything within 120 s")
-    elapsed = time.perf_counter() - t0
-    cpu.end()
-    return _result("kafka-port produce (confluent-kafka)", messages, size, elapsed, cpu,
-                   failed=failed[0])
 
 
 def kafka_consume(address: str, topic: str, messages: int, size: int, pid: int | None,
                   partitions: int) -> dict[str, Any]:
+    """Read ``topic`` from the beginning with a confluent-kafka consumer until ``messages``
+    have come; the timed result."""
     c = confluent_kafka.Consumer({"bootstrap.servers": address, "group.id": "bench",
                                   "enable.auto.commit": False, "fetch.max.bytes": 8_000_000})
     c.assign([confluent_kafka.TopicPartition(topic, q, confluent_kafka.OFFSET_BEGINNING)
               for q in range(partitions)])
-    total = messages + 1  # and the untimed first one
     got = 0
     cpu = CpuTime(pid)
+    split = _SplitCpu(pid) if pid is not None else None
     cpu.begin()
     t0 = time.perf_counter()
     deadline = time.monotonic() + 300
-    while got < total and time.monotonic() < deadline:
+    while got < messages and time.monotonic() < deadline:
         for msg in c.consume(10_000, 1.0):
             if msg.error() is None:
                 got += 1
     elapsed = time.perf_counter() - t0
     cpu.end()
+    if split is not None:
+        split.end()
     c.close()
-    return _result("kafka-port consume (confluent-kafka)", got, size, elapsed, cpu)
+    if got != messages:
+        raise RuntimeError(f"the consumer read {got} of {messages} messages")
+    return _result("kafka-port consume (confluent-kafka)", got, size, elapsed, cpu, split)
+
+
+def native_produce(address: str, messages: int, size: int, pid: int,
+                   partitions: int) -> dict[str, Any]:
+    """Produce with FerryMQ's native producer (``ferrymq bench produce``); the timed result."""
+    split = _SplitCpu(pid)
+    res = run_produce(address, messages=messages, size=size, queues=partitions, broker_pid=pid,
+                      batch=_batch_of(size), show_progress=False)
+    split.end()  # includes the topic's creation: a few milliseconds
+    return {"workload": "native produce (ferrymq AsyncProducer)", "topic": res["topic"],
+            "messages": messages,
+            "size": size, "seconds": res["seconds"], "msg_per_s": res["msg_per_s"],
+            "broker_cpu_s": res["broker_cpu_s"], "broker_user_s": split.user,
+            "broker_system_s": split.system,
+            "broker_cpu_us_per_msg": (res["broker_cpu_s"] / messages * 1e6
+                                      if res["broker_cpu_s"] else None)}
 
 
 def _result(workload: str, messages: int, size: int, elapsed: float, cpu: CpuTime,
-            **extra: Any) -> dict[str, Any]:
+            split: _SplitCpu | None, **extra: Any) -> dict[str, Any]:
     return {"workload": workload, "messages": messages, "size": size, "seconds": elapsed,
             "msg_per_s": messages / elapsed, "broker_cpu_s": cpu.used,
-            "msgs_per_broker_cpu_s": messages / cpu.used if cpu.used else None, **extra}
+            "broker_user_s": split.user if split else None,
+            "broker_system_s": split.system if split else None,
+            "broker_cpu_us_per_msg": cpu.used / messages * 1e6 if cpu.used else None, **extra}
+
+
+def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians per workload and the two ratios issue 23 sets targets for."""
+    by: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        by.setdefault(r["workload"].split(" (")[0], []).append(r)
+    med = {w: {"msg_per_s": statistics.median(r["msg_per_s"] for r in rs),
+               "broker_cpu_us_per_msg": statistics.median(
+                   r["broker_cpu_us_per_msg"] for r in rs if r["broker_cpu_us_per_msg"])
+               if any(r["broker_cpu_us_per_msg"] for r in rs) else None,
+               "rounds": len(rs)} for w, rs in by.items()}
+    out: dict[str, Any] = {"summary": med}
+    k, n = med.get("kafka-port produce"), med.get("native produce")
+    if k and n:
+        out["produce_throughput_kafka_over_native"] = k["msg_per_s"] / n["msg_per_s"]
+        if k["broker_cpu_us_per_msg"] and n["broker_cpu_us_per_msg"]:
+            out["broker_cpu_per_msg_kafka_over_native"] = (
+                k["broker_cpu_us_per_msg"] / n["broker_cpu_us_per_msg"])
+    return out
 
 
 def main() -> None:
@@ -100,29 +223,42 @@ def main() -> None:
     ap.add_argument("--messages", type=int, default=100_000)
     ap.add_argument("--size", type=int, default=100)
     ap.add_argument("--partitions", type=int, default=4)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--kafka-api", choices=["batch", "produce"], default="batch")
     ap.add_argument("--flush", choices=["sync", "async"], default="sync")
+    ap.add_argument("--no-consume", action="store_true", help="skip the Kafka consumer")
     args = ap.parse_args()
     port = free_port()
+    rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as d:
         bp = BrokerProcess(Path(d) / "data", flush=args.flush,
                            extra=["--kafka-port", str(port)],
                            env={"FERRYMQ_DEFAULT_QUEUES": str(args.partitions)}).start()
         try:
+            pid = bp.pid
+            if pid is None or cpu_seconds(pid) is None:
+                raise RuntimeError("the broker's CPU time cannot be read (Linux /proc)")
             kafka = f"127.0.0.1:{port}"
-            print(json.dumps(kafka_produce(kafka, "bench-kafka", args.messages, args.size,
-                                           bp.pid, args.partitions)))
-            native = run_produce(bp.address, messages=args.messages, size=args.size,
-                                 queues=args.partitions, broker_pid=bp.pid,
-                                 batch=max(1, min(1000, 1_000_000 // args.size)),  # 1 MB
-                                 show_progress=False)
-            native["workload"] = "native produce (ferrymq AsyncProducer)"
-            print(json.dumps({k: native[k] for k in ("workload", "messages", "size", "seconds",
-                                                     "msg_per_s", "broker_cpu_s",
-                                                     "msgs_per_broker_cpu_s")}))
-            print(json.dumps(kafka_consume(kafka, "bench-kafka", args.messages, args.size,
-                                           bp.pid, args.partitions)))
+            admin = AdminClient(bp.address)
+            for r in range(args.rounds):
+                topic = f"bench-kafka-{r}"
+                runs = [functools.partial(kafka_produce, kafka, topic, args.messages, args.size,
+                                          pid, args.partitions, args.kafka_api),
+                        functools.partial(native_produce, bp.address, args.messages, args.size,
+                                          pid, args.partitions)]
+                for run in runs if r % 2 == 0 else runs[::-1]:
+                    rows.append(dict(run(), round=r + 1))
+                    print(json.dumps(rows[-1]), flush=True)
+                    if "topic" in rows[-1]:  # the native one's: its pages leave the cache
+                        admin.delete_topic(rows[-1]["topic"])
+                if not args.no_consume:
+                    rows.append(dict(kafka_consume(kafka, topic, args.messages + 1, args.size,
+                                                   bp.pid, args.partitions), round=r + 1))
+                    print(json.dumps(rows[-1]), flush=True)
+                admin.delete_topic(topic)
         finally:
             bp.stop()
+    print(json.dumps(summary(rows)))
 
 
 if __name__ == "__main__":

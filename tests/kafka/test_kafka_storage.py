@@ -165,8 +165,32 @@ def keyed_batch(first: int, n: int, *, codec: int = 0) -> bytes:
     return bytes(b.build())
 
 
+@pytest.fixture
+def keyed_kbroker(tmp_path: Path) -> Any:
+    b = Broker(tmp_path / "data", port=0, kafka_port=free_port(), default_queues=1,
+               kafka_key_headers_indexed=True).start()
+    try:
+        yield b
+    finally:
+        b.stop()
+
+
+def test_by_default_kafka_batches_are_not_scanned_for_ferrymq_keys(kbroker: Broker) -> None:
+    """A Kafka produce costs no scan of its batch: keyed or not, nothing is marked, so a
+    search by key does not find Kafka-produced messages; FerryMQ readers still get the keys."""
+    kbroker.server.topics.create("keys", 1, {}, 0)
+    with connect(kbroker) as s:
+        assert _produce(s, 2, "keys", keyed_batch(0, 4)).error_code == KafkaError.none
+    assert not segment_bytes(kbroker, "keys")[29] & ATTR_HAS_KEYS
+    with AdminClient(kbroker.address) as admin:
+        assert admin.find_by_key("keys", "order-2").messages == []
+    got = _pull(kbroker, "keys", 4)
+    assert [list(m.keys) for m in got] == [["order-0"], [], ["order-2"], []]
+
+
 def test_ferrymq_keys_of_kafka_messages_are_indexed_and_only_keyed_batches_marked(
-        kbroker: Broker) -> None:
+        keyed_kbroker: Broker) -> None:
+    kbroker = keyed_kbroker
     kbroker.server.topics.create("keys", 1, {}, 0)
     with connect(kbroker) as s:
         for i, batch in enumerate([client_batch(0, 4, codec=0), keyed_batch(4, 4),

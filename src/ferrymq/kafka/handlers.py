@@ -44,8 +44,9 @@ from ferrymq.kafka import txn as kafka_txn
 from ferrymq.kafka.rights import authorize, group_denied
 from ferrymq.kafka.sasl import SaslPeer, sasl_authenticate, sasl_handshake
 from ferrymq.protocol import messages as m
-from ferrymq.protocol.kafka import apis
+from ferrymq.protocol.kafka import apis, produce_codec
 from ferrymq.protocol.kafka.envelope import for_kafka, wrap
+from ferrymq.protocol.kafka.produce_codec import PartitionResult
 from ferrymq.protocol.messages import Acks, ApiKey, Isolation
 
 if TYPE_CHECKING:
@@ -134,32 +135,37 @@ def _metadata_response(peer: KafkaPeer, cls: type[Any], res: m.MetadataResponse,
     })
 
 
-def produce_request(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
+def produce_request(peer: KafkaPeer, cls: type[Any],
+                    req: produce_codec.ProduceRequestView) -> Any:
     """Wrap each partition's batch (stored as it came, :mod:`ferrymq.protocol.kafka.envelope`)
-    and append them through FerryMQ's PRODUCE; ``acks=0`` gets no response, as in Kafka."""
-    results: list[dict[str, Any] | None] = []  # per partition, None: sent to FerryMQ's produce
-    names: list[tuple[str, int]] = []
+    and append them through FerryMQ's PRODUCE; ``acks=0`` gets no response, as in Kafka. The
+    request was decoded and the response is encoded by hand
+    (:mod:`ferrymq.protocol.kafka.produce_codec`): the answer is its body's bytes."""
+    results: list[PartitionResult | None] = []  # per partition, None: sent to FerryMQ's produce
+    names: list[str] = []
     entries: list[m.ProduceEntry] = []
     cfg = peer.conn.server.config
     acks = _ACKS.get(req.acks)
-    for topic in req.topic_data:
-        for part in topic.partition_data:
-            names.append((topic.name, part.index))
+    mark_keys = cfg.kafka_key_headers_indexed and cfg.key_index_enabled
+    for topic in req.topics:
+        for part in topic.partitions:
+            names.append(topic.name)
             if acks is None and req.acks != 0:
-                results.append(_produce_error(part.index, KafkaError.invalid_required_acks,
-                                              f"acks must be -1, 0 or 1, not {req.acks}"))
+                results.append(PartitionResult(part.partition, KafkaError.invalid_required_acks,
+                                               -1, f"acks must be -1, 0 or 1, not {req.acks}"))
                 continue
             try:
-                batch = wrap(part.records or b"", max_batch_bytes=cfg.max_message_bytes,
+                batch = wrap(part.records if part.records is not None else b"",
+                             max_batch_bytes=cfg.max_message_bytes,
                              max_records=cfg.max_batch_records,
-                             max_decompressed_bytes=cfg.max_frame_bytes)
+                             max_decompressed_bytes=cfg.max_frame_bytes,
+                             mark_keys=mark_keys)
             except BrokerError as exc:  # the batch is refused, nothing of it stored
-                results.append(_produce_error(part.index, _refused(exc), str(exc)))
+                results.append(PartitionResult(part.partition, _refused(exc), -1, str(exc)[:1024]))
                 continue
-            entries.append((topic.name, part.index, batch))
+            entries.append((topic.name, part.partition, batch))
             results.append(None)
-    timeout_ms = int(req.timeout.total_seconds() * 1000)
-    freq = m.ProduceRequest(timeout_ms, entries, acks or Acks.LEADER)
+    freq = m.ProduceRequest(req.timeout_ms, entries, acks or Acks.LEADER)
     try:
         authorize(peer, ApiKey.PRODUCE, freq)
         answer: Any = (produce.produce(peer.conn, freq, envelopes=True) if entries
@@ -167,21 +173,17 @@ def produce_request(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
     except BrokerError as exc:  # the whole request refused (rights, watermarks)
         answer = m.ProduceResponse([(t, q, exc.code, str(exc), -1, -1, -1, 0, -1, [])
                                     for t, q, _b in entries])
+    version: int = cls.__version__
 
-    def respond(res: m.ProduceResponse) -> Any:
+    def respond(res: m.ProduceResponse) -> bytes:
         done = iter(res.results)
-        rows: dict[str, list[dict[str, Any]]] = {}
-        for (topic, _index), row in zip(names, results, strict=True):
+        rows: dict[str, list[PartitionResult]] = {}
+        for topic, row in zip(names, results, strict=True):
             if row is None:
                 _t, q, code, msg, base, _last, _append, _d, _tid, _dups = next(done)
-                row = {"index": q, "error_code": apis.kafka_error(code), "base_offset": base,
-                       "log_append_time": None, "log_start_offset": -1, "record_errors": (),
-                       "error_message": msg or None}
+                row = PartitionResult(q, apis.kafka_error(code), base, msg or None)
             rows.setdefault(topic, []).append(row)
-        return apis.build(cls, {
-            "responses": [{"name": t, "partition_responses": p} for t, p in rows.items()],
-            "throttle_time": _NO_TIME,
-        })
+        return produce_codec.encode_response(version, list(rows.items()))
 
     if req.acks == 0:
         return None
@@ -198,11 +200,6 @@ def _refused(exc: BrokerError) -> KafkaError:
     if isinstance(exc, CorruptRecordError) and "CRC" in str(exc):
         return KafkaError.corrupt_message
     return KafkaError.invalid_record
-
-
-def _produce_error(index: int, code: KafkaError, message: str) -> dict[str, Any]:
-    return {"index": index, "error_code": code, "base_offset": -1, "log_append_time": None,
-            "log_start_offset": -1, "record_errors": (), "error_message": message[:1024]}
 
 
 def fetch_request(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 from kio.schema.errors import ErrorCode as KafkaError
 
 from ferrymq import _sockets
+from ferrymq._buffers import thread_scratch
 from ferrymq.broker.auth_deadline import AuthDeadline
 from ferrymq.broker.context import BrokerContext
 from ferrymq.broker.read_gate import ReadGate
@@ -45,7 +46,7 @@ from ferrymq.kafka.cluster import drop_moved_groups
 from ferrymq.kafka.groups import KafkaGroupCoordinator
 from ferrymq.kafka.handlers import HANDLERS
 from ferrymq.protocol.codes import ErrorCode
-from ferrymq.protocol.kafka import apis
+from ferrymq.protocol.kafka import apis, produce_codec
 from ferrymq.protocol.kafka.frames import (
     KafkaFrameDecoder,
     decode_request_header,
@@ -169,7 +170,7 @@ class _Slot:
         self.data = data
 
 
-class KafkaConnection(ReadGate, AuthDeadline, asyncio.Protocol):
+class KafkaConnection(ReadGate, AuthDeadline, asyncio.BufferedProtocol):
     """One Kafka client connection. Also what FerryMQ's handlers see as their connection
     (:class:`~ferrymq.broker.context.ClientConnection`): its principal is the user SASL
     authenticated (:mod:`ferrymq.kafka.sasl`), None when authentication is off."""
@@ -181,7 +182,7 @@ class KafkaConnection(ReadGate, AuthDeadline, asyncio.Protocol):
         self.authenticated = self.server.auth is None
         """False until SASL succeeds (True at once when authentication is off)."""
         self.decoder = KafkaFrameDecoder(cfg.max_frame_bytes if self.authenticated
-                                         else cfg.max_pre_auth_frame_bytes)
+                                         else cfg.max_pre_auth_frame_bytes, thread_scratch())
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
         self.ip = "?"
@@ -202,6 +203,7 @@ class KafkaConnection(ReadGate, AuthDeadline, asyncio.Protocol):
         self._closing = False
         self._read_paused = False
         self._tasks: set[asyncio.Future[Any]] = set()
+        self._flush_due = False
 
     @property
     def conn(self) -> ClientConnection:
@@ -256,12 +258,15 @@ class KafkaConnection(ReadGate, AuthDeadline, asyncio.Protocol):
         self._tasks.clear()
         self.slots.clear()
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.decoder.get_buffer(sizehint)
+
+    def buffer_updated(self, nbytes: int) -> None:
         if self.closed:
             return
         self.last_activity = time.monotonic()
         try:
-            frames = self.decoder.feed(data)
+            frames = self.decoder.buffer_updated(nbytes)
         except RemoteProtocolError as exc:
             self.close(str(exc))
             return
@@ -309,7 +314,7 @@ class KafkaConnection(ReadGate, AuthDeadline, asyncio.Protocol):
 
     # -- requests ----------------------------------------------------------------------------
 
-    def _dispatch(self, data: bytes) -> None:
+    def _dispatch(self, data: bytes | bytearray) -> None:
         if self.closed:  # an earlier frame of the same read closed it
             return
         try:
@@ -336,7 +341,11 @@ class KafkaConnection(ReadGate, AuthDeadline, asyncio.Protocol):
         flexible = bool(res_cls.__flexible__)
         try:
             header = decode_request_header(data, flexible=flexible)
-            req = apis.decode_request(req_cls, data, header.body)
+            if key == apis.PRODUCE:  # the hot path: records stay views of the frame
+                req = produce_codec.decode_request(data, header.body, version)
+            else:
+                req = apis.decode_request(req_cls, bytes(data) if isinstance(data, bytearray)
+                                          else data, header.body)
         except RemoteProtocolError as exc:
             self.close(f"malformed request (api key {key} v{version}): {exc}")
             return
@@ -395,11 +404,15 @@ class KafkaConnection(ReadGate, AuthDeadline, asyncio.Protocol):
         exc = fut.exception()
         value = fut.result() if exc is None else self._failed(res_cls, exc)
         slot.data = frame(head, self._encode(res_cls, value))
-        self._flush()
+        if not self._flush_due:  # answers completed by one fsync round go out in one write
+            self._flush_due = True
+            asyncio.get_running_loop().call_soon(self._flush)
 
     def _encode(self, res_cls: type[Any], value: Any) -> bytes:
-        """``value`` encoded; a value kio cannot encode (a handler bug) is logged and answered
-        UNKNOWN_SERVER_ERROR."""
+        """``value`` encoded (bytes: a body the handler encoded itself, Produce's); a value kio
+        cannot encode (a handler bug) is logged and answered UNKNOWN_SERVER_ERROR."""
+        if isinstance(value, bytes):
+            return value
         try:
             return apis.encode(value)
         except Exception as exc:  # noqa: BLE001 - the client gets an answer whatever broke
@@ -410,12 +423,16 @@ class KafkaConnection(ReadGate, AuthDeadline, asyncio.Protocol):
         self._flush()
 
     def _flush(self) -> None:
-        """Write the answers that are ready, in request order."""
+        """Write the answers that are ready, in request order (one write for all of them)."""
+        self._flush_due = False
         slots = self.slots
+        ready: list[bytes] = []
         while slots and slots[0].data is not None:
             data = slots.popleft().data
-            if self.transport is not None and not self.closed and data is not None:
-                self.transport.write(data)
+            if data is not None:
+                ready.append(data)
+        if ready and self.transport is not None and not self.closed:
+            self.transport.write(ready[0] if len(ready) == 1 else b"".join(ready))
         if self._closing and not slots:
             self.close("SASL authentication failed")
             return

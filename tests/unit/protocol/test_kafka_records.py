@@ -211,6 +211,35 @@ def test_frame_decoder_cuts_frames_across_reads_and_refuses_bad_sizes() -> None:
         KafkaFrameDecoder(100).feed(struct.pack(">i", 0))
 
 
+@given(st.lists(st.binary(min_size=1, max_size=60), max_size=6),
+       st.lists(st.integers(1, 50), min_size=1, max_size=20))
+def test_large_frames_are_read_in_place_however_the_stream_is_cut(
+        bodies: list[bytes], cuts: list[int]) -> None:
+    """As a BufferedProtocol: reads land where get_buffer says, a frame above big_frame_bytes
+    left incomplete by a read gets a buffer of its own, filled in place."""
+    data = b"".join(struct.pack(">i", len(b)) + b for b in bodies)
+    d = KafkaFrameDecoder(100, memoryview(bytearray(16)), big_frame_bytes=8)
+    got: list[bytes | bytearray] = []
+    pos = i = 0
+    while pos < len(data):
+        buf = d.get_buffer()
+        n = min(cuts[i % len(cuts)], len(buf), len(data) - pos)
+        buf[:n] = data[pos:pos + n]
+        got += d.buffer_updated(n)
+        pos += n
+        i += 1
+    assert [bytes(f) for f in got] == bodies
+    assert d.buffered == 0
+
+
+def test_a_large_frame_is_refused_by_its_size_before_anything_is_allocated() -> None:
+    d = KafkaFrameDecoder(1000, big_frame_bytes=8)
+    assert d.feed(struct.pack(">i", 500) + b"x" * 100) == []
+    assert d.buffered == 100 and len(d.get_buffer()) == 400  # read in place: the rest's room
+    with pytest.raises(FrameSizeError, match="max_frame_bytes"):
+        KafkaFrameDecoder(1000, big_frame_bytes=8).feed(struct.pack(">i", 2**31 - 1) + b"x")
+
+
 @given(st.lists(st.binary(min_size=1, max_size=40), max_size=6),
        st.lists(st.integers(1, 50), min_size=1, max_size=20))
 def test_frame_decoder_gives_the_same_frames_however_the_stream_is_cut(

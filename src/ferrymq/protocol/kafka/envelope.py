@@ -83,7 +83,7 @@ def _envelope_crc(buf: bytes | bytearray | memoryview, pos: int) -> int:
 
 
 def wrap(data: bytes | memoryview, *, max_batch_bytes: int, max_records: int,
-         max_decompressed_bytes: int | None = None) -> bytearray:
+         max_decompressed_bytes: int | None = None, mark_keys: bool = True) -> bytearray:
     """The envelope of one Kafka batch a client produced (base offset and append time left 0).
 
     Checked: exactly one batch of magic 2, its CRC-32C, a record count of 1 to
@@ -92,6 +92,10 @@ def wrap(data: bytes | memoryview, *, max_batch_bytes: int, max_records: int,
     whose ``maxTimestamp`` is below its first timestamp (unset: Sarama 1.22 sends -1): that one
     is set from the records, as a Kafka broker sets it (decompressing at most
     ``max_decompressed_bytes``, by default ``max_batch_bytes``).
+
+    ``mark_keys``: set the has-keys bit of an uncompressed batch holding the bytes
+    ``ferrymq.key`` (a scan of the whole batch, the only per-byte work here besides the CRC),
+    so the key index converts it; False: never set.
 
     Raises:
         CorruptRecordError: see :func:`~ferrymq.protocol.kafka.records.check_batch`; a control
@@ -123,10 +127,10 @@ def wrap(data: bytes | memoryview, *, max_batch_bytes: int, max_records: int,
             f"timestamp to its largest: FerryMQ keeps a batch within 0..{MAX_TIMESTAMP_DELTA_MS} "
             "ms (24.8 days); send such records in separate batches")
     attributes = ATTR_TRANSACTIONAL if h.attributes & kafka.KAFKA_ATTR_TRANSACTIONAL else 0
-    if not h.attributes & kafka.COMPRESSION_MASK and _KEY_HEADER in data:
-        attributes |= ATTR_HAS_KEYS  # may carry FerryMQ keys: the key index converts it
     out = bytearray(HEADER_SIZE)
     out += data
+    if mark_keys and not h.attributes & kafka.COMPRESSION_MASK and _KEY_HEADER in out:
+        attributes |= ATTR_HAS_KEYS  # may carry FerryMQ keys: the key index converts it
     _LEADER_EPOCH.pack_into(out, HEADER_SIZE + 12, _NO_LEADER_EPOCH)
     HEADER.pack_into(
         out, 0, 0, len(out) - LENGTH_PREFIX, 0, 0, 0, ENVELOPE_MAGIC, attributes, h.record_count,

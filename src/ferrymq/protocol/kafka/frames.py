@@ -15,7 +15,7 @@ response header is always v0 so a client can read it whatever version it asked f
 
 :class:`KafkaFrameDecoder` cuts a byte stream into frames and refuses a size outside
 ``1..max_frame_bytes`` before buffering it (the stream cannot be trusted after that: the
-connection is closed).
+connection is closed). It reads large frames in place (``asyncio.BufferedProtocol``).
 """
 
 from __future__ import annotations
@@ -24,12 +24,15 @@ import struct
 from typing import NamedTuple
 
 from ferrymq.errors import FrameSizeError, RemoteProtocolError
+from ferrymq.protocol.frames import SCRATCH_BYTES
 
 _SIZE = struct.Struct(">i")
 _HEADER = struct.Struct(">hhi")
 _CLIENT_ID_LEN = struct.Struct(">h")
 API_VERSIONS_KEY = 18
 MIN_HEADER_BYTES = _HEADER.size + _CLIENT_ID_LEN.size  # 10
+BIG_FRAME_BYTES = 16 * 1024
+"""A frame above this size that one read leaves incomplete is read in place."""
 
 
 class RequestHeader(NamedTuple):
@@ -43,48 +46,134 @@ class RequestHeader(NamedTuple):
 
 
 class KafkaFrameDecoder:
-    """Cut a byte stream into Kafka frames of at most ``max_frame_bytes`` each."""
+    """Cut a byte stream into Kafka frames of at most ``max_frame_bytes`` each.
 
-    def __init__(self, max_frame_bytes: int) -> None:
+    It serves an ``asyncio.BufferedProtocol`` (:meth:`get_buffer`, :meth:`buffer_updated`): a
+    read lands in a reused ``scratch`` buffer (the broker passes its thread's, shared by every
+    connection of the event loop, :func:`ferrymq._buffers.thread_scratch`), from which small
+    frames are copied once, and a partial one is kept aside before the callback returns; a frame
+    larger than ``big_frame_bytes`` that a read leaves incomplete gets a buffer of its exact
+    size (its size checked first), and the rest of it is read into that buffer in place, so a
+    large Produce is never copied on its way in. :meth:`feed` takes bytes already read (tests,
+    fuzzing). Frames come out as ``bytes`` or, read in place, ``bytearray``.
+    """
+
+    def __init__(self, max_frame_bytes: int, scratch: memoryview | None = None, *,
+                 big_frame_bytes: int = BIG_FRAME_BYTES) -> None:
         self.max_frame_bytes = max_frame_bytes
-        self._buf = bytearray()
+        self._scratch = scratch if scratch is not None else memoryview(bytearray(SCRATCH_BYTES))
+        self._big_at = big_frame_bytes
+        self._part = bytearray()  # the start of a frame (or of its size) awaiting the rest
+        self._big: bytearray | None = None  # a large frame being read in place
+        self._big_have = 0
 
-    def feed(self, data: bytes | bytearray | memoryview) -> list[bytes]:
+    def get_buffer(self, sizehint: int = -1) -> memoryview:
+        """Where the next read should land (``asyncio.BufferedProtocol.get_buffer``)."""
+        if self._big is not None:
+            return memoryview(self._big)[self._big_have:]
+        return self._scratch
+
+    def feed(self, data: bytes | bytearray | memoryview) -> list[bytes | bytearray]:
         """Take ``data``; return the frames it completed (their bodies, without the size).
 
         Raises:
             FrameSizeError: a frame's size is below 1 or above ``max_frame_bytes``.
         """
-        buf = self._buf
-        if buf:
-            buf += data
-        src = buf if buf else data  # nothing held: frames are cut from ``data`` directly
-        frames: list[bytes] = []
-        pos = 0
-        n = len(src)
-        with memoryview(src) as mv:  # one copy per frame, not two
-            while n - pos >= 4:
-                (size,) = _SIZE.unpack_from(mv, pos)
-                if not 0 < size <= self.max_frame_bytes:
-                    raise FrameSizeError(f"Kafka frame of {size} bytes: frames must be 1.."
-                                         f"{self.max_frame_bytes} bytes (max_frame_bytes)")
-                if n - pos - 4 < size:
-                    break
-                frames.append(bytes(mv[pos + 4:pos + 4 + size]))
-                pos += 4 + size
-            if src is not buf and pos < n:
-                buf += mv[pos:]  # the start of a frame: held until it is complete
-        if src is buf and pos:
-            del buf[:pos]
+        src = memoryview(data).cast("B")
+        frames: list[bytes | bytearray] = []
+        i = 0
+        while i < len(src):
+            buf = self.get_buffer()
+            k = min(len(buf), len(src) - i)
+            buf[:k] = src[i:i + k]
+            i += k
+            frames += self.buffer_updated(k)
         return frames
+
+    def buffer_updated(self, nbytes: int) -> list[bytes | bytearray]:
+        """``nbytes`` were read into the buffer :meth:`get_buffer` returned: the frames they
+        complete (``asyncio.BufferedProtocol.buffer_updated``). Errors as in :meth:`feed`;
+        the stream cannot be trusted after one (close the connection)."""
+        big = self._big
+        if big is not None:
+            self._big_have += nbytes
+            if self._big_have < len(big):
+                return []
+            self._big = None
+            self._big_have = 0
+            return [big]
+        view = self._scratch
+        frames: list[bytes | bytearray] = []
+        pos = 0
+        if self._part:
+            pos = self._complete_part(view, nbytes, frames)
+            if pos < 0:
+                return frames
+        while nbytes - pos >= 4:
+            size = self._size(view, pos)
+            end = pos + 4 + size
+            if end <= nbytes:
+                frames.append(bytes(view[pos + 4:end]))
+                pos = end
+                continue
+            if size > self._big_at:
+                self._read_in_place(size, view[pos + 4:nbytes])
+                return frames
+            break
+        if pos < nbytes:
+            self._part = bytearray(view[pos:nbytes])
+        return frames
+
+    def _complete_part(self, view: memoryview, nbytes: int,
+                       frames: list[bytes | bytearray]) -> int:
+        """Feed the start of a read to the frame begun by earlier reads; where parsing of the
+        read goes on, or -1 when the read is used up."""
+        part = self._part
+        pos = 0
+        if len(part) < 4:
+            pos = min(4 - len(part), nbytes)
+            part += view[:pos]
+            if len(part) < 4:
+                return -1
+        size = self._size(part, 0)
+        need = 4 + size - len(part)
+        if need > nbytes - pos and size > self._big_at:
+            have = bytes(part[4:])
+            self._part = bytearray()
+            self._read_in_place(size, have, view[pos:nbytes])
+            return -1
+        take = min(need, nbytes - pos)
+        part += view[pos:pos + take]
+        pos += take
+        if take < need:
+            return -1
+        self._part = bytearray()
+        frames.append(bytes(part[4:]))
+        return pos
+
+    def _read_in_place(self, size: int, *starts: bytes | memoryview) -> None:
+        big = bytearray(size)
+        have = 0
+        for s in starts:
+            big[have:have + len(s)] = s
+            have += len(s)
+        self._big = big
+        self._big_have = have
+
+    def _size(self, buf: bytearray | memoryview, pos: int) -> int:
+        (size,) = _SIZE.unpack_from(buf, pos)
+        if not 0 < size <= self.max_frame_bytes:
+            raise FrameSizeError(f"Kafka frame of {size} bytes: frames must be 1.."
+                                 f"{self.max_frame_bytes} bytes (max_frame_bytes)")
+        return int(size)
 
     @property
     def buffered(self) -> int:
         """Bytes of an incomplete frame held."""
-        return len(self._buf)
+        return self._big_have if self._big is not None else len(self._part)
 
 
-def peek_header(frame: bytes) -> tuple[int, int, int]:
+def peek_header(frame: bytes | bytearray) -> tuple[int, int, int]:
     """The api key, version and correlation id of a request frame.
 
     Raises:
@@ -97,7 +186,7 @@ def peek_header(frame: bytes) -> tuple[int, int, int]:
     return key, version, correlation_id
 
 
-def decode_request_header(frame: bytes, *, flexible: bool) -> RequestHeader:
+def decode_request_header(frame: bytes | bytearray, *, flexible: bool) -> RequestHeader:
     """Decode the header of a request frame (v2 when ``flexible``, else v1).
 
     Raises:
@@ -126,7 +215,7 @@ def decode_request_header(frame: bytes, *, flexible: bool) -> RequestHeader:
     return RequestHeader(key, version, correlation_id, client_id, pos)
 
 
-def _read_uvarint(buf: bytes, pos: int) -> tuple[int, int]:
+def _read_uvarint(buf: bytes | bytearray, pos: int) -> tuple[int, int]:
     shift = 0
     value = 0
     while True:
