@@ -5,8 +5,10 @@ confluent-kafka through the Kafka port (``acks=all``, librdkafka's batching: ``l
 ``batch.size`` 1 MB) and with FerryMQ's native asyncio producer (``ferrymq bench produce``'s
 workload, ``acks="all"``, batches of 1,000 messages or 1 MB, 8 in flight). The order alternates
 from round to round (Kafka first in odd rounds), so neither side always gets the emptier disk.
-Then a confluent-kafka consumer reads the round's Kafka-produced messages back (``assign()``)
-and must see every one. Each topic is deleted once its workloads are done: the page cache
+After each produce, the same side's consumer reads the topic back from the start: a
+confluent-kafka consumer (``assign()``) the Kafka-produced messages, FerryMQ's native pull
+consumer (``ferrymq bench consume``'s reader) the native ones; each must see every one. Each
+topic is deleted once its workloads are done: the page cache
 then holds no more of one side's data than of the other's when the next workload starts (at
 10 KB a run writes 2 GB, and writing into a full page cache costs the broker far more system
 time). Each workload is timed with the broker's CPU seconds (user and system). One JSON
@@ -45,7 +47,7 @@ import confluent_kafka
 
 from ferrymq._launcher import BrokerProcess, free_port
 from ferrymq.admin.bench_measure import CpuTime, cpu_seconds
-from ferrymq.admin.bench_workloads import run_produce
+from ferrymq.admin.bench_workloads import run_consume, run_produce
 from ferrymq.client.sync import AdminClient
 
 _PRODUCER = {"acks": "all", "linger.ms": 5, "batch.size": 1_000_000,
@@ -160,7 +162,7 @@ def kafka_consume(address: str, topic: str, messages: int, size: int, pid: int |
     t0 = time.perf_counter()
     deadline = time.monotonic() + 300
     while got < messages and time.monotonic() < deadline:
-        for msg in c.consume(10_000, 1.0):
+        for msg in c.consume(min(10_000, messages - got), 1.0):  # not waiting for more
             if msg.error() is None:
                 got += 1
     elapsed = time.perf_counter() - t0
@@ -186,6 +188,22 @@ def native_produce(address: str, messages: int, size: int, pid: int,
             "broker_cpu_s": res["broker_cpu_s"], "broker_user_s": split.user,
             "broker_system_s": split.system,
             "broker_cpu_us_per_msg": (res["broker_cpu_s"] / messages * 1e6
+                                      if res["broker_cpu_s"] else None)}
+
+
+def native_consume(address: str, topic: str, messages: int, size: int, pid: int,
+                   partitions: int) -> dict[str, Any]:
+    """Read ``topic`` (filled by :func:`native_produce`) with FerryMQ's native pull consumer
+    (``ferrymq bench consume``'s reader); the timed result."""
+    split = _SplitCpu(pid)
+    res = run_consume(address, messages=messages - 1, size=size, queues=partitions,
+                      broker_pid=pid, show_progress=False, topic=topic)
+    split.end()
+    return {"workload": "native consume (ferrymq AsyncPullConsumer)", "messages": res["messages"],
+            "size": size, "seconds": res["seconds"], "msg_per_s": res["msg_per_s"],
+            "broker_cpu_s": res["broker_cpu_s"], "broker_user_s": split.user,
+            "broker_system_s": split.system,
+            "broker_cpu_us_per_msg": (res["broker_cpu_s"] / res["messages"] * 1e6
                                       if res["broker_cpu_s"] else None)}
 
 
@@ -249,13 +267,16 @@ def main() -> None:
                 for run in runs if r % 2 == 0 else runs[::-1]:
                     rows.append(dict(run(), round=r + 1))
                     print(json.dumps(rows[-1]), flush=True)
-                    if "topic" in rows[-1]:  # the native one's: its pages leave the cache
-                        admin.delete_topic(rows[-1]["topic"])
-                if not args.no_consume:
-                    rows.append(dict(kafka_consume(kafka, topic, args.messages + 1, args.size,
-                                                   bp.pid, args.partitions), round=r + 1))
-                    print(json.dumps(rows[-1]), flush=True)
-                admin.delete_topic(topic)
+                    native_topic = rows[-1].pop("topic", None)
+                    if native_topic is None:
+                        reader = functools.partial(kafka_consume, kafka, topic)
+                    else:
+                        reader = functools.partial(native_consume, bp.address, native_topic)
+                    if not args.no_consume:  # all it holds: the messages and the warm-up
+                        rows.append(dict(reader(args.messages + 1, args.size, pid,
+                                                args.partitions), round=r + 1))
+                        print(json.dumps(rows[-1]), flush=True)
+                    admin.delete_topic(native_topic or topic)  # its pages leave the cache
         finally:
             bp.stop()
     print(json.dumps(summary(rows)))

@@ -210,18 +210,25 @@ async def _filled_topic(address: str, queues: int, messages: int, size: int, bat
 def run_consume(address: str, *, messages: int = 1_000_000, size: int = 100, batch: int = 1000,
                 queues: int = 4, inflight: int = 8, broker_pid: int | None = None,
                 show_progress: bool = True, max_poll: int = 10_000,
-                replication: Replication = DEFAULT_REPLICATION) -> dict[str, Any]:
-    """Produce ``messages`` (untimed), then time one consumer reading them all."""
+                replication: Replication = DEFAULT_REPLICATION,
+                topic: str | None = None) -> dict[str, Any]:
+    """Produce ``messages`` (untimed), then time one consumer reading them all. ``topic``: read
+    that topic instead, which :func:`run_produce` filled with ``messages`` (and its warm-up
+    message)."""
     install_uvloop()
 
     async def main() -> dict[str, Any]:
-        topic, total = await _filled_topic(address, queues, messages, size, batch, inflight,
-                                           show_progress, replication)
+        if topic is None:
+            name, total = await _filled_topic(address, queues, messages, size, batch, inflight,
+                                              show_progress, replication)
+        else:
+            name, total = topic, messages + 1
         cpu = CpuTime(broker_pid)
-        elapsed, nbytes = await _pull_all(address, topic, queues, total, "consume",
+        elapsed, nbytes = await _pull_all(address, name, queues, total, "consume",
                                           show_progress, max_poll, cpu)
         res = _throughput("consume", total, size, elapsed, cpu, broker_pid, queues=queues)
         res["body_bytes"] = nbytes
+        res["topic"] = name
         return res
 
     return asyncio.run(main())
