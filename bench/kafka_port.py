@@ -8,11 +8,12 @@ from round to round (Kafka first in odd rounds), so neither side always gets the
 After each produce, the same side's consumer reads the topic back from the start: a
 confluent-kafka consumer (``assign()``) the Kafka-produced messages, FerryMQ's native pull
 consumer (``ferrymq bench consume``'s reader) the native ones; each must see every one. Each
-topic is deleted once its workloads are done: the page cache
-then holds no more of one side's data than of the other's when the next workload starts (at
-10 KB a run writes 2 GB, and writing into a full page cache costs the broker far more system
-time). Each workload is timed with the broker's CPU seconds (user and system). One JSON
-object per workload and round, then a summary of medians and ratios.
+topic is deleted once its workloads are done: the page cache then holds no more of one side's
+data than of the other's when the next workload starts (at 10 KB a run writes 2 GB, and
+writing into a full page cache costs the broker far more system time). Each workload is timed
+with the broker's CPU seconds (user and system) and the benchmark process's own
+(``client_cpu_s``: the client's, librdkafka's threads included). One JSON object per workload
+and round, then a summary of medians and ratios.
 
 ``--kafka-api`` picks how the benchmark hands messages to confluent-kafka:
 
@@ -265,7 +266,9 @@ def main() -> None:
                         functools.partial(native_produce, bp.address, args.messages, args.size,
                                           pid, args.partitions)]
                 for run in runs if r % 2 == 0 else runs[::-1]:
+                    client = time.process_time()
                     rows.append(dict(run(), round=r + 1))
+                    rows[-1]["client_cpu_s"] = time.process_time() - client
                     print(json.dumps(rows[-1]), flush=True)
                     native_topic = rows[-1].pop("topic", None)
                     if native_topic is None:
@@ -273,8 +276,10 @@ def main() -> None:
                     else:
                         reader = functools.partial(native_consume, bp.address, native_topic)
                     if not args.no_consume:  # all it holds: the messages and the warm-up
+                        client = time.process_time()
                         rows.append(dict(reader(args.messages + 1, args.size, pid,
                                                 args.partitions), round=r + 1))
+                        rows[-1]["client_cpu_s"] = time.process_time() - client
                         print(json.dumps(rows[-1]), flush=True)
                     admin.delete_topic(native_topic or topic)  # its pages leave the cache
         finally:

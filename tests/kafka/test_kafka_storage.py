@@ -16,7 +16,8 @@ import pytest
 from kio.schema.errors import ErrorCode as KafkaError
 
 from ferrymq import AdminClient, Broker, Message, Producer, PullConsumer, SimpleConsumer
-from ferrymq.protocol.kafka import apis
+from ferrymq.kafka import handlers as kafka_handlers
+from ferrymq.protocol.kafka import apis, envelope
 from ferrymq.protocol.kafka import records as kafka
 from ferrymq.protocol.records import ATTR_HAS_KEYS, HEADER_SIZE
 from tests.helpers import free_port, wait_for
@@ -42,19 +43,20 @@ def client_batch(first: int, n: int, *, codec: int = GZIP) -> bytes:
     return bytes(b.build())
 
 
-def kafka_fetch(s: socket.socket, topic: str, offset: int) -> Any:
-    """One Fetch v12 of partition 0 from ``offset``: its partition answer."""
+def kafka_fetch(s: socket.socket, topic: str, offset: int, partition: int = 0,
+                max_bytes: int = 1 << 20) -> Any:
+    """One Fetch v12 of ``partition`` from ``offset``: its partition answer."""
     req = apis.request_class(1, 12)
     res = apis.response_class(1, 12)
     assert req is not None
     assert res is not None
     body = apis.encode(apis.build(req, {
         "replica_id": -1, "max_wait": datetime.timedelta(milliseconds=100), "min_bytes": 1,
-        "max_bytes": 1 << 20, "isolation_level": 0, "session_id": 0, "session_epoch": -1,
+        "max_bytes": max_bytes, "isolation_level": 0, "session_id": 0, "session_epoch": -1,
         "topics": [{"topic": topic, "partitions": [{
-            "partition": 0, "current_leader_epoch": -1, "fetch_offset": offset,
+            "partition": partition, "current_leader_epoch": -1, "fetch_offset": offset,
             "last_fetched_epoch": -1, "log_start_offset": -1,
-            "partition_max_bytes": 1 << 20}]}],
+            "partition_max_bytes": max_bytes}]}],
         "forgotten_topics_data": [], "rack_id": ""}))
     s.sendall(request(1, 12, 9, body, flexible=True))
     [part] = apis.decode_request(res, read_frame(s)[5:], 0).responses[0].partitions
@@ -107,6 +109,61 @@ def test_a_kafka_batch_is_stored_as_sent_and_served_back_byte_identical(kbroker:
         whole = kafka_fetch(s, "raw", 0).records
         assert whole.endswith(part.records)
         assert kafka.decode_header(whole).record_count == 1  # the FerryMQ message, converted
+
+
+def big_batch(first: int, n: int) -> bytes:
+    """An uncompressed batch of ``n`` 1 KB records: larger than a read, so the broker reads
+    the frame carrying it in place."""
+    b = default_records.DefaultRecordBatchBuilder(
+        magic=2, compression_type=0, is_transactional=False, producer_id=-1,
+        producer_epoch=-1, base_sequence=-1, batch_size=1 << 22)
+    for i in range(n):
+        b.append(i, timestamp=1_700_000_000_000 + first + i, key=None,
+                 value=f"{first + i:08d}".encode() * 128, headers=[])
+    return bytes(b.build())
+
+
+def test_large_frames_are_stored_as_sent_whether_wrapped_in_place_or_copied(
+        kbroker: Broker, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Produce frame larger than a read is read in place: its first batch is wrapped in the
+    free bytes before it, the second (right after the first's records) copied. Both are
+    stored as sent and read back whole by both protocols."""
+    in_place: list[bool] = []
+
+    def spy(data: Any, **kw: Any) -> Any:  # observes which way each batch went
+        out = envelope.wrap(data, **kw)
+        in_place.append(out is kw["roomy"])
+        return out
+
+    monkeypatch.setattr(kafka_handlers, "wrap", spy)
+    kbroker.server.topics.create("big", 2, {}, 0)
+    sent = [big_batch(0, 300), big_batch(300, 200)]
+    req = apis.request_class(0, 9)
+    res = apis.response_class(0, 9)
+    assert req is not None
+    assert res is not None
+    body = apis.encode(apis.build(req, {
+        "transactional_id": None, "acks": -1, "timeout": datetime.timedelta(seconds=5),
+        "topic_data": [{"name": "big", "partition_data": [
+            {"index": q, "records": batch} for q, batch in enumerate(sent)]}]}))
+    assert len(body) > 4 * 65536
+    with connect(kbroker) as s:
+        s.sendall(request(0, 9, 7, body, flexible=True))
+        parts = apis.decode_request(res, read_frame(s)[5:], 0).responses[0].partition_responses
+        assert [(p.index, p.error_code, p.base_offset) for p in parts] == [
+            (0, KafkaError.none, 0), (1, KafkaError.none, 0)]
+        for q, batch in enumerate(sent):
+            [seg] = sorted(Path(kbroker.server.topics.queue("big", q).log.directory)
+                           .glob("*.log"))
+            disk = seg.read_bytes()
+            assert disk[28] == 2 and disk[HEADER_SIZE:] == stamped(batch, 0)
+    for q, batch in enumerate(sent):
+        with connect(kbroker) as s:
+            fetch = kafka_fetch(s, "big", 0, q, 1 << 22)
+        assert fetch.records == stamped(batch, 0)
+    assert in_place == [True, False]
+    got = _pull(kbroker, "big", 500)
+    assert sorted(m.body[:8] for m in got) == [f"{i:08d}".encode() for i in range(500)]
 
 
 def _pull(b: Broker, topic: str, n: int, tags: str = "*") -> list[Any]:

@@ -159,7 +159,7 @@ def produce_request(peer: KafkaPeer, cls: type[Any],
                              max_batch_bytes=cfg.max_message_bytes,
                              max_records=cfg.max_batch_records,
                              max_decompressed_bytes=cfg.max_frame_bytes,
-                             mark_keys=mark_keys)
+                             mark_keys=mark_keys, roomy=part.roomy)
             except BrokerError as exc:  # the batch is refused, nothing of it stored
                 results.append(PartitionResult(part.partition, _refused(exc), -1, str(exc)[:1024]))
                 continue

@@ -4,15 +4,17 @@ Theory of operation
 -------------------
 :class:`KafkaListener` is bound and started by the broker server next to its native port
 (``kafka_port``, 0: off). Each accepted socket is a :class:`KafkaConnection`, an
-``asyncio.Protocol``: the sans-IO :class:`~ferrymq.protocol.kafka.frames.KafkaFrameDecoder`
-cuts frames, the header says the API and version, ``kio`` decodes the body
-(:mod:`ferrymq.protocol.kafka.apis`), a handler of :mod:`ferrymq.kafka.handlers` answers it by
-way of FerryMQ's own handlers.
+``asyncio.BufferedProtocol``: reads land in the buffers of the sans-IO
+:class:`~ferrymq.protocol.kafka.frames.KafkaFrameDecoder`, which cuts frames (a large one read
+in place), the header says the API and version, ``kio`` decodes the body
+(:mod:`ferrymq.protocol.kafka.apis`; Produce by hand, :mod:`ferrymq.protocol.kafka.produce_codec`),
+a handler of :mod:`ferrymq.kafka.handlers` answers it by way of FerryMQ's own handlers.
 
 Kafka clients expect the responses of one connection in the order of its requests (the Java
 client checks each correlation id against its oldest request). Requests are dispatched at once
 as on the native port; an answer that is ready while an earlier one still waits (an fsync, a
-long poll) is held until the earlier one is written.
+long poll) is held until the earlier one is written. Answers that complete in one event-loop
+pass (the produce requests one flush round made durable) are written together.
 
 Limits are the native port's: ``max_connections`` and ``max_connections_per_ip`` (counted
 together with native connections), ``max_frame_bytes`` (checked on the size prefix, before
@@ -48,12 +50,14 @@ from ferrymq.kafka.handlers import HANDLERS
 from ferrymq.protocol.codes import ErrorCode
 from ferrymq.protocol.kafka import apis, produce_codec
 from ferrymq.protocol.kafka.frames import (
+    FRAME_HEADROOM,
     KafkaFrameDecoder,
     decode_request_header,
     frame,
     peek_header,
     response_header,
 )
+from ferrymq.protocol.records import HEADER_SIZE
 
 if TYPE_CHECKING:
     import ssl
@@ -314,7 +318,7 @@ class KafkaConnection(ReadGate, AuthDeadline, asyncio.BufferedProtocol):
 
     # -- requests ----------------------------------------------------------------------------
 
-    def _dispatch(self, data: bytes | bytearray) -> None:
+    def _dispatch(self, data: bytes | memoryview) -> None:
         if self.closed:  # an earlier frame of the same read closed it
             return
         try:
@@ -342,9 +346,9 @@ class KafkaConnection(ReadGate, AuthDeadline, asyncio.BufferedProtocol):
         try:
             header = decode_request_header(data, flexible=flexible)
             if key == apis.PRODUCE:  # the hot path: records stay views of the frame
-                req = produce_codec.decode_request(data, header.body, version)
+                req = self._decode_produce(data, header.body, version)
             else:
-                req = apis.decode_request(req_cls, bytes(data) if isinstance(data, bytearray)
+                req = apis.decode_request(req_cls, bytes(data) if isinstance(data, memoryview)
                                           else data, header.body)
         except RemoteProtocolError as exc:
             self.close(f"malformed request (api key {key} v{version}): {exc}")
@@ -369,6 +373,16 @@ class KafkaConnection(ReadGate, AuthDeadline, asyncio.BufferedProtocol):
         self._tasks.add(fut)
         fut.add_done_callback(lambda f: self._completed(slot, head, res_cls, f))
         self._update_reading()
+
+    @staticmethod
+    def _decode_produce(data: bytes | memoryview, body: int,
+                        version: int) -> produce_codec.ProduceRequestView:
+        """A Produce request; a frame read in place is decoded from its whole buffer, so the
+        first batch can be wrapped in the free bytes before it (:data:`FRAME_HEADROOM`)."""
+        if isinstance(data, memoryview) and isinstance(data.obj, bytearray):
+            return produce_codec.decode_request(data.obj, FRAME_HEADROOM + body, version,
+                                                room=HEADER_SIZE)
+        return produce_codec.decode_request(data, body, version)
 
     def _unsupported(self, key: int, version: int, correlation_id: int) -> None:
         """Answer an API key or version this listener does not serve (UNSUPPORTED_VERSION)."""

@@ -175,7 +175,7 @@ def _header_crc(buf: bytes | bytearray | memoryview, pos: int) -> int:
     return crc32c(mv[pos + 24 : pos + 28], crc32c(mv[pos : pos + 20]))
 
 
-def seal_header_crc(buf: bytearray, pos: int) -> None:
+def seal_header_crc(buf: bytearray | memoryview, pos: int) -> None:
     """Recompute and store the header CRC of the batch at ``pos``."""
     _I.pack_into(buf, pos + 20, _header_crc(buf, pos))
 

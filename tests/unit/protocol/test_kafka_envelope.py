@@ -201,3 +201,32 @@ def test_only_uncompressed_batches_naming_ferrymq_keys_are_marked_as_keyed() -> 
     assert envelope_header(wrap(keyed, **LIMITS)).attributes == ATTR_HAS_KEYS
     assert envelope_header(wrap(kafka_batch(2), **LIMITS)).attributes == 0
     assert envelope_header(wrap(_compressed(keyed), **LIMITS)).attributes == 0
+
+
+def _roomy(batch: bytes, garbage: int = 0xAB) -> memoryview:
+    """``batch`` with HEADER_SIZE bytes of leftovers before it, in a writable buffer."""
+    return memoryview(bytearray([garbage]) * HEADER_SIZE + batch)
+
+
+@given(st.integers(1, 20), st.integers(0, 255))
+def test_a_batch_wrapped_in_place_is_the_envelope_a_copy_makes(n: int, garbage: int) -> None:
+    batch = kafka_batch(n)
+    roomy = _roomy(batch, garbage)
+    out = wrap(roomy[HEADER_SIZE:], **LIMITS, mark_keys=False, roomy=roomy)
+    assert out is roomy  # nothing copied
+    assert bytes(out) == bytes(wrap(batch, **LIMITS, mark_keys=False))
+    check_stored(bytes(out))
+
+
+def test_batches_that_are_changed_or_scanned_are_copied_all_the_same() -> None:
+    unset = bytearray(kafka_batch(3))
+    struct.pack_into(">q", unset, 35, -1)  # maxTimestamp: set by wrap, in a copy
+    batch = _reseal(unset)
+    roomy = _roomy(batch)
+    out = wrap(roomy[HEADER_SIZE:], **LIMITS, mark_keys=False, roomy=roomy)
+    assert out is not roomy and bytes(roomy[HEADER_SIZE:]) == batch  # the frame untouched
+    assert envelope_header(out).max_timestamp == 1020
+    keyed = kafka.to_kafka(bytes(encode_batch([RecordInput(b"v", 1, keys=b"order-1")])))
+    roomy = _roomy(keyed)
+    out = wrap(roomy[HEADER_SIZE:], **LIMITS, mark_keys=True, roomy=roomy)
+    assert out is not roomy and envelope_header(out).attributes == ATTR_HAS_KEYS

@@ -111,3 +111,17 @@ def test_malformed_requests_say_what_is_wrong(body: bytes, why: str) -> None:
 def test_a_version_outside_the_served_range_is_refused() -> None:
     with pytest.raises(RemoteProtocolError, match="v10"):
         pc.decode_request(b"", 0, 10)
+
+
+def test_roomy_views_only_where_the_bytes_before_the_records_are_free() -> None:
+    """The first batch has the request's header bytes before it; a batch right after another
+    batch has only its partition's fields: no room there. A read-only frame has none."""
+    body = _kio_request(9, None, -1, 1000, [("topic-a", [(0, b"A" * 100), (1, b"B" * 50)])])
+    buf = bytearray(64) + body
+    req = pc.decode_request(buf, 64, 9, room=64)
+    first, second = req.topics[0].partitions
+    assert first.roomy is not None and second.roomy is None
+    assert first.records is not None and bytes(first.roomy[64:]) == bytes(first.records)
+    assert first.roomy.obj is buf and not first.roomy.readonly
+    assert pc.decode_request(bytes(buf), 64, 9, room=64).topics[0].partitions[0].roomy is None
+    assert pc.decode_request(buf, 64, 9).topics[0].partitions[0].roomy is None  # room 0

@@ -2,9 +2,9 @@
 
 ``kio`` (Aiven, Apache-2.0) is generated from Kafka's own JSON message schemas: one frozen
 dataclass per API, version and direction, with a native reader and writer that handle flexible
-versions (compact strings, tagged fields). FerryMQ uses it for every request and response body;
-only the record batches inside Produce and Fetch are FerryMQ's own code
-(:mod:`ferrymq.protocol.kafka.records`).
+versions (compact strings, tagged fields). FerryMQ uses it for every request and response body
+but Produce's (the hot path, :mod:`ferrymq.protocol.kafka.produce_codec`); the record batches
+inside Produce and Fetch are FerryMQ's own code (:mod:`ferrymq.protocol.kafka.records`).
 
 :func:`build` fills a response class of any version from plain values: fields that version
 does not have are dropped, nested lists are built with that version's nested classes, so one
@@ -87,11 +87,11 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     DELETE_GROUPS: (0, 2),
     DESCRIBE_CLUSTER: (0, 1),
 }
-PRE_AUTH = frozenset((API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE))
-"""The only APIs served on a connection that has not authenticated (on a broker with users)."""
 """The versions served of each API key (ApiVersions lists exactly these). The upper ends stop
 before topic ids replace topic names (Fetch 13, Produce 13) and before features this slice does
 not have; every client negotiates down to them."""
+PRE_AUTH = frozenset((API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE))
+"""The only APIs served on a connection that has not authenticated (on a broker with users)."""
 
 _ERRORS: dict[int, KafkaError] = {
     ErrorCode.NONE: KafkaError.none,

@@ -83,7 +83,8 @@ def _envelope_crc(buf: bytes | bytearray | memoryview, pos: int) -> int:
 
 
 def wrap(data: bytes | memoryview, *, max_batch_bytes: int, max_records: int,
-         max_decompressed_bytes: int | None = None, mark_keys: bool = True) -> bytearray:
+         max_decompressed_bytes: int | None = None, mark_keys: bool = True,
+         roomy: memoryview | None = None) -> bytearray | memoryview:
     """The envelope of one Kafka batch a client produced (base offset and append time left 0).
 
     Checked: exactly one batch of magic 2, its CRC-32C, a record count of 1 to
@@ -96,6 +97,11 @@ def wrap(data: bytes | memoryview, *, max_batch_bytes: int, max_records: int,
     ``mark_keys``: set the has-keys bit of an uncompressed batch holding the bytes
     ``ferrymq.key`` (a scan of the whole batch, the only per-byte work here besides the CRC),
     so the key index converts it; False: never set.
+
+    ``roomy``: a writable view of :data:`HEADER_SIZE` free bytes followed by ``data`` (the
+    Produce codec's :attr:`~ferrymq.protocol.kafka.produce_codec.PartitionData.roomy`): the
+    envelope is built in it and returned, the batch not copied (a batch whose
+    ``maxTimestamp`` must be set, or that is scanned for keys, is copied all the same).
 
     Raises:
         CorruptRecordError: see :func:`~ferrymq.protocol.kafka.records.check_batch`; a control
@@ -110,6 +116,7 @@ def wrap(data: bytes | memoryview, *, max_batch_bytes: int, max_records: int,
         raise MessageTooLargeError(f"Kafka record batch of {len(data)} bytes, max "
                                    f"{max_batch_bytes} (max_message_bytes)")
     h = kafka.check_batch(data)
+    sent = data
     if h.attributes & kafka.KAFKA_ATTR_CONTROL:
         raise CorruptRecordError("a control batch from a client: only the broker writes "
                                  "transaction markers")
@@ -127,10 +134,15 @@ def wrap(data: bytes | memoryview, *, max_batch_bytes: int, max_records: int,
             f"timestamp to its largest: FerryMQ keeps a batch within 0..{MAX_TIMESTAMP_DELTA_MS} "
             "ms (24.8 days); send such records in separate batches")
     attributes = ATTR_TRANSACTIONAL if h.attributes & kafka.KAFKA_ATTR_TRANSACTIONAL else 0
-    out = bytearray(HEADER_SIZE)
-    out += data
-    if mark_keys and not h.attributes & kafka.COMPRESSION_MASK and _KEY_HEADER in out:
-        attributes |= ATTR_HAS_KEYS  # may carry FerryMQ keys: the key index converts it
+    scan = mark_keys and not h.attributes & kafka.COMPRESSION_MASK
+    out: bytearray | memoryview
+    if roomy is not None and not scan and data is sent and len(roomy) == HEADER_SIZE + len(data):
+        out = roomy  # every byte of it is written below: the header fills HEADER_SIZE
+    else:
+        out = bytearray(HEADER_SIZE)
+        out += data
+        if scan and _KEY_HEADER in out:
+            attributes |= ATTR_HAS_KEYS  # may carry FerryMQ keys: the key index converts it
     _LEADER_EPOCH.pack_into(out, HEADER_SIZE + 12, _NO_LEADER_EPOCH)
     HEADER.pack_into(
         out, 0, 0, len(out) - LENGTH_PREFIX, 0, 0, 0, ENVELOPE_MAGIC, attributes, h.record_count,

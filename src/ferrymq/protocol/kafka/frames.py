@@ -33,6 +33,10 @@ API_VERSIONS_KEY = 18
 MIN_HEADER_BYTES = _HEADER.size + _CLIENT_ID_LEN.size  # 10
 BIG_FRAME_BYTES = 16 * 1024
 """A frame above this size that one read leaves incomplete is read in place."""
+FRAME_HEADROOM = 64
+"""Free bytes before a frame read in place, in its buffer (the frame is a ``memoryview`` of
+the ``bytearray`` from this offset on): a Produce's first batch gets its envelope header written
+there instead of being copied behind one (:mod:`ferrymq.protocol.kafka.envelope`)."""
 
 
 class RequestHeader(NamedTuple):
@@ -55,7 +59,8 @@ class KafkaFrameDecoder:
     larger than ``big_frame_bytes`` that a read leaves incomplete gets a buffer of its exact
     size (its size checked first), and the rest of it is read into that buffer in place, so a
     large Produce is never copied on its way in. :meth:`feed` takes bytes already read (tests,
-    fuzzing). Frames come out as ``bytes`` or, read in place, ``bytearray``.
+    fuzzing). Frames come out as ``bytes`` or, read in place, a writable ``memoryview`` with
+    :data:`FRAME_HEADROOM` free bytes before it in its ``bytearray``.
     """
 
     def __init__(self, max_frame_bytes: int, scratch: memoryview | None = None, *,
@@ -73,14 +78,14 @@ class KafkaFrameDecoder:
             return memoryview(self._big)[self._big_have:]
         return self._scratch
 
-    def feed(self, data: bytes | bytearray | memoryview) -> list[bytes | bytearray]:
+    def feed(self, data: bytes | bytearray | memoryview) -> list[bytes | memoryview]:
         """Take ``data``; return the frames it completed (their bodies, without the size).
 
         Raises:
             FrameSizeError: a frame's size is below 1 or above ``max_frame_bytes``.
         """
         src = memoryview(data).cast("B")
-        frames: list[bytes | bytearray] = []
+        frames: list[bytes | memoryview] = []
         i = 0
         while i < len(src):
             buf = self.get_buffer()
@@ -90,7 +95,7 @@ class KafkaFrameDecoder:
             frames += self.buffer_updated(k)
         return frames
 
-    def buffer_updated(self, nbytes: int) -> list[bytes | bytearray]:
+    def buffer_updated(self, nbytes: int) -> list[bytes | memoryview]:
         """``nbytes`` were read into the buffer :meth:`get_buffer` returned: the frames they
         complete (``asyncio.BufferedProtocol.buffer_updated``). Errors as in :meth:`feed`;
         the stream cannot be trusted after one (close the connection)."""
@@ -101,9 +106,9 @@ class KafkaFrameDecoder:
                 return []
             self._big = None
             self._big_have = 0
-            return [big]
+            return [memoryview(big)[FRAME_HEADROOM:]]
         view = self._scratch
-        frames: list[bytes | bytearray] = []
+        frames: list[bytes | memoryview] = []
         pos = 0
         if self._part:
             pos = self._complete_part(view, nbytes, frames)
@@ -125,7 +130,7 @@ class KafkaFrameDecoder:
         return frames
 
     def _complete_part(self, view: memoryview, nbytes: int,
-                       frames: list[bytes | bytearray]) -> int:
+                       frames: list[bytes | memoryview]) -> int:
         """Feed the start of a read to the frame begun by earlier reads; where parsing of the
         read goes on, or -1 when the read is used up."""
         part = self._part
@@ -152,8 +157,8 @@ class KafkaFrameDecoder:
         return pos
 
     def _read_in_place(self, size: int, *starts: bytes | memoryview) -> None:
-        big = bytearray(size)
-        have = 0
+        big = bytearray(FRAME_HEADROOM + size)
+        have = FRAME_HEADROOM
         for s in starts:
             big[have:have + len(s)] = s
             have += len(s)
@@ -170,10 +175,10 @@ class KafkaFrameDecoder:
     @property
     def buffered(self) -> int:
         """Bytes of an incomplete frame held."""
-        return self._big_have if self._big is not None else len(self._part)
+        return self._big_have - FRAME_HEADROOM if self._big is not None else len(self._part)
 
 
-def peek_header(frame: bytes | bytearray) -> tuple[int, int, int]:
+def peek_header(frame: bytes | memoryview) -> tuple[int, int, int]:
     """The api key, version and correlation id of a request frame.
 
     Raises:
@@ -186,7 +191,7 @@ def peek_header(frame: bytes | bytearray) -> tuple[int, int, int]:
     return key, version, correlation_id
 
 
-def decode_request_header(frame: bytes | bytearray, *, flexible: bool) -> RequestHeader:
+def decode_request_header(frame: bytes | memoryview, *, flexible: bool) -> RequestHeader:
     """Decode the header of a request frame (v2 when ``flexible``, else v1).
 
     Raises:
@@ -200,7 +205,7 @@ def decode_request_header(frame: bytes | bytearray, *, flexible: bool) -> Reques
     if n >= 0:
         if pos + n > len(frame):
             raise RemoteProtocolError("Kafka request header: client id runs past the frame")
-        client_id = frame[pos:pos + n].decode("utf-8", "replace")
+        client_id = str(frame[pos:pos + n], "utf-8", "replace")
         pos += n
     elif n != -1:
         raise RemoteProtocolError(f"Kafka request header: client id length {n}")
@@ -215,7 +220,7 @@ def decode_request_header(frame: bytes | bytearray, *, flexible: bool) -> Reques
     return RequestHeader(key, version, correlation_id, client_id, pos)
 
 
-def _read_uvarint(buf: bytes | bytearray, pos: int) -> tuple[int, int]:
+def _read_uvarint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
     shift = 0
     value = 0
     while True:

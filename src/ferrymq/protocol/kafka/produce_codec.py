@@ -45,10 +45,13 @@ _NO_TAGS = b"\x00"
 
 class PartitionData(NamedTuple):
     """One partition's batch of a Produce request: ``records`` is a view of the frame
-    (None: the client sent null)."""
+    (None: the client sent null). ``roomy``: when the ``room`` bytes right before the records
+    in the frame's buffer were already decoded (free to overwrite) and the buffer is writable,
+    a view of those bytes and the records together; else None."""
 
     partition: int
     records: memoryview | None
+    roomy: memoryview | None = None
 
 
 class TopicData(NamedTuple):
@@ -159,9 +162,13 @@ class _Reader:
 
 
 def decode_request(frame: bytes | bytearray | memoryview, pos: int,
-                   version: int) -> ProduceRequestView:
+                   version: int, *, room: int = 0) -> ProduceRequestView:
     """The Produce request of ``version`` whose body starts at ``pos`` of ``frame``. Bytes
     after the body are ignored (as :func:`ferrymq.protocol.kafka.apis.decode_request`).
+
+    ``room``: look for that many free bytes before each partition's records (everything before
+    ``pos`` counts as free, and what this request's decoding has passed, up to the previous
+    records' end), to fill :attr:`PartitionData.roomy`; 0: never.
 
     Raises:
         RemoteProtocolError: a version outside 3..9, or a body that does not parse.
@@ -176,6 +183,8 @@ def decode_request(frame: bytes | bytearray | memoryview, pos: int,
     acks, timeout_ms = _ACKS_TIMEOUT.unpack_from(frame, r.pos)
     r.pos += _ACKS_TIMEOUT.size
     topics: list[TopicData] = []
+    writable = room > 0 and not r.mv.readonly
+    free_from = 0  # bytes before this are decoded and belong to no records
     for _ in range(r.count(flex, "topic")):
         name = r.string(flex, nullable=False)
         assert name is not None
@@ -186,13 +195,17 @@ def decode_request(frame: bytes | bytearray | memoryview, pos: int,
             if n < -1:
                 raise r.fail(f"records length {n}")
             records: memoryview | None = None
+            roomy: memoryview | None = None
             if n >= 0:
                 r.need(n, "records")
                 records = r.mv[r.pos:r.pos + n]
+                if writable and r.pos - free_from >= room:
+                    roomy = r.mv[r.pos - room:r.pos + n]
                 r.pos += n
+                free_from = r.pos
             if flex:
                 r.skip_tags()
-            parts.append(PartitionData(index, records))
+            parts.append(PartitionData(index, records, roomy))
         if flex:
             r.skip_tags()
         topics.append(TopicData(name, parts))
