@@ -6,7 +6,7 @@ A Kafka request is decoded by ``kio`` (:mod:`ferrymq.protocol.kafka.apis`) and t
 FerryMQ request that means the same: Produce into PRODUCE (each partition's Kafka batch
 stored as it came, in an envelope: :mod:`ferrymq.protocol.kafka.envelope`), Fetch into FETCH
 (stored Kafka batches sent as they are, FerryMQ batches converted,
-:func:`~ferrymq.protocol.kafka.envelope.for_kafka`),
+:func:`~ferrymq.protocol.kafka.envelope.kafka_pieces`),
 ListOffsets into LIST_OFFSETS, Metadata into METADATA, InitProducerId (without a transactional
 id) into INIT_PRODUCER, OffsetCommit and OffsetFetch into COMMIT_OFFSETS and FETCH_OFFSETS (a
 Kafka group's offsets are the FerryMQ consumer group's of the same name; FindCoordinator names
@@ -44,8 +44,8 @@ from ferrymq.kafka import txn as kafka_txn
 from ferrymq.kafka.rights import authorize, group_denied
 from ferrymq.kafka.sasl import SaslPeer, sasl_authenticate, sasl_handshake
 from ferrymq.protocol import messages as m
-from ferrymq.protocol.kafka import apis, produce_codec
-from ferrymq.protocol.kafka.envelope import for_kafka, wrap
+from ferrymq.protocol.kafka import apis, fetch_codec, produce_codec
+from ferrymq.protocol.kafka.envelope import kafka_pieces, wrap
 from ferrymq.protocol.kafka.produce_codec import PartitionResult
 from ferrymq.protocol.messages import Acks, ApiKey, Isolation
 
@@ -218,29 +218,22 @@ def fetch_request(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
     answer = (fetch.fetch(peer.conn, freq, stored=True) if entries or not fenced
               else m.FetchResponse([]))
 
-    def respond(res: m.FetchResponse) -> Any:
+    version: int = cls.__version__
+    committed = isolation == Isolation.READ_COMMITTED
+
+    def respond(res: m.FetchResponse) -> list[fetch_codec.Piece]:
         txn = {(t, q): (lso, aborted) for t, q, lso, aborted in res.txn}
-        rows: dict[str, list[dict[str, Any]]] = {}
+        rows: dict[str, list[fetch_codec.PartitionFetch]] = {}
         for (topic, q), error in fenced.items():
-            rows.setdefault(topic, []).append({
-                "partition_index": q, "error_code": error, "high_watermark": -1,
-                "last_stable_offset": -1, "log_start_offset": -1, "aborted_transactions": None,
-                "preferred_read_replica": -1, "records": b""})
+            rows.setdefault(topic, []).append(
+                fetch_codec.PartitionFetch(q, error, -1, -1, -1, None, []))
         for topic, q, code, _msg, hw, start, _tid, data in res.results:
             lso, aborted = txn.get((topic, q), (hw, []))
-            rows.setdefault(topic, []).append({
-                "partition_index": q, "error_code": apis.kafka_error(code),
-                "high_watermark": hw, "last_stable_offset": lso, "log_start_offset": start,
-                "aborted_transactions": ([{"producer_id": pid, "first_offset": first}
-                                          for pid, first in aborted]
-                                         if isolation == Isolation.READ_COMMITTED else None),
-                "preferred_read_replica": -1,
-                "records": for_kafka(data) if data else b"",  # librdkafka refuses null
-            })
-        return apis.build(cls, {
-            "throttle_time": _NO_TIME, "error_code": KafkaError.none, "session_id": 0,
-            "responses": [{"topic": t, "partitions": p} for t, p in rows.items()],
-        })
+            rows.setdefault(topic, []).append(fetch_codec.PartitionFetch(
+                q, apis.kafka_error(code), hw, lso, start,
+                [(pid, first) for pid, first in aborted] if committed else None,
+                kafka_pieces(data) if data else []))  # empty, never null: librdkafka refuses it
+        return fetch_codec.encode_response(version, list(rows.items()))
 
     if isinstance(answer, m.FetchResponse):
         return respond(answer)

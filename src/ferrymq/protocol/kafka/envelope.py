@@ -264,8 +264,20 @@ def native_batch(buf: bytes | memoryview, pos: int, h: BatchHeader, *,
 
 
 def for_kafka(data: bytes | memoryview) -> bytes:
-    """The complete batches of ``data`` as Kafka batches: an envelope's Kafka batch as stored,
-    runs of FerryMQ batches converted (:func:`~ferrymq.protocol.kafka.records.to_kafka`).
+    """The complete batches of ``data`` as Kafka batches, in one buffer
+    (:func:`kafka_pieces` joined).
+
+    Raises:
+        CorruptRecordError: a FerryMQ batch whose records do not parse.
+    """
+    out = kafka_pieces(data)
+    return out[0] if len(out) == 1 and isinstance(out[0], bytes) else b"".join(out)
+
+
+def kafka_pieces(data: bytes | memoryview) -> list[bytes | memoryview]:
+    """The complete batches of ``data`` as Kafka batches, in order: an envelope's Kafka batch
+    as stored (a view of ``data``, not copied), runs of FerryMQ batches converted
+    (:func:`~ferrymq.protocol.kafka.records.to_kafka`).
 
     Raises:
         CorruptRecordError: a FerryMQ batch whose records do not parse.
@@ -285,4 +297,4 @@ def for_kafka(data: bytes | memoryview) -> bytes:
         end = pos + LENGTH_PREFIX + h.batch_length
     if run >= 0:
         out.append(kafka.to_kafka(mv[run:end]))
-    return out[0] if len(out) == 1 and isinstance(out[0], bytes) else b"".join(out)
+    return out

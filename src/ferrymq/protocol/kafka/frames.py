@@ -244,3 +244,10 @@ def response_header(api_key: int, correlation_id: int, *, flexible: bool) -> byt
 def frame(header: bytes, body: bytes) -> bytes:
     """A complete frame: the size, the header, the body."""
     return _SIZE.pack(len(header) + len(body)) + header + body
+
+
+def frame_pieces(header: bytes, body: list[bytes | bytearray | memoryview]
+                 ) -> list[bytes | bytearray | memoryview]:
+    """A complete frame in pieces (for ``writelines``): the size and the header, then the
+    body's pieces as they are."""
+    return [_SIZE.pack(len(header) + sum(len(b) for b in body)) + header, *body]
