@@ -152,8 +152,12 @@ def kafka_consume(address: str, topic: str, messages: int, size: int, pid: int |
                   partitions: int) -> dict[str, Any]:
     """Read ``topic`` from the beginning with a confluent-kafka consumer until ``messages``
     have come; the timed result."""
+    # fetch.queue.backoff.ms: librdkafka parks a partition's fetching for this long once its
+    # local queue holds queued.min.messages (100,000); its default, 1 s, made a 1M-message read
+    # take 6.8 s of which the broker was busy 0.1 s: the benchmark timed librdkafka's timer
     c = confluent_kafka.Consumer({"bootstrap.servers": address, "group.id": "bench",
-                                  "enable.auto.commit": False, "fetch.max.bytes": 8_000_000})
+                                  "enable.auto.commit": False, "fetch.max.bytes": 8_000_000,
+                                  "fetch.queue.backoff.ms": 10})
     c.assign([confluent_kafka.TopicPartition(topic, q, confluent_kafka.OFFSET_BEGINNING)
               for q in range(partitions)])
     got = 0
