@@ -53,7 +53,7 @@ def test_nothing_asked_nothing_set() -> None:
 
 def test_the_thresholds_are_checked() -> None:
     BrokerConfig(malloc_mmap_threshold_bytes=0, malloc_trim_threshold_bytes=0).validate()
-    with pytest.raises(ConfigError, match="malloc_mmap_threshold_bytes must be 0..33554432"):
+    with pytest.raises(ConfigError, match=r"malloc_mmap_threshold_bytes must be 0\.\.33554432"):
         BrokerConfig(malloc_mmap_threshold_bytes=MAX_MALLOC_MMAP_THRESHOLD + 1).validate()
     with pytest.raises(ConfigError, match="malloc_trim_threshold_bytes"):
         BrokerConfig(malloc_trim_threshold_bytes=-1).validate()
