@@ -280,3 +280,25 @@ def test_a_fetch_with_nothing_to_read_answers_empty_records_not_null(kbroker: Br
     with connect(kbroker) as s:
         part = kafka_fetch(s, "quiet", 0)
     assert (part.error_code, part.high_watermark, part.records) == (KafkaError.none, 0, b"")
+
+
+def test_kafka_produce_and_fetch_are_counted_in_metrics(tmp_path: Path) -> None:
+    """/metrics counts the Kafka port's Produce and Fetch (api kafka_produce, kafka_fetch)
+    with their bytes, apart from the native port's."""
+    from tests.integration.test_http import scrape, value
+
+    http = free_port()
+    with Broker(tmp_path / "data", port=0, kafka_port=free_port(), http_port=http,
+                default_queues=1) as b:
+        b.server.topics.create("counted", 1, {}, 0)
+        batch = client_batch(0, 3)
+        with connect(b) as s:
+            for i in range(2):
+                assert _produce(s, 2 + i, "counted", batch).error_code == KafkaError.none
+            assert kafka_fetch(s, "counted", 0).error_code == KafkaError.none
+        samples, _ = scrape(http)
+    assert value(samples, "ferrymq_requests_total", api="kafka_produce") == 2
+    assert value(samples, "ferrymq_requests_total", api="kafka_fetch") == 1
+    assert value(samples, "ferrymq_request_bytes_total", api="kafka_produce") > 2 * len(batch)
+    assert value(samples, "ferrymq_response_bytes_total", api="kafka_fetch") > 2 * len(batch)
+    assert value(samples, "ferrymq_requests_total", api="produce") == 0

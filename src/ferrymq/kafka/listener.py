@@ -43,6 +43,7 @@ from ferrymq._buffers import thread_scratch
 from ferrymq.broker.auth_deadline import AuthDeadline
 from ferrymq.broker.context import BrokerContext
 from ferrymq.broker.read_gate import ReadGate
+from ferrymq.broker.stats import RequestStats
 from ferrymq.errors import BrokerError, RemoteProtocolError
 from ferrymq.kafka.cluster import drop_moved_groups
 from ferrymq.kafka.groups import KafkaGroupCoordinator
@@ -99,6 +100,10 @@ class KafkaListener:
         """Kafka consumer groups' membership (:mod:`ferrymq.kafka.groups`)."""
         self.address: tuple[str, int] = (host.config.host, host.config.kafka_port)
         self._server: asyncio.Server | None = None
+        self.request_stats: dict[str, RequestStats] = {
+            "produce": RequestStats(), "fetch": RequestStats()}
+        """Produce and Fetch counts, bytes and latency (``/metrics``, api ``kafka_produce``
+        and ``kafka_fetch``)."""
 
     async def bind(self) -> None:
         """Bind the port (not accepting yet).
@@ -175,6 +180,32 @@ class _Slot:
 
     def __init__(self, data: bytes | list[Piece] | None = None) -> None:
         self.data = data
+
+    def size(self) -> int:
+        """Bytes of the answer (0 until ready)."""
+        data = self.data
+        if isinstance(data, list):
+            return sum(len(p) for p in data)
+        return 0 if data is None else len(data)
+
+
+_STATS_OF = {apis.PRODUCE: "produce", apis.FETCH: "fetch"}
+"""The APIs whose requests are counted for ``/metrics``."""
+
+
+class _Timed:
+    """A counted request: its stats, when it was read and its size."""
+
+    __slots__ = ("bytes_in", "stats", "t0")
+
+    def __init__(self, stats: RequestStats, t0: float, bytes_in: int) -> None:
+        self.stats = stats
+        self.t0 = t0
+        self.bytes_in = bytes_in
+
+    def done(self, bytes_out: int) -> None:
+        """It was answered with ``bytes_out`` bytes (0: no answer, acks=0)."""
+        self.stats.record(time.perf_counter() - self.t0, self.bytes_in, bytes_out)
 
 
 class KafkaConnection(ReadGate, AuthDeadline, asyncio.BufferedProtocol):
@@ -361,20 +392,28 @@ class KafkaConnection(ReadGate, AuthDeadline, asyncio.BufferedProtocol):
         head = response_header(key, correlation_id, flexible=flexible)
         if key == apis.PRODUCE and self.principal is not None:  # the user's produce quota
             self.throttle(self.server.produce_throttle(self.principal, len(data)))
+        stats = _STATS_OF.get(key)
+        timed = _Timed(self.listener.request_stats[stats], time.perf_counter(), len(data)) \
+            if stats is not None else None
         try:
             result = HANDLERS[key](self, res_cls, req)
         except Exception as exc:  # noqa: BLE001 - every failure is answered
             result = self._failed(res_cls, exc)
         if result is None:  # produce with acks=0
+            if timed is not None:
+                timed.done(0)
             return
         if not asyncio.isfuture(result) and not asyncio.iscoroutine(result):
-            self._answer(_Slot(self._framed(head, res_cls, result)))
+            slot = _Slot(self._framed(head, res_cls, result))
+            if timed is not None:
+                timed.done(slot.size())
+            self._answer(slot)
             return
         slot = _Slot()
         self.slots.append(slot)
         fut = asyncio.ensure_future(result)
         self._tasks.add(fut)
-        fut.add_done_callback(lambda f: self._completed(slot, head, res_cls, f))
+        fut.add_done_callback(lambda f: self._completed(slot, head, res_cls, f, timed))
         self._update_reading()
 
     @staticmethod
@@ -414,13 +453,15 @@ class KafkaConnection(ReadGate, AuthDeadline, asyncio.BufferedProtocol):
         return apis.error_response(res_cls, error)
 
     def _completed(self, slot: _Slot, head: bytes, res_cls: type[Any],
-                   fut: asyncio.Future[Any]) -> None:
+                   fut: asyncio.Future[Any], timed: _Timed | None) -> None:
         self._tasks.discard(fut)
         if fut.cancelled() or self.closed:
             return
         exc = fut.exception()
         value = fut.result() if exc is None else self._failed(res_cls, exc)
         slot.data = self._framed(head, res_cls, value)
+        if timed is not None:
+            timed.done(slot.size())
         if not self._flush_due:  # answers completed by one fsync round go out in one write
             self._flush_due = True
             asyncio.get_running_loop().call_soon(self._flush)

@@ -114,7 +114,8 @@ METRICS: tuple[MetricSpec, ...] = (
                "Delayed and scheduled messages stored and not due yet (on a cluster, in the "
                "queues this broker holds a replica of)."),
     MetricSpec("ferrymq_requests_total", "counter", ("api",),
-               "PRODUCE and FETCH requests answered (errors included)."),
+               "PRODUCE and FETCH requests answered (errors included); the Kafka port's "
+               "Produce and Fetch as api kafka_produce and kafka_fetch."),
     MetricSpec("ferrymq_request_bytes_total", "counter", ("api",),
                "Bytes of the request bodies of those requests."),
     MetricSpec("ferrymq_response_bytes_total", "counter", ("api",),
@@ -254,8 +255,11 @@ def take_snapshot(srv: BrokerServer, times: AppendTimes, *, ready: bool) -> Snap
     _consumer_groups(srv, s, times, wall)
     _delivery_groups(srv, s, times, wall)
     s.add("ferrymq_delayed_messages_pending", (), srv.scheduler.pending)
-    for key, stats in srv.request_stats.items():
-        api = (ApiKey(key).name.lower(),)
+    named = [(ApiKey(key).name.lower(), stats) for key, stats in srv.request_stats.items()]
+    if srv.kafka is not None:  # the Kafka port's Produce and Fetch: "kafka_produce", ...
+        named += [(f"kafka_{name}", stats) for name, stats in srv.kafka.request_stats.items()]
+    for name, stats in named:
+        api = (name,)
         s.add("ferrymq_requests_total", api, stats.count)
         s.add("ferrymq_request_bytes_total", api, stats.bytes_in)
         s.add("ferrymq_response_bytes_total", api, stats.bytes_out)
