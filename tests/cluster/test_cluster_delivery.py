@@ -347,6 +347,39 @@ def test_queues_the_coordinator_does_not_replicate_are_read_from_their_leaders(
     run(body)
 
 
+def test_remote_reads_of_every_group_share_the_brokers_buffer_budget(tmp_path: Path) -> None:
+    """delivery_remote_buffers_total_bytes far below what two groups would buffer: both still
+    receive every message once, and the buffers together stay within the budget plus one batch
+    per queue read remotely (a fetch returns at least one)."""
+    budget = 2048
+
+    async def body() -> None:
+        async with cluster(tmp_path, **FAST, delivery_remote_buffers_total_bytes=budget) as c:
+            async with AsyncAdminClient(c.bootstrap) as admin:
+                await admin.create_topic("orders", 3, replicas=1, min_insync=1)
+            sent = await produce(c, "orders", 300)
+            peaks: list[int] = []
+            for group in ("ga", "gb"):
+                sc = AsyncSimpleConsumer(c.bootstrap, group=group, await_duration=0.5)
+                async with sc:
+                    await sc.subscribe("orders")
+                    got: list = []  # type: ignore[type-arg]
+                    deadline = time.monotonic() + 60
+                    while len(got) < len(sent):
+                        assert time.monotonic() < deadline, f"{group}: {len(got)} received"
+                        msgs = await sc.receive(max_messages=20, invisible_duration=60, wait=0.5)
+                        await sc.ack_batch(msgs)
+                        got += msgs
+                        peaks.append(max(b.cluster.delivery.reads.budget.used
+                                         for b in c.brokers.values() if b.cluster is not None))
+                    assert sorted(x.body for x in got) == sorted(sent)
+                    coord = coordinator(c, group)
+                    assert any(coord not in replicas_of(c, "orders", q) for q in range(3))
+            assert max(peaks) <= budget + 2 * 1024  # one small batch per remote queue over it
+
+    run(body)
+
+
 def test_messages_of_a_queue_read_from_its_leader_are_dead_lettered(tmp_path: Path) -> None:
     """A group with max_reconsume 0 nacks messages of queues its coordinator does not hold:
     they go to its dead-letter queue (listed with the reason, status DEAD), and the group's

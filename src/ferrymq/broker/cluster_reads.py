@@ -8,7 +8,9 @@ A delivery group is served by one coordinator, the leader of its retry queue
 brokers leaves some of its queues off the coordinator's broker. For each such queue a group
 reads, :class:`RemoteReads` keeps a :class:`~ferrymq.broker.delivery.sources.BufferedQueue`
 (bounded by ``delivery_remote_buffer_bytes``) and one task that fills it the way a consumer
-reads a queue (Kafka's consumer fetcher, RocketMQ's pull service):
+reads a queue (Kafka's consumer fetcher, RocketMQ's pull service); all those buffers together
+hold at most ``delivery_remote_buffers_total_bytes`` (their ``RemoteBudget``: a reader whose own
+buffer has room but finds that total reached waits a second and asks again). Each reader:
 
 1. **List.** LIST_OFFSETS at the queue's leader: its log start, its last stable offset and, for
    a group that starts at a time, the offset of that time: what a new cursor needs
@@ -38,7 +40,7 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING
 
-from ferrymq.broker.delivery.sources import BufferedQueue
+from ferrymq.broker.delivery.sources import BufferedQueue, RemoteBudget
 from ferrymq.broker.topics import CLUSTER_TOPIC_ID_BASE
 from ferrymq.cluster.model import NO_LEADER
 from ferrymq.errors import (
@@ -86,7 +88,7 @@ class _Reader:
 
         self.buffer = BufferedQueue(qs.topic, qs.topic_id, qs.queue,
                                     reads.link.server.config.delivery_remote_buffer_bytes,
-                                    floor, self.moved.set)
+                                    floor, self.moved.set, reads.budget)
         self.task = asyncio.get_running_loop().create_task(
             reads.run(self), name=f"ferrymq-remote-read-{g.name}-{qs}")
 
@@ -105,6 +107,8 @@ class RemoteReads:
         self.link = link
         srv = link.server
         self.peers = peers
+        self.budget = RemoteBudget(srv.config.delivery_remote_buffers_total_bytes)
+        """What every reader's buffer holds together (``/metrics``)."""
         self._readers: dict[tuple[str, str, int], _Reader] = {}
         srv.delivery.ctx.remote_source = self.source
         srv.delivery.ctx.holds = self.holds
@@ -161,6 +165,8 @@ class RemoteReads:
                             await r.moved.wait()
         except asyncio.CancelledError:
             pass
+        finally:  # stopped (closed, or its topic deleted): its bytes go back to the budget
+            buf.release()
 
     async def _step(self, r: _Reader, buf: BufferedQueue) -> float:
         """One request to the leader; how long to rest after it (0: go on)."""
@@ -175,8 +181,8 @@ class RemoteReads:
                 await self._list(r, buf, leader)
                 return 0.0
             room = buf.room
-            if room <= 0:  # full (or no cursor yet): wait until the floor moves
-                return RETRY_AFTER_ERROR_S
+            if room <= 0:  # full, the broker's buffers together full, or no cursor yet:
+                return RETRY_AFTER_ERROR_S  # wait until the floor moves (or a second)
             return await self._fetch(buf, leader, room)
         except (ConnectionClosedError, FerryMQTimeoutError) as exc:
             log.info("%s for delivery group %s: broker %d: %s", buf, r.group.name, leader, exc)

@@ -449,6 +449,12 @@ class BrokerConfig:
         "queue; past it, fetching waits until messages are finished (one batch may exceed it, "
         "as a fetch returns at least one).",
     )
+    delivery_remote_buffers_total_bytes: int = _f(
+        256 * 1024 * 1024,
+        "Cluster: most bytes all of a broker's remote-read buffers hold together (every "
+        "delivery group's, every queue's: each up to delivery_remote_buffer_bytes); past it, "
+        "remote fetching waits until receivers finish messages.",
+    )
     metadata_lease_ms: int = _f(
         3_000, "Cluster: TTL of this broker's lease in the metadata store (whole seconds; at least "
                "2000). A broker that cannot "
@@ -503,7 +509,7 @@ class BrokerConfig:
             "busy_retry_after_ms", "max_topics", "max_total_queues",
             "auto_create_topics_per_minute", "max_delivery_groups", "max_consumer_groups",
             "replica_lag_ms", "replica_fetch_wait_ms", "replica_fetch_bytes", "metadata_lease_ms",
-            "delivery_remote_buffer_bytes",
+            "delivery_remote_buffer_bytes", "delivery_remote_buffers_total_bytes",
             "offsets_segment_bytes", "txn_state_segment_bytes",
             "http_max_connections", "http_max_header_bytes", "http_max_body_bytes",
             "http_idle_timeout_ms", "console_session_timeout_ms", "console_max_sessions",

@@ -145,6 +145,10 @@ METRICS: tuple[MetricSpec, ...] = (
                "Exactly-once transactions begun and not ended."),
     MetricSpec("ferrymq_authentication_failures_total", "counter", (),
                "Failed authentications (wrong password, unknown user, bad proof)."),
+    MetricSpec("ferrymq_delivery_remote_buffer_bytes", "gauge", (),
+               "Bytes of source queues this broker's delivery groups read from other brokers, "
+               "held in memory (at most delivery_remote_buffers_total_bytes, plus one batch "
+               "per queue).", cluster=True),
     MetricSpec("ferrymq_cluster_fenced", "gauge", (),
                "1 while this broker cannot renew its lease (acks=all writes refused).",
                cluster=True),
@@ -360,6 +364,7 @@ def _cluster(srv: BrokerServer, s: Snapshot) -> None:
     link = srv.cluster
     assert link is not None
     s.add("ferrymq_cluster_fenced", (), 1 if link.node.fenced else 0)
+    s.add("ferrymq_delivery_remote_buffer_bytes", (), link.delivery.reads.budget.used)
     for (topic, queue), rec in link.node.view.queues.items():
         lb = (topic, str(queue))
         s.add("ferrymq_cluster_queue_leader", lb, rec.leader)

@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from ferrymq.broker.delivery.sources import BufferedQueue
+from ferrymq.broker.delivery.sources import BufferedQueue, RemoteBudget
 from ferrymq.errors import BusyError
 from ferrymq.protocol.markers import encode_marker
 from ferrymq.protocol.records import (
@@ -107,6 +107,32 @@ def test_room_is_what_the_limit_leaves_and_answers_already_held_are_skipped() ->
     q.add(one, 0, [])
     q.add(one + batch(4, 4), 0, [])  # an overlapping answer: the first batch is held already
     assert q.size == len(one) * 2 and q.room == 0 and q.end == 8
+
+
+def test_the_broker_wide_budget_bounds_every_buffer_together() -> None:
+    """delivery_remote_buffers_total_bytes: one buffer's batches leave the others less room;
+    a floor moving up, a restart and a stopped reader give the bytes back."""
+    one = batch(0, 4)
+    budget = RemoteBudget(len(one) * 3)
+    f1, f2 = Floor(), Floor()
+    q1 = BufferedQueue("t", 1 << 30, 0, 1 << 20, f1, f1.moved, budget)
+    q2 = BufferedQueue("t", 1 << 30, 1, 1 << 20, f2, f2.moved, budget)
+    for q, f in ((q1, f1), (q2, f2)):
+        q.leader_start, q.listed_end = 0, 100
+        f.value = 0
+        q.sync()
+    q1.add(one + batch(4, 4), 0, [])
+    assert budget.used == 2 * len(one) and q2.room == len(one) and q1.room == len(one)
+    q2.add(one, 0, [])
+    assert budget.used == 3 * len(one) and q1.room == 0 and q2.room == 0  # all full together
+    f1.value = 4
+    q1.sync()  # the group finished offsets 0..3 of queue 0: their batch goes
+    assert budget.used == 2 * len(one) and q2.room == len(one)
+    f2.value = 50
+    q2.sync()  # started again beyond what it held
+    assert budget.used == len(one)
+    q1.release()  # its reader stopped
+    assert budget.used == 0 and q2.room == 3 * len(one)
 
 
 def test_aborted_transactions_end_at_their_marker() -> None:

@@ -115,6 +115,23 @@ class SourceQueue(Protocol):
         ...
 
 
+class RemoteBudget:
+    """The bytes all of a broker's remote-read buffers hold together, against one limit
+    (``delivery_remote_buffers_total_bytes``): each :class:`BufferedQueue` fetches only into
+    the room both its own limit and this one leave."""
+
+    __slots__ = ("limit", "used")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+
+    @property
+    def room(self) -> int:
+        """Bytes the buffers may still take together."""
+        return max(0, self.limit - self.used)
+
+
 class BufferedQueue:
     """A source queue read from its leader into memory, for one delivery group (see the
     module docstring).
@@ -125,14 +142,17 @@ class BufferedQueue:
         floor: the group's cursor floor on the queue (None: no cursor yet).
         on_moved: told when the buffer was started again elsewhere or made room (the fetcher
             goes on).
+        budget: the broker-wide limit shared with every other buffer (None: none).
     """
 
     def __init__(self, topic: str, topic_id: int, queue: int, limit_bytes: int,
-                 floor: Callable[[], int | None], on_moved: Callable[[], None]) -> None:
+                 floor: Callable[[], int | None], on_moved: Callable[[], None],
+                 budget: RemoteBudget | None = None) -> None:
         self.topic = topic
         self.topic_id = topic_id
         self.queue = queue
         self.limit_bytes = limit_bytes
+        self.budget = budget
         self._floor = floor
         self._on_moved = on_moved
         self.waiters: set[asyncio.Future[None]] = set()
@@ -240,7 +260,7 @@ class BufferedQueue:
         if 0 <= self.first < floor <= self.end:
             n = bisect_right(self._lasts, floor - 1)
             if n:
-                self.size -= sum(len(b) for b in self._data[:n])
+                self._resize(-sum(len(b) for b in self._data[:n]))
                 del self._bases[:n], self._lasts[:n], self._data[:n]
                 self._aborted = [a for a in self._aborted if a[2] < 0 or a[2] >= floor]
             self.first = floor
@@ -251,17 +271,31 @@ class BufferedQueue:
     def start_at(self, offset: int) -> None:
         """Empty the buffer and start it at ``offset`` (answers in flight are dropped)."""
         self.first = self.end = offset
-        self.size = 0
+        self._resize(-self.size)
         self._bases, self._lasts, self._data, self._aborted = [], [], [], []
         self.generation += 1
         self._on_moved()
 
+    def release(self) -> None:
+        """Drop what is buffered and give its bytes back to the budget (the reader stopped)."""
+        self._resize(-self.size)
+        self._bases, self._lasts, self._data, self._aborted = [], [], [], []
+
+    def _resize(self, delta: int) -> None:
+        self.size += delta
+        if self.budget is not None:
+            self.budget.used += delta
+
     @property
     def room(self) -> int:
-        """Bytes a fetch may ask for now (0: full, or not positioned)."""
+        """Bytes a fetch may ask for now (0: full, or not positioned, or the broker's buffers
+        together are full)."""
         if self.first < 0:
             return 0
-        return max(0, self.limit_bytes - self.size)
+        room = self.limit_bytes - self.size
+        if self.budget is not None:
+            room = min(room, self.budget.room)
+        return max(0, room)
 
     def add(self, data: bytes | memoryview, leader_start: int,
             aborted: list[tuple[int, int]]) -> None:
@@ -288,7 +322,7 @@ class BufferedQueue:
             self._bases.append(h.base_offset)
             self._lasts.append(last)
             self._data.append(b)
-            self.size += len(b)
+            self._resize(len(b))
             self.end = last + 1
             grew = True
         if grew:
