@@ -44,13 +44,15 @@ class ClusterProcess:
             reaches only the caller, which stops them in order).
         kafka: give every broker a Kafka port (``--kafka-port``, a free port kept across
             restarts; :attr:`kafka_addresses`).
+        kafka_port: broker 1's Kafka port, broker ``i``'s ``kafka_port + i - 1`` (0: as
+            ``kafka`` says).
     """
 
     def __init__(self, brokers: int = 3, base_dir: str | Path | None = None, *,
                  cluster: str = "dev", flush: str = "sync", extra: Sequence[str] = (),
                  env: Mapping[str, str] | None = None, log_level: str | None = None,
                  broker_port: int = 0, etcd_port: int = 0, new_session: bool = False,
-                 kafka: bool = False) -> None:
+                 kafka: bool = False, kafka_port: int = 0) -> None:
         if brokers < 1:
             raise ValueError(f"a cluster needs at least 1 broker, not {brokers}")
         self._scratch: Path | None = None
@@ -67,7 +69,9 @@ class ClusterProcess:
                              port=broker_port + i - 1 if broker_port else 0,
                              extra=["--metadata", self.etcd.url, "--cluster", cluster,
                                     "--broker-id", str(i), *extra,
-                                    *(("--kafka-port", str(free_port())) if kafka else ())],
+                                    *(("--kafka-port", str(kafka_port + i - 1 if kafka_port
+                                                           else free_port()))
+                                      if kafka or kafka_port else ())],
                              env=env, log_level=log_level, new_session=new_session)
             for i in range(1, brokers + 1)}
 

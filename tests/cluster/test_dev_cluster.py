@@ -24,6 +24,7 @@ from click.testing import CliRunner
 from ferrymq.admin.cli import cli
 from ferrymq.testing import ClusterProcess
 from tests.cluster.conftest import needs_etcd
+from tests.helpers import free_port
 
 
 def accepts(address: str) -> bool:
@@ -146,9 +147,29 @@ def test_dev_cluster_fails_naming_a_process_that_died(tmp_path: Path) -> None:
     assert "etcd exited on its own; stopping the rest" in err
 
 
+@needs_etcd
+def test_dev_cluster_opens_kafka_ports_when_asked(tmp_path: Path) -> None:
+    kafka = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ferrymq.admin.cli", "dev-cluster", "--brokers", "1", "--dir",
+         str(tmp_path / "dev"), "--port", "0", "--etcd-port", "0", "--kafka-port", str(kafka)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        lines = [proc.stdout.readline() for _ in range(4)]  # etcd, broker 1, bootstrap, kafka
+        assert lines[3].startswith(f"kafka     127.0.0.1:{kafka} "), lines
+        assert accepts(f"127.0.0.1:{kafka}")
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=60)
+    assert proc.returncode == 0
+
+
 @pytest.mark.parametrize(("args", "complaint"), [
     (["--brokers", "0"], "--brokers"), (["--brokers", "10"], "--brokers"),
-    (["--brokers", "3", "--port", "65534"], "pass 65535"), (["--flush", "never"], "--flush")])
+    (["--brokers", "3", "--port", "65534"], "pass 65535"), (["--flush", "never"], "--flush"),
+    (["--brokers", "3", "--kafka-port", "65534"], "pass 65535"),
+    (["--brokers", "2", "--port", "9000", "--kafka-port", "9001"], "overlap")])
 def test_dev_cluster_refuses_bad_flags(args: list[str], complaint: str) -> None:
     res = CliRunner().invoke(cli, ["dev-cluster", *args])
     assert res.exit_code == 2

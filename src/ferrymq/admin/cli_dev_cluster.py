@@ -46,8 +46,11 @@ _WATCH_INTERVAL_S = 0.5
                                       "free ports).")
 @click.option("--flush", type=click.Choice(["sync", "async"]), default="sync", show_default=True,
               help="The brokers' flush mode.")
+@click.option("--kafka-port", type=click.IntRange(0, 65535), default=0, show_default=True,
+              help="Broker 1's Kafka-protocol port; broker i's is KAFKA_PORT+i-1 (0: no Kafka "
+                   "port).")
 def dev_cluster(brokers: int, base_dir: str, cluster_name: str, broker_port: int,
-                etcd_port: int, flush: str) -> None:
+                etcd_port: int, flush: str, kafka_port: int) -> None:
     """Start a local etcd and N brokers forming one cluster; Ctrl-C stops them all.
 
     Needs etcd (Debian: apt-get install -y etcd-server). Try it from another shell with
@@ -55,11 +58,17 @@ def dev_cluster(brokers: int, base_dir: str, cluster_name: str, broker_port: int
     """
     if etcd_binary() is None:
         raise CommandError(f"dev-cluster needs etcd, which is not installed ({ETCD_INSTALL_HINT})")
-    if broker_port and broker_port + brokers - 1 > 65535:
-        raise click.BadParameter(f"{brokers} brokers from port {broker_port} pass 65535",
-                                 param_hint="--port")
+    for port, hint in ((broker_port, "--port"), (kafka_port, "--kafka-port")):
+        if port and port + brokers - 1 > 65535:
+            raise click.BadParameter(f"{brokers} brokers from port {port} pass 65535",
+                                     param_hint=hint)
+    if kafka_port and broker_port and (
+            max(kafka_port, broker_port) < min(kafka_port, broker_port) + brokers):
+        raise click.BadParameter(f"ports {kafka_port}.. of {brokers} brokers overlap their "
+                                 f"ports {broker_port}..", param_hint="--kafka-port")
     cluster = ClusterProcess(brokers, Path(base_dir), cluster=cluster_name, flush=flush,
-                             broker_port=broker_port, etcd_port=etcd_port, new_session=True)
+                             broker_port=broker_port, etcd_port=etcd_port, new_session=True,
+                             kafka_port=kafka_port)
     with stop_signals_interrupt():
         _run(cluster, brokers, cluster_name, base_dir)
     click.echo("stopped", err=True)
@@ -77,6 +86,10 @@ def _run(cluster: ClusterProcess, brokers: int, cluster_name: str, base_dir: str
         for i, b in cluster.brokers.items():
             click.echo(f"broker {i}  {b.address}   (log {b.log_path})")
         click.echo(f"bootstrap {cluster.bootstrap}")
+        kafka = cluster.kafka_addresses
+        if kafka:
+            click.echo(f"kafka     {','.join(kafka[i] for i in sorted(kafka))}   "
+                       "(bootstrap.servers for Kafka clients)")
         click.echo(f"try: ferrymq --server {cluster.bootstrap} topic list   (Ctrl-C stops "
                    "everything)", err=True)
         while True:
