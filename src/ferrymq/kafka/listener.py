@@ -468,7 +468,7 @@ class KafkaConnection(ReadGate, AuthDeadline, asyncio.BufferedProtocol):
 
     def _framed(self, head: bytes, res_cls: type[Any], value: Any) -> bytes | list[Piece]:
         """The frame of an answer: ``value`` a kio response, or a body the handler encoded
-        itself (Produce's bytes, Fetch's pieces, written as they are)."""
+        itself (Produce's bytes; Fetch's pieces, joined when written)."""
         if isinstance(value, list):
             return frame_pieces(head, value)
         return frame(head, self._encode(res_cls, value))
