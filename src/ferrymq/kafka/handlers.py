@@ -2,8 +2,10 @@
 
 Theory of operation
 -------------------
-A Kafka request is decoded by ``kio`` (:mod:`ferrymq.protocol.kafka.apis`) and turned into the
-FerryMQ request that means the same: Produce into PRODUCE (each partition's Kafka batch
+A Kafka request is decoded by ``kio`` (:mod:`ferrymq.protocol.kafka.apis`; Produce by
+:mod:`~ferrymq.protocol.kafka.produce_codec`, and Fetch answered by
+:mod:`~ferrymq.protocol.kafka.fetch_codec`: the hot path) and turned into the FerryMQ request
+that means the same: Produce into PRODUCE (each partition's Kafka batch
 stored as it came, in an envelope: :mod:`ferrymq.protocol.kafka.envelope`), Fetch into FETCH
 (stored Kafka batches sent as they are, FerryMQ batches converted,
 :func:`~ferrymq.protocol.kafka.envelope.kafka_pieces`),
