@@ -21,7 +21,13 @@ from ferrymq.protocol.kafka import apis, envelope
 from ferrymq.protocol.kafka import records as kafka
 from ferrymq.protocol.records import ATTR_HAS_KEYS, HEADER_SIZE
 from tests.helpers import free_port, wait_for
-from tests.kafka.test_kafka_wire import _produce, connect, read_frame, request
+from tests.kafka.test_kafka_wire import (
+    _produce,
+    connect,
+    produce_partitions,
+    read_frame,
+    request,
+)
 
 default_records = pytest.importorskip("kafka.record.default_records")
 
@@ -138,18 +144,9 @@ def test_large_frames_are_stored_as_sent_whether_wrapped_in_place_or_copied(
     monkeypatch.setattr(kafka_handlers, "wrap", spy)
     kbroker.server.topics.create("big", 2, {}, 0)
     sent = [big_batch(0, 300), big_batch(300, 200)]
-    req = apis.request_class(0, 9)
-    res = apis.response_class(0, 9)
-    assert req is not None
-    assert res is not None
-    body = apis.encode(apis.build(req, {
-        "transactional_id": None, "acks": -1, "timeout": datetime.timedelta(seconds=5),
-        "topic_data": [{"name": "big", "partition_data": [
-            {"index": q, "records": batch} for q, batch in enumerate(sent)]}]}))
-    assert len(body) > 4 * 65536
+    assert sum(map(len, sent)) > 4 * 65536  # far more than a read
     with connect(kbroker) as s:
-        s.sendall(request(0, 9, 7, body, flexible=True))
-        parts = apis.decode_request(res, read_frame(s)[5:], 0).responses[0].partition_responses
+        parts = produce_partitions(s, 7, "big", sent)
         assert [(p.index, p.error_code, p.base_offset) for p in parts] == [
             (0, KafkaError.none, 0), (1, KafkaError.none, 0)]
         for q, batch in enumerate(sent):

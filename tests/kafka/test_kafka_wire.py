@@ -199,17 +199,25 @@ def test_bad_crc_is_refused_per_partition_and_nothing_is_stored(kbroker: Broker)
 
 
 def _produce(s: socket.socket, correlation_id: int, topic: str, batch: bytes) -> Any:
+    [part] = produce_partitions(s, correlation_id, topic, [batch])
+    return part
+
+
+def produce_partitions(s: socket.socket, correlation_id: int, topic: str,
+                       batches: list[bytes]) -> Any:
+    """One Produce v9 of ``batches[i]`` to partition ``i`` of ``topic``: its partitions'
+    answers."""
     produce_cls = apis.request_class(0, 9)
     res_cls = apis.response_class(0, 9)
     assert produce_cls is not None
     assert res_cls is not None
     body = apis.encode(apis.build(produce_cls, {
         "transactional_id": None, "acks": -1, "timeout": datetime.timedelta(seconds=5),
-        "topic_data": [{"name": topic, "partition_data": [{"index": 0, "records": batch}]}],
+        "topic_data": [{"name": topic, "partition_data": [
+            {"index": q, "records": batch} for q, batch in enumerate(batches)]}],
     }))
     s.sendall(request(0, 9, correlation_id, body, flexible=True))
-    [part] = apis.decode_request(res_cls, read_frame(s)[5:], 0).responses[0].partition_responses
-    return part
+    return apis.decode_request(res_cls, read_frame(s)[5:], 0).responses[0].partition_responses
 
 
 def _init_producer_id(s: socket.socket) -> Any:
