@@ -16,7 +16,7 @@ from ferrymq.protocol.kafka.envelope import (
     STAMPED_HEAD_SIZE,
     check_stored,
     envelope_header,
-    for_kafka,
+    kafka_pieces,
     stamp,
     to_native,
     wrap,
@@ -161,7 +161,7 @@ def test_both_ways_over_a_log_read_of_both_formats() -> None:
     [_a, (_pos, h), _b] = list(iter_batches(out))
     assert (h.base_offset, h.append_time_ms) == (2, 77)
     # Kafka readers: the stored Kafka batch still compressed, FerryMQ ones converted
-    back = for_kafka(data)
+    back = b"".join(kafka_pieces(data))
     k = kafka.decode_header(back)
     first = len(kafka.to_kafka(bytes(native)))
     assert back[:first] == kafka.to_kafka(bytes(native))
@@ -170,7 +170,7 @@ def test_both_ways_over_a_log_read_of_both_formats() -> None:
     assert back[first + len(gz):] == kafka.to_kafka(bytes(tail))
     assert k.record_count == 2
     # a partial batch at the end is left out, as a fetch cut at its budget has one
-    assert for_kafka(data[:-3]) == back[:first + len(gz)]
+    assert b"".join(kafka_pieces(data[:-3])) == back[:first + len(gz)]
     assert to_native(data[:-3], max_batch_bytes=1 << 20) == out[:-len(tail)]
 
 
@@ -198,9 +198,10 @@ def test_a_ferrymq_producer_cannot_store_an_envelope() -> None:
 
 def test_only_uncompressed_batches_naming_ferrymq_keys_are_marked_as_keyed() -> None:
     keyed = kafka.to_kafka(bytes(encode_batch([RecordInput(b"v", 1, keys=b"order-1")])))
-    assert envelope_header(wrap(keyed, **LIMITS)).attributes == ATTR_HAS_KEYS
-    assert envelope_header(wrap(kafka_batch(2), **LIMITS)).attributes == 0
-    assert envelope_header(wrap(_compressed(keyed), **LIMITS)).attributes == 0
+    assert envelope_header(wrap(keyed, **LIMITS, mark_keys=True)).attributes == ATTR_HAS_KEYS
+    assert envelope_header(wrap(kafka_batch(2), **LIMITS, mark_keys=True)).attributes == 0
+    assert envelope_header(wrap(_compressed(keyed), **LIMITS, mark_keys=True)).attributes == 0
+    assert envelope_header(wrap(keyed, **LIMITS)).attributes == 0  # unless asked: no scan
 
 
 def _roomy(batch: bytes, garbage: int = 0xAB) -> memoryview:
@@ -214,7 +215,7 @@ def test_a_batch_wrapped_in_place_is_the_envelope_a_copy_makes(n: int, garbage: 
     roomy = _roomy(batch, garbage)
     out = wrap(roomy[HEADER_SIZE:], **LIMITS, mark_keys=False, roomy=roomy)
     assert out is roomy  # nothing copied
-    assert bytes(out) == bytes(wrap(batch, **LIMITS, mark_keys=False))
+    assert bytes(out) == bytes(wrap(batch, **LIMITS))
     check_stored(bytes(out))
 
 

@@ -6,7 +6,7 @@ still compressed when the client compressed them. The header carries what the lo
 producer state, transactions, the indexes, retention and replication read (offsets, record
 count, timestamps, producer id, epoch and sequence, the transactional bit), copied from the
 Kafka header on arrival, so all of them treat an envelope as any batch. A Kafka reader gets the
-Kafka batch back by slicing (:func:`for_kafka`: no per-record work); a FerryMQ reader gets the
+Kafka batch back by slicing (:func:`kafka_pieces`: no per-record work); a FerryMQ reader gets the
 envelope converted into a FerryMQ batch of the same offsets (:func:`to_native`, through
 :func:`~ferrymq.protocol.kafka.records.to_ferrymq`), only when it reads one.
 
@@ -83,7 +83,7 @@ def _envelope_crc(buf: bytes | bytearray | memoryview, pos: int) -> int:
 
 
 def wrap(data: bytes | memoryview, *, max_batch_bytes: int, max_records: int,
-         max_decompressed_bytes: int | None = None, mark_keys: bool = True,
+         max_decompressed_bytes: int | None = None, mark_keys: bool = False,
          roomy: memoryview | None = None) -> bytearray | memoryview:
     """The envelope of one Kafka batch a client produced (base offset and append time left 0).
 
@@ -96,7 +96,8 @@ def wrap(data: bytes | memoryview, *, max_batch_bytes: int, max_records: int,
 
     ``mark_keys``: set the has-keys bit of an uncompressed batch holding the bytes
     ``ferrymq.key`` (a scan of the whole batch, the only per-byte work here besides the CRC),
-    so the key index converts it; False: never set.
+    so the key index converts it (the broker's ``kafka_key_headers_indexed``); False (the
+    default, as the broker's): never set.
 
     ``roomy``: a writable view of :data:`HEADER_SIZE` free bytes followed by ``data`` (the
     Produce codec's :attr:`~ferrymq.protocol.kafka.produce_codec.PartitionData.roomy`): the
@@ -261,17 +262,6 @@ def native_batch(buf: bytes | memoryview, pos: int, h: BatchHeader, *,
                              max_batch_bytes=max_batch_bytes)
     stamp_batch(batch, 0, h.base_offset, h.append_time_ms)
     return batch
-
-
-def for_kafka(data: bytes | memoryview) -> bytes:
-    """The complete batches of ``data`` as Kafka batches, in one buffer
-    (:func:`kafka_pieces` joined).
-
-    Raises:
-        CorruptRecordError: a FerryMQ batch whose records do not parse.
-    """
-    out = kafka_pieces(data)
-    return out[0] if len(out) == 1 and isinstance(out[0], bytes) else b"".join(out)
 
 
 def kafka_pieces(data: bytes | memoryview) -> list[bytes | memoryview]:
