@@ -161,7 +161,12 @@ def test_dev_cluster_opens_kafka_ports_when_asked(tmp_path: Path) -> None:
         assert accepts(f"127.0.0.1:{kafka}")
     finally:
         proc.send_signal(signal.SIGINT)
-        proc.communicate(timeout=60)
+        try:
+            proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:  # never left running for the next tests
+            proc.kill()
+            proc.communicate()
+            raise
     assert proc.returncode == 0
 
 

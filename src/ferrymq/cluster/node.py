@@ -69,6 +69,9 @@ from ferrymq.storage import atomic_write
 
 log = logging.getLogger(__name__)
 
+CANCEL_AGAIN_AFTER_S = 0.5
+"""How long :meth:`ClusterNode.stop` waits for a cancelled background task before cancelling it
+again (a cancel can be lost inside ``asyncio.wait_for`` on Python 3.11)."""
 CLUSTER_FILE = Path("meta") / "cluster"
 """The data directory's record of the cluster it belongs to."""
 
@@ -183,6 +186,11 @@ class ClusterNode:
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
+            # a task that swallowed its cancel that way (the controller's loops retry an
+            # unreachable store for ever) is cancelled again until it ends
+            while not t.done():
+                await asyncio.wait([t], timeout=CANCEL_AGAIN_AFTER_S)
+                t.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         self._tasks.clear()
