@@ -2,8 +2,9 @@
 
 Each round produces ``--messages`` of ``--size`` bytes twice into fresh topics: with
 confluent-kafka through the Kafka port (``acks=all``, librdkafka's batching: ``linger.ms`` 5,
-``batch.size`` 1 MB) and with FerryMQ's native asyncio producer (``ferrymq bench produce``'s
-workload, ``acks="all"``, batches of 1,000 messages or 1 MB, 8 in flight). The order alternates
+``batch.size`` 1 MB, its local queue bounded to 64 MiB: ``--kafka-queue-kbytes``) and with
+FerryMQ's native asyncio producer (``ferrymq bench produce``'s workload, ``acks="all"``,
+batches of 1,000 messages or 1 MB, 8 in flight). The order alternates
 from round to round (Kafka first in odd rounds), so neither side always gets the emptier disk.
 After each produce, the same side's consumer reads the topic back from the start: a
 confluent-kafka consumer (``assign()``) the Kafka-produced messages, FerryMQ's native pull
@@ -52,7 +53,15 @@ from ferrymq.admin.bench_workloads import run_consume, run_produce
 from ferrymq.client.sync import AdminClient
 
 _PRODUCER = {"acks": "all", "linger.ms": 5, "batch.size": 1_000_000,
-             "queue.buffering.max.messages": 1_000_000, "queue.buffering.max.kbytes": 2_000_000}
+             "queue.buffering.max.messages": 1_000_000}
+
+# librdkafka's local queue is bounded to 64 MiB by default here, as the native producer bounds
+# what it holds (8 batches in flight). With 2 GB allowed (sessions 17-18), librdkafka held
+# 1.3 GB of a 10 KB run, and on this VM writing into memory not touched for a while is slow
+# (the guest hands free pages back to the host: virtio-balloon free page reporting): the
+# broker's page-cache writes took 40-50 % more system time in those runs (bench/README.md,
+# session 19). ``--kafka-queue-kbytes 1048576`` is librdkafka's own default.
+QUEUE_KBYTES = 65_536
 
 
 def _batch_of(size: int) -> int:
@@ -81,7 +90,8 @@ class _SplitCpu:
 
 
 def kafka_produce(address: str, topic: str, messages: int, size: int, pid: int | None,
-                  partitions: int, api: str = "batch") -> dict[str, Any]:
+                  partitions: int, api: str = "batch",
+                  queue_kbytes: int = QUEUE_KBYTES) -> dict[str, Any]:
     """Produce ``messages`` with confluent-kafka to ``topic`` (created by the first, untimed
     message), round-robin over ``partitions``; the timed result."""
     body = b"x" * size
@@ -91,7 +101,8 @@ def kafka_produce(address: str, topic: str, messages: int, size: int, pid: int |
         if err is not None:
             failed[0] += 1
 
-    conf: dict[str, Any] = dict(_PRODUCER, **{"bootstrap.servers": address})
+    conf: dict[str, Any] = dict(_PRODUCER, **{"bootstrap.servers": address,
+                                              "queue.buffering.max.kbytes": queue_kbytes})
     if api == "batch":
         conf.update({"delivery.report.only.error": True, "on_delivery": report})
     p = confluent_kafka.Producer(conf)
@@ -250,6 +261,8 @@ def main() -> None:
     ap.add_argument("--kafka-api", choices=["batch", "produce"], default="batch")
     ap.add_argument("--flush", choices=["sync", "async"], default="sync")
     ap.add_argument("--no-consume", action="store_true", help="skip the Kafka consumer")
+    ap.add_argument("--kafka-queue-kbytes", type=int, default=QUEUE_KBYTES,
+                    help="librdkafka's queue.buffering.max.kbytes (its default: 1048576)")
     args = ap.parse_args()
     port = free_port()
     rows: list[dict[str, Any]] = []
@@ -266,7 +279,8 @@ def main() -> None:
             for r in range(args.rounds):
                 topic = f"bench-kafka-{r}"
                 runs = [functools.partial(kafka_produce, kafka, topic, args.messages, args.size,
-                                          pid, args.partitions, args.kafka_api),
+                                          pid, args.partitions, args.kafka_api,
+                                          args.kafka_queue_kbytes),
                         functools.partial(native_produce, bp.address, args.messages, args.size,
                                           pid, args.partitions)]
                 for run in runs if r % 2 == 0 else runs[::-1]:
