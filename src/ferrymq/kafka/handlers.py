@@ -29,6 +29,7 @@ lives only on each group's coordinator.
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import logging
 import uuid
@@ -191,7 +192,7 @@ def produce_request(peer: KafkaPeer, cls: type[Any],
         return None
     if isinstance(answer, m.ProduceResponse):
         return respond(answer)
-    return _later(answer, respond)
+    return _then(answer, respond)
 
 
 def _refused(exc: BrokerError) -> KafkaError:
@@ -548,6 +549,30 @@ def describe_groups(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
 
 async def _later(answer: Awaitable[Any], respond: Callable[[Any], Any]) -> Any:
     return respond(await answer)
+
+
+def _then(answer: asyncio.Future[Any], respond: Callable[[Any], Any]) -> asyncio.Future[Any]:
+    """:func:`_later` for a future, without a task (Produce's hot path: a task's creation and
+    its steps cost more than the callback)."""
+    out: asyncio.Future[Any] = answer.get_loop().create_future()
+
+    def done(f: asyncio.Future[Any]) -> None:
+        if out.done():
+            return
+        if f.cancelled():
+            out.cancel()
+            return
+        exc = f.exception()
+        if exc is not None:
+            out.set_exception(exc)
+            return
+        try:
+            out.set_result(respond(f.result()))
+        except Exception as err:  # noqa: BLE001 - the listener answers the failure
+            out.set_exception(err)
+
+    answer.add_done_callback(done)
+    return out
 
 
 HANDLERS: dict[int, KafkaHandler] = {
