@@ -11,16 +11,25 @@ from pathlib import Path
 
 from ferrymq.broker.auth import User, update_users_file
 from ferrymq.protocol import messages as m
-from ferrymq.protocol.auth import MECHANISM, NONCE_BYTES, ScramClient, ScramCredential
+from ferrymq.protocol.auth import (
+    MECHANISM,
+    NONCE_BYTES,
+    SHA512_MECHANISM,
+    ScramClient,
+    ScramCredential,
+)
 from ferrymq.protocol.frames import Frame, FrameDecoder, encode_frame, split_response
 
 
 def make_user(name: str, secret: str, *, admin: bool = False, produce: tuple[str, ...] = (),
               consume: tuple[str, ...] = (), groups: tuple[str, ...] = (),
-              produce_bytes_per_s: int = 0) -> User:
-    """A users-file entry with a fresh salt."""
+              produce_bytes_per_s: int = 0, sha512: bool = True) -> User:
+    """A users-file entry with fresh salts, as ``ferrymq user add`` writes it (``sha512``
+    False: without the SCRAM-SHA-512 credential, as a file written before it existed)."""
     return User(name, ScramCredential.derive(secret, secrets.token_bytes(16)), admin, produce,
-                consume, groups, produce_bytes_per_s)
+                consume, groups, produce_bytes_per_s,
+                ScramCredential.derive(secret, secrets.token_bytes(16),
+                                       mechanism=SHA512_MECHANISM) if sha512 else None)
 
 
 def write_users(path: Path, *users: User) -> Path:

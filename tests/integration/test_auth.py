@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import ferrymq
+from ferrymq.broker.auth import read_users_file
 from ferrymq.broker.config import load
 from ferrymq.errors import (
     AccessDeniedError,
@@ -26,7 +27,7 @@ from ferrymq.errors import (
     ConfigError,
 )
 from ferrymq.protocol import messages as m
-from ferrymq.protocol.auth import MECHANISM
+from ferrymq.protocol.auth import MECHANISM, SHA512_MECHANISM, ScramCredential
 from ferrymq.protocol.codes import ErrorCode
 from ferrymq.protocol.frames import encode_frame, split_response
 from ferrymq.protocol.records import RecordInput, encode_batch
@@ -418,6 +419,10 @@ def test_cli_user_add_and_login(broker: ferrymq.Broker, users_file: Path) -> Non
              stdin="dave-secret-44\n")
     assert r.returncode == 0, r.stderr
     assert "dave-secret-44" not in users_file.read_text()
+    sha512 = read_users_file(users_file)["dave"].scram_sha_512  # for Kafka's SCRAM-SHA-512
+    assert sha512 is not None
+    assert sha512 == ScramCredential.derive("dave-secret-44", sha512.salt, sha512.iterations,
+                                            SHA512_MECHANISM)
     r = _cli("user", "add", "dave", "--users-file", str(users_file), "--generate")
     assert r.returncode == 1 and "exists" in r.stderr
     listing = _cli("--json", "user", "list", "--users-file", str(users_file))

@@ -40,7 +40,7 @@ from ferrymq.errors import (
     UserAlreadyExistsError,
 )
 from ferrymq.protocol import messages as m
-from ferrymq.protocol.auth import ScramCredential
+from ferrymq.protocol.auth import SHA512_MECHANISM, ScramCredential
 from ferrymq.protocol.codes import ErrorCode
 from ferrymq.protocol.frames import split_response
 from tests.helpers import BrokerProcess
@@ -394,6 +394,10 @@ def test_cli_round_trip(tmp_path: Path, users_file: Path) -> None:
         assert res.stdout == f"user dave added on {bp.address}\n"
         assert "dave-secret-5e0a" not in users_file.read_text()
         assert read_users_file(users_file)["dave"].produce == ("orders",)
+        sha512 = read_users_file(users_file)["dave"].scram_sha_512  # derived by the client
+        assert sha512 is not None
+        assert sha512 == ScramCredential.derive("dave-secret-5e0a", sha512.salt,
+                                                sha512.iterations, SHA512_MECHANISM)
 
         # dave works at once
         dave_env = {"FERRYMQ_SERVER": bp.address, "FERRYMQ_USER": "dave",

@@ -1,5 +1,5 @@
-"""SASL SCRAM-SHA-256 on the Kafka port against the broker's users file, and the users' ACLs,
-with confluent-kafka (librdkafka) as the client."""
+"""SASL SCRAM-SHA-256 and SCRAM-SHA-512 on the Kafka port against the broker's users file, and
+the users' ACLs, with confluent-kafka (librdkafka) as the client."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from ferrymq import Broker
+from ferrymq import AdminClient, Broker
 from tests.helpers import free_port, wait_for
 from tests.security_helpers import make_user, write_users
 
@@ -29,6 +29,8 @@ def sbroker(tmp_path: Path) -> Iterator[Broker]:
         make_user("alice", "s3cret-alice", produce=("orders",), consume=("orders",),
                   groups=("billing",)),
         make_user("bob", "s3cret-bob", consume=("orders",)),
+        make_user("carol", "s3cret-carol", produce=("orders",), sha512=False),
+        make_user("root", "s3cret-root", admin=True),
     )
     b = Broker(tmp_path / "data", port=0, kafka_port=free_port(), users_file=str(users),
                auth_failure_delay_ms=100).start()
@@ -47,10 +49,12 @@ def conf(b: Broker, user: str, password: str, **extra: Any) -> dict[str, Any]:
             "sasl.username": user, "sasl.password": password, **extra}
 
 
-def produce(b: Broker, user: str, password: str, topic: str) -> list[Any]:
+def produce(b: Broker, user: str, password: str, topic: str,
+            mechanism: str = "SCRAM-SHA-256") -> list[Any]:
     errors: list[Any] = []
     p = confluent_kafka.Producer(conf(b, user, password, acks="all",
-                                      **{"message.timeout.ms": 5000}))
+                                      **{"message.timeout.ms": 5000,
+                                         "sasl.mechanism": mechanism}))
     p.produce(topic, b"hello", partition=0, on_delivery=lambda err, _m: errors.append(err))
     p.flush(15)
     return errors
@@ -84,6 +88,40 @@ def test_wrong_password_is_refused_and_logged(sbroker: Broker,
     assert sbroker.server.topics.queue("orders", 0).log.end_offset == 0
     assert sbroker.server.auth is not None
     assert sbroker.server.auth.failures >= 1
+
+
+def test_scram_sha_512_with_the_right_and_a_wrong_password(
+        sbroker: Broker, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="ferrymq.broker")
+    assert produce(sbroker, "alice", "s3cret-alice", "orders", "SCRAM-SHA-512") == [None]
+    [err] = produce(sbroker, "alice", "s3cret-bob", "orders", "SCRAM-SHA-512")
+    assert err is not None
+    assert any("authentication failed" in r.getMessage() for r in caplog.records)
+    assert sbroker.server.topics.queue("orders", 0).log.end_offset == 1
+
+
+def test_a_user_without_a_sha_512_credential_is_refused_it_and_the_log_says_why(
+        sbroker: Broker, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="ferrymq.broker")
+    [err] = produce(sbroker, "carol", "s3cret-carol", "orders", "SCRAM-SHA-512")
+    assert err is not None
+    assert any("no SCRAM-SHA-512 credential" in r.getMessage() for r in caplog.records)
+    assert produce(sbroker, "carol", "s3cret-carol", "orders") == [None]  # SHA-256 still works
+    # an unknown user's failure does not say so (nor which users exist)
+    caplog.clear()
+    [err] = produce(sbroker, "nobody", "pw", "orders", "SCRAM-SHA-512")
+    assert err is not None
+    failures = [r.getMessage() for r in caplog.records if "authentication failed" in
+                r.getMessage()]
+    assert failures
+    assert not any("credential" in m for m in failures)
+
+
+def test_a_user_added_over_the_wire_logs_in_with_scram_sha_512(sbroker: Broker) -> None:
+    with AdminClient(sbroker.address, auth=("root", "s3cret-root")) as admin:
+        assert admin.add_user("dave", "s3cret-dave", produce=("orders",))
+    assert produce(sbroker, "dave", "s3cret-dave", "orders", "SCRAM-SHA-512") == [None]
+    assert produce(sbroker, "dave", "s3cret-dave", "orders") == [None]
 
 
 def test_acls_apply_to_kafka_clients(sbroker: Broker) -> None:

@@ -21,7 +21,7 @@ from ferrymq.broker.auth import User, read_users_file, update_users_file
 from ferrymq.client.admin import UserInfo
 from ferrymq.errors import UserAlreadyExistsError
 from ferrymq.protocol import messages as m
-from ferrymq.protocol.auth import SALT_BYTES, ScramCredential, check_user_name
+from ferrymq.protocol.auth import SALT_BYTES, SHA512_MECHANISM, ScramCredential, check_user_name
 
 USERS_FILE_OPTION = click.option(
     "--users-file", type=click.Path(dir_okay=False), envvar="FERRYMQ_USERS_FILE",
@@ -118,9 +118,11 @@ def user_add(state: CliState, name: str, users_file: str | None, password_stdin:
             raise CommandError(f"user {name!r} exists in {users_file} (use --replace)")
         secret, generated = _read_secret(password_stdin, generate, name)
         cred = ScramCredential.derive(secret, secrets.token_bytes(SALT_BYTES))
+        sha512 = ScramCredential.derive(secret, secrets.token_bytes(SALT_BYTES),
+                                        mechanism=SHA512_MECHANISM)
         update_users_file(users_file, {name: User(name, cred, admin, tuple(produce),
                                                   tuple(consume), tuple(groups),
-                                                  produce_bytes_per_s)})
+                                                  produce_bytes_per_s, sha512)})
         where = {"users_file": users_file}
         done = f"user {name} written to {users_file}"
     if state.printer.json_mode:

@@ -7,6 +7,7 @@ by ``ferrymq user add`` (never holds a secret, only SCRAM keys)::
 
     [users.alice]
     scram = "SCRAM-SHA-256:4096:<salt>:<stored key>:<server key>"
+    scram_sha_512 = "SCRAM-SHA-512:4096:<salt>:<stored key>:<server key>"  # optional
     admin = false
     produce = ["orders", "orders.*"]     # topic name patterns (fnmatch: * and ?)
     consume = ["orders*"]
@@ -15,7 +16,10 @@ by ``ferrymq user add`` (never holds a secret, only SCRAM keys)::
 
 :class:`UserStore` loads it at start (a bad file stops the broker with a clear error) and
 reloads it when its modification time changes (checked by the broker's housekeeping), so
-``ferrymq user add`` / ``remove`` take effect without a restart. A reload that fails keeps the
+``ferrymq user add`` / ``remove`` take effect without a restart. ``scram`` is every user's
+credential (the native handshake, and SCRAM-SHA-256 on the Kafka port); ``scram_sha_512``, which
+``ferrymq user add`` writes too, lets Kafka clients log in with SCRAM-SHA-512 (a user written
+before it existed has none until its secret is set again). A reload that fails keeps the
 users that were loaded and logs why. Rights are looked up by name on every request, so a
 revoked right or a removed user takes effect at once on open connections too. Admins change
 users over the wire too (:mod:`ferrymq.broker.handlers.users`: the same
@@ -52,18 +56,18 @@ from ferrymq.protocol.auth import (
     MIN_ITERATIONS,
     NONCE_BYTES,
     SALT_BYTES,
+    SHA512_MECHANISM,
     ScramCredential,
     ScramServer,
     check_nonce,
     check_user_name,
     decoy_credential,
+    key_bytes,
 )
 from ferrymq.storage.files import atomic_write
 
 log = logging.getLogger("ferrymq.broker.auth")
 
-KEY_BYTES = 32
-"""Length of a SCRAM-SHA-256 stored key and server key (a SHA-256 digest)."""
 
 MAX_USERS = 100_000
 """Most users one file may hold (the file is read into memory)."""
@@ -90,6 +94,8 @@ class User:
     consume: tuple[str, ...] = ()
     groups: tuple[str, ...] = ()
     produce_bytes_per_s: int = 0
+    scram_sha_512: ScramCredential | None = None
+    """The optional SCRAM-SHA-512 credential (Kafka clients that ask for that mechanism)."""
 
 
 def _patterns(name: str, key: str, value: object) -> tuple[str, ...]:
@@ -113,14 +119,9 @@ def check_user(user: User) -> User:
         ValueError: naming the first problem (no key material in the message).
     """
     check_user_name(user.name)
-    c = user.credential
-    if not SALT_BYTES <= len(c.salt) <= MAX_NONCE_BYTES:
-        raise ValueError(f"the salt must have {SALT_BYTES}..{MAX_NONCE_BYTES} bytes, "
-                         f"not {len(c.salt)}")
-    if not MIN_ITERATIONS <= c.iterations <= MAX_ITERATIONS:
-        raise ValueError(f"iterations must be {MIN_ITERATIONS}..{MAX_ITERATIONS}")
-    if len(c.stored_key) != KEY_BYTES or len(c.server_key) != KEY_BYTES:
-        raise ValueError(f"the stored key and the server key must have {KEY_BYTES} bytes")
+    _check_credential(user.credential, MECHANISM)
+    if user.scram_sha_512 is not None:
+        _check_credential(user.scram_sha_512, SHA512_MECHANISM)
     for key, patterns in (("produce", user.produce), ("consume", user.consume),
                           ("groups", user.groups)):
         if len(patterns) > MAX_PATTERNS:
@@ -133,6 +134,24 @@ def check_user(user: User) -> User:
     if not 0 <= user.produce_bytes_per_s <= MAX_PRODUCE_BYTES_PER_S:
         raise ValueError(f"produce_bytes_per_s must be 0..{MAX_PRODUCE_BYTES_PER_S}")
     return user
+
+
+def _check_credential(c: ScramCredential, mechanism: str) -> None:
+    """:func:`check_user`'s rules for one credential.
+
+    Raises:
+        ValueError: another mechanism, a salt, iterations or keys out of range.
+    """
+    if c.mechanism != mechanism:
+        raise ValueError(f"a {c.mechanism[:40]!r} credential where {mechanism} is expected")
+    if not SALT_BYTES <= len(c.salt) <= MAX_NONCE_BYTES:
+        raise ValueError(f"the salt must have {SALT_BYTES}..{MAX_NONCE_BYTES} bytes, "
+                         f"not {len(c.salt)}")
+    if not MIN_ITERATIONS <= c.iterations <= MAX_ITERATIONS:
+        raise ValueError(f"iterations must be {MIN_ITERATIONS}..{MAX_ITERATIONS}")
+    size = key_bytes(mechanism)
+    if len(c.stored_key) != size or len(c.server_key) != size:
+        raise ValueError(f"the {mechanism} stored key and server key must have {size} bytes")
 
 
 def parse_users(text: str, source: str = "users file") -> dict[str, User]:
@@ -151,7 +170,8 @@ def parse_users(text: str, source: str = "users file") -> dict[str, User]:
     if len(table) > MAX_USERS:
         raise ConfigError(f"{source}: more than {MAX_USERS} users")
     users: dict[str, User] = {}
-    known = {"scram", "admin", "produce", "consume", "groups", "produce_bytes_per_s"}
+    known = {"scram", "scram_sha_512", "admin", "produce", "consume", "groups",
+             "produce_bytes_per_s"}
     for name, entry in table.items():
         try:
             check_user_name(name)
@@ -164,6 +184,8 @@ def parse_users(text: str, source: str = "users file") -> dict[str, User]:
             raise ConfigError(f"{source}: user {name!r}: unknown keys {sorted(unknown)}")
         try:
             cred = ScramCredential.decode(str(entry.get("scram", "")))
+            sha512 = (ScramCredential.decode(str(entry["scram_sha_512"]), SHA512_MECHANISM)
+                      if "scram_sha_512" in entry else None)
         except ValueError as exc:
             raise ConfigError(f"{source}: user {name!r}: {exc}") from None
         admin = entry.get("admin", False)
@@ -180,6 +202,7 @@ def parse_users(text: str, source: str = "users file") -> dict[str, User]:
             _patterns(name, "consume", entry.get("consume", [])),
             _patterns(name, "groups", entry.get("groups", [])),
             rate,
+            sha512,
         )
     return users
 
@@ -204,11 +227,13 @@ def _toml_list(items: Iterable[str]) -> str:
 def render_users(users: Iterable[User]) -> str:
     """The users file text for ``users`` (sorted by name)."""
     lines = ["# FerryMQ users (written by `ferrymq user add`). Secrets are not stored: only",
-             "# SCRAM-SHA-256 keys derived from them. Patterns use * and ? (fnmatch).", ""]
+             "# SCRAM keys derived from them. Patterns use * and ? (fnmatch).", ""]
     for u in sorted(users, key=lambda u: u.name):
         lines += [
             f"[users.{_toml_str(u.name)}]",
             f"scram = {_toml_str(u.credential.encode())}",
+            *([f"scram_sha_512 = {_toml_str(u.scram_sha_512.encode())}"]
+              if u.scram_sha_512 is not None else []),
             f"admin = {'true' if u.admin else 'false'}",
             f"produce = {_toml_list(u.produce)}",
             f"consume = {_toml_list(u.consume)}",
@@ -403,9 +428,9 @@ class Authenticator:
         log.info("%s authenticated as %r", conn.peer, user.name)
         return m.AuthFinishResponse(signature, user.name, user.admin)
 
-    def decoy(self, user: str) -> ScramCredential:
+    def decoy(self, user: str, mechanism: str = MECHANISM) -> ScramCredential:
         """The stable decoy credential of an unknown user name (its challenge looks real)."""
-        return decoy_credential(user, self._process_secret)
+        return decoy_credential(user, self._process_secret, mechanism)
 
     def failed(self, conn: AuthConnection, user: str, reason: str) -> None:
         """Log a failed attempt (without any secret material)."""

@@ -279,8 +279,9 @@ class BrokerConfig:
     )
     users_file: str = _f(
         "",
-        "Security: TOML file of users (SCRAM-SHA-256 keys and ACLs, written by `ferrymq user "
-        "add`); empty: authentication off. Reloaded when it changes. See docs/security.md.",
+        "Security: TOML file of users (SCRAM-SHA-256 and -512 keys and ACLs, written by "
+        "`ferrymq user add`); empty: authentication off. Reloaded when it changes. See "
+        "docs/security.md.",
     )
     insecure: bool = _f(
         False, "Security: allow listening on a non-loopback address without authentication."

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from ferrymq.client._admin_results import UserInfo
 from ferrymq.protocol import messages as m
-from ferrymq.protocol.auth import DEFAULT_ITERATIONS, SALT_BYTES, ScramCredential
+from ferrymq.protocol.auth import DEFAULT_ITERATIONS, SALT_BYTES, SHA512_MECHANISM, ScramCredential
 
 if TYPE_CHECKING:
     from ferrymq.client._session import Session
@@ -25,6 +25,7 @@ class UserAdminCalls:
         self, name: str, credential: ScramCredential, *, admin: bool = False,
         produce: Sequence[str] = (), consume: Sequence[str] = (), groups: Sequence[str] = (),
         produce_bytes_per_s: int = 0, replace: bool = True,
+        scram_sha_512: ScramCredential | None = None,
     ) -> bool:
         """Create or replace a user of the broker's users file, from an already derived SCRAM
         credential (:meth:`add_user` derives one from a secret). The change applies to the next
@@ -39,6 +40,8 @@ class UserAdminCalls:
             groups: consumer, delivery and producer group / transactional id patterns.
             produce_bytes_per_s: produce quota (0: none).
             replace: replace an existing user (False: refuse with UserAlreadyExistsError).
+            scram_sha_512: the optional SCRAM-SHA-512 credential of the same secret, for
+                Kafka clients that log in with that mechanism.
 
         Returns:
             True when the user was created, False when an existing one was replaced.
@@ -53,7 +56,9 @@ class UserAdminCalls:
         req = m.UpsertUserRequest(
             name, credential.salt, credential.iterations, credential.stored_key,
             credential.server_key, admin, list(produce), list(consume), list(groups),
-            produce_bytes_per_s, replace)
+            produce_bytes_per_s, replace,
+            *((scram_sha_512.salt, scram_sha_512.iterations, scram_sha_512.stored_key,
+               scram_sha_512.server_key) if scram_sha_512 is not None else ()))
         # a replace is idempotent (safe to retry); a create is not (a retry would see "exists")
         resp = await self._session.request(req, m.UpsertUserResponse, retry=replace)
         return resp.created
@@ -63,8 +68,9 @@ class UserAdminCalls:
         consume: Sequence[str] = (), groups: Sequence[str] = (), produce_bytes_per_s: int = 0,
         replace: bool = False, iterations: int = DEFAULT_ITERATIONS,
     ) -> bool:
-        """Add a user with a secret (``ferrymq user add``): the SCRAM-SHA-256 credential is
-        derived here with a fresh random salt, so the secret never leaves this process.
+        """Add a user with a secret (``ferrymq user add``): its SCRAM-SHA-256 credential, and the
+        SCRAM-SHA-512 one Kafka clients may ask for, are derived here with fresh random salts,
+        so the secret never leaves this process.
 
         Args:
             name, admin, produce, consume, groups, produce_bytes_per_s: as in
@@ -82,9 +88,12 @@ class UserAdminCalls:
             InvalidRequestError: as in :meth:`upsert_user`.
         """
         cred = ScramCredential.derive(secret, secrets.token_bytes(SALT_BYTES), iterations)
+        sha512 = ScramCredential.derive(secret, secrets.token_bytes(SALT_BYTES), iterations,
+                                        SHA512_MECHANISM)
         return await self.upsert_user(name, cred, admin=admin, produce=produce,
                                       consume=consume, groups=groups,
-                                      produce_bytes_per_s=produce_bytes_per_s, replace=replace)
+                                      produce_bytes_per_s=produce_bytes_per_s, replace=replace,
+                                      scram_sha_512=sha512)
 
     async def remove_user(self, name: str) -> int:
         """Delete a user. Its handshakes fail from now on, and the broker closes its open

@@ -435,11 +435,13 @@ class AdminClient:
     def upsert_user(self, name: str, credential: ScramCredential, *, admin: bool = False,
                     produce: Sequence[str] = (), consume: Sequence[str] = (),
                     groups: Sequence[str] = (), produce_bytes_per_s: int = 0,
-                    replace: bool = True) -> bool:
+                    replace: bool = True,
+                    scram_sha_512: ScramCredential | None = None) -> bool:
         """See :meth:`ferrymq.client.admin.AsyncAdminClient.upsert_user`."""
         return _run(self._async.upsert_user(
             name, credential, admin=admin, produce=produce, consume=consume, groups=groups,
-            produce_bytes_per_s=produce_bytes_per_s, replace=replace))
+            produce_bytes_per_s=produce_bytes_per_s, replace=replace,
+            scram_sha_512=scram_sha_512))
 
     def add_user(self, name: str, secret: str, *, admin: bool = False,
                  produce: Sequence[str] = (), consume: Sequence[str] = (),

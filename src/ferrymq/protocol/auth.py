@@ -65,7 +65,11 @@ USER_NAME_RE = re.compile(r"[A-Za-z0-9._@-]{1,128}\Z", re.ASCII)
 """User names: 1..128 ASCII letters, digits, ``. _ @ -``. Compared exactly (no case folding, no
 Unicode normalisation), so a look-alike or case variant is simply another, unknown, name."""
 CREDENTIAL_PREFIX = "SCRAM-SHA-256"
-_KEY_BYTES = 32
+SHA512_MECHANISM = "SCRAM-SHA-512"
+"""The Kafka port also serves SCRAM-SHA-512 (RFC 5802 with SHA-512): a user needs a second
+credential for it, derived from the same secret (the users file's ``scram_sha_512``)."""
+SCRAM_HASHES = {CREDENTIAL_PREFIX: "sha256", SHA512_MECHANISM: "sha512"}
+"""The hash of each SCRAM mechanism a credential can be derived for."""
 
 
 def check_user_name(name: str) -> str:
@@ -101,14 +105,22 @@ class ScramCredential:
     iterations: int
     stored_key: bytes
     server_key: bytes
+    mechanism: str = CREDENTIAL_PREFIX
+    """``SCRAM-SHA-256`` (every user's, the native handshake's) or ``SCRAM-SHA-512`` (an
+    optional second credential, for Kafka clients that ask for it)."""
+
+    @property
+    def hash_name(self) -> str:
+        """The :mod:`hashlib` name of the mechanism's hash."""
+        return SCRAM_HASHES[self.mechanism]
 
     @classmethod
-    def derive(cls, secret: str, salt: bytes, iterations: int = DEFAULT_ITERATIONS
-               ) -> ScramCredential:
+    def derive(cls, secret: str, salt: bytes, iterations: int = DEFAULT_ITERATIONS,
+               mechanism: str = CREDENTIAL_PREFIX) -> ScramCredential:
         """Derive the stored form of ``secret`` (the caller supplies a random ``salt``).
 
         Raises:
-            ValueError: empty secret, short salt or too few rounds.
+            ValueError: empty secret, short salt, too few rounds or an unknown mechanism.
         """
         if not secret:
             raise ValueError("the secret must not be empty")
@@ -116,37 +128,56 @@ class ScramCredential:
             raise ValueError(f"the salt must have at least {SALT_BYTES} bytes")
         if not MIN_ITERATIONS <= iterations <= MAX_ITERATIONS:
             raise ValueError(f"iterations must be {MIN_ITERATIONS}..{MAX_ITERATIONS}")
-        salted = salted_password(secret, salt, iterations)
-        client_key = _hmac(salted, b"Client Key")
-        return cls(salt, iterations, hashlib.sha256(client_key).digest(),
-                   _hmac(salted, b"Server Key"))
+        name = _hash_of(mechanism)
+        salted = hashlib.pbkdf2_hmac(name, secret.encode("utf-8"), salt, iterations)
+        client_key = hmac.new(salted, b"Client Key", name).digest()
+        return cls(salt, iterations, hashlib.new(name, client_key).digest(),
+                   hmac.new(salted, b"Server Key", name).digest(), mechanism)
 
     def encode(self) -> str:
-        """``SCRAM-SHA-256:<iterations>:<salt>:<stored key>:<server key>`` (base64)."""
+        """``<mechanism>:<iterations>:<salt>:<stored key>:<server key>`` (base64)."""
         b64 = base64.b64encode
-        return ":".join((CREDENTIAL_PREFIX, str(self.iterations), b64(self.salt).decode(),
+        return ":".join((self.mechanism, str(self.iterations), b64(self.salt).decode(),
                          b64(self.stored_key).decode(), b64(self.server_key).decode()))
 
     @classmethod
-    def decode(cls, text: str) -> ScramCredential:
-        """Parse :meth:`encode`'s form.
+    def decode(cls, text: str, mechanism: str = CREDENTIAL_PREFIX) -> ScramCredential:
+        """Parse :meth:`encode`'s form of a ``mechanism`` credential.
 
         Raises:
             ValueError: anything else.
         """
+        size = key_bytes(mechanism)
         parts = text.split(":")
-        if len(parts) != 5 or parts[0] != CREDENTIAL_PREFIX:
-            raise ValueError(f"not a {CREDENTIAL_PREFIX} credential")
+        if len(parts) != 5 or parts[0] != mechanism:
+            raise ValueError(f"not a {mechanism} credential")
         try:
             iterations = int(parts[1])
             salt, stored, server = (base64.b64decode(p, validate=True) for p in parts[2:])
         except ValueError as exc:
-            raise ValueError(f"malformed {CREDENTIAL_PREFIX} credential: {exc}") from None
+            raise ValueError(f"malformed {mechanism} credential: {exc}") from None
         if not MIN_ITERATIONS <= iterations <= MAX_ITERATIONS or len(salt) < SALT_BYTES:
             raise ValueError("credential salt or iterations out of range")
-        if len(stored) != _KEY_BYTES or len(server) != _KEY_BYTES:
-            raise ValueError("credential keys must be 32 bytes")
-        return cls(salt, iterations, stored, server)
+        if len(stored) != size or len(server) != size:
+            raise ValueError(f"{mechanism} credential keys must be {size} bytes")
+        return cls(salt, iterations, stored, server, mechanism)
+
+
+def _hash_of(mechanism: str) -> str:
+    try:
+        return SCRAM_HASHES[mechanism]
+    except KeyError:
+        raise ValueError(f"unknown SCRAM mechanism {mechanism[:40]!r} (known: "
+                         f"{', '.join(SCRAM_HASHES)})") from None
+
+
+def key_bytes(mechanism: str) -> int:
+    """The size of a ``mechanism`` credential's keys (32 for SHA-256, 64 for SHA-512).
+
+    Raises:
+        ValueError: an unknown mechanism.
+    """
+    return hashlib.new(_hash_of(mechanism)).digest_size
 
 
 def auth_message(user: str, client_nonce: bytes, server_nonce: bytes, salt: bytes,
@@ -257,9 +288,12 @@ class ScramServer:
         return _hmac(c.server_key, self._message)
 
 
-def decoy_credential(user: str, process_secret: bytes) -> ScramCredential:
-    """A stable, fake credential for an unknown user name: the salt is an HMAC of the name under
-    a per-process secret (so asking twice gives the same salt), the keys are random-looking."""
+def decoy_credential(user: str, process_secret: bytes,
+                     mechanism: str = CREDENTIAL_PREFIX) -> ScramCredential:
+    """A stable, fake ``mechanism`` credential for an unknown user name: the salt is an HMAC of
+    the name under a per-process secret (so asking twice gives the same salt), the keys are
+    random-looking."""
     salt = _hmac(process_secret, b"salt\0" + user.encode("utf-8"))[:SALT_BYTES]
-    stored = _hmac(process_secret, b"stored\0" + user.encode("utf-8"))
-    return ScramCredential(salt, DEFAULT_ITERATIONS, stored, stored)
+    stored = hmac.new(process_secret, b"stored\0" + user.encode("utf-8"),
+                      _hash_of(mechanism)).digest()
+    return ScramCredential(salt, DEFAULT_ITERATIONS, stored, stored, mechanism)

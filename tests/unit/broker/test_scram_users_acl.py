@@ -11,9 +11,10 @@ from ferrymq.broker.auth import User, parse_users, read_users_file, render_users
 from ferrymq.broker.limits import MAX_THROTTLE_S, ByteRateQuota, ConnectionLimits
 from ferrymq.errors import ConfigError
 from ferrymq.protocol import messages as m
-from ferrymq.protocol.auth import ScramCredential
+from ferrymq.protocol.auth import SHA512_MECHANISM, ScramCredential
 
 CRED = ScramCredential.derive("pw", b"s" * 16)
+CRED512 = ScramCredential.derive("pw", b"t" * 16, mechanism=SHA512_MECHANISM)
 
 
 def user(**kw: object) -> User:
@@ -22,9 +23,11 @@ def user(**kw: object) -> User:
 
 def test_users_file_round_trip(tmp_path: Path) -> None:
     users = [User("a", CRED, True), User("b.c@d", CRED, False, ("o*", 'q"x'), ("z",), ("g-?",),
-                                          1000)]
+                                          1000, CRED512)]
     text = render_users(users)
     assert parse_users(text) == {u.name: u for u in users}
+    assert text.count("scram_sha_512 = ") == 1  # only the user that has one
+    assert parse_users(text)["b.c@d"].scram_sha_512 == CRED512
     f = tmp_path / "users.toml"
     update_users_file(f, {"a": users[0]})
     update_users_file(f, {"b.c@d": users[1]})
@@ -47,6 +50,10 @@ def test_users_file_round_trip(tmp_path: Path) -> None:
     f"[users.x]\nscram = '{CRED.encode()}'\nproduce_bytes_per_s = -1",
     f"[users.x]\nscram = '{CRED.encode()}'\npassword = 'plain'",
     "not toml [",
+    f"[users.x]\nscram = '{CRED512.encode()}'",  # the SHA-512 credential where SHA-256 goes
+    f"[users.x]\nscram = '{CRED.encode()}'\nscram_sha_512 = '{CRED.encode()}'",
+    f"[users.x]\nscram = '{CRED.encode()}'\nscram_sha_512 = "
+    f"'{CRED512.encode().rsplit(':', 1)[0]}:AAAA'",  # a short server key
 ])
 def test_bad_users_files(text: str) -> None:
     with pytest.raises(ConfigError):

@@ -47,7 +47,7 @@ from ferrymq.errors import (
     UserAlreadyExistsError,
 )
 from ferrymq.protocol import messages as m
-from ferrymq.protocol.auth import ScramCredential
+from ferrymq.protocol.auth import SHA512_MECHANISM, ScramCredential
 from ferrymq.protocol.codes import ErrorCode
 
 if TYPE_CHECKING:
@@ -114,10 +114,13 @@ def upsert_user(conn: ClientConnection, req: m.UpsertUserRequest
     """UPSERT_USER: create or replace a user (credential and rights)."""
     auth = _auth(conn)
     try:
+        sha512 = (ScramCredential(req.sha512_salt, req.sha512_iterations, req.sha512_stored_key,
+                                  req.sha512_server_key, SHA512_MECHANISM)
+                  if req.sha512_stored_key else None)
         user = check_user(User(
             req.name, ScramCredential(req.salt, req.iterations, req.stored_key, req.server_key),
             req.admin, tuple(req.produce), tuple(req.consume), tuple(req.groups),
-            req.produce_bytes_per_s))
+            req.produce_bytes_per_s, sha512))
     except ValueError as exc:
         raise InvalidRequestError(f"user {req.name[:128]!r}: {exc}") from None
     existed = False

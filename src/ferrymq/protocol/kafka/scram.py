@@ -1,9 +1,10 @@
-"""SCRAM-SHA-256 as Kafka clients speak it (RFC 5802 / RFC 7677 messages inside
-SaslAuthenticate), checked against FerryMQ's stored credentials. Sans-IO.
+"""SCRAM-SHA-256 and SCRAM-SHA-512 as Kafka clients speak them (RFC 5802 / RFC 7677 messages
+inside SaslAuthenticate), checked against FerryMQ's stored credentials. Sans-IO.
 
 FerryMQ's users file stores the RFC's ``StoredKey`` and ``ServerKey`` (derived as RFC 5802
 derives them: PBKDF2-HMAC-SHA256, "Client Key", "Server Key"), so a Kafka client that knows a
-user's secret proves it exactly as a FerryMQ client does; only the messages differ::
+user's secret proves it exactly as a FerryMQ client does; only the messages differ. A user's
+optional second credential is the same derivation with SHA-512, for SCRAM-SHA-512::
 
     client-first  n,,n=<user>,r=<client nonce>
     server-first  r=<client nonce + server nonce>,s=<base64 salt>,i=<iterations>
@@ -23,15 +24,12 @@ import hashlib
 import hmac
 
 from ferrymq.errors import AuthenticationFailedError
-from ferrymq.protocol.auth import ScramCredential
+from ferrymq.protocol.auth import CREDENTIAL_PREFIX, SHA512_MECHANISM, ScramCredential
 
-MECHANISM = "SCRAM-SHA-256"
+MECHANISMS = (CREDENTIAL_PREFIX, SHA512_MECHANISM)
+"""The SASL mechanisms served, in the order SaslHandshake lists them."""
 MAX_MESSAGE_BYTES = 1024
 """A SCRAM message longer than this is refused (the real ones are about 100 bytes)."""
-
-
-def _hmac(key: bytes, msg: bytes) -> bytes:
-    return hmac.new(key, msg, hashlib.sha256).digest()
 
 
 def _text(message: bytes, what: str) -> str:
@@ -74,8 +72,9 @@ def parse_client_first(message: bytes) -> tuple[str, str, str]:
 
 
 class KafkaScramServer:
-    """One SCRAM exchange; ``credential`` is the user's, or a decoy for an unknown user
-    (``known`` False: the proof never succeeds)."""
+    """One SCRAM exchange; ``credential`` is the user's for the mechanism agreed on (its hash is
+    the mechanism's), or a decoy for an unknown user (``known`` False: the proof never
+    succeeds)."""
 
     def __init__(self, user: str, credential: ScramCredential, known: bool,
                  client_nonce: str, client_first_bare: str, server_nonce: bytes) -> None:
@@ -106,10 +105,11 @@ class KafkaScramServer:
             raise AuthenticationFailedError("SCRAM proof is not base64") from None
         auth_message = f"{self._client_first_bare},{self.server_first},{without_proof}".encode()
         c = self._credential
-        signature = _hmac(c.stored_key, auth_message)
+        name = c.hash_name
+        signature = hmac.new(c.stored_key, auth_message, name).digest()
         ok = len(proof) == len(signature) and hmac.compare_digest(
-            hashlib.sha256(bytes(a ^ b for a, b in zip(proof, signature, strict=True))).digest(),
-            c.stored_key)
+            hashlib.new(name, bytes(a ^ b for a, b in zip(proof, signature, strict=True)))
+            .digest(), c.stored_key)
         if not (ok and self._known):
             raise AuthenticationFailedError("authentication failed: unknown user or wrong secret")
-        return b"v=" + base64.b64encode(_hmac(c.server_key, auth_message))
+        return b"v=" + base64.b64encode(hmac.new(c.server_key, auth_message, name).digest())

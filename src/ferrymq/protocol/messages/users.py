@@ -20,7 +20,8 @@ class UpsertUserResponse(Body):
 class UpsertUserRequest(Request):
     """Create or replace a user: its SCRAM-SHA-256 stored credential (derived from the secret
     by the client: the secret never crosses the wire) and its rights. ``replace`` false refuses
-    an existing name (USER_ALREADY_EXISTS)."""
+    an existing name (USER_ALREADY_EXISTS). The ``sha512_*`` fields (added later: empty from an
+    older client) carry the optional SCRAM-SHA-512 credential, for Kafka clients."""
 
     name: str
     salt: bytes
@@ -33,9 +34,14 @@ class UpsertUserRequest(Request):
     groups: list[str]
     produce_bytes_per_s: int
     replace: bool
+    sha512_salt: bytes = b""
+    sha512_iterations: int = 0
+    sha512_stored_key: bytes = field(default=b"", repr=False)
+    sha512_server_key: bytes = field(default=b"", repr=False)
     API_KEY = ApiKey.UPSERT_USER
     RESPONSE = UpsertUserResponse
-    SCHEMA = (STR, BYTES, INT, BYTES, BYTES, BOOL, lst(STR), lst(STR), lst(STR), INT, BOOL)
+    SCHEMA = (STR, BYTES, INT, BYTES, BYTES, BOOL, lst(STR), lst(STR), lst(STR), INT, BOOL,
+              BYTES, INT, BYTES, BYTES)
 
 
 @dataclass(frozen=True, slots=True)
