@@ -72,6 +72,10 @@ def test_the_first_brokers_file_seeds_the_cluster_and_changes_reach_every_broker
             await eventually(lambda: can_log_in(address(c, 3), ("carol", "carol-secret-1")),
                              "carol, added through broker 1, to log in on broker 3")
             assert "carol" in read_users_file(files[1])
+            # her SCRAM-SHA-512 credential (Kafka clients) travels with her through the store
+            assert read_users_file(files[1])["carol"].scram_sha_512 is not None
+            assert (read_users_file(files[1])["carol"].scram_sha_512
+                    == read_users_file(files[0])["carol"].scram_sha_512)
             async with AsyncProducer(address(c, 3), auth=("carol", "carol-secret-1"),
                                      delivery_timeout_s=5) as p:
                 await p.send(Message("orders", b"by carol"))
