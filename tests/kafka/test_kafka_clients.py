@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kio.schema.errors import ErrorCode as KafkaError
 
 from ferrymq import Broker, Message, Producer, PullConsumer
 from tests.helpers import free_port
@@ -451,6 +452,126 @@ def test_consumer_group_of_three_rebalances_when_one_leaves(kbroker: Broker) -> 
         for c in consumers:
             c.close()
     assert kbroker.server.consumer_groups.committed("g3") == {("grouped", q): 20 for q in range(6)}
+
+
+def test_a_restarted_static_member_gets_its_partitions_back_without_a_rebalance(
+        kbroker: Broker) -> None:
+    """KIP-345 with librdkafka: two members with ``group.instance.id`` split four partitions;
+    one process closes (a static member sends no LeaveGroup) and a new one with the same
+    instance id takes its partitions back at once, in the same generation, while the other
+    keeps reading; the closed process's member id is fenced."""
+    address = kafka_address(kbroker)
+    kbroker.server.topics.create("static", 4, {}, 0)
+    kafka = kbroker.server.kafka
+    assert kafka is not None
+
+    def member(name: str, instance: str) -> Any:
+        c = confluent_kafka.Consumer({"bootstrap.servers": address, "group.id": "gs",
+                                      "client.id": name, "group.instance.id": instance,
+                                      "auto.offset.reset": "earliest",
+                                      "session.timeout.ms": 30_000,
+                                      "heartbeat.interval.ms": 300})
+        c.subscribe(["static"])
+        return c
+
+    def parts(c: Any) -> set[int]:
+        return {tp.partition for tp in c.assignment()}
+
+    def poll_until(consumers: list[Any], done: Any, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not done() and time.monotonic() < deadline:
+            for c in consumers:
+                c.poll(0.1)
+
+    a, b = member("a", "ia"), member("b", "ib")
+    a2 = None
+    try:
+        poll_until([a, b], lambda: len(parts(a)) == len(parts(b)) == 2)
+        before = (parts(a), parts(b))
+        assert before[0] | before[1] == {0, 1, 2, 3}
+        group = kafka.groups.groups["gs"]
+        generation, old_id = group.generation, group.static["ia"]
+        a.close()  # no LeaveGroup from a static member: its place waits for it
+        assert group.static["ia"] == old_id
+        t0 = time.monotonic()
+        a2 = member("a2", "ia")
+        poll_until([a2, b], lambda: parts(a2) == before[0])
+        assert parts(a2) == before[0]
+        assert time.monotonic() - t0 < 10  # not the 30 s session timeout of the old one
+        assert parts(b) == before[1]
+        assert group.generation == generation  # no rebalance
+        assert group.static["ia"] != old_id
+        assert kafka.groups.heartbeat("gs", old_id, generation, "ia") \
+            == KafkaError.fenced_instance_id
+        p = confluent_kafka.Producer({"bootstrap.servers": address})
+        for q in range(4):
+            p.produce("static", f"after-{q}".encode(), partition=q)
+        assert p.flush(10) == 0
+        got: dict[str, set[bytes]] = {"a2": set(), "b": set()}
+        deadline = time.monotonic() + 20
+        while sum(map(len, got.values())) < 4 and time.monotonic() < deadline:
+            for name, c in (("a2", a2), ("b", b)):
+                msg = c.poll(0.1)
+                if msg is not None and msg.error() is None:
+                    got[name].add(msg.value())
+        assert got == {"a2": {f"after-{q}".encode() for q in before[0]},
+                       "b": {f"after-{q}".encode() for q in before[1]}}
+    finally:
+        b.close()
+        if a2 is not None:
+            a2.close()
+
+
+def test_cooperative_sticky_members_split_and_take_back_partitions(kbroker: Broker) -> None:
+    """librdkafka's cooperative-sticky assignor (KIP-429: incremental rebalancing, a second join
+    round by the clients): a second member takes half of the partitions, the first keeps the
+    other half, and gets them all back when the second leaves; every message is read."""
+    address = kafka_address(kbroker)
+    kbroker.server.topics.create("coop", 4, {}, 0)
+    p = confluent_kafka.Producer({"bootstrap.servers": address})
+    for i in range(200):
+        p.produce("coop", f"c{i}".encode(), partition=i % 4)
+    assert p.flush(10) == 0
+
+    def member(name: str) -> Any:
+        c = confluent_kafka.Consumer({"bootstrap.servers": address, "group.id": "gc",
+                                      "client.id": name, "auto.offset.reset": "earliest",
+                                      "partition.assignment.strategy": "cooperative-sticky",
+                                      "heartbeat.interval.ms": 300})
+        c.subscribe(["coop"])
+        return c
+
+    def parts(c: Any) -> set[int]:
+        return {tp.partition for tp in c.assignment()}
+
+    seen: set[bytes] = set()
+
+    def poll_until(consumers: list[Any], done: Any, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not done() and time.monotonic() < deadline:
+            for c in consumers:
+                msg = c.poll(0.1)
+                if msg is not None and msg.error() is None:
+                    seen.add(msg.value())
+
+    first = member("first")
+    second = None
+    try:
+        poll_until([first], lambda: parts(first) == {0, 1, 2, 3})
+        assert parts(first) == {0, 1, 2, 3}
+        second = member("second")
+        poll_until([first, second], lambda: len(parts(first)) == len(parts(second)) == 2)
+        assert parts(first) | parts(second) == {0, 1, 2, 3}
+        assert not parts(first) & parts(second)
+        second, leaving = None, second
+        leaving.close()
+        poll_until([first], lambda: parts(first) == {0, 1, 2, 3} and len(seen) == 200)
+        assert parts(first) == {0, 1, 2, 3}
+        assert seen == {f"c{i}".encode() for i in range(200)}
+    finally:
+        first.close()
+        if second is not None:
+            second.close()
 
 
 def test_aiokafka_and_kafka_python_consumer_groups(kbroker: Broker) -> None:

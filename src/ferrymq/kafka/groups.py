@@ -22,7 +22,17 @@ This membership is the Kafka port's own: a FerryMQ consumer group of the same na
 members (broker-assigned), but the two share committed offsets (OffsetCommit checks the Kafka
 generation here, then stores through FerryMQ's offsets). Groups live in memory: after a broker
 restart, Kafka members rejoin (UNKNOWN_MEMBER_ID makes them), their offsets are durable.
-Static membership (``group.instance.id``) is not built: such members are treated as dynamic.
+
+Static membership (KIP-345, ``group.instance.id``): a member that names an instance id keeps
+it across restarts. When it joins again without a member id (a restarted process), it takes
+the place of the member that had that instance id: a new member id, the old one fenced
+(FENCED_INSTANCE_ID for anything it still sends, so two processes with one instance id do not
+take turns), and in a stable group no rebalance at all: it gets the current generation back
+and its old assignment at SyncGroup (unless its protocols no longer include the group's,
+which rebalances; while the group syncs, it rebalances too, as the leader may be assigning to
+the old id). A static member does not send LeaveGroup when it closes (the client's choice);
+it stays in the group until its session times out, and no rebalance happens in between.
+LeaveGroup v3+ removes members by instance id.
 
 On a cluster a group's membership lives only on its coordinator (the leader of its queue of
 ``%GROUPS%offsets``, :mod:`ferrymq.kafka.cluster`): the handlers answer group requests
@@ -70,6 +80,8 @@ class JoinResult:
     leader: str = ""
     member_id: str = ""
     members: tuple[tuple[str, bytes], ...] = ()
+    instance_ids: dict[str, str] = field(default_factory=dict)
+    """The static members' instance ids by member id (the leader's answer names them)."""
 
 
 @dataclass(eq=False, slots=True)
@@ -86,6 +98,8 @@ class Member:
     join: asyncio.Future[JoinResult] | None = None
     sync: asyncio.Future[tuple[KafkaError, bytes]] | None = None
     assignment: bytes = b""
+    instance_id: str | None = None
+    """``group.instance.id`` of a static member (None: dynamic)."""
 
 
 @dataclass(eq=False, slots=True)
@@ -100,6 +114,8 @@ class KafkaGroup:
     leader: str = ""
     members: dict[str, Member] = field(default_factory=dict)
     timer: asyncio.TimerHandle | None = None
+    static: dict[str, str] = field(default_factory=dict)
+    """The member id of each static member's instance id."""
 
 
 class KafkaGroupCoordinator:
@@ -114,8 +130,10 @@ class KafkaGroupCoordinator:
 
     def join(self, name: str, member_id: str, client_id: str, protocol_type: str,
              protocols: list[tuple[str, bytes]], session_timeout_s: float,
-             rebalance_timeout_s: float, client_host: str = "") -> asyncio.Future[JoinResult]:
-        """Join (or rejoin) ``name``; the answer once the rebalance completes."""
+             rebalance_timeout_s: float, client_host: str = "",
+             instance_id: str | None = None) -> asyncio.Future[JoinResult]:
+        """Join (or rejoin) ``name``; the answer once the rebalance completes (at once for a
+        static member taking its place back in a stable group)."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[JoinResult] = loop.create_future()
         g = self.groups.setdefault(name, KafkaGroup(name))
@@ -125,17 +143,27 @@ class KafkaGroupCoordinator:
         if g.members and protocol_type != g.protocol_type:
             fut.set_result(JoinResult(KafkaError.inconsistent_group_protocol))
             return fut
+        known = g.static.get(instance_id) if instance_id else None
+        if known is not None and member_id and member_id != known:
+            fut.set_result(JoinResult(KafkaError.fenced_instance_id, member_id=member_id))
+            return fut
+        if known is not None and not member_id:
+            return self._replace_static(g, known, fut, client_id, client_host, protocols,
+                                        session_timeout_s, rebalance_timeout_s)
         if member_id and member_id not in g.members:
             fut.set_result(JoinResult(KafkaError.unknown_member_id, member_id=member_id))
             return fut
         if not member_id:
-            member_id = f"{client_id or 'member'}-{next(self._ids)}-{uuid.uuid4().hex[:12]}"
+            member_id = self._new_member_id(client_id)
         m = g.members.get(member_id)
         if m is None:
             m = g.members[member_id] = Member(member_id, client_id, client_host,
                                               session_timeout_s, rebalance_timeout_s,
-                                              protocols, self.clock())
-            log.info("Kafka group %s: member %s joined", name, member_id,
+                                              protocols, self.clock(), instance_id=instance_id)
+            if instance_id:
+                g.static[instance_id] = member_id
+            log.info("Kafka group %s: member %s joined%s", name, member_id,
+                     f" (static, instance {instance_id!r})" if instance_id else "",
                      extra={"group": name, "member": member_id})
         else:
             m.protocols, m.last_seen = protocols, self.clock()
@@ -149,6 +177,55 @@ class KafkaGroupCoordinator:
         elif all(x.join is not None for x in g.members.values()):
             self._complete_join(g)
         return fut
+
+    def _new_member_id(self, client_id: str) -> str:
+        return f"{client_id or 'member'}-{next(self._ids)}-{uuid.uuid4().hex[:12]}"
+
+    def _replace_static(self, g: KafkaGroup, old_id: str, fut: asyncio.Future[JoinResult],
+                        client_id: str, client_host: str, protocols: list[tuple[str, bytes]],
+                        session_timeout_s: float,
+                        rebalance_timeout_s: float) -> asyncio.Future[JoinResult]:
+        """A static member joined again without its member id (restarted): it takes the old
+        member's place under a new id, the old id fenced; a stable group does not rebalance."""
+        m = g.members.pop(old_id)
+        if m.join is not None and not m.join.done():  # the old process's pending requests
+            m.join.set_result(JoinResult(KafkaError.fenced_instance_id))
+        if m.sync is not None and not m.sync.done():
+            m.sync.set_result((KafkaError.fenced_instance_id, b""))
+        m.join = m.sync = None
+        new_id = self._new_member_id(client_id)
+        m.member_id, m.client_id, m.client_host = new_id, client_id, client_host
+        m.protocols = protocols
+        m.session_timeout_s, m.rebalance_timeout_s = session_timeout_s, rebalance_timeout_s
+        m.last_seen = self.clock()
+        g.members[new_id] = m
+        assert m.instance_id is not None
+        g.static[m.instance_id] = new_id
+        if g.leader == old_id:
+            g.leader = new_id
+        log.info("Kafka group %s: static member %r rejoined as %s (%s fenced)", g.name,
+                 m.instance_id, new_id, old_id, extra={"group": g.name, "member": new_id})
+        if g.state == State.STABLE and g.protocol in {n for n, _ in protocols}:
+            fut.set_result(JoinResult(
+                KafkaError.none, g.generation, g.protocol, g.leader, new_id,
+                self._metadata(g) if new_id == g.leader else (),
+                self._instances(g) if new_id == g.leader else {}))
+            return fut
+        m.join = fut
+        if g.state != State.JOINING:
+            self._start_rebalance(g)
+        elif all(x.join is not None for x in g.members.values()):
+            self._complete_join(g)
+        return fut
+
+    @staticmethod
+    def _metadata(g: KafkaGroup) -> tuple[tuple[str, bytes], ...]:
+        return tuple((m.member_id, dict(m.protocols).get(g.protocol, b""))
+                     for m in g.members.values())
+
+    @staticmethod
+    def _instances(g: KafkaGroup) -> dict[str, str]:
+        return {mid: iid for iid, mid in g.static.items()}
 
     def _start_rebalance(self, g: KafkaGroup, *, initial: bool = False) -> None:
         """Collect joins: wait for every member (or the longest rebalance timeout)."""
@@ -192,26 +269,28 @@ class KafkaGroupCoordinator:
             g.state = State.EMPTY
             return
         g.state = State.SYNCING
-        metadata = tuple((m.member_id, dict(m.protocols)[g.protocol])
-                         for m in g.members.values())
+        metadata = self._metadata(g)
+        instances = self._instances(g)
         log.info("Kafka group %s: generation %d, %d members, leader %s, protocol %s", g.name,
                  g.generation, len(g.members), g.leader, g.protocol, extra={"group": g.name})
         for m in g.members.values():
             fut, m.join = m.join, None
             m.last_seen = self.clock()
             if fut is not None and not fut.done():
+                leader = m.member_id == g.leader
                 fut.set_result(JoinResult(KafkaError.none, g.generation, g.protocol, g.leader,
-                                          m.member_id,
-                                          metadata if m.member_id == g.leader else ()))
+                                          m.member_id, metadata if leader else (),
+                                          instances if leader else {}))
 
     # -- SyncGroup, Heartbeat, LeaveGroup -------------------------------------------------------
 
     def sync(self, name: str, member_id: str, generation: int,
-             assignments: dict[str, bytes]) -> asyncio.Future[tuple[KafkaError, bytes]]:
+             assignments: dict[str, bytes],
+             instance_id: str | None = None) -> asyncio.Future[tuple[KafkaError, bytes]]:
         """The member's assignment, once the leader sent it."""
         fut: asyncio.Future[tuple[KafkaError, bytes]] = \
             asyncio.get_running_loop().create_future()
-        g, error = self._check(name, member_id, generation)
+        g, error = self._check(name, member_id, generation, instance_id)
         if error is not None or g is None:
             fut.set_result((error or KafkaError.unknown_member_id, b""))
             return fut
@@ -234,29 +313,42 @@ class KafkaGroupCoordinator:
                 x.sync = None
         return fut
 
-    def heartbeat(self, name: str, member_id: str, generation: int) -> KafkaError:
+    def heartbeat(self, name: str, member_id: str, generation: int,
+                  instance_id: str | None = None) -> KafkaError:
         """NONE, or why the member must rejoin (REBALANCE_IN_PROGRESS, UNKNOWN_MEMBER_ID,
-        ILLEGAL_GENERATION)."""
-        g, error = self._check(name, member_id, generation)
+        ILLEGAL_GENERATION) or stop (FENCED_INSTANCE_ID: its instance id has a newer member)."""
+        g, error = self._check(name, member_id, generation, instance_id)
         if error is not None or g is None:
             return error or KafkaError.unknown_member_id
         g.members[member_id].last_seen = self.clock()
         return KafkaError.rebalance_in_progress if g.state == State.JOINING else KafkaError.none
 
-    def check_commit(self, name: str, member_id: str, generation: int) -> KafkaError:
+    def check_commit(self, name: str, member_id: str, generation: int,
+                     instance_id: str | None = None) -> KafkaError:
         """Whether a commit at ``generation`` may be stored (-1: outside any generation)."""
         if generation < 0:
             return KafkaError.none
-        g, error = self._check(name, member_id, generation)
+        g, error = self._check(name, member_id, generation, instance_id)
         if error is not None or g is None:
             return error or KafkaError.unknown_member_id
         return KafkaError.rebalance_in_progress if g.state == State.JOINING else KafkaError.none
 
-    def leave(self, name: str, member_ids: list[str]) -> list[KafkaError]:
-        """Remove members; the others rebalance. One error per member id."""
+    def leave(self, name: str, members: list[tuple[str, str | None]]) -> list[KafkaError]:
+        """Remove members, each named by member id or instance id (``(member_id,
+        instance_id)``; both: they must agree, else FENCED_INSTANCE_ID); the others rebalance.
+        One error per member."""
         g = self.groups.get(name)
         out: list[KafkaError] = []
-        for mid in member_ids:
+        for mid, iid in members:
+            if g is not None and iid:
+                known = g.static.get(iid)
+                if known is None:
+                    out.append(KafkaError.unknown_member_id)
+                    continue
+                if mid and mid != known:
+                    out.append(KafkaError.fenced_instance_id)
+                    continue
+                mid = known
             if g is None or mid not in g.members:
                 out.append(KafkaError.unknown_member_id)
                 continue
@@ -276,6 +368,8 @@ class KafkaGroupCoordinator:
 
     def _remove(self, g: KafkaGroup, member_id: str, why: str) -> None:
         m = g.members.pop(member_id)
+        if m.instance_id is not None and g.static.get(m.instance_id) == member_id:
+            del g.static[m.instance_id]
         log.info("Kafka group %s: member %s %s", g.name, member_id, why,
                  extra={"group": g.name, "member": member_id})
         if m.join is not None and not m.join.done():
@@ -293,9 +387,13 @@ class KafkaGroupCoordinator:
         else:
             self._start_rebalance(g)
 
-    def _check(self, name: str, member_id: str,
-               generation: int) -> tuple[KafkaGroup | None, KafkaError | None]:
+    def _check(self, name: str, member_id: str, generation: int,
+               instance_id: str | None = None) -> tuple[KafkaGroup | None, KafkaError | None]:
         g = self.groups.get(name)
+        if g is not None and instance_id:
+            known = g.static.get(instance_id)
+            if known is not None and known != member_id:  # a newer process took its place
+                return g, KafkaError.fenced_instance_id
         if g is None or member_id not in g.members:
             return None, KafkaError.unknown_member_id
         if generation != g.generation:

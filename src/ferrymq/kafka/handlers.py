@@ -367,7 +367,8 @@ def offset_commit(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
     fenced = kafka_cluster.check_group(peer, req.group_id)
     if fenced == KafkaError.none:
         fenced = peer.groups.check_commit(req.group_id, req.member_id,
-                                          req.generation_id_or_member_epoch)
+                                          req.generation_id_or_member_epoch,
+                                          getattr(req, "group_instance_id", None))
     answer: Any = None
     if fenced == KafkaError.none:
         freq = m.CommitOffsetsRequest(req.group_id, "", -1, entries)
@@ -442,15 +443,16 @@ def join_group(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
     fut = peer.groups.join(req.group_id, req.member_id, peer.conn.client_id, req.protocol_type,
                            [(p.name, p.metadata) for p in req.protocols], session_ms / 1000,
                            (rebalance_ms if rebalance_ms > 0 else session_ms) / 1000,
-                           peer.conn.peer.rsplit(":", 1)[0])
+                           peer.conn.peer.rsplit(":", 1)[0],
+                           getattr(req, "group_instance_id", None))  # v5+: static membership
 
     def respond(res: JoinResult) -> Any:
         return apis.build(cls, {
             "throttle_time": _NO_TIME, "error_code": res.error,
             "generation_id": res.generation, "protocol_type": req.protocol_type,
             "protocol_name": res.protocol, "leader": res.leader, "member_id": res.member_id,
-            "members": [{"member_id": mid, "group_instance_id": None, "metadata": meta}
-                        for mid, meta in res.members]})
+            "members": [{"member_id": mid, "group_instance_id": res.instance_ids.get(mid),
+                         "metadata": meta} for mid, meta in res.members]})
 
     return _later(fut, respond)
 
@@ -464,7 +466,8 @@ def sync_group(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
                                 "protocol_name": getattr(req, "protocol_name", None),
                                 "assignment": b""})
     fut = peer.groups.sync(req.group_id, req.member_id, req.generation_id,
-                           {a.member_id: a.assignment for a in req.assignments})
+                           {a.member_id: a.assignment for a in req.assignments},
+                           getattr(req, "group_instance_id", None))
 
     def respond(res: tuple[KafkaError, bytes]) -> Any:
         return apis.build(cls, {
@@ -480,23 +483,26 @@ def heartbeat(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
     NOT_COORDINATOR (or the like) away from the group's coordinator."""
     error = kafka_cluster.check_group(peer, req.group_id)
     if error == KafkaError.none:
-        error = peer.groups.heartbeat(req.group_id, req.member_id, req.generation_id)
+        error = peer.groups.heartbeat(req.group_id, req.member_id, req.generation_id,
+                                      getattr(req, "group_instance_id", None))
     return apis.build(cls, {"throttle_time": _NO_TIME, "error_code": error})
 
 
 def leave_group(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
-    """Remove the member (v0-2) or members (v3+); the others rebalance."""
-    ids = ([x.member_id for x in req.members] if hasattr(req, "members")
-           else [req.member_id])
+    """Remove the member (v0-2) or members (v3+, by member id or instance id); the others
+    rebalance."""
+    who: list[tuple[str, str | None]] = (
+        [(x.member_id, x.group_instance_id) for x in req.members] if hasattr(req, "members")
+        else [(req.member_id, None)])
     error = kafka_cluster.check_group(peer, req.group_id)
     if error != KafkaError.none:
         return apis.build(cls, {"throttle_time": _NO_TIME, "error_code": error, "members": []})
-    errors = peer.groups.leave(req.group_id, ids)
+    errors = peer.groups.leave(req.group_id, who)
     return apis.build(cls, {
         "throttle_time": _NO_TIME,
         "error_code": errors[0] if not hasattr(req, "members") else KafkaError.none,
-        "members": [{"member_id": mid, "group_instance_id": None, "error_code": e}
-                    for mid, e in zip(ids, errors, strict=True)]})
+        "members": [{"member_id": mid, "group_instance_id": iid, "error_code": e}
+                    for (mid, iid), e in zip(who, errors, strict=True)]})
 
 
 def list_groups(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
@@ -536,7 +542,7 @@ def describe_groups(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
         if g is not None:
             row.update(group_state=g.state.value, protocol_type=g.protocol_type,
                        protocol_data=g.protocol, members=[{
-                           "member_id": m.member_id, "group_instance_id": None,
+                           "member_id": m.member_id, "group_instance_id": m.instance_id,
                            "client_id": m.client_id, "client_host": m.client_host,
                            "member_metadata": dict(m.protocols).get(g.protocol, b""),
                            "member_assignment": m.assignment} for m in g.members.values()])

@@ -82,7 +82,8 @@ def txn_offset_commit(peer: KafkaPeer, cls: type[Any], req: Any) -> Any:
     fenced = check_group(peer, req.group_id)
     if fenced == KafkaError.none:
         fenced = peer.groups.check_commit(req.group_id, getattr(req, "member_id", ""),
-                                          getattr(req, "generation_id", -1))
+                                          getattr(req, "generation_id", -1),
+                                          getattr(req, "group_instance_id", None))
     freq = m.TxnOffsetCommitRequest(req.transactional_id, req.producer_id,
                                     req.producer_epoch, req.group_id, "", -1, entries)
 
