@@ -60,7 +60,11 @@ def test_orderly_state_survives_kill9(tmp_path: Path, journal_bytes: int) -> Non
                 AdminClient(bp.address) as admin:
             c2.subscribe("t")
             blocked = admin.describe_delivery("og").blocked
-            assert [(b[2], b[4], b[7]) for b in blocked] == [("k0", 1, "db down")]
+            by_key = {b[2]: (b[4], b[7]) for b in blocked}
+            assert by_key.pop("k0", None) == (1, "db down")
+            # k1's head is leased for 1 s: on a slow run its lease ran out before the kill, and
+            # it waits for its retry (100 ms) as a failure of its own (CI, session 19)
+            assert by_key in ({}, {"k1": (1, "lease expired before an ack")}), by_key
             deadline = time.monotonic() + 20
             while sum(len(v) for v in after.values()) < 4 * (PER_KEY - 2) + PER_KEY \
                     and time.monotonic() < deadline:
