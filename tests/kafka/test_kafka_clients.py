@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from kio.schema.errors import ErrorCode as KafkaError
 
-from ferrymq import Broker, Message, Producer, PullConsumer
+from ferrymq import AdminClient, Broker, Message, Producer, PullConsumer
 from tests.helpers import free_port
 from tests.kafka.conftest import kafka_address
 
@@ -572,6 +572,57 @@ def test_cooperative_sticky_members_split_and_take_back_partitions(kbroker: Brok
         first.close()
         if second is not None:
             second.close()
+
+
+def test_kafka_groups_show_in_ferrymq_group_list_and_describe(kbroker: Broker) -> None:
+    """``ferrymq group list/describe`` (LIST_GROUPS, DESCRIBE_GROUP) show a Kafka group: its
+    state, generation, members with the partitions their assignment names, and the offsets it
+    committed; a FerryMQ consumer group of the same name holding only those offsets is not
+    listed a second time."""
+    address = kafka_address(kbroker)
+    kbroker.server.topics.create("viewed", 4, {}, 0)
+    p = confluent_kafka.Producer({"bootstrap.servers": address})
+    for q in range(4):
+        p.produce("viewed", b"x", partition=q)
+    assert p.flush(10) == 0
+
+    def member(name: str) -> Any:
+        c = confluent_kafka.Consumer({"bootstrap.servers": address, "group.id": "gv",
+                                      "client.id": name, "auto.offset.reset": "earliest",
+                                      "enable.auto.commit": False,
+                                      "heartbeat.interval.ms": 300})
+        c.subscribe(["viewed"])
+        return c
+
+    consumers = [member("v1"), member("v2")]
+    try:
+        read = 0
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not (
+                read == 4 and all(len(c.assignment()) == 2 for c in consumers)):
+            for c in consumers:
+                msg = c.poll(0.1)
+                if msg is not None and msg.error() is None:
+                    read += 1
+        assert read == 4
+        for c in consumers:
+            c.commit(asynchronous=False)
+        with AdminClient(kbroker.address) as admin:
+            listed = [g for g in admin.list_groups() if g.group == "gv"]
+            assert [(g.state, g.members) for g in listed] == [("KAFKA_STABLE", 2)]
+            desc = admin.describe_group("gv")
+        assert (desc.state, desc.generation) == ("KAFKA_STABLE",
+                                                 kbroker.server.kafka.groups.groups["gv"].generation)
+        assert sorted(x.client_id for x in desc.members) == ["v1", "v2"]
+        by_client = {x.client_id: {q for _t, q in x.queues} for x in desc.members}
+        assert by_client == {f"v{i + 1}": {tp.partition for tp in c.assignment()}
+                             for i, c in enumerate(consumers)}
+        assert by_client["v1"] | by_client["v2"] == {0, 1, 2, 3}
+        assert [(o.queue, o.committed, o.lag) for o in desc.offsets] == [
+            (q, 1, 0) for q in range(4)]
+    finally:
+        for c in consumers:
+            c.close()
 
 
 def test_aiokafka_and_kafka_python_consumer_groups(kbroker: Broker) -> None:

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from ferrymq.broker.topics import TopicRegistry
     from ferrymq.broker.txn import TxnCoordinator
     from ferrymq.broker.watermarks import Watermarks
+    from ferrymq.kafka.groups import KafkaGroupCoordinator
     from ferrymq.protocol.codes import ErrorCode
 
 
@@ -117,6 +118,10 @@ class BrokerContext(Protocol):
     @property
     def consumer_groups(self) -> ConsumerGroupCoordinator:
         """Consumer groups (offset-based pull groups) and their committed offsets."""
+
+    @property
+    def kafka_groups(self) -> KafkaGroupCoordinator | None:
+        """The Kafka port's group membership (None: no Kafka port)."""
 
     @property
     def delivery(self) -> DeliveryManager:

@@ -75,6 +75,7 @@ from ferrymq.storage.handles import FileHandles
 if TYPE_CHECKING:
     from ferrymq.broker.cluster_link import ClusterLink
     from ferrymq.cluster.metadata import MetadataStore
+    from ferrymq.kafka.groups import KafkaGroupCoordinator
     from ferrymq.kafka.listener import KafkaListener
     from ferrymq.ops.http import HttpListener
 
@@ -148,6 +149,11 @@ class BrokerServer:
         self._metadata_store = metadata_store
         self.cluster: ClusterLink | None = None
         """This broker's part in a cluster (None without ``metadata``)."""
+
+    @property
+    def kafka_groups(self) -> KafkaGroupCoordinator | None:
+        """The Kafka port's group membership (None: no Kafka port)."""
+        return self.kafka.groups if self.kafka is not None else None
 
     def now_monotonic_ms(self) -> int:
         """Monotonic milliseconds (sessions, timeouts)."""

@@ -53,6 +53,8 @@ from dataclasses import dataclass, field
 
 from kio.schema.errors import ErrorCode as KafkaError
 
+from ferrymq.protocol.kafka.consumer_protocol import assigned_partitions
+
 log = logging.getLogger("ferrymq.kafka")
 
 INITIAL_REBALANCE_DELAY_S = 0.3
@@ -68,6 +70,15 @@ class State(enum.Enum):
     JOINING = "PreparingRebalance"
     SYNCING = "CompletingRebalance"
     STABLE = "Stable"
+
+
+NATIVE_STATES = {State.EMPTY: "KAFKA_EMPTY", State.JOINING: "KAFKA_REBALANCING",
+                 State.SYNCING: "KAFKA_REBALANCING", State.STABLE: "KAFKA_STABLE"}
+"""How FerryMQ's LIST_GROUPS and DESCRIBE_GROUP name a Kafka group's state."""
+
+NativeMember = tuple[str, str, str, list[tuple[str, int]]]
+"""A Kafka member as FerryMQ's DESCRIBE_GROUP shows one: member id, client id, host and the
+partitions its assignment names (a ``consumer`` group's; none for other protocol types)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -399,6 +410,22 @@ class KafkaGroupCoordinator:
         if generation != g.generation:
             return g, KafkaError.illegal_generation
         return g, None
+
+    def native_listing(self) -> list[tuple[str, str, int]]:
+        """``(group, state, members)`` of every Kafka group, for FerryMQ's LIST_GROUPS."""
+        return [(g.name, NATIVE_STATES[g.state], len(g.members)) for g in self.groups.values()]
+
+    def native_view(self, name: str) -> tuple[str, int, list[NativeMember]] | None:
+        """State, generation and members of Kafka group ``name`` for FerryMQ's DESCRIBE_GROUP;
+        None when this broker has no such Kafka group."""
+        g = self.groups.get(name)
+        if g is None:
+            return None
+        members: list[NativeMember] = [
+            (m.member_id, m.client_id, m.client_host,
+             assigned_partitions(m.assignment) if g.protocol_type == "consumer" else [])
+            for m in g.members.values()]
+        return NATIVE_STATES[g.state], g.generation, members
 
     def drop(self, name: str, error: KafkaError) -> None:
         """Forget group ``name`` (this broker no longer coordinates it): its pending joins and

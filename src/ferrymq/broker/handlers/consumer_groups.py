@@ -90,10 +90,16 @@ def leave_group(conn: ClientConnection, req: m.LeaveGroupRequest
 
 
 def list_groups(conn: ClientConnection, req: m.ListGroupsRequest) -> m.ListGroupsResponse:
-    """Every known group the user has the ``group`` right on: consumer groups and delivery
-    groups (state ``DELIVERY``); a name used by both is listed twice."""
+    """Every known group the user has the ``group`` right on: consumer groups, delivery
+    groups (state ``DELIVERY``) and the Kafka port's groups (``KAFKA_STABLE``, ...; they
+    share a consumer group's offsets, so a consumer group without members of the same name is
+    listed as the Kafka group); a name used by two kinds is listed twice."""
     srv = conn.server
-    rows = [(g.name, g.state, len(g.members)) for g in srv.consumer_groups.groups.values()]
+    kafka = srv.kafka_groups.native_listing() if srv.kafka_groups is not None else []
+    named = {row[0] for row in kafka}
+    rows = [(g.name, g.state, len(g.members)) for g in srv.consumer_groups.groups.values()
+            if g.members or g.name not in named]
+    rows += kafka
     rows += [(g.name, m.DELIVERY_GROUP_STATE, len(g.members)) for g in srv.delivery.groups.values()]
     if conn.principal is not None:
         rows = [r for r in rows if may(srv, conn.principal, ("group", r[0]))]
@@ -101,25 +107,37 @@ def list_groups(conn: ClientConnection, req: m.ListGroupsRequest) -> m.ListGroup
 
 
 def describe_group(conn: ClientConnection, req: m.DescribeGroupRequest) -> m.DescribeGroupResponse:
-    """Members, assignment, committed offsets, end offsets and lag per queue."""
+    """Members, assignment, committed offsets, end offsets and lag per queue. A Kafka group of
+    the name (the Kafka port's) shows its members, their partitions, state and generation,
+    unless the consumer group has members of its own (then both groups' members are listed)."""
     srv = conn.server
     check_coordinator(conn, req.group)
-    g = srv.consumer_groups.group(req.group)
-    members: list[m.MemberInfo] = [
+    kafka = srv.kafka_groups.native_view(req.group) if srv.kafka_groups is not None else None
+    g = srv.consumer_groups.groups.get(req.group)
+    if g is None and kafka is None:
+        g = srv.consumer_groups.group(req.group)  # raises UnknownGroupError
+    members: list[m.MemberInfo] = [] if g is None else [
         (mm.member_id, mm.client_id, mm.host, list(mm.assignment)) for mm in g.members.values()
     ]
-    topics = {t for t, _ in g.offsets} | {t for mm in g.members.values() for t in mm.topics}
+    state, generation = (g.state, g.generation) if g is not None else ("", 0)
+    if kafka is not None:
+        if not members:
+            state, generation = kafka[0], kafka[1]
+        members += kafka[2]
+    offsets_of = g.offsets if g is not None else {}
+    topics = ({t for t, _ in offsets_of} | {t for mm in members for t, _q in mm[3]}
+              | ({t for mm in g.members.values() for t in mm.topics} if g is not None else set()))
     offsets: list[m.GroupOffset] = []
     for name in sorted(topics):
         t = srv.topics.topics.get(name)
         if t is None:
             continue
         for qs in t.queues:
-            committed = g.offsets.get((name, qs.queue), -1)
+            committed = offsets_of.get((name, qs.queue), -1)
             end = qs.visible_end
             lag = end - (committed if committed >= 0 else qs.log.start_offset)
             offsets.append((name, qs.queue, committed, end, max(lag, 0)))
-    return m.DescribeGroupResponse(g.name, g.state, g.generation, members, offsets)
+    return m.DescribeGroupResponse(req.group, state, generation, members, offsets)
 
 
 def delete_group(conn: ClientConnection, req: m.DeleteGroupRequest
