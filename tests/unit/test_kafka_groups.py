@@ -162,3 +162,24 @@ def test_a_static_member_rejoining_with_another_protocol_rebalances_and_leave_by
         c.close()
 
     asyncio.run(main())
+
+
+def test_a_static_member_dropped_for_not_rejoining_can_join_again(monkeypatch: Any) -> None:
+    monkeypatch.setattr(kg, "INITIAL_REBALANCE_DELAY_S", 0.01)
+
+    async def main() -> None:
+        c = KafkaGroupCoordinator(Clock())
+        ra = await _join(c, client="a", instance="ia")
+        rb = await _join(c, client="b")  # a rebalance "a" does not rejoin (1 s timeout)
+        assert rb.generation == 2
+        assert set(c.groups["g"].members) == {rb.member_id}
+        assert c.groups["g"].static == {}  # its instance id no longer names a member
+        assert c.heartbeat("g", ra.member_id, 2, "ia") == E.unknown_member_id
+        back = _join(c, client="a", instance="ia")  # a fresh member: b rejoins with it
+        rb3 = await _join(c, rb.member_id, client="b")
+        ra3 = await back
+        assert (ra3.error, rb3.error, ra3.generation) == (E.none, E.none, 3)
+        assert c.groups["g"].static == {"ia": ra3.member_id}
+        c.close()
+
+    asyncio.run(main())

@@ -263,7 +263,7 @@ class KafkaGroupCoordinator:
         for mid in [mid for mid, m in g.members.items() if m.join is None]:
             log.info("Kafka group %s: member %s did not rejoin: removed", g.name, mid,
                      extra={"group": g.name, "member": mid})
-            del g.members[mid]
+            self._forget_instance(g, g.members.pop(mid))
         if not g.members:
             g.state = State.EMPTY
             return
@@ -277,6 +277,7 @@ class KafkaGroupCoordinator:
                 if m.join is not None and not m.join.done():
                     m.join.set_result(JoinResult(KafkaError.inconsistent_group_protocol))
             g.members.clear()
+            g.static.clear()
             g.state = State.EMPTY
             return
         g.state = State.SYNCING
@@ -379,8 +380,7 @@ class KafkaGroupCoordinator:
 
     def _remove(self, g: KafkaGroup, member_id: str, why: str) -> None:
         m = g.members.pop(member_id)
-        if m.instance_id is not None and g.static.get(m.instance_id) == member_id:
-            del g.static[m.instance_id]
+        self._forget_instance(g, m)
         log.info("Kafka group %s: member %s %s", g.name, member_id, why,
                  extra={"group": g.name, "member": member_id})
         if m.join is not None and not m.join.done():
@@ -397,6 +397,12 @@ class KafkaGroupCoordinator:
                 self._complete_join(g)
         else:
             self._start_rebalance(g)
+
+    @staticmethod
+    def _forget_instance(g: KafkaGroup, m: Member) -> None:
+        """``m`` left the group: its instance id (if static) no longer names a member."""
+        if m.instance_id is not None and g.static.get(m.instance_id) == m.member_id:
+            del g.static[m.instance_id]
 
     def _check(self, name: str, member_id: str, generation: int,
                instance_id: str | None = None) -> tuple[KafkaGroup | None, KafkaError | None]:
