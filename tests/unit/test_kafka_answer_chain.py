@@ -1,4 +1,4 @@
-"""The Kafka port's answer chaining for Produce (:func:`ferrymq.kafka.handlers._then`): the
+"""The Kafka port's answer chaining for Produce (:func:`ferrymq.kafka.answers.then`): the
 answer future's outcome reaches the listener as the response, an error, or a cancel."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from ferrymq.kafka.handlers import _then
+from ferrymq.kafka.answers import then
 
 
 async def _chained(outcome: str) -> asyncio.Future[str]:
@@ -19,7 +19,7 @@ async def _chained(outcome: str) -> asyncio.Future[str]:
             raise ValueError("cannot encode")
         return f"response {value}"
 
-    out = _then(answer, respond)
+    out = then(answer, respond)
     assert not out.done()  # nothing before the answer
     if outcome == "result":
         answer.set_result(7)
@@ -58,7 +58,7 @@ def test_a_cancelled_answer_cancels_the_response() -> None:
 def test_a_response_cancelled_first_ignores_the_answer() -> None:
     async def main() -> asyncio.Future[str]:
         answer: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        out = _then(answer, str)
+        out = then(answer, str)
         out.cancel()  # the connection closed first
         answer.set_result(1)
         await asyncio.sleep(0)
