@@ -147,7 +147,10 @@ def test_connections_that_take_every_descriptor(
             while b"during" not in got and time.monotonic() < deadline:
                 got.extend(m.body for m in c.poll(timeout=0.2))
             assert b"during" in got
-            time.sleep(1)
+            # the new topic's request must meet the shortage before the descriptors come back
+            # (a slow run could send it after: CI, session 19)
+            wait_for(lambda: "out of file descriptors" in b.log_text()
+                     or "Too many open files" in b.log_text(), timeout=20)
         finally:
             for s in hog:
                 s.close()
