@@ -125,8 +125,9 @@ def describe_group(conn: ClientConnection, req: m.DescribeGroupRequest) -> m.Des
             state, generation = kafka[0], kafka[1]
         members += kafka[2]
     offsets_of = g.offsets if g is not None else {}
-    topics = ({t for t, _ in offsets_of} | {t for mm in members for t, _q in mm[3]}
-              | ({t for mm in g.members.values() for t in mm.topics} if g is not None else set()))
+    topics = {t for t, _ in offsets_of} | {t for mm in members for t, _q in mm[3]}
+    if g is not None:  # a member's subscribed topics may have no queue assigned to it yet
+        topics |= {t for mm in g.members.values() for t in mm.topics}
     offsets: list[m.GroupOffset] = []
     for name in sorted(topics):
         t = srv.topics.topics.get(name)
